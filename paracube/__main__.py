@@ -1,0 +1,5 @@
+import sys
+
+from paracube.cli import main
+
+sys.exit(main())

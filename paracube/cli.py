@@ -1,0 +1,118 @@
+"""``paracube`` command line: ``train`` (and, as they land, ``plan``, ``schedule``, ``diagnose``).
+
+Every configuration error is reported as one line, ``paracube: error: …``, with exit
+status 2, before any process or collective is started. Parsing and validation do not
+import torch, so a bad command line fails in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from paracube.config import ParallelConfig, TrainConfig
+from paracube.errors import ParacubeError
+
+
+def _train_parser(sub) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a model with data parallelism over local processes or under torchrun",
+        description="Train the reference GPT on the embedded corpus (or --data) across ranks.",
+    )
+    g = p.add_argument_group("layout")
+    g.add_argument("--dp", type=int, default=1, help="data-parallel size (default 1)")
+    g.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
+    g.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (default 1)")
+    g.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket size in MiB (default 25)")
+    m = p.add_argument_group("model and data")
+    m.add_argument("--model", default="tiny", help="model preset (default tiny); see paracube.models.PRESETS")
+    m.add_argument("--seq-len", type=int, default=None, help="override the preset's sequence length")
+    m.add_argument("--data", default=None, help="text file or folder (default: embedded stdlib corpus)")
+    m.add_argument("--val-fraction", type=float, default=0.05, help="validation split (default 0.05)")
+    t = p.add_argument_group("optimisation")
+    t.add_argument("--steps", type=int, default=100)
+    t.add_argument("--micro-batch", type=int, default=8, help="sequences per rank per micro-step")
+    t.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step")
+    t.add_argument("--global-batch", type=int, default=None, help="sequences per step; sets --grad-accum")
+    t.add_argument("--lr", type=float, default=3e-3)
+    t.add_argument("--min-lr", type=float, default=3e-4)
+    t.add_argument("--warmup-steps", type=int, default=10)
+    t.add_argument("--weight-decay", type=float, default=0.1)
+    t.add_argument("--grad-clip", type=float, default=1.0)
+    t.add_argument("--seed", type=int, default=0)
+    r = p.add_argument_group("run")
+    r.add_argument("--eval-every", type=int, default=0, help="validation every N steps (0: never)")
+    r.add_argument("--eval-batches", type=int, default=4)
+    r.add_argument("--metrics", default=None, help="write one JSON object per step to this file")
+    r.add_argument("--threads", type=int, default=None, help="torch threads per rank (default cores/ranks)")
+    r.add_argument("--timeout", type=float, default=300.0, help="seconds before a stalled collective fails")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_train)
+
+
+def config_from_args(args) -> TrainConfig:
+    from paracube.models.presets import preset
+
+    overrides = {"seq_len": args.seq_len} if args.seq_len is not None else {}
+    return TrainConfig(
+        model=preset(args.model, **overrides),
+        parallel=ParallelConfig(dp=args.dp, tp=args.tp, pp=args.pp, bucket_mb=args.bucket_mb),
+        steps=args.steps,
+        micro_batch=args.micro_batch,
+        grad_accum=args.grad_accum,
+        global_batch=args.global_batch,
+        lr=args.lr,
+        min_lr=args.min_lr,
+        warmup_steps=args.warmup_steps,
+        weight_decay=args.weight_decay,
+        grad_clip=args.grad_clip,
+        seed=args.seed,
+        data=args.data,
+        val_fraction=args.val_fraction,
+        eval_every=args.eval_every,
+        eval_batches=args.eval_batches,
+        metrics=args.metrics,
+        progress=not args.no_progress,
+    )
+
+
+def cmd_train(args) -> int:
+    from paracube.launch import inside_torchrun, launch_local, run_rank
+    from paracube.train import default_threads, train_rank, validate_job
+
+    cfg = config_from_args(args)
+    if args.threads is not None and args.threads <= 0:
+        raise ParacubeError(f"--threads must be a positive integer, got {args.threads}")
+    if args.timeout <= 0:
+        raise ParacubeError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if inside_torchrun():
+        threads = args.threads or default_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        return run_rank(train_rank, cfg, threads, args.timeout)
+    validate_job(cfg, cfg.parallel.world_size)  # fail here, before starting any process
+    threads = args.threads or default_threads(cfg.parallel.world_size)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    return launch_local(cfg.parallel.world_size, run_rank, train_rank, cfg, threads, args.timeout)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="paracube", description="Distributed training on PyTorch.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _train_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ParacubeError as e:
+        print(f"paracube: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Collectives routed through the :class:`CommLedger`: every call is counted.
+
+Each returns early when the group has one rank (nothing to exchange, nothing counted).
+Asynchronous calls return a :class:`PendingCollective`; waiting on it is timed and
+charged to the ledger as exposed communication.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from paracube.comm.ledger import CommLedger
+
+
+def group_size(group) -> int:
+    return 1 if group is None else dist.get_world_size(group)
+
+
+def nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class PendingCollective:
+    """Handle of an asynchronous collective; :meth:`wait` times the exposed wait."""
+
+    def __init__(self, work, ledger: CommLedger | None, kind: str, tag: str, result: torch.Tensor):
+        self._work, self._ledger, self._kind, self._tag = work, ledger, kind, tag
+        self.result = result
+
+    def wait(self) -> torch.Tensor:
+        if self._work is not None:
+            start = time.perf_counter()
+            self._work.wait()
+            if self._ledger is not None:
+                self._ledger.add_time(self._kind, self._tag, time.perf_counter() - start)
+            self._work = None
+        return self.result
+
+
+def all_reduce(
+    tensor: torch.Tensor,
+    group,
+    ledger: CommLedger | None = None,
+    *,
+    tag: str = "",
+    op=dist.ReduceOp.SUM,
+    async_op: bool = False,
+) -> PendingCollective:
+    """In-place all-reduce of ``tensor`` over ``group``."""
+    if group_size(group) == 1:
+        return PendingCollective(None, None, "all_reduce", tag, tensor)
+    if ledger is not None:
+        ledger.record("all_reduce", tag, nbytes(tensor))
+    start = time.perf_counter()
+    work = dist.all_reduce(tensor, op=op, group=group, async_op=True)
+    pending = PendingCollective(work, ledger, "all_reduce", tag, tensor)
+    if not async_op:
+        pending.wait()
+    elif ledger is not None:  # the launch itself is caller-visible time
+        ledger.add_time("all_reduce", tag, time.perf_counter() - start)
+    return pending
+
+
+def broadcast(tensor: torch.Tensor, src_group_rank: int, group, ledger: CommLedger | None = None, *, tag: str = "") -> None:
+    """In-place broadcast from the group-local rank ``src_group_rank``."""
+    if group_size(group) == 1:
+        return
+    start = time.perf_counter()
+    dist.broadcast(tensor, group=group, group_src=src_group_rank)
+    if ledger is not None:
+        ledger.record("broadcast", tag, nbytes(tensor), time.perf_counter() - start)

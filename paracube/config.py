@@ -1,0 +1,179 @@
+"""Validated configuration: what to train, how to parallelise it, how to run it.
+
+Keyword-only dataclasses, checked in ``__post_init__`` so that an invalid object cannot
+exist. Torch-free on purpose: the CLI validates a whole job before importing torch or
+starting any process, and the planner reuses these classes as pure math.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Optional
+
+from paracube.errors import ConfigError
+
+NORMS = ("layernorm", "rmsnorm")
+ACTIVATIONS = ("gelu", "swiglu")
+POSITIONS = ("learned", "rope")
+AXES = ("pp", "dp", "tp")  # outermost to innermost (design.md)
+
+
+def _positive(name: str, value, hint: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        extra = f" ({hint})" if hint else ""
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}{extra}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Shape of the reference decoder-only transformer (``paracube.models.gpt``).
+
+    ``ffn_hidden`` defaults to 4·hidden (GELU MLP); SwiGLU presets give it explicitly.
+    ``n_kv_heads`` < ``n_heads`` is grouped-query attention (LLaMA-2 70B, LLaMA-3).
+    """
+
+    n_layers: int
+    hidden: int
+    n_heads: int
+    vocab_size: int
+    seq_len: int
+    n_kv_heads: Optional[int] = None
+    ffn_hidden: Optional[int] = None
+    norm: str = "layernorm"
+    activation: str = "gelu"
+    position: str = "learned"
+    tie_embeddings: bool = False
+    bias: bool = True
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        for f in ("n_layers", "hidden", "n_heads", "vocab_size", "seq_len"):
+            _positive(f, getattr(self, f))
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        _positive("n_kv_heads", self.n_kv_heads)
+        if self.ffn_hidden is None:
+            object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
+        _positive("ffn_hidden", self.ffn_hidden)
+        if self.hidden % self.n_heads:
+            raise ConfigError(
+                f"hidden={self.hidden} is not divisible by n_heads={self.n_heads}: "
+                "choose a head count that divides the hidden size"
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}: "
+                "each key/value head must serve a whole group of query heads"
+            )
+        if self.position == "rope" and self.head_dim % 2:
+            raise ConfigError(f"rotary positions need an even head size, got {self.head_dim}")
+        for f, allowed in (("norm", NORMS), ("activation", ACTIVATIONS), ("position", POSITIONS)):
+            if getattr(self, f) not in allowed:
+                raise ConfigError(f"unknown {f} {getattr(self, f)!r}: choose one of {', '.join(allowed)}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.n_heads
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelConfig:
+    """How ranks are arranged: ``world = pp × dp × tp``, axis order pp-dp-tp (tp innermost).
+
+    ``bucket_mb`` is the data-parallel gradient bucket capacity in MiB: gradients are
+    all-reduced one bucket at a time, as soon as the bucket is complete during backward.
+    """
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    bucket_mb: float = 25.0
+    gpus_per_node: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        for axis in AXES:
+            _positive(f"--{axis}", getattr(self, axis), "use 1 to switch this axis off")
+        if not (isinstance(self.bucket_mb, (int, float)) and self.bucket_mb > 0):
+            raise ConfigError(f"--bucket-mb must be > 0, got {self.bucket_mb!r}")
+        if self.gpus_per_node is not None:
+            _positive("--gpus-per-node", self.gpus_per_node)
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp * self.tp
+
+    def check_world_size(self, world_size: int) -> None:
+        """Raise unless ``pp·dp·tp`` equals the number of launched ranks."""
+        if self.world_size != world_size:
+            raise ConfigError(
+                f"pp×dp×tp = {self.pp}×{self.dp}×{self.tp} = {self.world_size} but the job has "
+                f"{world_size} ranks: make the product equal the world size"
+            )
+
+    def replace(self, **changes) -> "ParallelConfig":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """One training job. The global batch is ``dp × micro_batch × grad_accum`` sequences.
+
+    If ``global_batch`` is given, ``grad_accum`` is derived from it and must come out whole.
+    """
+
+    model: ModelConfig
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    steps: int = 100
+    micro_batch: int = 8
+    grad_accum: int = 1
+    global_batch: Optional[int] = None
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    grad_clip: Optional[float] = 1.0
+    seed: int = 0
+    data: Optional[str] = None
+    val_fraction: float = 0.05
+    eval_every: int = 0
+    eval_batches: int = 4
+    metrics: Optional[str] = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for f in ("steps", "micro_batch", "grad_accum", "eval_batches"):
+            _positive(f"--{f.replace('_', '-')}", getattr(self, f))
+        if self.global_batch is not None:
+            _positive("--global-batch", self.global_batch)
+            per_step = self.parallel.dp * self.micro_batch
+            if self.global_batch % per_step:
+                raise ConfigError(
+                    f"--global-batch {self.global_batch} is not divisible by dp×micro-batch = "
+                    f"{self.parallel.dp}×{self.micro_batch} = {per_step}: choose a multiple of {per_step}"
+                )
+            object.__setattr__(self, "grad_accum", self.global_batch // per_step)
+        else:
+            object.__setattr__(self, "global_batch", self.parallel.dp * self.micro_batch * self.grad_accum)
+        if not self.lr > 0 or not 0 <= self.min_lr <= self.lr:
+            raise ConfigError(f"need 0 <= min_lr <= lr and lr > 0, got lr={self.lr} min_lr={self.min_lr}")
+        if self.warmup_steps < 0 or self.eval_every < 0 or self.weight_decay < 0:
+            raise ConfigError("--warmup-steps, --eval-every and --weight-decay must be >= 0")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise ConfigError(f"--grad-clip must be > 0 (or omitted), got {self.grad_clip}")
+        if not 0 < self.val_fraction < 1:
+            raise ConfigError(f"--val-fraction must be in (0, 1), got {self.val_fraction}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"--seed must be a non-negative integer, got {self.seed!r}")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.model.seq_len
+
+    def replace(self, **changes) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,163 @@
+"""The training engine: mesh + model + data parallelism + optimizer, one step at a time.
+
+Parallelisms are applied in a fixed order (design.md): tensor parallel, then the
+pipeline split, then data parallel / ZeRO. This issue's engine has the data-parallel
+axis; the others are validated and refused with a clear line until they land.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+
+import torch
+from torch import nn
+
+from paracube.config import TrainConfig
+from paracube.data.corpus import VOCAB_SIZE, TokenCorpus, build_corpus
+from paracube.data.sampler import ShardedBatchSampler
+from paracube.data_parallel import DataParallel
+from paracube.errors import CollectiveTimeout, ConfigError, NotAvailableError
+from paracube.mesh.mesh import ProcessMesh
+from paracube.metrics import PhaseTimer, StepMetrics
+from paracube.models.gpt import GPT, lm_loss
+from paracube.comm import ops
+
+
+def check_supported(cfg: TrainConfig) -> None:
+    """Refuse what the engine cannot run yet, and model/data mismatches — before any collective."""
+    if cfg.parallel.tp > 1:
+        raise NotAvailableError(f"tensor parallelism is not available yet (--tp {cfg.parallel.tp}): use --tp 1")
+    if cfg.parallel.pp > 1:
+        raise NotAvailableError(f"pipeline parallelism is not available yet (--pp {cfg.parallel.pp}): use --pp 1")
+    if cfg.model.vocab_size < VOCAB_SIZE:
+        raise ConfigError(
+            f"model vocab_size {cfg.model.vocab_size} < {VOCAB_SIZE}: the byte-level data needs a vocabulary of at least 256"
+        )
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only, not on biases, norms (GPT-3 / nanoGPT practice)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to ``lr``, then cosine decay to ``min_lr`` at the last step."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(1, cfg.steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
+
+
+class Trainer:
+    """Trains ``cfg.model`` on this rank's shard of every global batch.
+
+    The loss of each micro-batch is summed over its tokens and divided by the tokens of
+    the *global* batch, so the data-parallel reduction is a plain sum and the gradient is
+    exactly the serial one, whatever the split into ranks and micro-steps.
+    """
+
+    def __init__(self, cfg: TrainConfig, mesh: ProcessMesh, corpus: TokenCorpus | None = None):
+        check_supported(cfg)
+        self.cfg, self.mesh = cfg, mesh
+        self.corpus = corpus or build_corpus(cfg.data, cfg.model.seq_len, cfg.val_fraction)
+        torch.manual_seed(cfg.seed)  # same initial weights everywhere; DP also broadcasts them
+        model = GPT(cfg.model).to(mesh.device)
+        self.model = DataParallel(
+            model, mesh.group("dp"), mesh.ledger, bucket_mb=cfg.parallel.bucket_mb, average=False
+        )
+        self.optimizer = build_optimizer(model, cfg)
+        self.sampler = ShardedBatchSampler(self.corpus.train, cfg.model.seq_len, cfg.global_batch, cfg.seed)
+        self.val_sampler = ShardedBatchSampler(
+            self.corpus.val, cfg.model.seq_len, cfg.global_batch, cfg.seed + 7919
+        )
+        self.step = 0
+
+    @property
+    def module(self) -> GPT:
+        return self.model.module
+
+    def _micro_batch(self, sampler: ShardedBatchSampler, step: int, k: int):
+        x, y = sampler.micro_batch(
+            step, dp_rank=self.mesh.rank("dp"), dp_size=self.mesh.size("dp"), micro_step=k, accum=self.cfg.grad_accum
+        )
+        return x.to(self.mesh.device, non_blocking=True), y.to(self.mesh.device, non_blocking=True)
+
+    def train_step(self) -> StepMetrics:
+        try:
+            return self._train_step()
+        except RuntimeError as e:  # gloo/NCCL timeouts and peer failures surface here
+            where = f"rank {self.mesh.global_rank} ({self.mesh.layout.coords(self.mesh.global_rank)})"
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CollectiveTimeout(f"{where} failed in step {self.step}: {first}") from e
+
+    def _train_step(self) -> StepMetrics:
+        cfg, timer, ledger = self.cfg, PhaseTimer(), self.mesh.ledger
+        ledger.reset()
+        start = time.perf_counter()
+        tokens_global = cfg.global_batch * cfg.model.seq_len
+        self.model.zero_grad()
+        loss_sum = torch.zeros((), device=self.mesh.device)
+        for k in range(cfg.grad_accum):
+            with timer.phase("data"):
+                x, y = self._micro_batch(self.sampler, self.step, k)  # (b, T) each
+            last = k == cfg.grad_accum - 1
+            with self.model.no_sync() if not last else contextlib.nullcontext():
+                with timer.phase("forward"):
+                    loss = lm_loss(self.model(x), y, reduction="sum") / tokens_global
+                with timer.phase("backward"):
+                    loss.backward()  # the last one also reduces the gradients
+            loss_sum += loss.detach()
+        # Gradient waits ran inside backward's final callback: report them as exposed comm.
+        timer.move(ledger.total(tag="grad").seconds, src="backward", dst="comm_exposed")
+        # The global loss is summed across ranks while the optimizer runs.
+        loss_reduce = ops.all_reduce(loss_sum, self.mesh.group("dp"), ledger, tag="loss", async_op=True)
+        with timer.phase("optimizer"):
+            lr = lr_at(self.step, cfg)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            grad_norm = self._clip_gradients()
+            self.optimizer.step()
+        with timer.phase("comm_exposed"):
+            loss_value = loss_reduce.wait().item()
+        step_time = time.perf_counter() - start
+        metrics = StepMetrics(
+            step=self.step,
+            loss=loss_value,
+            lr=lr,
+            grad_norm=grad_norm,
+            tokens=tokens_global,
+            step_time=step_time,
+            tokens_per_s=tokens_global / step_time,
+            time={k: round(v, 6) for k, v in timer.seconds.items()},
+            comm=ledger.snapshot(),
+        )
+        self.step += 1
+        return metrics
+
+    def _clip_gradients(self) -> float:
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        if self.cfg.grad_clip is None:
+            return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])))
+        # Gradients are already identical on every data-parallel rank: the local norm is global.
+        return float(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip, foreach=True))
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean loss over ``eval_batches`` global batches of the validation split."""
+        cfg = self.cfg
+        self.module.eval()
+        total = torch.zeros((), device=self.mesh.device)
+        for i in range(cfg.eval_batches):
+            for k in range(cfg.grad_accum):
+                x, y = self._micro_batch(self.val_sampler, i, k)
+                total += lm_loss(self.module(x), y, reduction="sum")
+        self.module.train()
+        ops.all_reduce(total, self.mesh.group("dp"), self.mesh.ledger, tag="eval")
+        return total.item() / (cfg.eval_batches * cfg.global_batch * cfg.model.seq_len)

@@ -1,0 +1,91 @@
+"""ProcessMesh: the (pp, dp, tp) groups built on torch's DeviceMesh.
+
+One object, created once per job and passed explicitly to everything that
+communicates — no module-level process groups. The rank math comes from
+:class:`MeshLayout`; :meth:`ProcessMesh.check` verifies that DeviceMesh built exactly
+the groups the layout predicts, so the pure tests of the layout cover the real groups.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from paracube.comm.ledger import CommLedger
+from paracube.config import AXES, ParallelConfig
+from paracube.mesh.layout import MeshLayout
+
+
+def device_for_rank() -> torch.device:
+    """``cuda:LOCAL_RANK`` when GPUs are present (NCCL), else the CPU (gloo)."""
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def init_distributed(timeout_s: float = 300.0) -> torch.device:
+    """Join the job that the launcher (torchrun or ``paracube train``) started.
+
+    Reads the usual ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` environment.
+    The timeout bounds every collective: a stalled peer turns into an error, not a hang.
+    """
+    device = device_for_rank()
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    return device
+
+
+class ProcessMesh:
+    """The job's process groups along ``pp``, ``dp`` and ``tp``.
+
+    >>> mesh = ProcessMesh(ParallelConfig(dp=2, tp=2))   # inside a 4-rank job
+    >>> mesh.rank("tp"), mesh.size("dp"), mesh.group("dp")
+    """
+
+    def __init__(self, parallel: ParallelConfig, device: torch.device | None = None):
+        self.layout = MeshLayout(pp=parallel.pp, dp=parallel.dp, tp=parallel.tp)
+        self.device = device if device is not None else torch.device("cpu")
+        self.global_rank = dist.get_rank()
+        self.device_mesh: DeviceMesh = init_device_mesh(
+            self.device.type, self.layout.shape, mesh_dim_names=AXES
+        )
+        self.ledger = CommLedger()
+        self._coords = self.layout.coords(self.global_rank)
+
+    def group(self, axis: str):
+        """The process group of this rank along ``axis``."""
+        return self.device_mesh.get_group(axis)
+
+    def rank(self, axis: str) -> int:
+        """This rank's index along ``axis`` (0 ≤ index < size(axis))."""
+        return self._coords[axis]
+
+    def size(self, axis: str) -> int:
+        return self.layout.size(axis)
+
+    def group_ranks(self, axis: str) -> list[int]:
+        return dist.get_process_group_ranks(self.group(axis))
+
+    def stage_neighbours(self) -> tuple[int | None, int | None]:
+        """Global ranks of the previous and next pipeline stage (None at the ends)."""
+        return self.layout.stage_neighbours(self.global_rank)
+
+    def check(self) -> None:
+        """Assert that DeviceMesh's groups are those predicted by the pure rank math."""
+        for axis in AXES:
+            expected = self.layout.group_of(self.global_rank, axis)
+            actual = self.group_ranks(axis)
+            if actual != expected:
+                raise RuntimeError(f"{axis} group of rank {self.global_rank} is {actual}, layout says {expected}")
+            if self.device_mesh.get_local_rank(axis) != self._coords[axis]:
+                raise RuntimeError(f"{axis} coordinate of rank {self.global_rank} disagrees with DeviceMesh")
+
+    def __repr__(self) -> str:
+        return f"ProcessMesh({self.layout.describe()}, rank={self.global_rank}, coords={self._coords})"

@@ -1,0 +1,81 @@
+"""Step metrics: a phase timer, the per-step record, and the JSONL writer."""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+PHASES = ("data", "forward", "backward", "comm_exposed", "optimizer")
+
+
+class PhaseTimer:
+    """Accumulates wall-clock seconds per named phase of one step."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+
+    @contextmanager
+    def phase(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def move(self, seconds: float, *, src: str, dst: str) -> None:
+        """Re-attribute time, e.g. gradient waits that happened inside backward."""
+        self.seconds[src] -= seconds
+        self.seconds[dst] += seconds
+
+
+@dataclass
+class StepMetrics:
+    """One optimizer step, as written to the metrics file (one JSON object per line).
+
+    ``loss`` is the mean next-token loss over the whole global batch (all data-parallel
+    ranks, all micro-steps) — the number a serial run on the same batch reports.
+    ``time`` splits the step's wall time on rank 0; ``comm`` counts collectives by kind.
+    """
+
+    step: int
+    loss: float
+    lr: float
+    grad_norm: float
+    tokens: int
+    step_time: float
+    tokens_per_s: float
+    time: dict[str, float] = field(default_factory=dict)
+    comm: dict[str, dict] = field(default_factory=dict)
+    val_loss: float | None = None
+
+    def to_json(self) -> str:
+        record = {k: v for k, v in asdict(self).items() if v is not None}
+        return json.dumps(record, separators=(",", ":"))
+
+
+class MetricsWriter:
+    """Appends :class:`StepMetrics` as JSON lines; a no-op without a path."""
+
+    def __init__(self, path: str | None):
+        self._file = None
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(path, "w", encoding="utf-8")
+
+    def write(self, metrics: StepMetrics) -> None:
+        if self._file:
+            self._file.write(metrics.to_json() + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file:
+            self._file.close()
+            self._file = None
+
+
+def read_metrics(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]

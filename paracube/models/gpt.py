@@ -1,0 +1,158 @@
+"""Reference decoder-only transformer. Knows nothing about parallelism.
+
+Pre-norm blocks (Radford et al. 2019), causal self-attention and an MLP, with the
+options the GPT-3 and LLaMA families need: LayerNorm or RMSNorm, GELU or SwiGLU,
+learned or rotary positions, grouped-query attention, tied or separate embeddings.
+
+Written for the later parallel passes:
+- every projection is its own ``nn.Linear`` with a stable module path
+  (``blocks.3.attn.q_proj``), so a tensor-parallel plan can name it and split it;
+- the model is an ordered chain ``embed → blocks[0..L) → norm → head``, so a pipeline
+  pass can cut it into stages (see :meth:`GPT.layers`).
+
+Shapes: B batch, T sequence, H hidden, n heads, d head size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from paracube.config import ModelConfig
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.hidden, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+def rotary_tables(seq_len: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables of RoFormer (Su et al. 2021), each (T, d/2)."""
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[2i], x[2i+1]) of x: (B, n, T, d) by the position angles."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]  # (B, n, T, d/2)
+    rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return rotated.flatten(-2).type_as(x)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        kv_dim = cfg.n_kv_heads * cfg.head_dim
+        self.head_dim = cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias)
+        self.k_proj = nn.Linear(cfg.hidden, kv_dim, bias=cfg.bias)
+        self.v_proj = nn.Linear(cfg.hidden, kv_dim, bias=cfg.bias)
+        self.o_proj = nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias)
+        self.rotary = cfg.position == "rope"
+        if self.rotary:
+            cos, sin = rotary_tables(cfg.seq_len, cfg.head_dim)
+            self.register_buffer("cos", cos, persistent=False)
+            self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, H)
+        B, T, _ = x.shape
+        # Head counts come from the projections' widths, so a tensor-parallel shard that
+        # holds H/tp of the query columns runs this code unchanged on n/tp heads.
+        q = self.q_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, n, T, d)
+        k = self.k_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, n_kv, T, d)
+        v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        if self.rotary:
+            q, k = apply_rotary(q, self.cos[:T], self.sin[:T]), apply_rotary(k, self.cos[:T], self.sin[:T])
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, H)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.swiglu = cfg.activation == "swiglu"
+        self.up_proj = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=cfg.bias)
+        if self.swiglu:  # Shazeer 2020: down(silu(gate(x)) * up(x))
+            self.gate_proj = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=cfg.bias)
+        self.down_proj = nn.Linear(cfg.ffn_hidden, cfg.hidden, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (B, T, H)
+        up = self.up_proj(x)  # (B, T, F)
+        act = F.silu(self.gate_proj(x)) * up if self.swiglu else F.gelu(up, approximate="tanh")
+        return self.down_proj(act)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = make_norm(cfg)
+        self.attn = CausalSelfAttention(cfg)
+        self.mlp_norm = make_norm(cfg)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, H)
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Embedding(nn.Module):
+    """Token embedding plus, for learned positions, a position embedding."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.hidden)
+        self.pos = nn.Embedding(cfg.seq_len, cfg.hidden) if cfg.position == "learned" else None
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, T) int -> (B, T, H)
+        x = self.tok(tokens)
+        if self.pos is not None:
+            x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        return x
+
+
+class GPT(nn.Module):
+    """``logits = head(norm(blocks(embed(tokens))))``; tokens (B, T) → logits (B, T, V)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = Embedding(cfg)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = make_norm(cfg)
+        self.head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.head.weight = self.embed.tok.weight
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """GPT-2 initialisation: N(0, σ) weights, zero biases, and the two projections
+        that write into the residual stream scaled by 1/sqrt(2L) (Radford et al. 2019)."""
+        std = self.cfg.init_std
+        for name, p in self.named_parameters():
+            if p.dim() == 1:  # biases and norm scales
+                p.fill_(1.0 if name.endswith("norm.weight") else 0.0)
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                p.normal_(0.0, std / math.sqrt(2 * self.cfg.n_layers))
+            else:
+                p.normal_(0.0, std)
+
+    def layers(self) -> list[nn.Module]:
+        """The model as an ordered chain of layers, for pipeline partitioning."""
+        return [self.embed, *self.blocks, self.norm, self.head]
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)  # (B, T, H)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))  # (B, T, V)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Next-token cross-entropy; logits (B, T, V), targets (B, T)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction=reduction)

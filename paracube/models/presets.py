@@ -1,0 +1,69 @@
+"""Named model shapes, from CPU-sized demos to the published GPT-3 and LLaMA families.
+
+Torch-free: the planner reads these shapes as pure math. Sources:
+- GPT-3: Brown et al. 2020, Table 2.1 (layers, d_model, heads); context 2048, GPT-2 BPE
+  vocabulary 50257. The 1.3B row lists 24 heads of 128, which does not divide 2048; we use
+  16 heads of 128, as Megatron-LM's GPT-3 1.3B configuration does.
+- LLaMA-2: Touvron et al. 2023 and the released configs (vocab 32000, context 4096,
+  70B uses grouped-query attention with 8 key/value heads).
+- LLaMA-3 / 3.1: Dubey et al. 2024, Table 3 (vocab 128256; 8 key/value heads).
+The byte-level presets (``nano``, ``tiny``, ``small``) have a 256-symbol vocabulary so
+they train on the embedded byte corpus.
+"""
+
+from __future__ import annotations
+
+from paracube.config import ModelConfig
+from paracube.errors import ConfigError
+
+_LLAMA = dict(norm="rmsnorm", activation="swiglu", position="rope", bias=False, tie_embeddings=False)
+
+PRESETS: dict[str, dict] = {
+    # Byte-level models for this machine (2 CPU cores).
+    "nano": dict(n_layers=2, hidden=64, n_heads=4, vocab_size=256, seq_len=64),
+    "tiny": dict(n_layers=4, hidden=128, n_heads=4, vocab_size=256, seq_len=128),
+    # The peers' benchmark model (shared/peers.md): 4 layers, hidden 256, seq 128.
+    "small": dict(n_layers=4, hidden=256, n_heads=8, vocab_size=256, seq_len=128),
+    # GPT-3 family (Brown et al. 2020, Table 2.1).
+    "gpt3-125m": dict(n_layers=12, hidden=768, n_heads=12, vocab_size=50257, seq_len=2048),
+    "gpt3-350m": dict(n_layers=24, hidden=1024, n_heads=16, vocab_size=50257, seq_len=2048),
+    "gpt3-760m": dict(n_layers=24, hidden=1536, n_heads=16, vocab_size=50257, seq_len=2048),
+    "gpt3-1.3b": dict(n_layers=24, hidden=2048, n_heads=16, vocab_size=50257, seq_len=2048),
+    "gpt3-2.7b": dict(n_layers=32, hidden=2560, n_heads=32, vocab_size=50257, seq_len=2048),
+    "gpt3-6.7b": dict(n_layers=32, hidden=4096, n_heads=32, vocab_size=50257, seq_len=2048),
+    "gpt3-13b": dict(n_layers=40, hidden=5120, n_heads=40, vocab_size=50257, seq_len=2048),
+    "gpt3-175b": dict(n_layers=96, hidden=12288, n_heads=96, vocab_size=50257, seq_len=2048),
+    # LLaMA-2 (Touvron et al. 2023).
+    "llama2-7b": dict(n_layers=32, hidden=4096, n_heads=32, ffn_hidden=11008, vocab_size=32000, seq_len=4096, **_LLAMA),
+    "llama2-13b": dict(n_layers=40, hidden=5120, n_heads=40, ffn_hidden=13824, vocab_size=32000, seq_len=4096, **_LLAMA),
+    "llama2-70b": dict(n_layers=80, hidden=8192, n_heads=64, n_kv_heads=8, ffn_hidden=28672, vocab_size=32000, seq_len=4096, **_LLAMA),
+    # LLaMA-3 / 3.1 (Dubey et al. 2024, Table 3).
+    "llama3-8b": dict(n_layers=32, hidden=4096, n_heads=32, n_kv_heads=8, ffn_hidden=14336, vocab_size=128256, seq_len=8192, **_LLAMA),
+    "llama3-70b": dict(n_layers=80, hidden=8192, n_heads=64, n_kv_heads=8, ffn_hidden=28672, vocab_size=128256, seq_len=8192, **_LLAMA),
+    "llama3-405b": dict(n_layers=126, hidden=16384, n_heads=128, n_kv_heads=8, ffn_hidden=53248, vocab_size=128256, seq_len=8192, **_LLAMA),
+}
+
+
+def preset(name: str, **overrides) -> ModelConfig:
+    """The :class:`ModelConfig` of a named preset, with optional field overrides."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown model preset {name!r}: choose one of {', '.join(PRESETS)}")
+    return ModelConfig(name=name, **{**PRESETS[name], **overrides})
+
+
+def parameter_count(cfg: ModelConfig) -> int:
+    """Exact parameter count of :class:`paracube.models.gpt.GPT` built from ``cfg``.
+
+    Tested against ``sum(p.numel())`` of the real module; the planner uses it for presets
+    too large to build.
+    """
+    h, f, kv = cfg.hidden, cfg.ffn_hidden, cfg.n_kv_heads * cfg.head_dim
+    b = 1 if cfg.bias else 0
+    norm = 2 * h if cfg.norm == "layernorm" else h
+    attn = h * h + 2 * h * kv + h * h + b * (h + 2 * kv + h)
+    mlp_in = 2 * h * f if cfg.activation == "swiglu" else h * f
+    mlp = mlp_in + f * h + b * ((2 * f if cfg.activation == "swiglu" else f) + h)
+    per_layer = 2 * norm + attn + mlp
+    embed = cfg.vocab_size * h + (cfg.seq_len * h if cfg.position == "learned" else 0)
+    head = 0 if cfg.tie_embeddings else cfg.vocab_size * h
+    return cfg.n_layers * per_layer + embed + norm + head

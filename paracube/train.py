@@ -1,0 +1,98 @@
+"""What one rank of ``paracube train`` does: validate, join the mesh, train, report."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from paracube.config import TrainConfig
+from paracube.metrics import MetricsWriter, StepMetrics
+
+
+def validate_job(cfg: TrainConfig, world_size: int):
+    """Everything that can be checked before any collective; returns the corpus."""
+    from paracube.data.corpus import build_corpus
+    from paracube.engine import check_supported
+
+    cfg.parallel.check_world_size(world_size)
+    check_supported(cfg)
+    return build_corpus(cfg.data, cfg.model.seq_len, cfg.val_fraction)
+
+
+def train_rank(cfg: TrainConfig, threads: int, timeout_s: float) -> None:
+    import torch
+
+    from paracube.engine import Trainer
+    from paracube.launch import launched_world_size
+    from paracube.mesh.mesh import ProcessMesh, init_distributed
+
+    torch.set_num_threads(threads)
+    corpus = validate_job(cfg, launched_world_size())  # every rank, before any collective
+    device = init_distributed(timeout_s)
+    mesh = ProcessMesh(cfg.parallel, device)
+    trainer = Trainer(cfg, mesh, corpus)
+    lead = mesh.global_rank == 0
+    writer = MetricsWriter(cfg.metrics if lead else None)
+    history: list[StepMetrics] = []
+    first_val = trainer.evaluate() if cfg.eval_every else None
+    if lead:
+        n_params = sum(p.numel() for p in trainer.module.parameters())
+        print(
+            f"paracube: {cfg.model.name} ({n_params:,} parameters), {mesh.layout.describe()}, "
+            f"global batch {cfg.global_batch} × {cfg.model.seq_len} tokens "
+            f"(micro-batch {cfg.micro_batch} × accum {cfg.grad_accum} × dp {cfg.parallel.dp}); "
+            f"data: {corpus.describe()}",
+            flush=True,
+        )
+        if first_val is not None:
+            print(f"paracube: step 0 validation loss {first_val:.4f}", flush=True)
+    bar = _progress(cfg, lead)
+    start = time.perf_counter()
+    for _ in range(cfg.steps):
+        m = trainer.train_step()
+        if cfg.eval_every and (trainer.step % cfg.eval_every == 0 or trainer.step == cfg.steps):
+            m.val_loss = trainer.evaluate()
+        history.append(m)
+        writer.write(m)
+        if bar is not None:
+            bar.set_postfix(loss=f"{m.loss:.4f}", tok_s=f"{m.tokens_per_s:,.0f}", refresh=False)
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    writer.close()
+    if lead:
+        print(summary(history, first_val, time.perf_counter() - start), flush=True)
+
+
+def _progress(cfg: TrainConfig, lead: bool):
+    if not (lead and cfg.progress):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=cfg.steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True,
+                mininterval=0.5 if sys.stderr.isatty() else 10.0)
+
+
+def summary(history: list[StepMetrics], first_val: float | None, wall: float) -> str:
+    """Closing report: loss and validation loss from first to last, and where time went."""
+    steady = history[1:] or history  # step 0 includes one-off warm-up costs
+    total = sum(m.step_time for m in steady)
+    phases = {k: sum(m.time.get(k, 0.0) for m in steady) for k in steady[0].time}
+    split = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in phases.items())
+    grad = steady[-1].comm.get("all_reduce/grad", {"bytes": 0})
+    vals = [m.val_loss for m in history if m.val_loss is not None]
+    lines = [
+        f"paracube: {len(history)} steps in {wall:.1f}s; loss {history[0].loss:.4f} → {history[-1].loss:.4f}",
+        f"paracube: median {sorted(m.tokens_per_s for m in steady)[len(steady) // 2]:,.0f} tokens/s; "
+        f"time split: {split}; gradient all-reduce {grad['bytes'] / 2**20:.2f} MiB/step",
+    ]
+    if vals:
+        start = f"{first_val:.4f} → " if first_val is not None else ""
+        lines.insert(1, f"paracube: validation loss {start}{vals[-1]:.4f}")
+    return "\n".join(lines)
+
+
+def default_threads(local_ranks: int) -> int:
+    """One rank per core: ``cores // local ranks`` threads each, at least 1."""
+    return max(1, (os.cpu_count() or 1) // max(1, local_ranks))
