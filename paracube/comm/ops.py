@@ -16,7 +16,10 @@ from paracube.comm.ledger import CommLedger
 
 
 def group_size(group) -> int:
-    return 1 if group is None else dist.get_world_size(group)
+    """Ranks in ``group``; ``None`` is the default (world) group, as in torch.distributed."""
+    if not dist.is_initialized():
+        return 1
+    return dist.get_world_size(group)
 
 
 def nbytes(t: torch.Tensor) -> int:

@@ -1,0 +1,33 @@
+"""Shared fixtures: persistent worker pools, by world size (see tests/pool.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.pool import WorkerPool
+
+torch.set_num_threads(1)  # the serial references run beside the pools on 2 cores
+
+
+class Pools:
+    def __init__(self) -> None:
+        self._pools: dict[int, WorkerPool] = {}
+
+    def __call__(self, world: int) -> WorkerPool:
+        pool = self._pools.get(world)
+        if pool is None or not pool.alive:
+            # Idle ranks block on their queue and cost no CPU, only ~250 MB each.
+            pool = self._pools[world] = WorkerPool(world)
+        return pool
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+
+
+@pytest.fixture(scope="session")
+def pools():
+    p = Pools()
+    yield p
+    p.close()
