@@ -66,6 +66,8 @@ def read_user_text(path: str) -> bytes:
     p = Path(path)
     if not p.exists():
         raise DataError(f"--data {path}: no such file or folder; give an existing text file or folder")
+    if not (p.is_file() or p.is_dir()):
+        raise DataError(f"--data {path}: not a regular file or folder; give a text file or folder")
     files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
     if not files:
         raise DataError(f"--data {path}: the folder holds no files; add text files or point at one")

@@ -1,0 +1,114 @@
+"""``paracube train`` from the command line: errors (exit 2, one line) and real runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from paracube.cli import build_parser, config_from_args, main
+from paracube.data.corpus import build_corpus
+from paracube.metrics import read_metrics
+from tests.helpers import assert_losses_close, serial_reference
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str, timeout: float = 240, env_extra: dict | None = None, module: tuple = ("-m", "paracube")):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    return subprocess.run(
+        [sys.executable, *module, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def error_line(capsys, argv: list[str]) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("paracube: error: ")
+    return err
+
+
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["--dp", "0"], "--dp must be a positive integer, got 0"),
+        (["--tp", "-1"], "--tp must be a positive integer, got -1"),
+        (["--pp", "0"], "--pp must be a positive integer, got 0"),
+        (["--dp", "2", "--micro-batch", "3", "--global-batch", "10"], "--global-batch 10 is not divisible"),
+        (["--model", "gpt5"], "unknown model preset 'gpt5'"),
+        (["--data", "/no/such/file.txt"], "--data /no/such/file.txt: no such file or folder"),
+        (["--tp", "2"], "tensor parallelism is not available yet (--tp 2)"),
+        (["--pp", "2"], "pipeline parallelism is not available yet (--pp 2)"),
+        (["--steps", "0"], "--steps must be a positive integer"),
+        (["--threads", "0"], "--threads must be a positive integer"),
+    ],
+)
+def test_bad_input_one_line_exit_2(capsys, argv, match):
+    assert match in error_line(capsys, ["train", *argv])
+
+
+def test_empty_and_unreadable_data(capsys, tmp_path, monkeypatch):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    assert "no text in it (empty)" in error_line(capsys, ["train", "--data", str(empty)])
+    locked = tmp_path / "locked.txt"
+    locked.write_text("x" * 10_000)
+
+    def refuse(self):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_bytes", refuse)
+    assert "cannot read" in error_line(capsys, ["train", "--data", str(locked)])
+
+
+def test_world_size_mismatch_under_torchrun_env(capsys, monkeypatch):
+    """As a rank of a 2-rank torchrun job asked for dp=1: refused before any collective."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    err = error_line(capsys, ["train", "--dp", "1", "--model", "nano"])
+    assert "pp×dp×tp = 1×1×1 = 1 but the job has 2 ranks" in err
+
+
+def test_real_exit_status_of_a_bad_command():
+    proc = run_cli("train", "--dp", "0")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "paracube: error: --dp must be a positive integer, got 0 (use 1 to switch this axis off)"
+
+
+def test_train_dp2_matches_serial_and_writes_metrics(tmp_path):
+    """End to end: two local ranks through the elastic launcher, grad accumulation 2;
+    the metrics file's losses equal a serial run on the same global batches."""
+    metrics = tmp_path / "m.jsonl"
+    argv = ["train", "--dp", "2", "--model", "nano", "--steps", "4", "--micro-batch", "2", "--grad-accum", "2",
+            "--eval-every", "2", "--metrics", str(metrics), "--no-progress"]
+    proc = run_cli(*argv)
+    assert proc.returncode == 0, proc.stderr
+    assert "validation loss" in proc.stdout and "time split" in proc.stdout
+    records = read_metrics(str(metrics))
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    for r in records:
+        assert set(r["time"]) == {"data", "forward", "backward", "comm_exposed", "optimizer"}
+        assert r["tokens"] == 8 * 64 and r["tokens_per_s"] > 0
+        assert r["comm"]["all_reduce/grad"]["bytes"] == 136_960 * 4
+    assert "val_loss" in records[1] and "val_loss" in records[3]
+    cfg = config_from_args(build_parser().parse_args(argv))
+    want, _ = serial_reference(cfg, build_corpus(None, cfg.model.seq_len, cfg.val_fraction))
+    assert_losses_close([r["loss"] for r in records], want)
+
+
+def test_runs_unchanged_under_torchrun(tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    proc = run_cli(
+        "--standalone", "--nproc-per-node", "2", "-m", "paracube", "train", "--dp", "2", "--model", "nano",
+        "--steps", "2", "--metrics", str(metrics), "--no-progress",
+        module=("-m", "torch.distributed.run"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert len(read_metrics(str(metrics))) == 2

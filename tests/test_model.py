@@ -1,0 +1,78 @@
+"""The reference GPT: exact parameter counts, causality, options, and published shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from paracube.models.gpt import GPT, lm_loss
+from paracube.models.presets import PRESETS, parameter_count, preset
+
+VARIANTS = [
+    {},
+    dict(tie_embeddings=True),
+    dict(norm="rmsnorm", activation="swiglu", position="rope", bias=False, n_kv_heads=2, ffn_hidden=96),
+]
+
+
+@pytest.mark.parametrize("overrides", VARIANTS, ids=["gpt", "tied", "llama"])
+def test_parameter_count_formula_matches_module(overrides):
+    cfg = preset("nano", **overrides)
+    model = GPT(cfg)
+    assert parameter_count(cfg) == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("overrides", VARIANTS, ids=["gpt", "tied", "llama"])
+def test_causal_and_shapes(overrides):
+    """Changing token t never changes the logits of positions before t."""
+    torch.manual_seed(0)
+    cfg = preset("nano", **overrides)
+    model = GPT(cfg).eval()
+    x = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len))
+    y = x.clone()
+    y[:, 40] = (y[:, 40] + 1) % cfg.vocab_size
+    a, b = model(x), model(y)
+    assert a.shape == (2, cfg.seq_len, cfg.vocab_size)
+    torch.testing.assert_close(a[:, :40], b[:, :40], rtol=0, atol=1e-6)
+    assert not torch.allclose(a[:, 40:], b[:, 40:])
+
+
+def test_initial_loss_is_uniform_guess():
+    """Small init → near-uniform predictions: loss ≈ ln(V)."""
+    torch.manual_seed(0)
+    cfg = preset("tiny")
+    x = torch.randint(0, 256, (4, cfg.seq_len))
+    loss = lm_loss(GPT(cfg)(x), x)
+    assert abs(loss.item() - torch.log(torch.tensor(256.0)).item()) < 0.1
+
+
+def test_layers_chain_reproduces_forward():
+    torch.manual_seed(0)
+    model = GPT(preset("nano")).eval()
+    x = torch.randint(0, 256, (2, 16))
+    h = x
+    for layer in model.layers():
+        h = layer(h)
+    torch.testing.assert_close(h, model(x), rtol=0, atol=0)
+
+
+def test_published_sizes():
+    """Preset shapes give the published parameter counts (Brown et al. 2020; Touvron et al.
+    2023; Dubey et al. 2024) — ours include learned positions / untied heads as specified."""
+    billions = {k: parameter_count(preset(k)) / 1e9 for k in PRESETS}
+    assert billions["gpt3-175b"] == pytest.approx(175.0, rel=0.01)
+    assert billions["gpt3-13b"] == pytest.approx(13.0, rel=0.03)
+    assert billions["llama2-7b"] == pytest.approx(6.74, rel=0.001)
+    assert billions["llama2-70b"] == pytest.approx(68.98, rel=0.001)
+    assert billions["llama3-8b"] == pytest.approx(8.03, rel=0.001)
+    assert billions["llama3-70b"] == pytest.approx(70.55, rel=0.001)
+    assert billions["llama3-405b"] == pytest.approx(405.85, rel=0.001)
+
+
+def test_narayanan_parameter_formula_for_gpt3():
+    """SC21 Eq. 2, P = 12·l·h²·(1 + 13/(12h) + (V+s)/(12·l·h)), counts the same model as
+    ours with a head tied to the embedding."""
+    cfg = preset("gpt3-175b", tie_embeddings=True)
+    l, h, V, s = cfg.n_layers, cfg.hidden, cfg.vocab_size, cfg.seq_len
+    formula = 12 * l * h**2 * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
+    assert parameter_count(cfg) == pytest.approx(formula, rel=1e-6)
