@@ -13,6 +13,7 @@ fill is the first one launched, while backward still runs through earlier layers
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, Hashable
 
 import torch
 from torch import nn
@@ -30,59 +31,118 @@ class GradBucket:
     params: list[nn.Parameter]
     offsets: list[int]  # start of each param's gradient in ``buffer``
     buffer: torch.Tensor  # (sum of numels,), dtype/device of its params
-    pending: int = field(init=False)
+    key: Hashable = None  # the group key its parameters share (e.g. "decayed or not")
+    pending: int = field(init=False)  # gradients still to come in this backward
+    flat_param: nn.Parameter | None = field(init=False, default=None)
+    views: list[torch.Tensor] = field(init=False)  # views[i]: params[i]'s gradient slice
+    stale: list[bool] = field(init=False)  # slice not written since the last zero_grad
 
     def __post_init__(self) -> None:
         self.pending = len(self.params)
+        self.views = [self.buffer[o : o + p.numel()].view_as(p) for o, p in zip(self.offsets, self.params)]
+        self.stale = [True] * len(self.params)
 
     @property
     def nbytes(self) -> int:
         return self.buffer.numel() * self.buffer.element_size()
 
-    def grad_view(self, i: int) -> torch.Tensor:
-        p = self.params[i]
-        return self.buffer[self.offsets[i] : self.offsets[i] + p.numel()].view_as(p)
-
     def bind_grads(self) -> None:
         """Point every ``param.grad`` at its slice of the buffer."""
-        for i, p in enumerate(self.params):
-            p.grad = self.grad_view(i)
+        for p, view in zip(self.params, self.views):
+            p.grad = view
+
+    def release_grads(self) -> None:
+        """Start a new accumulation window without touching the buffer (no memset): each
+        ``param.grad`` becomes None, autograd hands over its fresh gradient, and
+        :meth:`absorb` *copies* it into the slice — one pass instead of zero + add."""
+        for p in self.params:
+            p.grad = None
+        self.stale = [True] * len(self.params)
+
+    def absorb(self, i: int) -> None:
+        """Make sure ``params[i]``'s gradient lives in its slice (and ``.grad`` is the view)."""
+        p, view = self.params[i], self.views[i]
+        if p.grad.data_ptr() != view.data_ptr():
+            if self.stale[i]:
+                view.copy_(p.grad)
+            else:
+                view.add_(p.grad)
+            p.grad = view
+        self.stale[i] = False
+
+    def zero_stale(self) -> None:
+        """Zero the slices of parameters that got no gradient in this window."""
+        for i, view in enumerate(self.views):
+            if self.stale[i]:
+                view.zero_()
+                self.stale[i] = False
 
     def reset(self) -> None:
+        """After a synchronised backward: a new accumulation window begins, in which every
+        slice is overwritten by (not added to) the first gradient it receives."""
         self.pending = len(self.params)
+        self.stale = [True] * len(self.params)
+
+    @torch.no_grad()
+    def make_contiguous(self) -> nn.Parameter:
+        """Move the parameters' storage into one flat tensor too, laid out like the
+        gradient buffer, and return it as a parameter whose ``.grad`` is the buffer.
+
+        Each ``param.data`` becomes a view of the flat tensor, so an optimizer stepping
+        the flat parameter (one fused kernel for the whole bucket instead of one launch
+        per tensor) updates the model's parameters in place — the contiguous parameter
+        and gradient buffers of Megatron-Core's distributed data parallel.
+        """
+        flat = torch.empty_like(self.buffer)
+        for i, p in enumerate(self.params):
+            view = flat[self.offsets[i] : self.offsets[i] + p.numel()].view_as(p)
+            view.copy_(p)
+            p.data = view
+        self.flat_param = nn.Parameter(flat)
+        self.flat_param.grad = self.buffer
+        return self.flat_param
 
 
 def build_buckets(
-    params: list[nn.Parameter], cap_bytes: int, first_cap_bytes: int | None = None
+    params: list[nn.Parameter],
+    cap_bytes: int,
+    first_cap_bytes: int | None = None,
+    key: Callable[[nn.Parameter], Hashable] | None = None,
 ) -> list[GradBucket]:
     """Split ``params`` (reverse order) into buckets of at most ``cap_bytes`` each.
 
     A parameter larger than the cap gets a bucket of its own. Parameters of different
-    dtype or device never share a bucket. ``first_cap_bytes`` may make the first bucket
-    smaller, so the first all-reduce starts early in backward.
+    dtype, device or ``key(param)`` (e.g. optimizer group) never share a bucket.
+    ``first_cap_bytes`` may make the first bucket smaller, so the first all-reduce starts
+    early in backward.
     """
+    key = key or (lambda p: None)
     buckets: list[GradBucket] = []
-    current: list[nn.Parameter] = []
-    size = 0
+    # One open bucket per (dtype, device, key): interleaved kinds (a layer's weight, then
+    # its bias) fill their own buckets instead of closing each other's.
+    open_: dict[tuple, list[nn.Parameter]] = {}
+    sizes: dict[tuple, int] = {}
 
-    def close() -> None:
-        nonlocal current, size
-        if not current:
+    def close(kind: tuple) -> None:
+        members = open_.pop(kind, [])
+        sizes.pop(kind, None)
+        if not members:
             return
         offsets, total = [], 0
-        for p in current:
+        for p in members:
             offsets.append(total)
             total += p.numel()
-        buffer = torch.zeros(total, dtype=current[0].dtype, device=current[0].device)
-        buckets.append(GradBucket(len(buckets), current, offsets, buffer))
-        current, size = [], 0
+        buffer = torch.zeros(total, dtype=members[0].dtype, device=members[0].device)
+        buckets.append(GradBucket(len(buckets), members, offsets, buffer, kind[2]))
 
     for p in reversed(params):
+        kind = (p.dtype, p.device, key(p))
         cap = first_cap_bytes if (not buckets and first_cap_bytes) else cap_bytes
         p_bytes = p.numel() * p.element_size()
-        if current and (size + p_bytes > cap or p.dtype != current[0].dtype or p.device != current[0].device):
-            close()
-        current.append(p)
-        size += p_bytes
-    close()
+        if open_.get(kind) and sizes[kind] + p_bytes > cap:
+            close(kind)
+        open_.setdefault(kind, []).append(p)
+        sizes[kind] = sizes.get(kind, 0) + p_bytes
+    for kind in list(open_):  # the rest, in the order they were opened
+        close(kind)
     return buckets

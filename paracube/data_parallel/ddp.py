@@ -44,6 +44,10 @@ class DataParallel(nn.Module):
             ``False`` when the loss is already normalised by the *global* sample count,
             so the reduction is a plain sum.
         reduce_hook: the per-bucket reduction (see :mod:`paracube.data_parallel.hooks`).
+        group_key: parameters with different keys never share a bucket — pass the
+            optimizer group (e.g. "weight-decayed or not") to step buckets as flat tensors.
+        contiguous_params: also store each bucket's parameters in one flat tensor and
+            expose it through :meth:`flat_parameters` (see ``GradBucket.make_contiguous``).
     """
 
     def __init__(
@@ -56,6 +60,8 @@ class DataParallel(nn.Module):
         first_bucket_mb: float | None = None,
         average: bool = True,
         reduce_hook: GradReduceHook | None = None,
+        group_key=None,
+        contiguous_params: bool = False,
     ):
         super().__init__()
         self.module = module
@@ -66,7 +72,7 @@ class DataParallel(nn.Module):
         self.reduce_hook = reduce_hook or AllReduceHook()
         params = [p for p in module.parameters() if p.requires_grad]
         first = None if first_bucket_mb is None else int(first_bucket_mb * MIB)
-        self.buckets: list[GradBucket] = build_buckets(params, int(bucket_mb * MIB), first)
+        self.buckets: list[GradBucket] = build_buckets(params, int(bucket_mb * MIB), first, group_key)
         self._where = {p: (b, i) for b in self.buckets for i, p in enumerate(b.params)}
         self._sync = True
         self._callback_queued = False
@@ -74,6 +80,8 @@ class DataParallel(nn.Module):
         self._inflight: list[Waitable] = []
         self._broadcast_state()
         for b in self.buckets:
+            if contiguous_params:
+                b.make_contiguous()
             b.bind_grads()
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
 
@@ -91,11 +99,31 @@ class DataParallel(nn.Module):
         finally:
             self._sync = previous
 
-    def zero_grad(self, set_to_none: bool = False) -> None:  # noqa: ARG002 - buffers stay
-        """Zero the bucket buffers; ``param.grad`` stays a view of them (never None)."""
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Start a new accumulation window.
+
+        By default no memory is touched: gradients are released and the next backward
+        copies them into the bucket buffers. ``set_to_none=False`` zeroes the buffers and
+        keeps ``param.grad`` bound to them instead.
+        """
         for b in self.buckets:
-            b.buffer.zero_()
-            b.bind_grads()
+            if set_to_none:
+                b.release_grads()
+            else:
+                b.buffer.zero_()
+                b.bind_grads()
+            if b.flat_param is not None:
+                b.flat_param.grad = b.buffer
+
+    def flat_parameters(self) -> list[tuple[object, nn.Parameter]]:
+        """``(group key, flat parameter)`` per bucket; needs ``contiguous_params=True``.
+
+        Give these to the optimizer instead of the module's parameters: their ``.grad``
+        is the reduced bucket buffer, and stepping them updates the module in place.
+        """
+        if any(b.flat_param is None for b in self.buckets):
+            raise RuntimeError("flat_parameters() needs DataParallel(..., contiguous_params=True)")
+        return [(b.key, b.flat_param) for b in self.buckets]
 
     @property
     def grad_bytes(self) -> int:
@@ -122,15 +150,10 @@ class DataParallel(nn.Module):
                 offset += t.numel()
 
     def _on_grad_ready(self, param: nn.Parameter) -> None:
-        if not self._sync or self.world == 1:
-            return
         bucket, i = self._where[param]
-        view = bucket.grad_view(i)
-        if param.grad.data_ptr() != view.data_ptr():
-            # The user's optimizer.zero_grad() set grads to None and autograd made a fresh
-            # tensor: move it into the bucket and rebind (one copy, this step only).
-            view.copy_(param.grad)
-            param.grad = view
+        bucket.absorb(i)  # the gradient now lives in the bucket, also under no_sync
+        if not self._sync:
+            return
         if not self._callback_queued:
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
@@ -141,8 +164,10 @@ class DataParallel(nn.Module):
         """Launch complete buckets in index order (or all remaining ones if ``force``)."""
         while self._next_launch < len(self.buckets):
             bucket = self.buckets[self._next_launch]
-            if bucket.pending > 0 and not force:
-                return
+            if bucket.pending > 0:
+                if not force:
+                    return
+                bucket.zero_stale()  # parameters without a gradient this window count as 0
             if self.average:
                 bucket.buffer.div_(self.world)
             self._inflight.append(self.reduce_hook(bucket, self.group, self.ledger))

@@ -1,0 +1,129 @@
+"""paracube data parallel vs torch DistributedDataParallel, side by side, 2 ranks × 1 thread.
+
+Both train the same GPT (preset ``small``: 4 layers, hidden 256, seq 128 — the model of
+shared/peers.md) with AdamW, the same batches (8 sequences per rank), gradient clipping and
+a global-loss all-reduce per step. paracube runs its real engine step
+(:meth:`paracube.engine.Trainer.train_step`); the peer runs the same work in a plain loop.
+Also measured: the single-process step (dp=1, batch 8) for dp=2's weak-scaling efficiency.
+
+    python benchmarks/bench_data_parallel.py --out benchmarks/results/data_parallel.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import platform
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+from common import interleaved, median_ms, spawn_world, write_json  # noqa: E402
+from paracube.config import ParallelConfig, TrainConfig  # noqa: E402
+from paracube.data.corpus import build_corpus  # noqa: E402
+from paracube.engine import Trainer, build_optimizer  # noqa: E402
+from paracube.mesh.mesh import ProcessMesh  # noqa: E402
+from paracube.models.gpt import GPT, lm_loss  # noqa: E402
+from paracube.models.presets import preset  # noqa: E402
+
+
+def peer_step(model, optimizer, batches, cfg: TrainConfig):
+    """The same step as paracube's engine, written against torch DDP."""
+
+    def step():
+        x, y = next(batches)
+        optimizer.zero_grad(set_to_none=True)
+        loss = lm_loss(model(x), y, reduction="sum") / (cfg.global_batch * cfg.model.seq_len)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip, foreach=True)
+        optimizer.step()
+        dist.all_reduce(loss.detach())  # the global loss for the log, as paracube reports
+
+    return step
+
+
+def batch_stream(trainer: Trainer):
+    step = 0
+    while True:
+        yield trainer._micro_batch(trainer.sampler, step, 0)
+        step += 1
+
+
+def worker(rank: int, world: int, args, out: str) -> None:
+    cfg = TrainConfig(
+        model=preset(args.model), parallel=ParallelConfig(dp=world, bucket_mb=args.bucket_mb),
+        micro_batch=args.micro_batch, steps=10_000, progress=False,
+    )
+    corpus = build_corpus(None, cfg.model.seq_len)
+    mesh = ProcessMesh(cfg.parallel)
+    ours = Trainer(cfg, mesh, corpus)
+    variants = {"paracube": ours.train_step}
+    torch.manual_seed(cfg.seed)
+    for name, as_view in (("torch DDP", False), ("torch DDP (grad as bucket view)", True)):
+        model = DDP(GPT(cfg.model), gradient_as_bucket_view=as_view)
+        variants[name] = peer_step(model, build_optimizer(model.module, cfg), batch_stream(ours), cfg)
+    # dp=1 reference for scaling efficiency: rank 0 alone, same per-rank batch.
+    serial = copy.deepcopy(ours.module)
+    serial_opt = build_optimizer(serial, cfg)
+    serial_batches = batch_stream(ours)
+
+    def single():
+        if rank == 0:
+            x, y = next(serial_batches)
+            serial_opt.zero_grad(set_to_none=True)
+            lm_loss(serial(x), y).backward()
+            torch.nn.utils.clip_grad_norm_(serial.parameters(), cfg.grad_clip, foreach=True)
+            serial_opt.step()
+
+    variants["single process (dp=1)"] = single
+    times = interleaved(variants, reps=args.reps, steps=args.steps)
+    if rank != 0:
+        return
+    med = {k: median_ms(v) for k, v in times.items()}
+    base = med["paracube"]
+    rows = [
+        {"variant": k, "median_ms": round(v, 1), "paracube_speedup": round(v / base, 3), "samples": len(times[k])}
+        for k, v in med.items()
+    ]
+    scaling = med["single process (dp=1)"] / med["paracube"]
+    payload = {
+        "benchmark": "data_parallel",
+        "model": args.model,
+        "parameters": sum(p.numel() for p in ours.module.parameters()),
+        "world": world, "threads_per_rank": 1, "micro_batch_per_rank": args.micro_batch,
+        "bucket_mb": args.bucket_mb, "reps": args.reps, "steps_per_rep": args.steps,
+        "torch": torch.__version__, "python": platform.python_version(),
+        "rows": rows,
+        "throughput_ratio_vs_ddp": round(med["torch DDP"] / base, 3),
+        "weak_scaling_efficiency_dp2": round(scaling, 3),
+    }
+    write_json(out, payload)
+    print(f"\nmodel {args.model} ({payload['parameters']:,} params), {world} ranks × 1 thread, "
+          f"batch {args.micro_batch}/rank, {args.reps}×{args.steps} interleaved steps per variant\n")
+    print("| variant | median ms/step | paracube throughput ÷ variant's |")
+    print("|---|---:|---:|")
+    for r in rows:
+        print(f"| {r['variant']} | {r['median_ms']:.1f} | {r['paracube_speedup']:.3f}× |")
+    print(f"\nparacube ÷ torch DDP throughput: {payload['throughput_ratio_vs_ddp']:.3f}×")
+    print(f"dp=2 weak-scaling efficiency (T_dp1 / T_dp2 at equal batch per rank): {scaling:.2f}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="small")
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--bucket-mb", type=float, default=25.0)
+    p.add_argument("--reps", type=int, default=6)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--out", default="benchmarks/results/data_parallel.json")
+    args = p.parse_args()
+    spawn_world(2, worker, args, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""Shared benchmark plumbing: a local gloo world, interleaved timing, ratio tables.
+
+Method (design.md, "Benchmarks"): paracube and the torch-native peer run side by side in
+one run, same model, data, world size and threads, repetitions interleaved (A B B A …)
+so that machine noise hits both alike; we report medians and their ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_world(world: int, fn: Callable, *args) -> None:
+    """Run ``fn(rank, world, *args)`` on ``world`` gloo ranks with one thread each."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
+    mp.spawn(_entry, args=(world, fn, args), nprocs=world, join=True)
+
+
+def _entry(rank: int, world: int, fn: Callable, args: tuple) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=600))
+    try:
+        fn(rank, world, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def interleaved(variants: dict[str, Callable[[], None]], reps: int, steps: int, warmup: int = 2) -> dict[str, list[float]]:
+    """Time ``steps`` calls of each variant per repetition, alternating the order every
+    repetition (ABBA); all ranks start each step together (barrier). Returns seconds."""
+    names = list(variants)
+    for name in names:
+        for _ in range(warmup):
+            variants[name]()
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for rep in range(reps):
+        for name in names if rep % 2 == 0 else reversed(names):
+            for _ in range(steps):
+                if dist.is_initialized():
+                    dist.barrier()
+                start = time.perf_counter()
+                variants[name]()
+                times[name].append(time.perf_counter() - start)
+    return times
+
+
+def median_ms(samples: list[float]) -> float:
+    return 1000 * statistics.median(samples)
+
+
+def write_json(path: str, payload: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(payload, indent=2) + "\n")
