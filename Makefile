@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/paracube train --dp 2 --model tiny --steps 200 --micro-batch 8 --grad-accum 2 \
+	$(VENV)/bin/paracube train --dp 2 --model tiny --steps 300 --micro-batch 8 --grad-accum 2 \
 		--eval-every 50 --metrics runs/demo.jsonl
 
 test: $(STAMP)

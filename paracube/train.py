@@ -53,6 +53,9 @@ def train_rank(cfg: TrainConfig, threads: int, timeout_s: float) -> None:
         m = trainer.train_step()
         if cfg.eval_every and (trainer.step % cfg.eval_every == 0 or trainer.step == cfg.steps):
             m.val_loss = trainer.evaluate()
+            if lead:
+                line = f"paracube: step {trainer.step} loss {m.loss:.4f}, validation loss {m.val_loss:.4f}"
+                bar.write(line, file=sys.stdout) if bar is not None else print(line, flush=True)
         history.append(m)
         writer.write(m)
         if bar is not None:

@@ -112,3 +112,30 @@ def test_runs_unchanged_under_torchrun(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert len(read_metrics(str(metrics))) == 2
+
+
+def test_readme_example_matches_serial():
+    """examples/data_parallel_any_module.py under torchrun prints the serial run's losses."""
+    proc = run_cli(
+        "--standalone", "--nproc-per-node", "2", "examples/data_parallel_any_module.py",
+        module=("-m", "torch.distributed.run"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = [float(line.split("loss ")[1]) for line in proc.stdout.splitlines() if line.startswith("step ")]
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    want = []
+    for _ in range(5):
+        x = torch.randn(32, 16, generator=g)
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
+        loss.backward()
+        optimizer.step()
+        want.append(loss.item())
+    assert len(got) == 5
+    assert_losses_close(got, want, tol=1e-5 + 5e-6 / min(want))  # printed with 5 decimals
