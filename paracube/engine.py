@@ -103,15 +103,19 @@ class Trainer:
         return x.to(self.mesh.device, non_blocking=True), y.to(self.mesh.device, non_blocking=True)
 
     def train_step(self) -> StepMetrics:
+        timer = PhaseTimer()
         try:
-            return self._train_step()
+            return self._train_step(timer)
         except RuntimeError as e:  # gloo/NCCL timeouts and peer failures surface here
-            where = f"rank {self.mesh.global_rank} ({self.mesh.layout.coords(self.mesh.global_rank)})"
+            coords = " ".join(f"{a}={i}" for a, i in self.mesh.layout.coords(self.mesh.global_rank).items())
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise CollectiveTimeout(f"{where} failed in step {self.step}: {first}") from e
+            raise CollectiveTimeout(
+                f"rank {self.mesh.global_rank} ({coords}) failed in step {self.step}, "
+                f"phase {timer.current or 'between phases'}: {first}"
+            ) from e
 
-    def _train_step(self) -> StepMetrics:
-        cfg, timer, ledger = self.cfg, PhaseTimer(), self.mesh.ledger
+    def _train_step(self, timer: PhaseTimer) -> StepMetrics:
+        cfg, ledger = self.cfg, self.mesh.ledger
         ledger.reset()
         start = time.perf_counter()
         tokens_global = cfg.global_batch * cfg.model.seq_len

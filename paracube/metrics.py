@@ -16,12 +16,15 @@ class PhaseTimer:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self.current: str | None = None  # the phase running now (named in error messages)
 
     @contextmanager
     def phase(self, name: str):
         start = time.perf_counter()
+        self.current = name
         try:
             yield
+            self.current = None  # on an exception it stays: the error names the phase
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 

@@ -30,7 +30,7 @@ def train_rank(cfg: TrainConfig, threads: int, timeout_s: float) -> None:
     torch.set_num_threads(threads)
     corpus = validate_job(cfg, launched_world_size())  # every rank, before any collective
     device = init_distributed(timeout_s)
-    mesh = ProcessMesh(cfg.parallel, device)
+    mesh = ProcessMesh(cfg.parallel, device, timeout_s)
     trainer = Trainer(cfg, mesh, corpus)
     lead = mesh.global_rank == 0
     writer = MetricsWriter(cfg.metrics if lead else None)

@@ -211,3 +211,34 @@ def test_initial_parameters_broadcast_from_rank0(pools):
 def test_unused_parameters_and_set_to_none(pools):
     for err in pools(2).run(unused_params_and_set_to_none):
         assert err <= 1e-6
+
+
+def stalled_peer():
+    """Rank 1 stalls past the collective timeout: every rank fails with a line naming
+    itself and the step, instead of hanging."""
+    import time
+
+    import torch.distributed as dist
+
+    from paracube.engine import Trainer
+    from paracube.errors import CollectiveTimeout
+    from paracube.mesh.mesh import ProcessMesh
+
+    cfg = train_config(dp=2, steps=2)
+    trainer = Trainer(cfg, ProcessMesh(cfg.parallel, timeout_s=2.0), small_corpus())
+    trainer.train_step()
+    if dist.get_rank() == 1:
+        time.sleep(4.0)
+    start = time.perf_counter()
+    try:
+        trainer.train_step()
+    except CollectiveTimeout as e:
+        return str(e), time.perf_counter() - start
+    return None, time.perf_counter() - start
+
+
+def test_stalled_peer_fails_with_rank_and_step(pools):
+    (msg0, waited0), (msg1, _) = pools(2).run(stalled_peer)
+    assert msg0 is not None and msg0.startswith("rank 0 (pp=0 dp=0 tp=0) failed in step 1, phase backward:")
+    assert msg1 is not None and msg1.startswith("rank 1 ")
+    assert waited0 < 30  # the 2 s mesh timeout applied, not gloo's 30-minute default

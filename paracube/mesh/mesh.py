@@ -42,6 +42,22 @@ def init_distributed(timeout_s: float = 300.0) -> torch.device:
     return device
 
 
+def _timeout_override(device: torch.device, timeout_s: float | None) -> dict | None:
+    """Give every axis group the job's collective timeout.
+
+    DeviceMesh creates its sub-groups with the backend's default timeout (30 min for gloo),
+    not the default group's; without this a stalled peer would hang an axis for that long.
+    """
+    if timeout_s is None:
+        return None
+    if device.type == "cuda":
+        backend, options = "nccl", dist.ProcessGroupNCCL.Options()
+    else:
+        backend, options = "gloo", dist.ProcessGroupGloo._Options()
+    options._timeout = timedelta(seconds=timeout_s)
+    return {axis: (backend, options) for axis in AXES}
+
+
 class ProcessMesh:
     """The job's process groups along ``pp``, ``dp`` and ``tp``.
 
@@ -49,12 +65,13 @@ class ProcessMesh:
     >>> mesh.rank("tp"), mesh.size("dp"), mesh.group("dp")
     """
 
-    def __init__(self, parallel: ParallelConfig, device: torch.device | None = None):
+    def __init__(self, parallel: ParallelConfig, device: torch.device | None = None, timeout_s: float | None = None):
         self.layout = MeshLayout(pp=parallel.pp, dp=parallel.dp, tp=parallel.tp)
         self.device = device if device is not None else torch.device("cpu")
         self.global_rank = dist.get_rank()
         self.device_mesh: DeviceMesh = init_device_mesh(
-            self.device.type, self.layout.shape, mesh_dim_names=AXES
+            self.device.type, self.layout.shape, mesh_dim_names=AXES,
+            backend_override=_timeout_override(self.device, timeout_s),
         )
         self.ledger = CommLedger()
         self._coords = self.layout.coords(self.global_rank)
