@@ -31,3 +31,13 @@ def pools():
     p = Pools()
     yield p
     p.close()
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU-only checks carry ``@pytest.mark.cuda`` and are skipped on CPU machines."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,37 @@
+"""GPU checks (NCCL): skipped on machines without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.test_cli import run_cli
+
+
+@pytest.mark.cuda
+def test_train_on_gpus_with_nccl(tmp_path):
+    """dp over every local GPU (at least 1) through the elastic launcher, on NCCL."""
+    from paracube.metrics import read_metrics
+
+    n = min(torch.cuda.device_count(), 4)
+    metrics = tmp_path / "m.jsonl"
+    proc = run_cli("train", "--dp", str(n), "--model", "tiny", "--steps", "20", "--metrics", str(metrics), "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    records = read_metrics(str(metrics))
+    assert records[-1]["loss"] < records[0]["loss"]
+    if n > 1:
+        assert records[-1]["comm"]["all_reduce/grad"]["bytes"] == 875_264 * 4
+
+
+@pytest.mark.cuda
+def test_model_matches_on_cpu_and_gpu():
+    from paracube.models.gpt import GPT, lm_loss
+    from paracube.models.presets import preset
+
+    torch.manual_seed(0)
+    cpu = GPT(preset("nano"))
+    gpu = GPT(preset("nano")).cuda()
+    gpu.load_state_dict(cpu.state_dict())
+    x = torch.randint(0, 256, (2, 64))
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.testing.assert_close(lm_loss(gpu(x.cuda()), x.cuda()).cpu(), lm_loss(cpu(x), x), rtol=1e-4, atol=1e-5)
