@@ -25,6 +25,10 @@ def _train_parser(sub) -> None:
     g.add_argument("--dp", type=int, default=1, help="data-parallel size (default 1)")
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     g.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (default 1)")
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="with --tp: shard norms and the residual stream along the sequence")
+    g.add_argument("--gpus-per-node", type=int, default=None,
+                   help="ranks per node; tp must fit in one (default: not checked)")
     g.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket size in MiB (default 25)")
     m = p.add_argument_group("model and data")
     m.add_argument("--model", default="tiny", help="model preset (default tiny); see paracube.models.PRESETS")
@@ -58,7 +62,10 @@ def config_from_args(args) -> TrainConfig:
     overrides = {"seq_len": args.seq_len} if args.seq_len is not None else {}
     return TrainConfig(
         model=preset(args.model, **overrides),
-        parallel=ParallelConfig(dp=args.dp, tp=args.tp, pp=args.pp, bucket_mb=args.bucket_mb),
+        parallel=ParallelConfig(
+            dp=args.dp, tp=args.tp, pp=args.pp, bucket_mb=args.bucket_mb,
+            sequence_parallel=args.sequence_parallel, gpus_per_node=args.gpus_per_node,
+        ),
         steps=args.steps,
         micro_batch=args.micro_batch,
         grad_accum=args.grad_accum,

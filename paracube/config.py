@@ -94,6 +94,7 @@ class ParallelConfig:
     tp: int = 1
     pp: int = 1
     bucket_mb: float = 25.0
+    sequence_parallel: bool = False
     gpus_per_node: Optional[int] = None
 
     def __post_init__(self) -> None:
@@ -103,6 +104,14 @@ class ParallelConfig:
             raise ConfigError(f"--bucket-mb must be > 0, got {self.bucket_mb!r}")
         if self.gpus_per_node is not None:
             _positive("--gpus-per-node", self.gpus_per_node)
+            if self.tp > self.gpus_per_node:
+                raise ConfigError(
+                    f"--tp {self.tp} is larger than a node ({self.gpus_per_node} ranks per node): tensor "
+                    "parallelism all-reduces every layer and needs the intra-node links; "
+                    f"use --tp ≤ {self.gpus_per_node} and pipeline or data parallelism across nodes"
+                )
+        if self.sequence_parallel and self.tp == 1:
+            raise ConfigError("--sequence-parallel needs --tp > 1: it shards the sequence over the tensor-parallel ranks")
 
     @property
     def world_size(self) -> int:
@@ -118,6 +127,28 @@ class ParallelConfig:
 
     def replace(self, **changes) -> "ParallelConfig":
         return dataclasses.replace(self, **changes)
+
+
+def check_tensor_parallel(model: ModelConfig, parallel: ParallelConfig) -> None:
+    """Every dimension that tensor parallelism splits must divide by ``tp``."""
+    tp = parallel.tp
+    if tp == 1:
+        return
+    splits = [
+        ("attention heads", "n_heads", model.n_heads),
+        ("key/value heads", "n_kv_heads", model.n_kv_heads),
+        ("hidden size", "hidden", model.hidden),
+        ("MLP size", "ffn_hidden", model.ffn_hidden),
+        ("vocabulary", "vocab_size", model.vocab_size),
+    ]
+    if parallel.sequence_parallel:
+        splits.append(("sequence length", "seq_len", model.seq_len))
+    for what, name, value in splits:
+        if value % tp:
+            raise ConfigError(
+                f"{what} ({name}={value}) is not divisible by --tp {tp}: "
+                f"choose a tp that divides {value}, or a model whose {name} is a multiple of {tp}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,6 +201,7 @@ class TrainConfig:
             raise ConfigError(f"--val-fraction must be in (0, 1), got {self.val_fraction}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"--seed must be a non-negative integer, got {self.seed!r}")
+        check_tensor_parallel(self.model, self.parallel)
 
     @property
     def tokens_per_step(self) -> int:

@@ -21,14 +21,19 @@ from paracube.data_parallel import DataParallel
 from paracube.errors import CollectiveTimeout, ConfigError, NotAvailableError
 from paracube.mesh.mesh import ProcessMesh
 from paracube.metrics import PhaseTimer, StepMetrics
-from paracube.models.gpt import GPT, lm_loss
+from paracube.models.gpt import GPT
 from paracube.comm import ops
+from paracube.tensor_parallel import (
+    TPContext,
+    parallelize_gpt,
+    sequence_parallel_params,
+    sync_sequence_parallel_grads,
+    vocab_parallel_cross_entropy,
+)
 
 
 def check_supported(cfg: TrainConfig) -> None:
     """Refuse what the engine cannot run yet, and model/data mismatches — before any collective."""
-    if cfg.parallel.tp > 1:
-        raise NotAvailableError(f"tensor parallelism is not available yet (--tp {cfg.parallel.tp}): use --tp 1")
     if cfg.parallel.pp > 1:
         raise NotAvailableError(f"pipeline parallelism is not available yet (--pp {cfg.parallel.pp}): use --pp 1")
     if cfg.model.vocab_size < VOCAB_SIZE:
@@ -76,8 +81,14 @@ class Trainer:
         check_supported(cfg)
         self.cfg, self.mesh = cfg, mesh
         self.corpus = corpus or build_corpus(cfg.data, cfg.model.seq_len, cfg.val_fraction)
-        torch.manual_seed(cfg.seed)  # same initial weights everywhere; DP also broadcasts them
-        model = GPT(cfg.model).to(mesh.device)
+        # Parallelisms in their fixed order (design.md): tensor parallel, then data parallel.
+        # Every rank builds the full model from the seed; TP keeps its slices of it.
+        torch.manual_seed(cfg.seed)
+        self.tp_group = mesh.group("tp")
+        model = GPT(cfg.model)
+        parallelize_gpt(model, TPContext(self.tp_group, mesh.ledger, cfg.parallel.sequence_parallel))
+        model = model.to(mesh.device)
+        self.sp_params = sequence_parallel_params(model)
         self.model = DataParallel(
             model, mesh.group("dp"), mesh.ledger, bucket_mb=cfg.parallel.bucket_mb, average=False,
             group_key=is_decayed, contiguous_params=True,
@@ -127,12 +138,14 @@ class Trainer:
             last = k == cfg.grad_accum - 1
             with self.model.no_sync() if not last else contextlib.nullcontext():
                 with timer.phase("forward"):
-                    loss = lm_loss(self.model(x), y, reduction="sum") / tokens_global
+                    loss = self._loss(self.model(x), y) / tokens_global
                 with timer.phase("backward"):
                     loss.backward()  # the last one also reduces the gradients
             loss_sum += loss.detach()
         # Gradient waits ran inside backward's final callback: report them as exposed comm.
         timer.move(ledger.total(tag="grad").seconds, src="backward", dst="comm_exposed")
+        with timer.phase("comm_exposed"):
+            sync_sequence_parallel_grads(self.sp_params, self.tp_group, ledger)
         # The global loss is summed across ranks while the optimizer runs.
         loss_reduce = ops.all_reduce(loss_sum, self.mesh.group("dp"), ledger, tag="loss", async_op=True)
         with timer.phase("optimizer"):
@@ -158,11 +171,26 @@ class Trainer:
         self.step += 1
         return metrics
 
+    def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Summed next-token loss; vocabulary-parallel when the head is sharded."""
+        return vocab_parallel_cross_entropy(logits, targets, self.tp_group, self.mesh.ledger, reduction="sum")
+
     def _clip_gradients(self) -> float:
-        # Gradients are already identical on every data-parallel rank: the local norm is global.
-        if self.cfg.grad_clip is None:
-            return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.params])))
-        return float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip, foreach=True))
+        """Clip by the global gradient norm. Gradients are identical across data-parallel
+        ranks; across tensor-parallel ranks the shards' squares are summed, and replicated
+        parameters are counted once (Megatron's rule)."""
+        if self.mesh.size("tp") == 1:
+            if self.cfg.grad_clip is None:
+                return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.params])))
+            return float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip, foreach=True))
+        first = self.mesh.rank("tp") == 0
+        grads = [p.grad for p in self.module.parameters() if first or getattr(p, "tp_dim", None) is not None]
+        square = torch.stack(torch._foreach_norm(grads)).square().sum() if grads else torch.zeros(())
+        ops.all_reduce(square, self.tp_group, self.mesh.ledger, tag="grad_norm")
+        norm = float(square.sqrt())
+        if self.cfg.grad_clip is not None and norm > self.cfg.grad_clip:
+            torch._foreach_mul_([p.grad for p in self.params], self.cfg.grad_clip / (norm + 1e-6))
+        return norm
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -173,7 +201,7 @@ class Trainer:
         for i in range(cfg.eval_batches):
             for k in range(cfg.grad_accum):
                 x, y = self._micro_batch(self.val_sampler, i, k)
-                total += lm_loss(self.module(x), y, reduction="sum")
+                total += self._loss(self.module(x), y)
         self.module.train()
         ops.all_reduce(total, self.mesh.group("dp"), self.mesh.ledger, tag="eval")
         return total.item() / (cfg.eval_batches * cfg.global_batch * cfg.model.seq_len)

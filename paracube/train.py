@@ -37,7 +37,9 @@ def train_rank(cfg: TrainConfig, threads: int, timeout_s: float) -> None:
     history: list[StepMetrics] = []
     first_val = trainer.evaluate() if cfg.eval_every else None
     if lead:
-        n_params = sum(p.numel() for p in trainer.module.parameters())
+        from paracube.models.presets import parameter_count
+
+        n_params = parameter_count(cfg.model)
         print(
             f"paracube: {cfg.model.name} ({n_params:,} parameters), {mesh.layout.describe()}, "
             f"global batch {cfg.global_batch} × {cfg.model.seq_len} tokens "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from paracube.config import ModelConfig, ParallelConfig, TrainConfig
@@ -21,11 +23,13 @@ def small_corpus() -> TokenCorpus:
     return TokenCorpus(train=text[:36_000], val=text[36_000:], source="seeded bytes")
 
 
-def train_config(dp: int = 1, micro_batch: int = 4, grad_accum: int = 1, steps: int = 5, **kw) -> TrainConfig:
+def train_config(
+    dp: int = 1, micro_batch: int = 4, grad_accum: int = 1, steps: int = 5, tp: int = 1, sp: bool = False, **kw
+) -> TrainConfig:
     model: ModelConfig = kw.pop("model", preset("nano", seq_len=SEQ))
     return TrainConfig(
         model=model,
-        parallel=ParallelConfig(dp=dp, bucket_mb=kw.pop("bucket_mb", 0.1)),
+        parallel=ParallelConfig(dp=dp, tp=tp, sequence_parallel=sp, bucket_mb=kw.pop("bucket_mb", 0.1)),
         steps=steps,
         micro_batch=micro_batch,
         grad_accum=grad_accum,
@@ -59,9 +63,17 @@ def serial_reference(cfg: TrainConfig, corpus: TokenCorpus) -> tuple[list[float]
     return losses, {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
+@functools.lru_cache(maxsize=None)
+def serial_cached(global_batch: int, steps: int, model: ModelConfig | None = None):
+    """:func:`serial_reference` on :func:`small_corpus`, memoised per (batch, steps, model)."""
+    kw = {"model": model} if model is not None else {}
+    return serial_reference(train_config(dp=1, micro_batch=global_batch, steps=steps, **kw), small_corpus())
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """Norm-wise relative error ‖a − b‖ / ‖b‖ (elementwise ratios blow up near zero)."""
-    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    a = torch.as_tensor(a).detach().to(torch.float64)
+    b = torch.as_tensor(b).detach().to(torch.float64)
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 

@@ -4,14 +4,13 @@ overlap of communication with backward, no_sync, broadcast and robustness."""
 from __future__ import annotations
 
 import copy
-import functools
 
 import pytest
 import torch
 from torch import nn
 
 from paracube.config import ParallelConfig
-from tests.helpers import assert_losses_close, assert_params_close, rel_err, serial_reference, small_corpus, train_config
+from tests.helpers import assert_losses_close, assert_params_close, rel_err, serial_cached, small_corpus, train_config
 
 # -- functions shipped to the worker pools (module level so they pickle) -----------------
 
@@ -148,12 +147,6 @@ def unused_params_and_set_to_none():
 # -- tests --------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
-def _serial(global_batch: int, steps: int):
-    cfg = train_config(dp=1, micro_batch=global_batch, steps=steps)
-    return serial_reference(cfg, small_corpus())
-
-
 @pytest.mark.parametrize(
     "dp,micro_batch,grad_accum",
     [(2, 4, 1), (2, 2, 2), (4, 2, 1), (4, 1, 2)],
@@ -163,7 +156,7 @@ def test_parity_with_serial_run(pools, dp, micro_batch, grad_accum):
     """Per-step loss and final parameters equal the single-process run on the same global batch."""
     cfg = train_config(dp=dp, micro_batch=micro_batch, grad_accum=grad_accum, steps=6)
     assert cfg.global_batch == 8
-    want_losses, want_params = _serial(cfg.global_batch, cfg.steps)
+    want_losses, want_params = serial_cached(cfg.global_batch, cfg.steps)
     results = pools(dp).run(run_trainer, cfg)
     for losses, params, _, _ in results:  # every replica, not only rank 0
         assert_losses_close(losses, want_losses)

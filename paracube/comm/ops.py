@@ -75,3 +75,36 @@ def broadcast(tensor: torch.Tensor, src_group_rank: int, group, ledger: CommLedg
     dist.broadcast(tensor, group=group, group_src=src_group_rank)
     if ledger is not None:
         ledger.record("broadcast", tag, nbytes(tensor), time.perf_counter() - start)
+
+
+def all_gather(tensor: torch.Tensor, group, ledger: CommLedger | None = None, *, tag: str = "") -> torch.Tensor:
+    """Concatenate every rank's ``tensor`` along dim 0: (n, ...) → (world·n, ...).
+
+    Counted as the *gathered* size, the volume convention under which an all-gather plus
+    a reduce-scatter move the same bytes as one all-reduce (formulas.md)."""
+    world = group_size(group)
+    if world == 1:
+        return tensor
+    tensor = tensor.contiguous()
+    out = torch.empty((world * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    start = time.perf_counter()
+    dist.all_gather_single(out, tensor, group=group)
+    if ledger is not None:
+        ledger.record("all_gather", tag, nbytes(out), time.perf_counter() - start)
+    return out
+
+
+def reduce_scatter(tensor: torch.Tensor, group, ledger: CommLedger | None = None, *, tag: str = "") -> torch.Tensor:
+    """Sum across ranks and keep this rank's 1/world slice of dim 0: (world·n, ...) → (n, ...).
+
+    Counted as the size of the full input (see :func:`all_gather`)."""
+    world = group_size(group)
+    if world == 1:
+        return tensor
+    tensor = tensor.contiguous()
+    out = torch.empty((tensor.shape[0] // world, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    start = time.perf_counter()
+    dist.reduce_scatter_single(out, tensor, group=group)
+    if ledger is not None:
+        ledger.record("reduce_scatter", tag, nbytes(tensor), time.perf_counter() - start)
+    return out

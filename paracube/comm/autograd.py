@@ -1,0 +1,169 @@
+"""Autograd collectives for the tensor-parallel group, one concern each.
+
+Named after what they do forward / backward (Shoeybi et al. 2019, "Megatron-LM", §3 —
+the paper's *f* and *g*; Korthikanti et al. 2022, §4.2.2 for sequence parallelism):
+
+| function              | forward                     | backward                    |
+|-----------------------|-----------------------------|-----------------------------|
+| copy_to_tp (f)        | identity                    | all-reduce                  |
+| reduce_from_tp (g)    | all-reduce                  | identity                    |
+| scatter_to_tp         | keep my slice of last dim   | all-gather last dim         |
+| gather_from_tp        | all-gather last dim         | keep my slice of last dim   |
+| scatter_to_sp         | keep my slice of sequence   | all-gather sequence         |
+| gather_from_sp        | all-gather sequence         | reduce-scatter sequence     |
+| reduce_scatter_to_sp  | reduce-scatter sequence     | all-gather sequence         |
+
+Activations are (B, T, H): the sequence dim is 1, the split "last dim" is -1. Every
+collective goes through :mod:`paracube.comm.ops`, so its bytes land in the ledger under
+the given tag. A group of one rank makes each of these the identity.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paracube.comm import ops
+from paracube.comm.ledger import CommLedger
+
+
+def _rank_and_world(group) -> tuple[int, int]:
+    import torch.distributed as dist
+
+    return dist.get_rank(group), ops.group_size(group)
+
+
+def _split(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    rank, world = _rank_and_world(group)
+    return x.chunk(world, dim=dim)[rank].contiguous()
+
+
+def _gather(x: torch.Tensor, dim: int, group, ledger, tag) -> torch.Tensor:
+    """All-gather along ``dim``; the collective gathers along dim 0, so move ``dim`` there."""
+    world = ops.group_size(group)
+    moved = x.movedim(dim, 0)  # (n, ...)
+    out = ops.all_gather(moved, group, ledger, tag=tag)  # (world·n, ...)
+    return out.movedim(0, dim).contiguous() if world > 1 else x
+
+
+def _reduce_scatter(x: torch.Tensor, dim: int, group, ledger, tag) -> torch.Tensor:
+    if ops.group_size(group) == 1:
+        return x
+    out = ops.reduce_scatter(x.movedim(dim, 0), group, ledger, tag=tag)
+    return out.movedim(0, dim).contiguous()
+
+
+def _all_reduce(x: torch.Tensor, group, ledger, tag) -> torch.Tensor:
+    x = x.contiguous().clone() if ops.group_size(group) > 1 else x
+    ops.all_reduce(x, group, ledger, tag=tag)
+    return x
+
+
+class _CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, ledger, tag):
+        ctx.args = (group, ledger, tag)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_reduce(grad, *ctx.args), None, None, None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, ledger, tag):
+        return _all_reduce(x, group, ledger, tag)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None, None
+
+
+class _ScatterToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, ledger, tag):
+        ctx.args = (group, ledger, tag)
+        return _split(x, -1, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather(grad, -1, *ctx.args), None, None, None
+
+
+class _GatherFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, ledger, tag):
+        ctx.group = group
+        return _gather(x, -1, group, ledger, tag)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _split(grad, -1, ctx.group), None, None, None
+
+
+class _ScatterToSP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, ledger, tag):
+        ctx.args = (group, ledger, tag)
+        return _split(x, 1, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather(grad, 1, *ctx.args), None, None, None
+
+
+class _GatherFromSP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, ledger, tag):
+        ctx.args = (group, ledger, tag)
+        return _gather(x, 1, group, ledger, tag)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter(grad, 1, *ctx.args), None, None, None
+
+
+class _ReduceScatterToSP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, ledger, tag):
+        ctx.args = (group, ledger, tag)
+        return _reduce_scatter(x, 1, group, ledger, tag)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather(grad, 1, *ctx.args), None, None, None
+
+
+def copy_to_tp(x, group, ledger: CommLedger | None = None, tag: str = "tp"):
+    """f: identity forward, all-reduce of the gradient backward."""
+    return _CopyToTP.apply(x, group, ledger, tag)
+
+
+def reduce_from_tp(x, group, ledger: CommLedger | None = None, tag: str = "tp"):
+    """g: all-reduce forward, identity backward."""
+    return _ReduceFromTP.apply(x, group, ledger, tag)
+
+
+def scatter_to_tp(x, group, ledger: CommLedger | None = None, tag: str = "tp"):
+    """Keep this rank's slice of the last dim; all-gather the gradient backward."""
+    return _ScatterToTP.apply(x, group, ledger, tag)
+
+
+def gather_from_tp(x, group, ledger: CommLedger | None = None, tag: str = "tp"):
+    """All-gather the last dim; keep this rank's slice of the gradient backward."""
+    return _GatherFromTP.apply(x, group, ledger, tag)
+
+
+def scatter_to_sp(x, group, ledger: CommLedger | None = None, tag: str = "tp"):
+    """(B, T, H) → (B, T/tp, H), this rank's sequence slice; all-gather backward."""
+    return _ScatterToSP.apply(x, group, ledger, tag)
+
+
+def gather_from_sp(x, group, ledger: CommLedger | None = None, tag: str = "tp"):
+    """(B, T/tp, H) → (B, T, H); reduce-scatter of the gradient backward."""
+    return _GatherFromSP.apply(x, group, ledger, tag)
+
+
+def reduce_scatter_to_sp(x, group, ledger: CommLedger | None = None, tag: str = "tp"):
+    """(B, T, H) partial sums → (B, T/tp, H) summed slice; all-gather backward."""
+    return _ReduceScatterToSP.apply(x, group, ledger, tag)

@@ -1,0 +1,1 @@
+"""Planner: pure math on the same configs (no torch.distributed)."""

@@ -1,0 +1,187 @@
+"""Declarative tensor-parallel plans: module path pattern → style, applied to an unchanged model.
+
+A plan names *where* to shard (``blocks.*.attn.q_proj``) and *how* (a style); the model
+code knows nothing about it (design.md; the same idea as torchtitan's
+``parallelize_module`` plans). For the reference GPT (Shoeybi et al. 2019, §3):
+
+- attention is split by heads: q/k/v column-parallel (each rank n/tp heads), output
+  projection row-parallel; the MLP is column → row; so each block needs one collective at
+  the entry of attention and of the MLP (``PrepareInput``: *f*, or an all-gather along the
+  sequence) and one at their exit (the row-parallel layer: *g*, or a reduce-scatter);
+- embedding and LM head are split by vocabulary; the loss is vocabulary-parallel;
+- with sequence parallelism (Korthikanti et al. 2022, §4.2.2) the norms and the residual
+  stream hold T/tp tokens per rank; their replicated parameters see only their tokens,
+  so their gradients are marked ``sequence_parallel`` and summed over the group.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from paracube.comm import autograd as C
+from paracube.comm import ops
+from paracube.comm.ledger import CommLedger
+from paracube.config import ModelConfig
+from paracube.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+
+
+@dataclass(frozen=True)
+class TPContext:
+    group: object
+    ledger: CommLedger | None
+    sequence_parallel: bool = False
+
+
+class Style:
+    """How one matched module is parallelised. Returns the module that replaces it."""
+
+    def apply(self, module: nn.Module, ctx: TPContext) -> nn.Module:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Colwise(Style):
+    """nn.Linear → ColumnParallelLinear. ``prepare_input``: apply f / all-gather here
+    (False when a ``PrepareInput`` on the parent already did it for several linears)."""
+
+    prepare_input: bool = False
+    gather_output: bool = False
+
+    def apply(self, module, ctx):
+        mode = ("gather_sp" if ctx.sequence_parallel else "copy") if self.prepare_input else None
+        return ColumnParallelLinear.from_linear(
+            module, ctx.group, ctx.ledger, gather_output=self.gather_output, input_mode=mode
+        )
+
+
+@dataclass(frozen=True)
+class Rowwise(Style):
+    """nn.Linear → RowParallelLinear (all-reduce, or reduce-scatter under SP)."""
+
+    def apply(self, module, ctx):
+        mode = "reduce_scatter_sp" if ctx.sequence_parallel else "reduce"
+        return RowParallelLinear.from_linear(module, ctx.group, ctx.ledger, output_mode=mode)
+
+
+@dataclass(frozen=True)
+class VocabEmbedding(Style):
+    def apply(self, module, ctx):
+        return VocabParallelEmbedding.from_embedding(module, ctx.group, ctx.ledger)
+
+
+@dataclass(frozen=True)
+class PrepareInput(Style):
+    """Before the module runs: f on its input (or all-gather the sequence under SP), once
+    for all the column-parallel linears inside it."""
+
+    def apply(self, module, ctx):
+        fn = C.gather_from_sp if ctx.sequence_parallel else C.copy_to_tp
+        module.register_forward_pre_hook(lambda _m, args: (fn(args[0], ctx.group, ctx.ledger), *args[1:]))
+        return module
+
+
+@dataclass(frozen=True)
+class ScatterOutputSP(Style):
+    """Under SP: keep this rank's slice of the module's output sequence (all-gather backward)."""
+
+    def apply(self, module, ctx):
+        if ctx.sequence_parallel:
+            module.register_forward_hook(lambda _m, _args, out: C.scatter_to_sp(out, ctx.group, ctx.ledger))
+        return module
+
+
+@dataclass(frozen=True)
+class SequenceSharded(Style):
+    """A replicated module (norm) that runs on T/tp tokens under SP: partial gradients."""
+
+    def apply(self, module, ctx):
+        if ctx.sequence_parallel:
+            for p in module.parameters():
+                p.sequence_parallel = True
+        return module
+
+
+def gpt_plan(cfg: ModelConfig) -> dict[str, Style]:
+    """The tensor-parallel plan of :class:`paracube.models.gpt.GPT` (order matters:
+    parents' ``PrepareInput`` hooks are registered before their children are replaced)."""
+    plan: dict[str, Style] = {
+        "embed": ScatterOutputSP(),
+        "embed.tok": VocabEmbedding(),
+        "blocks.*.attn_norm": SequenceSharded(),
+        "blocks.*.attn": PrepareInput(),
+        "blocks.*.attn.q_proj": Colwise(),
+        "blocks.*.attn.k_proj": Colwise(),
+        "blocks.*.attn.v_proj": Colwise(),
+        "blocks.*.attn.o_proj": Rowwise(),
+        "blocks.*.mlp_norm": SequenceSharded(),
+        "blocks.*.mlp": PrepareInput(),
+        "blocks.*.mlp.up_proj": Colwise(),
+        "blocks.*.mlp.down_proj": Rowwise(),
+        "norm": SequenceSharded(),
+        "head": Colwise(prepare_input=True),  # vocab-parallel logits (B, T, V/tp)
+    }
+    if cfg.activation == "swiglu":
+        plan["blocks.*.mlp.gate_proj"] = Colwise()
+    return plan
+
+
+def apply_plan(model: nn.Module, plan: dict[str, Style], ctx: TPContext) -> nn.Module:
+    """Apply ``plan`` in its order; every pattern must match at least one module."""
+    for pattern, style in plan.items():
+        names = [n for n, _ in model.named_modules() if n and fnmatch.fnmatchcase(n, pattern)]
+        if not names:
+            raise ValueError(f"tensor-parallel plan entry {pattern!r} matches no module")
+        for name in names:
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            new = style.apply(getattr(parent, child), ctx)
+            setattr(parent, child, new)
+    return model
+
+
+def parallelize_gpt(model: nn.Module, ctx: TPContext) -> nn.Module:
+    """Shard a full (seeded) GPT for this rank's place in the tensor-parallel group."""
+    if ops.group_size(ctx.group) == 1:
+        return model
+    tied = model.cfg.tie_embeddings
+    apply_plan(model, gpt_plan(model.cfg), ctx)
+    if tied:  # both are split by vocabulary rows the same way: share the shard
+        model.head.weight = model.embed.tok.weight
+    return model
+
+
+def sequence_parallel_params(model: nn.Module) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if getattr(p, "sequence_parallel", False)]
+
+
+@torch.no_grad()
+def sync_sequence_parallel_grads(params: list[nn.Parameter], group, ledger=None) -> None:
+    """Sum the partial gradients of sequence-sharded replicated parameters over the group
+    (one flat all-reduce)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads or ops.group_size(group) == 1:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    ops.all_reduce(flat, group, ledger, tag="sp_grad")
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+@torch.no_grad()
+def full_parameters(model: nn.Module, group) -> dict[str, torch.Tensor]:
+    """Every parameter at full size (shards all-gathered along ``tp_dim``), by name."""
+    out = {}
+    for name, p in model.named_parameters():
+        dim = getattr(p, "tp_dim", None)
+        if dim is None or ops.group_size(group) == 1:
+            out[name] = p.detach().clone()
+        else:
+            gathered = ops.all_gather(p.detach().movedim(dim, 0).contiguous(), group)
+            out[name] = gathered.movedim(0, dim).contiguous()
+    return out
