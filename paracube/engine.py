@@ -180,16 +180,20 @@ class Trainer:
         ranks; across tensor-parallel ranks the shards' squares are summed, and replicated
         parameters are counted once (Megatron's rule)."""
         if self.mesh.size("tp") == 1:
+            params = [p for p in self.params if p.grad is not None]
             if self.cfg.grad_clip is None:
-                return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.params])))
-            return float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip, foreach=True))
+                return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])))
+            return float(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip, foreach=True))
         first = self.mesh.rank("tp") == 0
-        grads = [p.grad for p in self.module.parameters() if first or getattr(p, "tp_dim", None) is not None]
+        grads = [
+            p.grad for p in self.module.parameters()
+            if p.grad is not None and (first or getattr(p, "tp_dim", None) is not None)
+        ]
         square = torch.stack(torch._foreach_norm(grads)).square().sum() if grads else torch.zeros(())
         ops.all_reduce(square, self.tp_group, self.mesh.ledger, tag="grad_norm")
         norm = float(square.sqrt())
         if self.cfg.grad_clip is not None and norm > self.cfg.grad_clip:
-            torch._foreach_mul_([p.grad for p in self.params], self.cfg.grad_clip / (norm + 1e-6))
+            torch._foreach_mul_([p.grad for p in self.params if p.grad is not None], self.cfg.grad_clip / (norm + 1e-6))
         return norm
 
     @torch.no_grad()

@@ -53,9 +53,29 @@ def _reduce_scatter(x: torch.Tensor, dim: int, group, ledger, tag) -> torch.Tens
 
 
 def _all_reduce(x: torch.Tensor, group, ledger, tag) -> torch.Tensor:
-    x = x.contiguous().clone() if ops.group_size(group) > 1 else x
+    """In place when ``x`` is contiguous (the callers own it); else on a contiguous copy."""
+    x = x.contiguous()
     ops.all_reduce(x, group, ledger, tag=tag)
     return x
+
+
+def gather_sequence(x: torch.Tensor, group, ledger=None, tag: str = "tp") -> torch.Tensor:
+    """(B, T/tp, H) → (B, T, H), outside autograd (for fused layers)."""
+    return _gather(x, 1, group, ledger, tag)
+
+
+def reduce_scatter_sequence_async(x: torch.Tensor, group, ledger=None, tag: str = "tp"):
+    """Start summing (B, T, H) and keeping this rank's (B, T/tp, H); ``wait()`` returns it."""
+    pending = ops.reduce_scatter(x.movedim(1, 0), group, ledger, tag=tag, async_op=True)  # (T/tp, B, H)
+    return _Moved(pending)
+
+
+class _Moved:
+    def __init__(self, pending):
+        self.pending = pending
+
+    def wait(self) -> torch.Tensor:
+        return self.pending.wait().movedim(0, 1).contiguous()
 
 
 class _CopyToTP(torch.autograd.Function):
@@ -66,12 +86,17 @@ class _CopyToTP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        # The incoming gradient is autograd's own buffer for this edge: reduce it in place.
         return _all_reduce(grad, *ctx.args), None, None, None
 
 
 class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group, ledger, tag):
+        # Sums the partial products in place (Megatron's _reduce); marked dirty so autograd
+        # refuses it if anything still needed the partial values.
+        if x.is_contiguous():
+            ctx.mark_dirty(x)
         return _all_reduce(x, group, ledger, tag)
 
     @staticmethod

@@ -94,17 +94,25 @@ def all_gather(tensor: torch.Tensor, group, ledger: CommLedger | None = None, *,
     return out
 
 
-def reduce_scatter(tensor: torch.Tensor, group, ledger: CommLedger | None = None, *, tag: str = "") -> torch.Tensor:
+def reduce_scatter(
+    tensor: torch.Tensor, group, ledger: CommLedger | None = None, *, tag: str = "", async_op: bool = False
+):
     """Sum across ranks and keep this rank's 1/world slice of dim 0: (world·n, ...) → (n, ...).
 
-    Counted as the size of the full input (see :func:`all_gather`)."""
+    Counted as the size of the full input (see :func:`all_gather`). With ``async_op``
+    returns a :class:`PendingCollective` whose ``wait()`` gives the slice."""
     world = group_size(group)
     if world == 1:
-        return tensor
+        return PendingCollective(None, None, "reduce_scatter", tag, tensor) if async_op else tensor
     tensor = tensor.contiguous()
     out = torch.empty((tensor.shape[0] // world, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-    start = time.perf_counter()
-    dist.reduce_scatter_single(out, tensor, group=group)
     if ledger is not None:
-        ledger.record("reduce_scatter", tag, nbytes(tensor), time.perf_counter() - start)
-    return out
+        ledger.record("reduce_scatter", tag, nbytes(tensor))
+    start = time.perf_counter()
+    work = dist.reduce_scatter_single(out, tensor, group=group, async_op=True)
+    pending = PendingCollective(work, ledger, "reduce_scatter", tag, out)
+    if async_op:
+        if ledger is not None:
+            ledger.add_time("reduce_scatter", tag, time.perf_counter() - start)
+        return pending
+    return pending.wait()

@@ -71,8 +71,12 @@ class DataParallel(nn.Module):
         self.average = average
         self.reduce_hook = reduce_hook or AllReduceHook()
         params = [p for p in module.parameters() if p.requires_grad]
+        self._params, self._group_key = params, group_key or (lambda p: None)
         first = None if first_bucket_mb is None else int(first_bucket_mb * MIB)
-        self.buckets: list[GradBucket] = build_buckets(params, int(bucket_mb * MIB), first, group_key)
+        # A group of one rank has nothing to reduce: no buckets, no hooks, plain gradients.
+        self.buckets: list[GradBucket] = (
+            build_buckets(params, int(bucket_mb * MIB), first, group_key) if self.world > 1 else []
+        )
         self._where = {p: (b, i) for b in self.buckets for i, p in enumerate(b.params)}
         self._sync = True
         self._callback_queued = False
@@ -83,7 +87,8 @@ class DataParallel(nn.Module):
             if contiguous_params:
                 b.make_contiguous()
             b.bind_grads()
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
+        if self.world > 1:
+            self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
 
     # -- public API ---------------------------------------------------------------------
 
@@ -106,6 +111,8 @@ class DataParallel(nn.Module):
         copies them into the bucket buffers. ``set_to_none=False`` zeroes the buffers and
         keeps ``param.grad`` bound to them instead.
         """
+        if self.world == 1:
+            self.module.zero_grad(set_to_none=set_to_none)
         for b in self.buckets:
             if set_to_none:
                 b.release_grads()
@@ -119,8 +126,11 @@ class DataParallel(nn.Module):
         """``(group key, flat parameter)`` per bucket; needs ``contiguous_params=True``.
 
         Give these to the optimizer instead of the module's parameters: their ``.grad``
-        is the reduced bucket buffer, and stepping them updates the module in place.
+        is the reduced bucket buffer, and stepping them updates the module in place. (A
+        one-rank group has no buckets: then these are the module's own parameters.)
         """
+        if self.world == 1:
+            return [(self._group_key(p), p) for p in self._params]
         if any(b.flat_param is None for b in self.buckets):
             raise RuntimeError("flat_parameters() needs DataParallel(..., contiguous_params=True)")
         return [(b.key, b.flat_param) for b in self.buckets]

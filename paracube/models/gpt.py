@@ -5,8 +5,9 @@ options the GPT-3 and LLaMA families need: LayerNorm or RMSNorm, GELU or SwiGLU,
 learned or rotary positions, grouped-query attention, tied or separate embeddings.
 
 Written for the later parallel passes:
-- every projection is its own ``nn.Linear`` with a stable module path
-  (``blocks.3.attn.q_proj``), so a tensor-parallel plan can name it and split it;
+- every projection is an ``nn.Linear`` with a stable module path
+  (``blocks.3.attn.qkv_proj``), so a tensor-parallel plan can name it and split it
+  (fused projections split section by section);
 - the model is an ordered chain ``embed → blocks[0..L) → norm → head``, so a pipeline
   pass can cut it into stages (see :meth:`GPT.layers`).
 
@@ -45,13 +46,17 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class CausalSelfAttention(nn.Module):
+    """Multi-head (or grouped-query) causal self-attention with one fused q/k/v projection,
+    as Megatron's GPT: one matmul for the three, and under tensor parallelism one input
+    collective for the three."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        kv_dim = cfg.n_kv_heads * cfg.head_dim
         self.head_dim = cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias)
-        self.k_proj = nn.Linear(cfg.hidden, kv_dim, bias=cfg.bias)
-        self.v_proj = nn.Linear(cfg.hidden, kv_dim, bias=cfg.bias)
+        self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.n_kv_heads
+        kv_dim = cfg.n_kv_heads * cfg.head_dim
+        # Output columns: [q (n·d) | k (n_kv·d) | v (n_kv·d)].
+        self.qkv_proj = nn.Linear(cfg.hidden, cfg.hidden + 2 * kv_dim, bias=cfg.bias)
         self.o_proj = nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias)
         self.rotary = cfg.position == "rope"
         if self.rotary:
@@ -60,31 +65,40 @@ class CausalSelfAttention(nn.Module):
             self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, H)
-        B, T, _ = x.shape
-        # Head counts come from the projections' widths, so a tensor-parallel shard that
-        # holds H/tp of the query columns runs this code unchanged on n/tp heads.
-        q = self.q_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, n, T, d)
-        k = self.k_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, n_kv, T, d)
-        v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        qkv = self.qkv_proj(x)  # (B, T, (n + 2·n_kv)·d), or 1/tp of each part on a TP shard
+        B, T, _ = qkv.shape  # (under sequence parallelism x held T/tp tokens, qkv holds T)
+        # Head counts come from the width, so a tensor-parallel shard holding n/tp query and
+        # n_kv/tp key/value heads runs this code unchanged.
+        heads = qkv.shape[-1] // self.head_dim
+        q_heads = heads * self.n_heads // (self.n_heads + 2 * self.n_kv_heads)
+        kv_heads = (heads - q_heads) // 2
+        q, k, v = qkv.split([q_heads * self.head_dim, kv_heads * self.head_dim, kv_heads * self.head_dim], dim=-1)
+        q = q.view(B, T, q_heads, self.head_dim).transpose(1, 2)  # (B, n, T, d)
+        k = k.view(B, T, kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv, T, d)
+        v = v.view(B, T, kv_heads, self.head_dim).transpose(1, 2)
         if self.rotary:
             q, k = apply_rotary(q, self.cos[:T], self.sin[:T]), apply_rotary(k, self.cos[:T], self.sin[:T])
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv_heads != q_heads)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, H)
 
 
 class MLP(nn.Module):
+    """GELU MLP, or SwiGLU (Shazeer 2020) with the gate and up projections fused into one
+    ``up_proj`` of 2·F outputs ([gate | up])."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.swiglu = cfg.activation == "swiglu"
-        self.up_proj = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=cfg.bias)
-        if self.swiglu:  # Shazeer 2020: down(silu(gate(x)) * up(x))
-            self.gate_proj = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=cfg.bias)
+        width = 2 * cfg.ffn_hidden if self.swiglu else cfg.ffn_hidden
+        self.up_proj = nn.Linear(cfg.hidden, width, bias=cfg.bias)
         self.down_proj = nn.Linear(cfg.ffn_hidden, cfg.hidden, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (B, T, H)
-        up = self.up_proj(x)  # (B, T, F)
-        act = F.silu(self.gate_proj(x)) * up if self.swiglu else F.gelu(up, approximate="tanh")
-        return self.down_proj(act)
+        up = self.up_proj(x)  # (B, T, F) or (B, T, 2F); 1/tp of it on a TP shard
+        if self.swiglu:
+            gate, up = up.chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.gelu(up, approximate="tanh"))
 
 
 class Block(nn.Module):
@@ -153,6 +167,11 @@ class GPT(nn.Module):
         return self.head(self.norm(x))  # (B, T, V)
 
 
+def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
+    """Softmax statistics in fp32 even when the model computes in bf16/fp16."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Next-token cross-entropy; logits (B, T, V), targets (B, T)."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction=reduction)
+    return F.cross_entropy(at_least_fp32(logits.flatten(0, 1)), targets.flatten(), reduction=reduction)

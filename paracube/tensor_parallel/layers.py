@@ -24,13 +24,24 @@ INPUT_MODES = (None, "copy", "gather_sp")
 OUTPUT_MODES = ("reduce", "reduce_scatter_sp")
 
 
-def _shard(t: torch.Tensor, dim: int, group) -> nn.Parameter:
+def _shard(t: torch.Tensor, dim: int, group, sections: tuple[int, ...] | None = None) -> nn.Parameter:
+    """This rank's shard of ``t`` along ``dim``. A fused tensor made of ``sections`` (e.g.
+    q | k | v) is split section by section, so the shard is [q_i | k_i | v_i]."""
     rank, world = dist.get_rank(group), ops.group_size(group)
-    if t.shape[dim] % world:
-        raise ValueError(f"cannot split dim {dim} of size {t.shape[dim]} into {world} equal shards")
-    p = nn.Parameter(t.detach().chunk(world, dim=dim)[rank].clone())
+    sections = sections or (t.shape[dim],)
+    if sum(sections) != t.shape[dim] or any(s % world for s in sections):
+        raise ValueError(f"cannot split sections {sections} of dim {dim} into {world} equal shards")
+    parts = [part.chunk(world, dim=dim)[rank] for part in t.detach().split(list(sections), dim=dim)]
+    p = nn.Parameter(torch.cat(parts, dim=dim).clone())
     p.tp_dim = dim
+    p.tp_sections = tuple(s // world for s in sections)
     return p
+
+
+def unshard(parts: list[torch.Tensor], dim: int, sections: tuple[int, ...]) -> torch.Tensor:
+    """Inverse of :func:`_shard`: every rank's shard (in rank order) → the full tensor."""
+    split = [part.split(list(sections), dim=dim) for part in parts]  # [rank][section]
+    return torch.cat([torch.cat([s[j] for s in split], dim=dim) for j in range(len(sections))], dim=dim)
 
 
 def _replicated(t: torch.Tensor) -> nn.Parameter:
@@ -51,18 +62,51 @@ class _TPModule(nn.Module):
         return x
 
 
+class _LinearWithInputCollective(torch.autograd.Function):
+    """Y = prep(X)·Wᵀ + b, where prep is f (identity; all-reduce of dX in backward) or the
+    sequence all-gather (reduce-scatter of dX in backward).
+
+    Fused so that the backward can overlap its collective with computation, as Megatron's
+    ``LinearWithGradAccumulationAndAsyncCommunication``: dX = dY·W is computed first, its
+    reduction launched asynchronously, then dW = dYᵀ·X is computed while it travels.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, mode, group, ledger):
+        full = C.gather_sequence(x, group, ledger) if mode == "gather_sp" else x  # (B, T, H)
+        ctx.save_for_backward(full, weight)
+        ctx.mode, ctx.group, ctx.ledger, ctx.has_bias = mode, group, ledger, bias is not None
+        return F.linear(full, weight, bias)  # (B, T, O/tp)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        full, weight = ctx.saved_tensors
+        grad_in = grad_out.matmul(weight)  # (B, T, H): this rank's share of dX
+        if ctx.mode == "gather_sp":
+            pending = C.reduce_scatter_sequence_async(grad_in, ctx.group, ctx.ledger)
+        else:
+            pending = ops.all_reduce(grad_in, ctx.group, ctx.ledger, tag="tp", async_op=True)
+        g2 = grad_out.reshape(-1, grad_out.shape[-1])  # (B·T, O/tp)
+        grad_weight = g2.t().matmul(full.reshape(-1, full.shape[-1]))  # (O/tp, H), overlapped
+        grad_bias = g2.sum(0) if ctx.has_bias else None
+        return pending.wait(), grad_weight, grad_bias, None, None, None
+
+
 class ColumnParallelLinear(_TPModule):
     """Y = X·Aᵀ with A split by rows (output features): rank i computes Y_i = X·A_iᵀ.
 
     Input (B, T, H) replicated — or, under sequence parallelism, (B, T/tp, H) gathered
-    here; output (B, T, O/tp), or (B, T, O) with ``gather_output``.
+    here; output (B, T, O/tp), or (B, T, O) with ``gather_output``. ``sections`` splits a
+    fused projection part by part (q | k | v → each rank gets q_i | k_i | v_i).
+    ``input_mode``: ``"copy"`` (f), ``"gather_sp"``, or ``None`` when the caller already
+    prepared the input.
     """
 
-    def __init__(self, weight, bias, group, ledger=None, *, gather_output=False, input_mode="copy"):
+    def __init__(self, weight, bias, group, ledger=None, *, gather_output=False, input_mode="copy", sections=None):
         super().__init__(group, ledger)
         assert input_mode in INPUT_MODES
-        self.weight = _shard(weight, 0, group)  # (O/tp, H)
-        self.bias = _shard(bias, 0, group) if bias is not None else None  # (O/tp,)
+        self.weight = _shard(weight, 0, group, sections)  # (O/tp, H)
+        self.bias = _shard(bias, 0, group, sections) if bias is not None else None  # (O/tp,)
         self.gather_output, self.input_mode = gather_output, input_mode
 
     @classmethod
@@ -70,7 +114,10 @@ class ColumnParallelLinear(_TPModule):
         return cls(linear.weight, linear.bias, group, ledger, **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(self._prepare_input(x, self.input_mode), self.weight, self.bias)  # (B, T, O/tp)
+        if self.input_mode is None or self.tp_size == 1:
+            y = F.linear(x, self.weight, self.bias)
+        else:
+            y = _LinearWithInputCollective.apply(x, self.weight, self.bias, self.input_mode, self.group, self.ledger)
         return C.gather_from_tp(y, self.group, self.ledger) if self.gather_output else y
 
     def extra_repr(self) -> str:

@@ -13,12 +13,13 @@ import torch
 import torch.distributed as dist
 
 from paracube.comm import ops
+from paracube.models.gpt import at_least_fp32
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, targets, group, ledger):
-        logits = logits.float()  # (B, T, V/tp)
+        logits = at_least_fp32(logits)  # (B, T, V/tp)
         vocab_local = logits.shape[-1]
         start = dist.get_rank(group) * vocab_local
         row_max = logits.max(dim=-1).values  # (B, T)

@@ -1,13 +1,14 @@
 """Declarative tensor-parallel plans: module path pattern → style, applied to an unchanged model.
 
-A plan names *where* to shard (``blocks.*.attn.q_proj``) and *how* (a style); the model
+A plan names *where* to shard (``blocks.*.attn.qkv_proj``) and *how* (a style); the model
 code knows nothing about it (design.md; the same idea as torchtitan's
 ``parallelize_module`` plans). For the reference GPT (Shoeybi et al. 2019, §3):
 
-- attention is split by heads: q/k/v column-parallel (each rank n/tp heads), output
-  projection row-parallel; the MLP is column → row; so each block needs one collective at
-  the entry of attention and of the MLP (``PrepareInput``: *f*, or an all-gather along the
-  sequence) and one at their exit (the row-parallel layer: *g*, or a reduce-scatter);
+- attention is split by heads: the fused q|k|v projection column-parallel (each rank n/tp
+  heads), the output projection row-parallel; the MLP is column → row; so each block needs
+  one collective at the entry of attention and of the MLP (in the column-parallel layer:
+  *f*, or an all-gather along the sequence) and one at their exit (in the row-parallel
+  layer: *g*, or a reduce-scatter);
 - embedding and LM head are split by vocabulary; the loss is vocabulary-parallel;
 - with sequence parallelism (Korthikanti et al. 2022, §4.2.2) the norms and the residual
   stream hold T/tp tokens per rank; their replicated parameters see only their tokens,
@@ -26,7 +27,7 @@ from paracube.comm import autograd as C
 from paracube.comm import ops
 from paracube.comm.ledger import CommLedger
 from paracube.config import ModelConfig
-from paracube.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from paracube.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, unshard
 
 
 @dataclass(frozen=True)
@@ -46,15 +47,17 @@ class Style:
 @dataclass(frozen=True)
 class Colwise(Style):
     """nn.Linear → ColumnParallelLinear. ``prepare_input``: apply f / all-gather here
-    (False when a ``PrepareInput`` on the parent already did it for several linears)."""
+    (False when a ``PrepareInput`` on the parent already did it for several linears);
+    ``sections``: the output sizes of a fused projection, split part by part."""
 
-    prepare_input: bool = False
+    prepare_input: bool = True
     gather_output: bool = False
+    sections: tuple[int, ...] | None = None
 
     def apply(self, module, ctx):
         mode = ("gather_sp" if ctx.sequence_parallel else "copy") if self.prepare_input else None
         return ColumnParallelLinear.from_linear(
-            module, ctx.group, ctx.ledger, gather_output=self.gather_output, input_mode=mode
+            module, ctx.group, ctx.ledger, gather_output=self.gather_output, input_mode=mode, sections=self.sections
         )
 
 
@@ -106,27 +109,24 @@ class SequenceSharded(Style):
 
 
 def gpt_plan(cfg: ModelConfig) -> dict[str, Style]:
-    """The tensor-parallel plan of :class:`paracube.models.gpt.GPT` (order matters:
-    parents' ``PrepareInput`` hooks are registered before their children are replaced)."""
-    plan: dict[str, Style] = {
+    """The tensor-parallel plan of :class:`paracube.models.gpt.GPT`.
+
+    The fused q|k|v projection is split by heads section by section (each rank n/tp query
+    and n_kv/tp key/value heads); SwiGLU's fused gate|up likewise."""
+    kv = cfg.n_kv_heads * cfg.head_dim
+    up_sections = (cfg.ffn_hidden, cfg.ffn_hidden) if cfg.activation == "swiglu" else None
+    return {
         "embed": ScatterOutputSP(),
         "embed.tok": VocabEmbedding(),
         "blocks.*.attn_norm": SequenceSharded(),
-        "blocks.*.attn": PrepareInput(),
-        "blocks.*.attn.q_proj": Colwise(),
-        "blocks.*.attn.k_proj": Colwise(),
-        "blocks.*.attn.v_proj": Colwise(),
+        "blocks.*.attn.qkv_proj": Colwise(sections=(cfg.hidden, kv, kv)),
         "blocks.*.attn.o_proj": Rowwise(),
         "blocks.*.mlp_norm": SequenceSharded(),
-        "blocks.*.mlp": PrepareInput(),
-        "blocks.*.mlp.up_proj": Colwise(),
+        "blocks.*.mlp.up_proj": Colwise(sections=up_sections),
         "blocks.*.mlp.down_proj": Rowwise(),
         "norm": SequenceSharded(),
-        "head": Colwise(prepare_input=True),  # vocab-parallel logits (B, T, V/tp)
+        "head": Colwise(),  # vocab-parallel logits (B, T, V/tp)
     }
-    if cfg.activation == "swiglu":
-        plan["blocks.*.mlp.gate_proj"] = Colwise()
-    return plan
 
 
 def apply_plan(model: nn.Module, plan: dict[str, Style], ctx: TPContext) -> nn.Module:
@@ -174,14 +174,17 @@ def sync_sequence_parallel_grads(params: list[nn.Parameter], group, ledger=None)
 
 
 @torch.no_grad()
+def full_tensor(local: torch.Tensor, param: nn.Parameter, group) -> torch.Tensor:
+    """``local`` (a shard shaped like ``param``, e.g. its gradient) at full size: the
+    shards of every rank gathered and, for fused projections, put back section by section."""
+    dim = getattr(param, "tp_dim", None)
+    world = ops.group_size(group)
+    if dim is None or world == 1:
+        return local.detach().clone()
+    gathered = ops.all_gather(local.detach().movedim(dim, 0).contiguous(), group).movedim(0, dim)
+    return unshard(list(gathered.chunk(world, dim=dim)), dim, param.tp_sections).contiguous()
+
+
 def full_parameters(model: nn.Module, group) -> dict[str, torch.Tensor]:
-    """Every parameter at full size (shards all-gathered along ``tp_dim``), by name."""
-    out = {}
-    for name, p in model.named_parameters():
-        dim = getattr(p, "tp_dim", None)
-        if dim is None or ops.group_size(group) == 1:
-            out[name] = p.detach().clone()
-        else:
-            gathered = ops.all_gather(p.detach().movedim(dim, 0).contiguous(), group)
-            out[name] = gathered.movedim(0, dim).contiguous()
-    return out
+    """Every parameter at full size, by name — as the serial model names them."""
+    return {name: full_tensor(p, p, group) for name, p in model.named_parameters()}
