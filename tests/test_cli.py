@@ -105,6 +105,20 @@ def test_train_dp2_matches_serial_and_writes_metrics(tmp_path):
     assert_losses_close([r["loss"] for r in records], want)
 
 
+def test_train_dp2_tp2_sequence_parallel_matches_serial(tmp_path):
+    """Four local ranks, dp × tp = 2 × 2 with sequence parallelism, from the command line."""
+    metrics = tmp_path / "m.jsonl"
+    argv = ["train", "--dp", "2", "--tp", "2", "--sequence-parallel", "--model", "nano", "--steps", "4",
+            "--micro-batch", "2", "--metrics", str(metrics), "--no-progress"]
+    proc = run_cli(*argv)
+    assert proc.returncode == 0, proc.stderr
+    records = read_metrics(str(metrics))
+    assert {"all_gather/tp", "reduce_scatter/tp", "all_reduce/grad", "all_reduce/sp_grad"} <= set(records[0]["comm"])
+    cfg = config_from_args(build_parser().parse_args(argv))
+    want, _ = serial_reference(cfg, build_corpus(None, cfg.model.seq_len, cfg.val_fraction))
+    assert_losses_close([r["loss"] for r in records], want)
+
+
 def test_runs_unchanged_under_torchrun(tmp_path):
     metrics = tmp_path / "m.jsonl"
     proc = run_cli(

@@ -69,3 +69,25 @@ def test_configs_are_keyword_only_and_frozen():
     cfg = ParallelConfig(dp=2)
     with pytest.raises(AttributeError):
         cfg.dp = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "model,parallel,match",
+    [
+        (dict(n_heads=6, hidden=96), dict(tp=4), r"attention heads \(n_heads=6\) is not divisible by --tp 4"),
+        (dict(n_kv_heads=2), dict(tp=4), r"key/value heads \(n_kv_heads=2\) is not divisible by --tp 4"),
+        (dict(n_heads=8, ffn_hidden=100), dict(tp=8), r"MLP size \(ffn_hidden=100\) is not divisible by --tp 8"),
+        (dict(vocab_size=250), dict(tp=4), r"vocabulary \(vocab_size=250\) is not divisible by --tp 4"),
+        (dict(hidden=72, n_heads=8, seq_len=66), dict(tp=4, sequence_parallel=True),
+         r"sequence length \(seq_len=66\) is not divisible by --tp 4"),
+    ],
+)
+def test_tensor_parallel_divisibility(model, parallel, match):
+    with pytest.raises(ConfigError, match=match):
+        TrainConfig(model=preset("tiny", **model), parallel=ParallelConfig(**parallel))
+
+
+def test_tensor_parallel_within_a_node():
+    ParallelConfig(tp=8, dp=2, gpus_per_node=8)
+    with pytest.raises(ConfigError, match=r"--tp 16 is larger than a node \(8 ranks per node\)"):
+        ParallelConfig(tp=16, gpus_per_node=8)
