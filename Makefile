@@ -22,8 +22,19 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
-bench: $(STAMP)
-	$(PY) benchmarks/bench_data_parallel.py --out benchmarks/results/data_parallel.json
+# Benchmarks run in their own environment with the optional peers (shared/peers.md);
+# the test environment never gets them. torch stays at the pinned 2.13.0.
+BENCH := .venv-bench
+$(BENCH)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(BENCH)
+	$(BENCH)/bin/python -m pip install --quiet -e .
+	$(BENCH)/bin/python -m pip install --quiet --no-deps megatron-core==0.16.1
+	$(BENCH)/bin/python -m pip install --quiet einops packaging pydantic
+	touch $(BENCH)/.installed
+
+bench: $(BENCH)/.installed
+	$(BENCH)/bin/python benchmarks/bench_data_parallel.py --out benchmarks/results/data_parallel.json
+	$(BENCH)/bin/python benchmarks/bench_tensor_parallel.py --out benchmarks/results/tensor_parallel.json
 
 clean:
-	rm -rf $(VENV) runs *.egg-info
+	rm -rf $(VENV) $(BENCH) runs *.egg-info
