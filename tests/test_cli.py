@@ -155,3 +155,15 @@ def test_readme_example_matches_serial():
         want.append(loss.item())
     assert len(got) == 5
     assert_losses_close(got, want, tol=1e-5 + 5e-6 / min(want))  # printed with 5 decimals
+
+
+def test_readme_tensor_parallel_example():
+    proc = run_cli(
+        "--standalone", "--nproc-per-node", "2", "examples/tensor_parallel_gpt.py",
+        module=("-m", "torch.distributed.run"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("logits shard"))
+    got, want = line.split("loss ")[1].split(" (serial ")
+    assert abs(float(got) - float(want.rstrip(")"))) <= 1e-5 * float(got)
+    assert "qkv_proj shard (96, 64) of (192, 64)" in proc.stdout
