@@ -23,7 +23,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from common import interleaved, median_ms, spawn_world, write_json  # noqa: E402
+from common import interleaved, print_table, ratio_rows, spawn_world, write_json  # noqa: E402
 from paracube.config import ParallelConfig, TrainConfig  # noqa: E402
 from paracube.data.corpus import build_corpus  # noqa: E402
 from paracube.engine import Trainer, build_optimizer  # noqa: E402
@@ -84,13 +84,10 @@ def worker(rank: int, world: int, args, out: str) -> None:
     times = interleaved(variants, reps=args.reps, steps=args.steps)
     if rank != 0:
         return
-    med = {k: median_ms(v) for k, v in times.items()}
+    rows = ratio_rows(times)
+    med = {r["variant"]: r["median_ms"] for r in rows}
     base = med["paracube"]
-    rows = [
-        {"variant": k, "median_ms": round(v, 1), "paracube_speedup": round(v / base, 3), "samples": len(times[k])}
-        for k, v in med.items()
-    ]
-    scaling = med["single process (dp=1)"] / med["paracube"]
+    scaling = med["single process (dp=1)"] / base
     payload = {
         "benchmark": "data_parallel",
         "model": args.model,
@@ -105,10 +102,7 @@ def worker(rank: int, world: int, args, out: str) -> None:
     write_json(out, payload)
     print(f"\nmodel {args.model} ({payload['parameters']:,} params), {world} ranks × 1 thread, "
           f"batch {args.micro_batch}/rank, {args.reps}×{args.steps} interleaved steps per variant\n")
-    print("| variant | median ms/step | paracube throughput ÷ variant's |")
-    print("|---|---:|---:|")
-    for r in rows:
-        print(f"| {r['variant']} | {r['median_ms']:.1f} | {r['paracube_speedup']:.3f}× |")
+    print_table(rows)
     print(f"\nparacube ÷ torch DDP throughput: {payload['throughput_ratio_vs_ddp']:.3f}×")
     print(f"dp=2 weak-scaling efficiency (T_dp1 / T_dp2 at equal batch per rank): {scaling:.2f}")
 

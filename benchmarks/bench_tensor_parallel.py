@@ -31,7 +31,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from common import interleaved, median_ms, spawn_world, write_json  # noqa: E402
+from common import interleaved, print_table, ratio_rows, spawn_world, write_json  # noqa: E402
 from paracube.config import ParallelConfig, TrainConfig  # noqa: E402
 from paracube.data.corpus import build_corpus  # noqa: E402
 from paracube.engine import Trainer, make_adamw  # noqa: E402
@@ -206,9 +206,7 @@ def worker(rank: int, world: int, args, out: str) -> None:
     times = interleaved(variants, reps=args.reps, steps=args.steps)
     if rank != 0:
         return
-    med = {k: median_ms(v) for k, v in times.items()}
-    base = med["paracube"]
-    rows = [{"variant": k, "median_ms": round(v, 1), "paracube_speedup": round(v / base, 3)} for k, v in med.items()]
+    rows = ratio_rows(times)
     payload = {
         "benchmark": "tensor_parallel", "model": args.model, "tp": world, "threads_per_rank": 1, "batch": args.batch,
         "reps": args.reps, "steps_per_rep": args.steps, "torch": torch.__version__, "python": platform.python_version(),
@@ -217,12 +215,7 @@ def worker(rank: int, world: int, args, out: str) -> None:
     write_json(out, payload)
     print(f"\nmodel {args.model}, tp={world}, 2 ranks × 1 thread, batch {args.batch}, "
           f"{args.reps}×{args.steps} interleaved steps per variant\n")
-    print("| variant | median ms/step | paracube throughput ÷ variant's |")
-    print("|---|---:|---:|")
-    for r in rows:
-        print(f"| {r['variant']} | {r['median_ms']:.1f} | {r['paracube_speedup']:.3f}× |")
-    for k, why in skipped.items():
-        print(f"| {k} | skipped: {why} | |")
+    print_table(rows, skipped)
 
 
 def main() -> None:

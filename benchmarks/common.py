@@ -69,3 +69,21 @@ def median_ms(samples: list[float]) -> float:
 def write_json(path: str, payload: dict) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def ratio_rows(times: dict[str, list[float]], base: str = "paracube") -> list[dict]:
+    """Median ms per variant and paracube's throughput relative to it."""
+    med = {k: median_ms(v) for k, v in times.items()}
+    return [
+        {"variant": k, "median_ms": round(v, 1), "paracube_speedup": round(v / med[base], 3), "samples": len(times[k])}
+        for k, v in med.items()
+    ]
+
+
+def print_table(rows: list[dict], skipped: dict[str, str] | None = None) -> None:
+    print("| variant | median ms/step | paracube throughput ÷ variant's |")
+    print("|---|---:|---:|")
+    for r in rows:
+        print(f"| {r['variant']} | {r['median_ms']:.1f} | {r['paracube_speedup']:.3f}× |")
+    for k, why in (skipped or {}).items():
+        print(f"| {k} | skipped: {why} | |")
