@@ -29,6 +29,10 @@ def _train_parser(sub) -> None:
                    help="with --tp: shard norms and the residual stream along the sequence")
     g.add_argument("--gpus-per-node", type=int, default=None,
                    help="ranks per node; tp must fit in one (default: not checked)")
+    g.add_argument("--schedule", default="1f1b", help="pipeline schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1")
+    g.add_argument("--microbatches", type=int, default=None, help="micro-batches per step (pipeline's m; sets --grad-accum)")
+    g.add_argument("--chunks", type=int, default=1, help="virtual pipeline chunks per rank (interleaved-1f1b)")
+    g.add_argument("--balance", default="params", help="stage balancing: params, flops, memory, time")
     g.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket size in MiB (default 25)")
     m = p.add_argument_group("model and data")
     m.add_argument("--model", default="tiny", help="model preset (default tiny); see paracube.models.PRESETS")
@@ -65,10 +69,11 @@ def config_from_args(args) -> TrainConfig:
         parallel=ParallelConfig(
             dp=args.dp, tp=args.tp, pp=args.pp, bucket_mb=args.bucket_mb,
             sequence_parallel=args.sequence_parallel, gpus_per_node=args.gpus_per_node,
+            schedule=args.schedule, chunks=args.chunks, balance=args.balance,
         ),
         steps=args.steps,
         micro_batch=args.micro_batch,
-        grad_accum=args.grad_accum,
+        grad_accum=args.microbatches if args.microbatches is not None else args.grad_accum,
         global_batch=args.global_batch,
         lr=args.lr,
         min_lr=args.min_lr,

@@ -96,6 +96,9 @@ class ParallelConfig:
     bucket_mb: float = 25.0
     sequence_parallel: bool = False
     gpus_per_node: Optional[int] = None
+    schedule: str = "1f1b"
+    chunks: int = 1
+    balance: str = "params"
 
     def __post_init__(self) -> None:
         for axis in AXES:
@@ -110,6 +113,16 @@ class ParallelConfig:
                     "parallelism all-reduces every layer and needs the intra-node links; "
                     f"use --tp ≤ {self.gpus_per_node} and pipeline or data parallelism across nodes"
                 )
+        from paracube.pipeline.partition import BALANCE
+        from paracube.pipeline.schedules import SCHEDULES
+
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"unknown schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
+        if self.balance not in BALANCE:
+            raise ConfigError(f"unknown --balance {self.balance!r}: choose one of {', '.join(BALANCE)}")
+        _positive("--chunks", self.chunks)
+        if self.schedule == "zb-h1" and self.tp > 1:
+            raise ConfigError("--schedule zb-h1 with --tp > 1 is not supported yet: use 1f1b or interleaved-1f1b with tp")
         if self.sequence_parallel and self.tp == 1:
             raise ConfigError("--sequence-parallel needs --tp > 1: it shards the sequence over the tensor-parallel ranks")
 
@@ -156,6 +169,7 @@ class TrainConfig:
     """One training job. The global batch is ``dp × micro_batch × grad_accum`` sequences.
 
     If ``global_batch`` is given, ``grad_accum`` is derived from it and must come out whole.
+    With pipeline parallelism ``grad_accum`` is the number of micro-batches per step (m).
     """
 
     model: ModelConfig
@@ -202,6 +216,17 @@ class TrainConfig:
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"--seed must be a non-negative integer, got {self.seed!r}")
         check_tensor_parallel(self.model, self.parallel)
+        if self.parallel.pp > 1:
+            from paracube.pipeline.schedules import check_schedule
+
+            check_schedule(self.parallel.schedule, self.parallel.pp, self.grad_accum, self.parallel.chunks)
+            stages, layers = self.parallel.pp * self.parallel.chunks, self.model.n_layers + 3
+            if layers < stages:
+                raise ConfigError(
+                    f"the model has {layers} pipeline layers (embedding, {self.model.n_layers} blocks, norm, head) "
+                    f"for {stages} stages (pp {self.parallel.pp} × chunks {self.parallel.chunks}): "
+                    "use fewer stages or a deeper model"
+                )
 
     @property
     def tokens_per_step(self) -> int:

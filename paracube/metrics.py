@@ -52,6 +52,7 @@ class StepMetrics:
     tokens_per_s: float
     time: dict[str, float] = field(default_factory=dict)
     comm: dict[str, dict] = field(default_factory=dict)
+    pipeline: dict | None = None  # schedule, measured and formula bubble, seconds per action
     val_loss: float | None = None
 
     def to_json(self) -> str:

@@ -47,6 +47,8 @@ def train_rank(cfg: TrainConfig, threads: int, timeout_s: float) -> None:
             f"data: {corpus.describe()}",
             flush=True,
         )
+        if trainer.pipeline is not None:
+            print(f"paracube: {trainer.pipeline_description}", flush=True)
         if first_val is not None:
             print(f"paracube: step 0 validation loss {first_val:.4f}", flush=True)
     bar = _progress(cfg, lead)

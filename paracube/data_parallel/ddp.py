@@ -122,6 +122,18 @@ class DataParallel(nn.Module):
             if b.flat_param is not None:
                 b.flat_param.grad = b.buffer
 
+    def sync_gradients(self) -> None:
+        """Reduce every bucket now, for gradients accumulated outside a synchronised
+        backward (e.g. a pipeline step run under :meth:`no_sync`, or weight gradients a
+        zero-bubble W pass wrote directly)."""
+        if self.world == 1:
+            return
+        for b in self.buckets:
+            for i, p in enumerate(b.params):
+                if p.grad is not None:
+                    b.absorb(i)
+        self._finish_backward()
+
     def flat_parameters(self) -> list[tuple[object, nn.Parameter]]:
         """``(group key, flat parameter)`` per bucket; needs ``contiguous_params=True``.
 

@@ -94,6 +94,21 @@ class ProcessMesh:
         """Global ranks of the previous and next pipeline stage (None at the ends)."""
         return self.layout.stage_neighbours(self.global_rank)
 
+    def first_last_stage_group(self):
+        """The group of this rank's first- and last-stage counterparts (same dp, tp), for
+        weights shared between them (tied embedding and head). Collective: every rank
+        creates every such group, in the same order."""
+        if getattr(self, "_first_last", None) is None:
+            mine = None
+            for dp in range(self.layout.dp):
+                for tp in range(self.layout.tp):
+                    ranks = [self.layout.rank(pp=0, dp=dp, tp=tp), self.layout.rank(pp=self.layout.pp - 1, dp=dp, tp=tp)]
+                    group = dist.new_group(ranks)
+                    if self.global_rank in ranks:
+                        mine = group
+            self._first_last = mine
+        return self._first_last
+
     def check(self) -> None:
         """Assert that DeviceMesh's groups are those predicted by the pure rank math."""
         for axis in AXES:

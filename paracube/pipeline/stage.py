@@ -1,0 +1,58 @@
+"""A pipeline chunk: a contiguous run of the model's layers, keeping their original names."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+
+class PipelineChunk(nn.Module):
+    """Layers ``[start, end)`` of the chain, run in order. Parameter names are the serial
+    model's (``blocks.3.attn.qkv_proj.weight``) so checkpoints and parity tests line up."""
+
+    def __init__(self, layers: list[nn.Module], names: list[str], stage: int):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.names = names
+        self.stage = stage
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    def serial_named_parameters(self):
+        for name, layer in zip(self.names, self.layers):
+            for pname, p in layer.named_parameters():
+                yield f"{name}.{pname}", p
+
+
+def split_chain(layers: list[nn.Module], names: list[str], bounds: list[tuple[int, int]], p: int, rank: int):
+    """This rank's chunks: parts ``rank, rank + p, rank + 2p, …`` of the split chain."""
+    return [
+        PipelineChunk(layers[a:b], names[a:b], stage=k) for k, (a, b) in enumerate(bounds) if k % p == rank
+    ]
+
+
+def measure_layer_times(layers: list[nn.Module], x: torch.Tensor, repeats: int = 2) -> list[float]:
+    """Forward + backward seconds of each layer on ``x`` (the ``time`` balance)."""
+    times = [0.0] * len(layers)
+    for _ in range(repeats):
+        h = x
+        outs = []
+        for i, layer in enumerate(layers):
+            inp = h.detach().requires_grad_(h.is_floating_point())
+            start = time.perf_counter()
+            h = layer(inp)
+            times[i] += time.perf_counter() - start
+            outs.append((inp, h))
+        for i in range(len(layers) - 1, -1, -1):
+            inp, out = outs[i]
+            start = time.perf_counter()
+            out.backward(torch.ones_like(out))
+            times[i] += time.perf_counter() - start
+    for layer in layers:
+        layer.zero_grad(set_to_none=True)
+    return [t / repeats for t in times]
