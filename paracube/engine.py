@@ -124,7 +124,8 @@ class Trainer:
             chunks, plan.actions, p=mesh.size("pp"), rank=mesh.rank("pp"),
             peer=lambda pp: mesh.layout.rank(pp=pp, dp=coords["dp"], tp=coords["tp"]),
             act_shape=(cfg.micro_batch, seq, cfg.model.hidden), dtype=dtype, device=mesh.device,
-            loss_fn=lambda out, y: self._loss(out, y) / tokens_global, ledger=mesh.ledger, store=plan.store,
+            loss_fn=lambda out, y: self._loss(out, y) / tokens_global, group=self.pp_group, ledger=mesh.ledger,
+            store=plan.store,
         )
         self.tied = self._tied_parameter(chunks)
         return nn.ModuleList(chunks)
@@ -179,8 +180,6 @@ class Trainer:
             sync_sequence_parallel_grads(self.sp_params, self.tp_group, ledger)
             if self.tied is not None and self.tied.grad is not None:  # embedding + head contributions
                 ops.all_reduce(self.tied.grad, self.tied_group, ledger, tag="tied_grad")
-            if self.pipeline is not None:  # the loss lives on the last stage
-                ops.all_reduce(loss_sum, self.pp_group, ledger, tag="loss")
         # The global loss is summed across ranks while the optimizer runs.
         loss_reduce = ops.all_reduce(loss_sum, self.mesh.group("dp"), ledger, tag="loss", async_op=True)
         with timer.phase("optimizer"):
@@ -235,7 +234,7 @@ class Trainer:
             loss_sum, record = self.pipeline.run([x for x, _ in batches], [y for _, y in batches])
         timer.seconds["forward"] += record.busy["F"]
         timer.seconds["backward"] += record.busy["B"] + record.busy["I"] + record.busy["W"]
-        timer.seconds["bubble"] = record.wall - sum(record.busy.values())
+        timer.seconds["bubble"] = record.waiting
         with timer.phase("comm_exposed"):
             self.model.sync_gradients()
         pipeline = {
@@ -243,6 +242,7 @@ class Trainer:
             "bubble_measured": round(record.bubble, 4),
             "bubble_formula": round(formula_bubble(par.schedule, par.pp, cfg.grad_accum, par.chunks), 4),
             "action_seconds": {k: round(record.mean(k), 6) for k in record.busy if record.counts[k]},
+            "p2p_latency": round(record.latency, 6) if record.latency != float("inf") else 0.0,
         }
         return loss_sum, pipeline
 
@@ -289,6 +289,5 @@ class Trainer:
         self.module.train()
         if self.pipeline is not None:  # the pipeline's loss is normalised by the global tokens
             total *= cfg.global_batch * cfg.model.seq_len
-            ops.all_reduce(total, self.pp_group, self.mesh.ledger, tag="eval")
         ops.all_reduce(total, self.mesh.group("dp"), self.mesh.ledger, tag="eval")
         return total.item() / (cfg.eval_batches * cfg.global_batch * cfg.model.seq_len)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from paracube.comm import ops
 from paracube.comm.ledger import CommLedger
 from paracube.pipeline.schedules import Action
 from paracube.pipeline.zero_bubble import WeightGradStore
@@ -25,16 +26,27 @@ from paracube.pipeline.zero_bubble import WeightGradStore
 
 @dataclass
 class StepRecord:
-    """What one rank did in one step: compute seconds per action kind, wall time."""
+    """What one rank did in one step.
+
+    ``busy[kind]``: seconds from having an action's input to finishing it (compute, plus
+    posting its send); ``waiting``: seconds blocked on a receive or on the other stages
+    at the end of the step — the bubble; ``latency``: the shortest receive, an estimate of
+    one transfer's time when the data was already on its way."""
 
     busy: dict[str, float] = field(default_factory=lambda: {"F": 0.0, "B": 0.0, "I": 0.0, "W": 0.0})
     counts: dict[str, int] = field(default_factory=lambda: {"F": 0, "B": 0, "I": 0, "W": 0})
+    waiting: float = 0.0
+    latency: float = float("inf")
     wall: float = 0.0
 
     @property
     def bubble(self) -> float:
-        """Measured idle fraction of this rank: 1 − compute / wall."""
-        return max(0.0, 1.0 - sum(self.busy.values()) / self.wall) if self.wall else 0.0
+        """Measured idle fraction of this rank: time waiting for other stages / wall."""
+        return self.waiting / self.wall if self.wall else 0.0
+
+    def wait(self, seconds: float) -> None:
+        self.waiting += seconds
+        self.latency = min(self.latency, seconds)
 
     def mean(self, kind: str) -> float:
         return self.busy[kind] / self.counts[kind] if self.counts[kind] else 0.0
@@ -53,13 +65,36 @@ class PipelineExecutor:
     """
 
     def __init__(self, chunks, actions: list[Action], *, p: int, rank: int, peer, act_shape, dtype, device,
-                 loss_fn, ledger: CommLedger | None = None, store: WeightGradStore | None = None, timeout_s=None):
+                 loss_fn, group=None, ledger: CommLedger | None = None, store: WeightGradStore | None = None):
         self.chunks, self.actions, self.p, self.rank = chunks, actions, p, rank
         self.v = len(chunks)
         self.last_stage = self.p * self.v - 1
         self.peer, self.act_shape, self.dtype, self.device = peer, tuple(act_shape), dtype, device
-        self.loss_fn, self.ledger, self.store = loss_fn, ledger, store
+        self.loss_fn, self.ledger, self.store, self.group = loss_fn, ledger, store, group
         self.loss_dtype = torch.promote_types(torch.float32, dtype)  # fp32 at least, fp64 in fp64 runs
+
+    def measure_latency(self, repeats: int = 5) -> float:
+        """One activation transfer's seconds, from ping-pongs with the neighbouring stages
+        (pairs (0,1), (2,3), … then (1,2), (3,4), …): the simulator's ``comm`` cost."""
+        buf = torch.zeros(self.act_shape, dtype=self.dtype, device=self.device)
+        times = []
+        for offset in (0, 1):
+            partner = self.rank + 1 if (self.rank - offset) % 2 == 0 else self.rank - 1
+            if not 0 <= partner < self.p or (min(self.rank, partner) - offset) % 2:
+                continue
+            peer, leader = self.peer(partner), self.rank < partner
+            for i in range(repeats + 1):
+                start = time.perf_counter()
+                if leader:
+                    dist.send(buf, dst=peer, tag=2**30 + i)
+                    dist.recv(buf, src=peer, tag=2**30 + i)
+                else:
+                    dist.recv(buf, src=peer, tag=2**30 + i)
+                    dist.send(buf, dst=peer, tag=2**30 + i)
+                if i and leader:  # the first round trip warms the connection up
+                    times.append((time.perf_counter() - start) / 2)
+        ops.all_reduce(torch.zeros(1), self.group)  # both rounds done everywhere
+        return sum(times) / len(times) if times else 0.0
 
     def _stage(self, a: Action) -> int:
         return a.chunk * self.p + self.rank
@@ -73,25 +108,31 @@ class PipelineExecutor:
         if self.ledger is not None:
             self.ledger.record("send", "pp", t.numel() * t.element_size())
 
-    def _recv(self, from_stage: int, tag: int) -> torch.Tensor:
+    def _recv(self, from_stage: int, tag: int, record: StepRecord | None = None) -> torch.Tensor:
         t = torch.empty(self.act_shape, dtype=self.dtype, device=self.device)
         start = time.perf_counter()
         dist.recv(t, src=self.peer(from_stage % self.p), tag=tag)
+        waited = time.perf_counter() - start
+        if record is not None:
+            record.wait(waited)
         if self.ledger is not None:
-            self.ledger.record("recv", "pp", t.numel() * t.element_size(), time.perf_counter() - start)
+            self.ledger.record("recv", "pp", t.numel() * t.element_size(), waited)
         return t
 
     def run(self, inputs: list, targets: list) -> tuple[torch.Tensor, StepRecord]:
         """Run the step's actions. ``inputs[mb]`` are used on stage 0, ``targets[mb]`` on
-        the last stage. Returns the summed loss (zero off the last stage) and the record."""
+        the last stage. Returns the summed loss (on every stage) and the record."""
         record, pending = StepRecord(), []
         saved: dict[tuple, tuple] = {}  # (mb, chunk) -> (input, output or loss)
         loss_sum = torch.zeros((), device=self.device, dtype=self.loss_dtype)
+        # Start all stages together, so that what a rank waits for below is the schedule's
+        # bubble, not the previous step's optimizer finishing at different times.
+        ops.all_reduce(torch.zeros(1, device=self.device), self.group, self.ledger, tag="pp_sync")
         start_step = time.perf_counter()
         for a in self.actions:
             s = self._stage(a)
             if a.kind == "F":
-                x = inputs[a.mb] if s == 0 else self._recv(s - 1, self._tag(0, s - 1, a.mb)).requires_grad_()
+                x = inputs[a.mb] if s == 0 else self._recv(s - 1, self._tag(0, s - 1, a.mb), record).requires_grad_()
                 t0 = time.perf_counter()
                 out = self.chunks[a.chunk](x)
                 if s == self.last_stage:
@@ -102,7 +143,7 @@ class PipelineExecutor:
                 saved[(a.mb, a.chunk)] = (x, out)
             elif a.kind in ("B", "I"):
                 x, out = saved[(a.mb, a.chunk)] if a.kind == "B" else saved[(a.mb, a.chunk)]
-                grad = None if s == self.last_stage else self._recv(s + 1, self._tag(1, s + 1, a.mb))
+                grad = None if s == self.last_stage else self._recv(s + 1, self._tag(1, s + 1, a.mb), record)
                 t0 = time.perf_counter()
                 if a.kind == "I":
                     self.store.key = (a.mb, a.chunk)
@@ -121,8 +162,13 @@ class PipelineExecutor:
                 del saved[(a.mb, a.chunk)]
             record.busy[a.kind] += time.perf_counter() - t0
             record.counts[a.kind] += 1
+        # The loss lives on the last stage; summing it over the pipeline group is also the
+        # moment all stages are done, so every rank's wall time is the pipeline's makespan.
+        end_wait = time.perf_counter()
         for work, _ in pending:
             work.wait()
+        ops.all_reduce(loss_sum, self.group, self.ledger, tag="loss")
+        record.waiting += time.perf_counter() - end_wait
         record.wall = time.perf_counter() - start_step
         return loss_sum, record
 
@@ -143,4 +189,5 @@ class PipelineExecutor:
                     self._send(out, s + 1, self._tag(2, s, mb), pending)
         for work, _ in pending:
             work.wait()
+        ops.all_reduce(loss_sum, self.group, self.ledger, tag="eval")
         return loss_sum

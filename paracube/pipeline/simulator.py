@@ -90,8 +90,13 @@ def _produces(a: Action, rank: int, p: int) -> tuple:
     return ("F", a.mb, s) if a.kind == "F" else ("G", a.mb, s) if a.kind in ("B", "I") else ("W", a.mb, s)
 
 
-def simulate(lists: list[list[Action]], costs: Costs = Costs(), v: int = 1) -> Timeline:
+def simulate(lists: list[list[Action]], costs: Costs | list[Costs] = Costs(), v: int = 1) -> Timeline:
+    """``costs``: one :class:`Costs` for every stage, or one per virtual stage (e.g. the
+    per-action times a real run measured on each stage)."""
     p = len(lists)
+    per_stage = costs if isinstance(costs, (list, tuple)) else [costs] * (p * v)
+    if len(per_stage) != p * v:
+        raise ValueError(f"need costs for {p * v} stages, got {len(per_stage)}")
     finished: dict[tuple, tuple[float, int]] = {}  # key -> (time, rank)
     free = [0.0] * p
     pos = [0] * p
@@ -105,9 +110,10 @@ def simulate(lists: list[list[Action]], costs: Costs = Costs(), v: int = 1) -> T
                 deps = _deps(a, r, p, v)
                 if any(d not in finished for d in deps):
                     break
-                ready = [t + (costs.comm if src != r else 0.0) for t, src in (finished[d] for d in deps)]
+                c = per_stage[stage_of(a, r, p)]
+                ready = [t + (c.comm if src != r else 0.0) for t, src in (finished[d] for d in deps)]
                 start = max([free[r], *ready])
-                end = start + costs.of(a, v)
+                end = start + c.of(a, v)
                 finished[_produces(a, r, p)] = (end, r)
                 timeline.events[r].append((a, start, end))
                 free[r] = end
