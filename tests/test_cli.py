@@ -171,3 +171,37 @@ def test_readme_tensor_parallel_example():
     got, want = line.split("loss ")[1].split(" (serial ")
     assert abs(float(got) - float(want.rstrip(")"))) <= 1e-5 * float(got)
     assert "qkv_proj shard (96, 64) of (192, 64)" in proc.stdout
+
+
+def test_schedule_command_draws_and_reports(capsys, tmp_path):
+    out = tmp_path / "t.png"
+    assert main(["schedule", "--pp", "4", "--microbatches", "8", "--schedule", "1f1b", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "bubble fraction 0.2727 (formula 0.2727)" in text
+    assert "peak in-flight micro-batches per rank: 4, 3, 2, 1" in text
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    svg = tmp_path / "t.svg"
+    assert main(["schedule", "--pp", "2", "--microbatches", "4", "--schedule", "interleaved-1f1b", "--chunks", "2",
+                 "--out", str(svg)]) == 0
+    assert "(formula 0.1111)" in capsys.readouterr().out and b"<svg" in svg.read_bytes()
+
+
+def test_schedule_costs_from_a_run(capsys, tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_text('{"step": 0, "pipeline": {"action_seconds": {"F": 0.01, "I": 0.012, "W": 0.008}}}\n')
+    assert main(["schedule", "--pp", "2", "--microbatches", "4", "--schedule", "zb-h1", "--costs", str(metrics)]) == 0
+    assert "measured costs" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["--pp", "0", "--microbatches", "4"], "--pp must be a positive integer, got 0"),
+        (["--pp", "4", "--microbatches", "2"], "1f1b needs at least as many micro-batches as stages"),
+        (["--pp", "2", "--microbatches", "4", "--costs", "1,x"], "--costs '1,x': give F,B or F,I,W"),
+        (["--pp", "2", "--microbatches", "4", "--out", "t.pdf"], "must be a .png or .svg file"),
+        (["--pp", "2", "--microbatches", "4", "--schedule", "magic"], "unknown schedule 'magic'"),
+    ],
+)
+def test_schedule_bad_input(capsys, argv, match):
+    assert match in error_line(capsys, ["schedule", *argv])
