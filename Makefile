@@ -1,5 +1,5 @@
 # paracube — two entry points on a fresh machine:
-#   make demo   create the environment and train the default model with data parallelism
+#   make demo   create the environment and train the default model with 3D parallelism
 #   make test   create the environment and run the test suite
 PYTHON ?= python3
 VENV   := .venv
@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/paracube train --dp 2 --model tiny --steps 300 --micro-batch 8 --grad-accum 2 \
-		--eval-every 50 --metrics runs/demo.jsonl
+	$(VENV)/bin/paracube train --dp 2 --tp 2 --pp 2 --sequence-parallel --schedule 1f1b \
+		--model tiny --steps 150 --micro-batch 4 --microbatches 4 --eval-every 50 --metrics runs/demo.jsonl
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -35,6 +35,7 @@ $(BENCH)/.installed: pyproject.toml
 bench: $(BENCH)/.installed
 	$(BENCH)/bin/python benchmarks/bench_data_parallel.py --out benchmarks/results/data_parallel.json
 	$(BENCH)/bin/python benchmarks/bench_tensor_parallel.py --out benchmarks/results/tensor_parallel.json
+	$(BENCH)/bin/python benchmarks/bench_pipeline.py --out benchmarks/results/pipeline.json
 
 clean:
 	rm -rf $(VENV) $(BENCH) runs *.egg-info

@@ -250,6 +250,7 @@ class Trainer:
         """Summed next-token loss; vocabulary-parallel when the head is sharded."""
         return vocab_parallel_cross_entropy(logits, targets, self.tp_group, self.mesh.ledger, reduction="sum")
 
+    @torch.no_grad()
     def _clip_gradients(self) -> float:
         """Clip by the global gradient norm. Gradients are identical across data-parallel
         ranks; across tensor-parallel ranks the shards' squares are summed and replicated

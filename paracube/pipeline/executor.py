@@ -108,10 +108,24 @@ class PipelineExecutor:
         if self.ledger is not None:
             self.ledger.record("send", "pp", t.numel() * t.element_size())
 
-    def _recv(self, from_stage: int, tag: int, record: StepRecord | None = None) -> torch.Tensor:
+    def _post_recv(self, from_stage: int, tag: int):
         t = torch.empty(self.act_shape, dtype=self.dtype, device=self.device)
+        return dist.irecv(t, src=self.peer(from_stage % self.p), tag=tag), t
+
+    def _needs(self, a: Action) -> tuple[int, int] | None:
+        """(source stage, tag) of the message action ``a`` waits for, if any."""
+        s = self._stage(a)
+        if a.kind == "F" and s > 0:
+            return s - 1, self._tag(0, s - 1, a.mb)
+        if a.kind in ("B", "I") and s < self.last_stage:
+            return s + 1, self._tag(1, s + 1, a.mb)
+        return None
+
+    def _recv(self, from_stage: int, tag: int, record: StepRecord | None = None, posted: dict | None = None):
+        """The message ``tag`` — from a receive posted ahead of time (see :meth:`run`) or now."""
+        work, t = posted.pop(tag) if posted and tag in posted else self._post_recv(from_stage, tag)
         start = time.perf_counter()
-        dist.recv(t, src=self.peer(from_stage % self.p), tag=tag)
+        work.wait()
         waited = time.perf_counter() - start
         if record is not None:
             record.wait(waited)
@@ -129,10 +143,16 @@ class PipelineExecutor:
         # bubble, not the previous step's optimizer finishing at different times.
         ops.all_reduce(torch.zeros(1, device=self.device), self.group, self.ledger, tag="pp_sync")
         start_step = time.perf_counter()
-        for a in self.actions:
+        posted: dict[int, tuple] = {}
+        for i, a in enumerate(self.actions):
             s = self._stage(a)
+            # Post the receive of the next action that needs one now, so its transfer
+            # overlaps this action's compute instead of starting when it is needed.
+            ahead = next((self._needs(b) for b in self.actions[i + 1 :] if self._needs(b)), None)
+            if ahead is not None and ahead[1] not in posted:
+                posted[ahead[1]] = self._post_recv(*ahead)
             if a.kind == "F":
-                x = inputs[a.mb] if s == 0 else self._recv(s - 1, self._tag(0, s - 1, a.mb), record).requires_grad_()
+                x = inputs[a.mb] if s == 0 else self._recv(s - 1, self._tag(0, s - 1, a.mb), record, posted).requires_grad_()
                 t0 = time.perf_counter()
                 out = self.chunks[a.chunk](x)
                 if s == self.last_stage:
@@ -143,7 +163,7 @@ class PipelineExecutor:
                 saved[(a.mb, a.chunk)] = (x, out)
             elif a.kind in ("B", "I"):
                 x, out = saved[(a.mb, a.chunk)] if a.kind == "B" else saved[(a.mb, a.chunk)]
-                grad = None if s == self.last_stage else self._recv(s + 1, self._tag(1, s + 1, a.mb), record)
+                grad = None if s == self.last_stage else self._recv(s + 1, self._tag(1, s + 1, a.mb), record, posted)
                 t0 = time.perf_counter()
                 if a.kind == "I":
                     self.store.key = (a.mb, a.chunk)

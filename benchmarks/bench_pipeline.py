@@ -1,0 +1,130 @@
+"""paracube pipeline parallel vs torch.distributed.pipelining, side by side, 2 ranks × 1 thread.
+
+pp=2, GPT preset ``small`` (4 layers, hidden 256, seq 128), 4 micro-batches of 4
+sequences per step, fused AdamW, gradient clipping over both stages. The model is split
+the same way for both (paracube's partition by parameters; for the interleaved schedules
+into 2 chunks per rank), and each schedule runs in both libraries: paracube's engine step
+(``Trainer.train_step``) against ``PipelineStage`` + ``ScheduleGPipe`` /
+``Schedule1F1B`` / ``ScheduleInterleaved1F1B`` with the same loss. paracube's zero-bubble
+H1 is timed too (torch has no ZB-H1 for one chunk per rank).
+
+    python benchmarks/bench_pipeline.py --out benchmarks/results/pipeline.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from common import interleaved, print_table, ratio_rows, spawn_world, write_json  # noqa: E402
+from paracube.config import ParallelConfig, TrainConfig  # noqa: E402
+from paracube.data.corpus import build_corpus  # noqa: E402
+from paracube.engine import Trainer, make_adamw  # noqa: E402
+from paracube.mesh.mesh import ProcessMesh  # noqa: E402
+from paracube.models.gpt import GPT, lm_loss  # noqa: E402
+from paracube.models.presets import preset  # noqa: E402
+from paracube.pipeline.partition import gpt_layer_loads, gpt_layer_names, partition  # noqa: E402
+from paracube.pipeline.stage import split_chain  # noqa: E402
+
+TORCH_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B"}
+
+
+def torch_pipelining_step(cfg: TrainConfig, schedule: str, chunks: int, trainer: Trainer):
+    import torch.distributed.pipelining as P
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(cfg.seed)
+    model = GPT(cfg.model)
+    names, layers = gpt_layer_names(cfg.model), model.layers()
+    load = gpt_layer_loads(cfg.model, "params", micro_batch=cfg.micro_batch, p=p, m=cfg.grad_accum)
+    mine = split_chain(layers, names, partition(len(layers), p * chunks, load), p, rank)
+    tokens_global = cfg.global_batch * cfg.model.seq_len
+    stages = [P.PipelineStage(c, c.stage, p * chunks, torch.device("cpu")) for c in mine]
+    loss_fn = lambda logits, y: lm_loss(logits, y, reduction="sum") / tokens_global  # noqa: E731
+    kind = getattr(P, TORCH_SCHEDULES[schedule])
+    sched = kind(stages if chunks > 1 else stages[0], cfg.grad_accum, loss_fn=loss_fn, scale_grads=False)
+    params = [q for c in mine for q in c.parameters()]
+    opt = make_adamw([q for q in params if q.dim() >= 2], [q for q in params if q.dim() < 2], cfg)
+    step_no = [0]
+
+    def step():
+        batches = [trainer._micro_batch(trainer.sampler, step_no[0], k) for k in range(cfg.grad_accum)]
+        x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+        opt.zero_grad(set_to_none=True)
+        losses = []
+        has_first, has_last = any(c.stage == 0 for c in mine), any(c.stage == p * chunks - 1 for c in mine)
+        if has_first and has_last:
+            sched.step(x, target=y, losses=losses)
+        elif has_first:
+            sched.step(x)
+        else:
+            sched.step(target=y, losses=losses)
+        sq = torch.stack([q.grad.norm() ** 2 for q in params if q.grad is not None]).sum()
+        dist.all_reduce(sq)
+        norm = float(sq.sqrt())
+        if norm > cfg.grad_clip:
+            torch._foreach_mul_([q.grad for q in params if q.grad is not None], cfg.grad_clip / (norm + 1e-6))
+        opt.step()
+        loss = torch.stack(losses).sum() if losses else torch.zeros(())
+        dist.all_reduce(loss)  # the step's loss on every rank, as paracube reports it
+        step_no[0] += 1
+
+    return step
+
+
+def worker(rank: int, world: int, args, out: str) -> None:
+    corpus = build_corpus(None, preset(args.model).seq_len)
+    variants = {}
+
+    def config(schedule: str, chunks: int) -> TrainConfig:
+        return TrainConfig(model=preset(args.model), parallel=ParallelConfig(pp=world, schedule=schedule, chunks=chunks),
+                           micro_batch=args.micro_batch, grad_accum=args.microbatches, steps=10_000, progress=False)
+
+    for schedule, chunks in (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2)):
+        cfg = config(schedule, chunks)
+        ours = Trainer(cfg, ProcessMesh(cfg.parallel), corpus)
+        variants[f"paracube {schedule}"] = ours.train_step
+        variants[f"torch.pipelining {schedule}"] = torch_pipelining_step(cfg, schedule, chunks, ours)
+    zb = config("zb-h1", 1)
+    variants["paracube zb-h1"] = Trainer(zb, ProcessMesh(zb.parallel), corpus).train_step
+    times = interleaved(variants, reps=args.reps, steps=args.steps)
+    if rank != 0:
+        return
+    rows = []
+    for schedule in ("gpipe", "1f1b", "interleaved-1f1b"):
+        pair = ratio_rows({k: times[k] for k in (f"paracube {schedule}", f"torch.pipelining {schedule}")},
+                          base=f"paracube {schedule}")
+        rows += pair
+    rows += ratio_rows({"paracube zb-h1": times["paracube zb-h1"], "paracube 1f1b": times["paracube 1f1b"]},
+                       base="paracube zb-h1")[:1]
+    payload = {"benchmark": "pipeline", "model": args.model, "pp": world, "threads_per_rank": 1,
+               "micro_batch": args.micro_batch, "microbatches": args.microbatches, "reps": args.reps,
+               "steps_per_rep": args.steps, "torch": torch.__version__, "python": platform.python_version(), "rows": rows}
+    write_json(out, payload)
+    print(f"\nmodel {args.model}, pp={world}, 2 ranks × 1 thread, {args.microbatches} micro-batches × "
+          f"{args.micro_batch} sequences, {args.reps}×{args.steps} interleaved steps per variant")
+    print("(each paracube row is 1.000×; the torch row below it is paracube's throughput ÷ torch's)\n")
+    print_table(rows)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="small")
+    p.add_argument("--micro-batch", type=int, default=4)
+    p.add_argument("--microbatches", type=int, default=4)
+    p.add_argument("--reps", type=int, default=4)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--out", default="benchmarks/results/pipeline.json")
+    args = p.parse_args()
+    spawn_world(2, worker, args, args.out)
+
+
+if __name__ == "__main__":
+    main()
