@@ -5,8 +5,9 @@ sequences per step, fused AdamW, gradient clipping over both stages. The model i
 the same way for both (paracube's partition by parameters; for the interleaved schedules
 into 2 chunks per rank), and each schedule runs in both libraries: paracube's engine step
 (``Trainer.train_step``) against ``PipelineStage`` + ``ScheduleGPipe`` /
-``Schedule1F1B`` / ``ScheduleInterleaved1F1B`` with the same loss. paracube's zero-bubble
-H1 is timed too (torch has no ZB-H1 for one chunk per rank).
+``Schedule1F1B`` / ``ScheduleInterleaved1F1B`` with the same loss, and against DeepSpeed's
+``PipelineEngine`` (its 1F1B-style schedule; compared with paracube's 1F1B) when installed.
+paracube's zero-bubble H1 is timed too (torch has no ZB-H1 for one chunk per rank).
 
     python benchmarks/bench_pipeline.py --out benchmarks/results/pipeline.json
 """
@@ -79,6 +80,36 @@ def torch_pipelining_step(cfg: TrainConfig, schedule: str, chunks: int, trainer:
     return step
 
 
+def deepspeed_step(cfg: TrainConfig, trainer: Trainer):
+    """DeepSpeed's PipelineEngine (its own 1F1B-style TrainSchedule) on the same layers,
+    split by parameters, with the same fused AdamW and clipping (peers.md: DS_ACCELERATOR=cpu)."""
+    import os
+
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    from deepspeed.pipe import PipelineModule
+
+    deepspeed.init_distributed(dist_backend="gloo")  # adopts the existing process group
+    torch.manual_seed(cfg.seed)
+    model = GPT(cfg.model)
+    tokens_global = cfg.global_batch * cfg.model.seq_len
+    net = PipelineModule(layers=model.layers(), num_stages=dist.get_world_size(), partition_method="parameters",
+                         loss_fn=lambda logits, y: lm_loss(logits, y, reduction="sum") / tokens_global)
+    params = [q for q in net.parameters()]
+    opt = make_adamw([q for q in params if q.dim() >= 2], [q for q in params if q.dim() < 2], cfg)
+    engine, *_ = deepspeed.initialize(model=net, optimizer=opt, config={
+        "train_micro_batch_size_per_gpu": cfg.micro_batch, "gradient_accumulation_steps": cfg.grad_accum,
+        "gradient_clipping": cfg.grad_clip, "steps_per_print": 10**9, "wall_clock_breakdown": False})
+    step_no = [0]
+
+    def step():
+        batches = iter([trainer._micro_batch(trainer.sampler, step_no[0], k) for k in range(cfg.grad_accum)])
+        engine.train_batch(data_iter=batches)
+        step_no[0] += 1
+
+    return step
+
+
 def worker(rank: int, world: int, args, out: str) -> None:
     corpus = build_corpus(None, preset(args.model).seq_len)
     variants = {}
@@ -94,6 +125,12 @@ def worker(rank: int, world: int, args, out: str) -> None:
         variants[f"torch.pipelining {schedule}"] = torch_pipelining_step(cfg, schedule, chunks, ours)
     zb = config("zb-h1", 1)
     variants["paracube zb-h1"] = Trainer(zb, ProcessMesh(zb.parallel), corpus).train_step
+    skipped = {}
+    try:
+        one = config("1f1b", 1)
+        variants["DeepSpeed PipelineEngine"] = deepspeed_step(one, Trainer(one, ProcessMesh(one.parallel), corpus))
+    except ImportError as e:
+        skipped["DeepSpeed PipelineEngine"] = f"not installed ({e.name}); see shared/peers.md"
     times = interleaved(variants, reps=args.reps, steps=args.steps)
     if rank != 0:
         return
@@ -102,16 +139,18 @@ def worker(rank: int, world: int, args, out: str) -> None:
         pair = ratio_rows({k: times[k] for k in (f"paracube {schedule}", f"torch.pipelining {schedule}")},
                           base=f"paracube {schedule}")
         rows += pair
-    rows += ratio_rows({"paracube zb-h1": times["paracube zb-h1"], "paracube 1f1b": times["paracube 1f1b"]},
-                       base="paracube zb-h1")[:1]
+    if "DeepSpeed PipelineEngine" in times:
+        rows += ratio_rows({k: times[k] for k in ("paracube 1f1b", "DeepSpeed PipelineEngine")}, base="paracube 1f1b")[1:]
+    rows += ratio_rows({"paracube zb-h1": times["paracube zb-h1"]}, base="paracube zb-h1")
     payload = {"benchmark": "pipeline", "model": args.model, "pp": world, "threads_per_rank": 1,
                "micro_batch": args.micro_batch, "microbatches": args.microbatches, "reps": args.reps,
-               "steps_per_rep": args.steps, "torch": torch.__version__, "python": platform.python_version(), "rows": rows}
+               "steps_per_rep": args.steps, "torch": torch.__version__, "python": platform.python_version(), "rows": rows,
+               "skipped": skipped}
     write_json(out, payload)
     print(f"\nmodel {args.model}, pp={world}, 2 ranks × 1 thread, {args.microbatches} micro-batches × "
           f"{args.micro_batch} sequences, {args.reps}×{args.steps} interleaved steps per variant")
     print("(each paracube row is 1.000×; the torch row below it is paracube's throughput ÷ torch's)\n")
-    print_table(rows)
+    print_table(rows, skipped)
 
 
 def main() -> None:
