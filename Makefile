@@ -28,14 +28,14 @@ BENCH := .venv-bench
 $(BENCH)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(BENCH)
 	$(BENCH)/bin/python -m pip install --quiet -e .
-	$(BENCH)/bin/python -m pip install --quiet --no-deps megatron-core==0.16.1
-	$(BENCH)/bin/python -m pip install --quiet einops packaging pydantic
+	$(BENCH)/bin/python -m pip install --quiet --no-deps megatron-core==0.16.1 deepspeed==0.19.8
+	$(BENCH)/bin/python -m pip install --quiet einops hjson msgpack ninja packaging psutil py-cpuinfo pydantic
 	touch $(BENCH)/.installed
 
 bench: $(BENCH)/.installed
 	$(BENCH)/bin/python benchmarks/bench_data_parallel.py --out benchmarks/results/data_parallel.json
 	$(BENCH)/bin/python benchmarks/bench_tensor_parallel.py --out benchmarks/results/tensor_parallel.json
-	$(BENCH)/bin/python benchmarks/bench_pipeline.py --out benchmarks/results/pipeline.json
+	DS_ACCELERATOR=cpu $(BENCH)/bin/python benchmarks/bench_pipeline.py --out benchmarks/results/pipeline.json
 
 clean:
 	rm -rf $(VENV) $(BENCH) runs *.egg-info
