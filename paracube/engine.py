@@ -118,11 +118,9 @@ class Trainer:
         sp = cfg.parallel.sequence_parallel
         seq = cfg.model.seq_len // (mesh.size("tp") if sp else 1)
         dtype = next(p for c in chunks for p in c.parameters()).dtype
-        coords = mesh.layout.coords(mesh.global_rank)
         tokens_global = cfg.global_batch * cfg.model.seq_len
         self.pipeline = PipelineExecutor(
             chunks, plan.actions, p=mesh.size("pp"), rank=mesh.rank("pp"),
-            peer=lambda pp: mesh.layout.rank(pp=pp, dp=coords["dp"], tp=coords["tp"]),
             act_shape=(cfg.micro_batch, seq, cfg.model.hidden), dtype=dtype, device=mesh.device,
             loss_fn=lambda out, y: self._loss(out, y) / tokens_global, group=self.pp_group, ledger=mesh.ledger,
             store=plan.store,

@@ -173,3 +173,37 @@ def test_measured_bubble_matches_simulator_fed_with_measured_costs(pools, schedu
     for rank, s in enumerate(stats):
         simulated = timeline.idle(rank) / timeline.makespan
         assert abs(s["bubble_measured"] - simulated) <= 0.05, (rank, s, simulated)
+
+
+def stalled_stage():
+    import time
+
+    import torch.distributed as dist
+
+    from paracube.engine import Trainer
+    from paracube.errors import CollectiveTimeout
+    from paracube.mesh.mesh import ProcessMesh
+
+    cfg = pp_config(pp=2, steps=2)
+    trainer = Trainer(cfg, ProcessMesh(cfg.parallel, timeout_s=2.0), small_corpus())
+    trainer.train_step()
+    if dist.get_rank() == 1:  # stage 1 stalls in the forward of micro-batch 1 of the next step
+        calls = []
+
+        def stall(*_):
+            calls.append(1)
+            if len(calls) == 2:
+                time.sleep(5)
+
+        trainer.module[0].register_forward_pre_hook(stall)
+    try:
+        trainer.train_step()
+    except CollectiveTimeout as e:
+        return str(e)
+    return None
+
+
+def test_stalled_stage_names_the_waiting_rank_stage_and_microbatch(pools):
+    msg0, _ = pools(2).run(stalled_stage)
+    assert msg0 is not None and msg0.startswith("rank 0 (pp=0 dp=0 tp=0) failed in step 1")
+    assert "pipeline stage 0 (pp rank 0) waited in vain for the gradient of micro-batch 1 from stage 1 (pp rank 1)" in msg0

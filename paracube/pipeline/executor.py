@@ -58,18 +58,19 @@ class PipelineExecutor:
     Args:
         chunks: this rank's chunks, ``chunks[c]`` is virtual stage ``c·p + rank``.
         actions: this rank's schedule.
-        peer: ``peer(pp_index) → global rank`` of the same (dp, tp) place on another stage.
+        group: the pipeline process group (``mesh.group("pp")``): transfers address the
+            other stages by their index in it, and its timeout bounds every wait.
         act_shape: shape of the activation sent between stages for one micro-batch.
         loss_fn: ``loss_fn(output, targets) → scalar`` on the last stage (already normalised).
         store: the zero-bubble weight-gradient store, for schedules with I/W actions.
     """
 
-    def __init__(self, chunks, actions: list[Action], *, p: int, rank: int, peer, act_shape, dtype, device,
+    def __init__(self, chunks, actions: list[Action], *, p: int, rank: int, act_shape, dtype, device,
                  loss_fn, group=None, ledger: CommLedger | None = None, store: WeightGradStore | None = None):
         self.chunks, self.actions, self.p, self.rank = chunks, actions, p, rank
         self.v = len(chunks)
         self.last_stage = self.p * self.v - 1
-        self.peer, self.act_shape, self.dtype, self.device = peer, tuple(act_shape), dtype, device
+        self.act_shape, self.dtype, self.device = tuple(act_shape), dtype, device
         self.loss_fn, self.ledger, self.store, self.group = loss_fn, ledger, store, group
         self.loss_dtype = torch.promote_types(torch.float32, dtype)  # fp32 at least, fp64 in fp64 runs
 
@@ -82,15 +83,15 @@ class PipelineExecutor:
             partner = self.rank + 1 if (self.rank - offset) % 2 == 0 else self.rank - 1
             if not 0 <= partner < self.p or (min(self.rank, partner) - offset) % 2:
                 continue
-            peer, leader = self.peer(partner), self.rank < partner
+            leader, g = self.rank < partner, self.group
             for i in range(repeats + 1):
                 start = time.perf_counter()
                 if leader:
-                    dist.send(buf, dst=peer, tag=2**30 + i)
-                    dist.recv(buf, src=peer, tag=2**30 + i)
+                    dist.send(buf, group=g, group_dst=partner, tag=2**30 + i)
+                    dist.recv(buf, group=g, group_src=partner, tag=2**30 + i)
                 else:
-                    dist.recv(buf, src=peer, tag=2**30 + i)
-                    dist.send(buf, dst=peer, tag=2**30 + i)
+                    dist.recv(buf, group=g, group_src=partner, tag=2**30 + i)
+                    dist.send(buf, group=g, group_dst=partner, tag=2**30 + i)
                 if i and leader:  # the first round trip warms the connection up
                     times.append((time.perf_counter() - start) / 2)
         ops.all_reduce(torch.zeros(1), self.group)  # both rounds done everywhere
@@ -104,13 +105,13 @@ class PipelineExecutor:
 
     def _send(self, t: torch.Tensor, to_stage: int, tag: int, pending: list) -> None:
         t = t.detach().contiguous()
-        pending.append((dist.isend(t, dst=self.peer(to_stage % self.p), tag=tag), t))
+        pending.append((dist.isend(t, group=self.group, group_dst=to_stage % self.p, tag=tag), t))
         if self.ledger is not None:
             self.ledger.record("send", "pp", t.numel() * t.element_size())
 
     def _post_recv(self, from_stage: int, tag: int):
         t = torch.empty(self.act_shape, dtype=self.dtype, device=self.device)
-        return dist.irecv(t, src=self.peer(from_stage % self.p), tag=tag), t
+        return dist.irecv(t, group=self.group, group_src=from_stage % self.p, tag=tag), t
 
     def _needs(self, a: Action) -> tuple[int, int] | None:
         """(source stage, tag) of the message action ``a`` waits for, if any."""
@@ -125,7 +126,16 @@ class PipelineExecutor:
         """The message ``tag`` — from a receive posted ahead of time (see :meth:`run`) or now."""
         work, t = posted.pop(tag) if posted and tag in posted else self._post_recv(from_stage, tag)
         start = time.perf_counter()
-        work.wait()
+        try:
+            work.wait()
+        except RuntimeError as e:  # timeout, or the other stage died: say who waited for what
+            direction, rest = divmod(tag, 65536 * (self.last_stage + 1))
+            what = ("activation", "gradient", "evaluation activation")[direction]
+            raise RuntimeError(
+                f"pipeline stage {from_stage + (1 if direction != 1 else -1)} (pp rank {self.rank}) waited in vain for "
+                f"the {what} of micro-batch {tag % 65536} from stage {from_stage} (pp rank {from_stage % self.p}): "
+                f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
+            ) from e
         waited = time.perf_counter() - start
         if record is not None:
             record.wait(waited)
@@ -141,7 +151,11 @@ class PipelineExecutor:
         loss_sum = torch.zeros((), device=self.device, dtype=self.loss_dtype)
         # Start all stages together, so that what a rank waits for below is the schedule's
         # bubble, not the previous step's optimizer finishing at different times.
-        ops.all_reduce(torch.zeros(1, device=self.device), self.group, self.ledger, tag="pp_sync")
+        try:
+            ops.all_reduce(torch.zeros(1, device=self.device), self.group, self.ledger, tag="pp_sync")
+        except RuntimeError as e:
+            raise RuntimeError(f"pipeline stage {self.rank} (pp rank {self.rank}) waited in vain for the other "
+                               f"stages to start the step: {str(e).strip().splitlines()[0]}") from e
         start_step = time.perf_counter()
         posted: dict[int, tuple] = {}
         for i, a in enumerate(self.actions):
