@@ -123,6 +123,23 @@ def test_train_dp2_tp2_sequence_parallel_matches_serial(tmp_path):
     assert_losses_close([r["loss"] for r in records], want)
 
 
+@pytest.mark.parametrize("extra", [["--schedule", "zb-h1"], ["--balance", "time", "--schedule", "gpipe"]])
+def test_train_pipeline_matches_serial(tmp_path, extra):
+    """Two pipeline stages from the command line: per-step losses equal the serial run's."""
+    metrics = tmp_path / "m.jsonl"
+    argv = ["train", "--pp", "2", "--model", "nano", "--steps", "3", "--micro-batch", "2", "--microbatches", "4",
+            "--metrics", str(metrics), "--no-progress", *extra]
+    proc = run_cli(*argv)
+    assert proc.returncode == 0, proc.stderr
+    assert "pipeline split by" in proc.stdout and "stage 1 (rank pp=1" in proc.stdout
+    records = read_metrics(str(metrics))
+    assert records[-1]["pipeline"]["schedule"] == extra[-1]
+    assert 0 <= records[-1]["pipeline"]["bubble_measured"] < 1 and "bubble" in records[-1]["time"]
+    cfg = config_from_args(build_parser().parse_args(argv))
+    want, _ = serial_reference(cfg, build_corpus(None, cfg.model.seq_len, cfg.val_fraction))
+    assert_losses_close([r["loss"] for r in records], want)
+
+
 def test_runs_unchanged_under_torchrun(tmp_path):
     metrics = tmp_path / "m.jsonl"
     proc = run_cli(
