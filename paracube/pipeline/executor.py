@@ -73,6 +73,12 @@ class PipelineExecutor:
         self.act_shape, self.dtype, self.device = tuple(act_shape), dtype, device
         self.loss_fn, self.ledger, self.store, self.group = loss_fn, ledger, store, group
         self.loss_dtype = torch.promote_types(torch.float32, dtype)  # fp32 at least, fp64 in fp64 runs
+        # _ahead[i]: the receive needed by the first action after i that needs one.
+        self._ahead, following = [], None
+        for a in reversed(actions):
+            self._ahead.append(following)
+            following = self._needs(a) or following
+        self._ahead.reverse()
 
     def measure_latency(self, repeats: int = 5) -> float:
         """One activation transfer's seconds, from ping-pongs with the neighbouring stages
@@ -129,7 +135,7 @@ class PipelineExecutor:
         try:
             work.wait()
         except RuntimeError as e:  # timeout, or the other stage died: say who waited for what
-            direction, rest = divmod(tag, 65536 * (self.last_stage + 1))
+            direction = tag // (65536 * (self.last_stage + 1))
             what = ("activation", "gradient", "evaluation activation")[direction]
             raise RuntimeError(
                 f"pipeline stage {from_stage + (1 if direction != 1 else -1)} (pp rank {self.rank}) waited in vain for "
@@ -158,11 +164,10 @@ class PipelineExecutor:
                                f"stages to start the step: {str(e).strip().splitlines()[0]}") from e
         start_step = time.perf_counter()
         posted: dict[int, tuple] = {}
-        for i, a in enumerate(self.actions):
+        for a, ahead in zip(self.actions, self._ahead):
             s = self._stage(a)
             # Post the receive of the next action that needs one now, so its transfer
             # overlaps this action's compute instead of starting when it is needed.
-            ahead = next((self._needs(b) for b in self.actions[i + 1 :] if self._needs(b)), None)
             if ahead is not None and ahead[1] not in posted:
                 posted[ahead[1]] = self._post_recv(*ahead)
             if a.kind == "F":
@@ -176,7 +181,7 @@ class PipelineExecutor:
                     self._send(out, s + 1, self._tag(0, s, a.mb), pending)
                 saved[(a.mb, a.chunk)] = (x, out)
             elif a.kind in ("B", "I"):
-                x, out = saved[(a.mb, a.chunk)] if a.kind == "B" else saved[(a.mb, a.chunk)]
+                x, out = saved[(a.mb, a.chunk)]
                 grad = None if s == self.last_stage else self._recv(s + 1, self._tag(1, s + 1, a.mb), record, posted)
                 t0 = time.perf_counter()
                 if a.kind == "I":
