@@ -161,18 +161,25 @@ def measured_bubble_run(schedule):
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb-h1"])
 def test_measured_bubble_matches_simulator_fed_with_measured_costs(pools, schedule):
     """A real 2-stage run: each rank's measured idle fraction is within 5 percentage points
-    of the simulator's, given the per-action times that run measured on each stage."""
+    of the simulator's, given the per-action times and the transfer latency that run
+    measured. Timing on a shared 2-core machine is noisy, so a run that misses is measured
+    once more; both attempts are reported on failure."""
     from paracube.pipeline import Costs, build_schedule, simulate
 
-    stats = pools(2).run(measured_bubble_run, schedule)
-    costs = []
-    for s in stats:
-        t, comm = s["action_seconds"], max(x["latency"] for x in stats)
-        costs.append(Costs(F=t["F"], I=t["B"], W=0.0, comm=comm) if "B" in t else Costs(F=t["F"], I=t["I"], W=t["W"], comm=comm))
-    timeline = simulate(build_schedule(schedule, 2, 4), costs)
-    for rank, s in enumerate(stats):
-        simulated = timeline.idle(rank) / timeline.makespan
-        assert abs(s["bubble_measured"] - simulated) <= 0.05, (rank, s, simulated)
+    attempts = []
+    for _ in range(2):
+        stats = pools(2).run(measured_bubble_run, schedule)
+        latency = max(s["latency"] for s in stats)
+        costs = [
+            Costs(F=t["F"], I=t["B"], W=0.0, comm=latency) if "B" in t else Costs(F=t["F"], I=t["I"], W=t["W"], comm=latency)
+            for t in (s["action_seconds"] for s in stats)
+        ]
+        timeline = simulate(build_schedule(schedule, 2, 4), costs)
+        gaps = [abs(s["bubble_measured"] - timeline.idle(r) / timeline.makespan) for r, s in enumerate(stats)]
+        attempts.append(gaps)
+        if max(gaps) <= 0.05:
+            return
+    pytest.fail(f"measured bubble differs from the simulator's by more than 5 points: {attempts}")
 
 
 def stalled_stage():
