@@ -1,0 +1,67 @@
+"""Hardware catalog: GPUs and interconnects, from vendor datasheets (formulas.md, "Hardware").
+
+Bandwidths are bytes per second. NVLink figures are a GPU's total NVLink bandwidth (both
+directions), as NVIDIA quotes them; an InfiniBand port's figure is its signalling rate per
+direction (HDR 200 Gb/s, NDR 400 Gb/s), and a DGX-class node has 8 compute ports, one per GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paracube.errors import ConfigError
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    peak_flops: float  # dense bf16/fp16 tensor-core FLOP/s
+    memory_bytes: float
+    hbm_bandwidth: float  # bytes/s
+    nvlink_bandwidth: float  # bytes/s per GPU, all links, both directions
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    name: str
+    bandwidth: float  # bytes/s per GPU, one direction
+    latency: float  # seconds per message (α of the α-β model)
+
+
+GPUS: dict[str, GPU] = {
+    "v100": GPU("V100 SXM2 32GB", 125e12, 32 * GB, 900 * GB, 300 * GB),
+    "a100-40gb": GPU("A100 40GB", 312e12, 40 * GB, 1555 * GB, 600 * GB),
+    "a100-80gb": GPU("A100 80GB", 312e12, 80 * GB, 2039 * GB, 600 * GB),
+    "h100": GPU("H100 SXM", 989e12, 80 * GB, 3350 * GB, 900 * GB),
+    "h200": GPU("H200 SXM", 989e12, 141 * GB, 4800 * GB, 900 * GB),
+}
+
+# One direction per GPU: NVLink's bidirectional total halved; IB per port (one per GPU).
+# Latencies: ~2 µs across NVLink/NVSwitch, ~5 µs over InfiniBand, ~20 µs over Ethernet/TCP.
+INTERCONNECTS: dict[str, Interconnect] = {
+    "nvlink2": Interconnect("NVLink 2 (V100)", 150 * GB, 2e-6),
+    "nvlink3": Interconnect("NVLink 3 (A100)", 300 * GB, 2e-6),
+    "nvlink4": Interconnect("NVLink 4 (H100/H200)", 450 * GB, 2e-6),
+    "ib-hdr": Interconnect("InfiniBand HDR 200 Gb/s per GPU", 25 * GB, 5e-6),
+    "ib-ndr": Interconnect("InfiniBand NDR 400 Gb/s per GPU", 50 * GB, 5e-6),
+    "ethernet-100g": Interconnect("Ethernet 100 Gb/s per node", 12.5 * GB / 8, 20e-6),
+}
+
+DEFAULT_INTRA = {"v100": "nvlink2", "a100-40gb": "nvlink3", "a100-80gb": "nvlink3", "h100": "nvlink4", "h200": "nvlink4"}
+DEFAULT_INTER = {"v100": "ib-hdr", "a100-40gb": "ib-hdr", "a100-80gb": "ib-hdr", "h100": "ib-ndr", "h200": "ib-ndr"}
+
+
+def gpu(name: str) -> GPU:
+    key = name.lower()
+    if key not in GPUS:
+        raise ConfigError(f"unknown GPU {name!r}: choose one of {', '.join(GPUS)}")
+    return GPUS[key]
+
+
+def interconnect(name: str) -> Interconnect:
+    key = name.lower()
+    if key not in INTERCONNECTS:
+        raise ConfigError(f"unknown interconnect {name!r}: choose one of {', '.join(INTERCONNECTS)}")
+    return INTERCONNECTS[key]

@@ -1,0 +1,92 @@
+"""Memory per GPU: model states under ZeRO, and activations (pure math, bytes).
+
+Model states (Rajbhandari et al. 2020, "ZeRO", §3 and Figure 1): mixed-precision Adam keeps
+``(2 + 2 + K)·Ψ`` bytes — fp16 weights, fp16 gradients, and K = 12 bytes of fp32 master
+weights, momentum and variance — split over the data-parallel degree ``N_d`` as:
+
+    stage 0: (2 + 2 + K)·Ψ      stage 1: 4Ψ + K·Ψ/N_d
+    stage 2: 2Ψ + (2 + K)·Ψ/N_d stage 3: (2 + 2 + K)·Ψ/N_d
+
+Activations per transformer layer (Korthikanti et al. 2022, Table 2; 16-bit activations,
+1-byte dropout masks), s sequence, b micro-batch, h hidden, a heads, t tensor parallel:
+
+    none:                    s·b·h·(34 + 5·a·s/h)
+    tensor parallel:         s·b·h·(10 + 24/t + 5·a·s/(h·t))
+    TP + sequence parallel:  (s·b·h/t)·(34 + 5·a·s/h)
+    TP + selective recompute s·b·h·(10 + 24/t)
+    TP + SP + selective:     34·s·b·h/t
+    full recompute:          2·s·b·h (the layer's input only)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paracube.errors import ConfigError
+
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Bytes per device of each model state."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer
+
+
+def model_state_bytes(
+    params: float, zero: int, dp: int, *, weight_bytes: int = 2, grad_bytes: int = 2, optimizer_bytes: int = 12
+) -> ModelStates:
+    """ZeRO's per-device model states for ``params`` parameters (Ψ) at stage ``zero``.
+
+    Defaults are mixed-precision Adam (2 + 2 + 12); fp32 training without master copies is
+    ``weight_bytes=4, grad_bytes=4, optimizer_bytes=8``.
+    """
+    if zero not in (0, 1, 2, 3):
+        raise ConfigError(f"unknown ZeRO stage {zero}: choose 0, 1, 2 or 3")
+    if dp < 1:
+        raise ConfigError(f"data-parallel degree must be ≥ 1, got {dp}")
+    w, g, o = weight_bytes * params, grad_bytes * params, optimizer_bytes * params
+    return ModelStates(
+        weights=w / dp if zero >= 3 else w,
+        gradients=g / dp if zero >= 2 else g,
+        optimizer=o / dp if zero >= 1 else o,
+    )
+
+
+def activation_bytes_per_layer(
+    s: int, b: int, h: int, a: int, *, t: int = 1, sequence_parallel: bool = False, recompute: str = "none"
+) -> float:
+    """Korthikanti et al. 2022, Table 2 (16-bit activations, with dropout masks)."""
+    if recompute not in RECOMPUTE:
+        raise ConfigError(f"unknown recompute {recompute!r}: choose one of {', '.join(RECOMPUTE)}")
+    sbh = s * b * h
+    if recompute == "full":
+        return 2.0 * sbh / (t if sequence_parallel else 1)
+    attention = 5 * a * s / h  # the s×s score, softmax and dropout tensors
+    if sequence_parallel:
+        return sbh / t * (34 + (0 if recompute == "selective" else attention))
+    return sbh * (10 + 24 / t + (0 if recompute == "selective" else attention / t))
+
+
+def in_flight_microbatches(schedule: str, p: int, m: int, v: int = 1, stage: int = 0) -> float:
+    """Micro-batches whose activations a pipeline stage holds at its peak: GPipe m, 1F1B
+    p − stage (first stage p), interleaved 1F1B p·(1 + (p−1)/(p·v)) on the first stage
+    (Narayanan et al. 2021; Korthikanti et al. 2022, Eq. 5), ZB-H1 p (Qi et al. 2024)."""
+    if p == 1:
+        return 1.0
+    if schedule == "gpipe":
+        return float(m)
+    if schedule == "1f1b":
+        return float(min(p - stage, m))
+    if schedule == "interleaved-1f1b":
+        return p * (1 + (p - 1) / (p * v)) if stage == 0 else float(min(p - stage, m)) + (p - 1) / v
+    if schedule == "zb-h1":
+        return float(min(p, m))
+    raise ConfigError(f"unknown schedule {schedule!r}")

@@ -1,0 +1,69 @@
+"""The planner's formulas reproduce the published worked figures (pure math)."""
+
+from __future__ import annotations
+
+import pytest
+
+from paracube.errors import ConfigError
+from paracube.models.presets import parameter_count, preset
+from paracube.planner.flops import flops_with_full_recompute, model_flops, narayanan_params, training_days
+from paracube.planner.hardware import gpu
+from paracube.planner.memory import activation_bytes_per_layer, in_flight_microbatches, model_state_bytes
+
+
+def test_zero_worked_example():
+    """Rajbhandari et al. 2020: Ψ = 7.5B, N_d = 64 → 120 / 31.4 / 16.6 / 1.9 GB per device."""
+    got = [model_state_bytes(7.5e9, stage, 64).total / 1e9 for stage in range(4)]
+    assert [round(x, 1) for x in got] == [120.0, 31.4, 16.6, 1.9]
+
+
+def test_zero_stages_shard_what_they_say():
+    s = model_state_bytes(1e9, 2, 8, weight_bytes=4, grad_bytes=4, optimizer_bytes=8)
+    assert (s.weights, s.gradients, s.optimizer) == (4e9, 4e9 / 8, 8e9 / 8)
+    with pytest.raises(ConfigError, match="unknown ZeRO stage 4"):
+        model_state_bytes(1e9, 4, 8)
+
+
+def test_korthikanti_selective_recompute_saves_70_percent_for_gpt3():
+    """Korthikanti et al. 2022: for GPT-3 175B (s 2048, h 12288, a 96, t 8) selective
+    recompute cuts activation memory by ~70 %, and SP+selective is 34·s·b·h/t."""
+    s, b, h, a, t = 2048, 1, 12288, 96, 8
+    tpsp = activation_bytes_per_layer(s, b, h, a, t=t, sequence_parallel=True)
+    selective = activation_bytes_per_layer(s, b, h, a, t=t, sequence_parallel=True, recompute="selective")
+    assert selective == 34 * s * b * h / t
+    assert 1 - selective / tpsp == pytest.approx(0.70, abs=0.01)
+    assert activation_bytes_per_layer(s, b, h, a) == s * b * h * (34 + 5 * a * s / h)
+    assert activation_bytes_per_layer(s, b, h, a, t=t) == s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+    assert activation_bytes_per_layer(s, b, h, a, recompute="full") == 2 * s * b * h
+
+
+def test_in_flight_microbatches():
+    assert in_flight_microbatches("gpipe", 4, 16) == 16
+    assert [in_flight_microbatches("1f1b", 4, 16, stage=r) for r in range(4)] == [4, 3, 2, 1]
+    assert in_flight_microbatches("interleaved-1f1b", 4, 16, v=2) == pytest.approx(4 * (1 + 3 / 8))
+    assert in_flight_microbatches("zb-h1", 4, 16) == 4
+
+
+def test_parameter_formula_against_gpt3_175b():
+    """SC21 Eq. 2 with GPT-3's shape gives the published 175B; our exact count agrees."""
+    assert narayanan_params(96, 12288, 50257, 2048) / 1e9 == pytest.approx(175, rel=0.005)
+    assert parameter_count(preset("gpt3-175b", tie_embeddings=True)) == pytest.approx(
+        narayanan_params(96, 12288, 50257, 2048), rel=1e-6)
+
+
+def test_sc21_training_time_worked_example():
+    """SC21 §5.7: GPT-3 175B on 300B tokens, 1024 A100s at 140 TFLOP/s → about 34 days."""
+    assert training_days(300e9, 175e9, 1024, 140e12) == pytest.approx(34, abs=0.5)
+
+
+def test_flops_formulas_relation():
+    """Full recompute does 4/3 the model FLOPs' matmul work (an extra forward): 96 vs 72."""
+    B, s, L, h, v = 1536, 2048, 96, 12288, 51200
+    ratio = flops_with_full_recompute(B, s, L, h, v) / model_flops(B, s, L, h, v)
+    assert ratio == pytest.approx(4 / 3, rel=0.01)
+
+
+def test_gpu_catalog():
+    assert gpu("A100-80GB").peak_flops == 312e12 and gpu("h200").memory_bytes == 141e9
+    with pytest.raises(ConfigError, match="unknown GPU 'tpu'"):
+        gpu("tpu")
