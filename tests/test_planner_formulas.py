@@ -67,3 +67,33 @@ def test_gpu_catalog():
     assert gpu("A100-80GB").peak_flops == 312e12 and gpu("h200").memory_bytes == 141e9
     with pytest.raises(ConfigError, match="unknown GPU 'tpu'"):
         gpu("tpu")
+
+
+def test_layout_memory_answers_the_guides_questions():
+    """'Memory runs out although the parameters fit': LLaMA-2 7B's bf16 weights (13.5 GB)
+    fit an 80 GB A100, but weights + gradients + Adam states (16 bytes per parameter,
+    108 GB) do not; ZeRO-3 over 8 GPUs, or tp=4, makes it fit."""
+    from paracube.planner.layout_memory import Layout, peak_memory
+
+    cfg = preset("llama2-7b")
+    a100 = gpu("a100-80gb").memory_bytes
+    assert 2 * parameter_count(cfg) < a100
+    alone = peak_memory(cfg, Layout(micro_batch=1))
+    assert alone.model_states == pytest.approx(16 * parameter_count(cfg), rel=0.01)
+    assert alone.total > a100
+    assert peak_memory(cfg, Layout(dp=8, zero=3, micro_batch=1, recompute="selective")).total < a100
+    assert peak_memory(cfg, Layout(tp=4, micro_batch=1, sequence_parallel=True)).total < a100
+
+
+def test_layout_memory_pipeline_and_recompute():
+    from paracube.planner.layout_memory import Layout, stage_memory
+
+    cfg = preset("gpt3-13b")
+    gpipe = Layout(pp=4, microbatches=16, micro_batch=1, schedule="gpipe")
+    ofob = Layout(pp=4, microbatches=16, micro_batch=1, schedule="1f1b")
+    first_g, first_1 = stage_memory(cfg, gpipe)[0], stage_memory(cfg, ofob)[0]
+    assert first_g.activations > 3.5 * first_1.activations  # 16 vs 4 micro-batches in flight
+    full = Layout(pp=4, microbatches=16, micro_batch=1, schedule="1f1b", recompute="full")
+    assert stage_memory(cfg, full)[0].activations < 0.5 * first_1.activations
+    last = stage_memory(cfg, ofob)[1]
+    assert last.stage == "last" and last.model_states > 0

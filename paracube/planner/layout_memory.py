@@ -1,0 +1,97 @@
+"""Peak memory per GPU of a whole parallel layout (pure math on ModelConfig).
+
+For the stage that needs the most — the first (embedding, and the most micro-batches in
+flight) or the last (head and logits) — the sum of:
+
+- model states of its parameters under ZeRO (``memory.model_state_bytes``), with tensor
+  parallelism splitting the matrices (norm weights are replicated: counted in full);
+- activations: Korthikanti's per-layer bytes × its layers × the micro-batches it holds
+  at the schedule's peak (``memory.in_flight_microbatches``), plus the embedding output
+  and, on the last stage, the logits (b·s·V/t, kept in fp32 for the loss: 4 bytes);
+- an allowance, stated here: 1 GB for the CUDA context and communication buffers, and
+  10 % of the rest for allocator fragmentation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from paracube.config import ModelConfig
+from paracube.planner.memory import activation_bytes_per_layer, in_flight_microbatches, model_state_bytes
+
+CONTEXT_BYTES = 1e9
+FRAGMENTATION = 0.10
+PRECISION_BYTES = {  # (weights, gradients, optimizer states) bytes per parameter
+    "bf16": (2, 2, 12),  # mixed precision: fp32 master weights + Adam m, v (ZeRO's K = 12)
+    "fp16": (2, 2, 12),
+    "fp32": (4, 4, 8),  # fp32 weights and gradients, Adam m and v
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    micro_batch: int = 1
+    microbatches: int = 1
+    schedule: str = "1f1b"
+    chunks: int = 1
+    zero: int = 0
+    recompute: str = "none"
+    sequence_parallel: bool = False
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    stage: str
+    model_states: float
+    activations: float
+    allowance: float
+
+    @property
+    def total(self) -> float:
+        return self.model_states + self.activations + self.allowance
+
+
+def stage_memory(cfg: ModelConfig, layout: Layout, precision: str = "bf16") -> list[StageMemory]:
+    """Memory of the first and (if different) the last pipeline stage, per GPU."""
+    h, s, V, t, p = cfg.hidden, cfg.seq_len, cfg.vocab_size, layout.tp, layout.pp
+    kv = cfg.n_kv_heads * cfg.head_dim
+    mlp_in = (2 if cfg.activation == "swiglu" else 1) * cfg.ffn_hidden
+    matrices = h * (h + 2 * kv) + h * h + h * mlp_in + cfg.ffn_hidden * h  # split by tp
+    vectors = (4 if cfg.norm == "layernorm" else 2) * h + (h + 2 * kv + h + mlp_in + h if cfg.bias else 0)
+    block = matrices / t + vectors
+    layers_per_stage = math.ceil(cfg.n_layers / p)
+    embed = V * h / t + (s * h if cfg.position == "learned" else 0)
+    head = 0 if (cfg.tie_embeddings and p == 1) else V * h / t
+    w, g, o = PRECISION_BYTES[precision]
+    act_layer = activation_bytes_per_layer(
+        s, layout.micro_batch, h, cfg.n_heads, t=t, sequence_parallel=layout.sequence_parallel,
+        recompute=layout.recompute,
+    ) * (w / 2)  # Korthikanti's constants are for 16-bit activations
+    bsh = layout.micro_batch * s * h
+    stages = []
+    for name, index, extra_params in (("first", 0, embed + (head if p == 1 else 0)), ("last", p - 1, head + h)):
+        if name == "last" and p == 1:
+            break
+        params = layers_per_stage * block + extra_params
+        states = model_state_bytes(params, layout.zero, layout.dp, weight_bytes=w, grad_bytes=g, optimizer_bytes=o).total
+        in_flight = in_flight_microbatches(layout.schedule, p, layout.microbatches, layout.chunks, stage=index)
+        acts = act_layer * layers_per_stage * in_flight
+        if index == 0:
+            acts += bsh * w * in_flight  # the embedding output
+        if index == p - 1:
+            acts += layout.micro_batch * s * V / t * 4  # fp32 logits for the loss
+        allowance = CONTEXT_BYTES + FRAGMENTATION * (states + acts)
+        stages.append(StageMemory(name, states, acts, allowance))
+    return stages
+
+
+def peak_memory(cfg: ModelConfig, layout: Layout, precision: str = "bf16") -> StageMemory:
+    return max(stage_memory(cfg, layout, precision), key=lambda m: m.total)
