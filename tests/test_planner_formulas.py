@@ -97,3 +97,46 @@ def test_layout_memory_pipeline_and_recompute():
     assert stage_memory(cfg, full)[0].activations < 0.5 * first_1.activations
     last = stage_memory(cfg, ofob)[1]
     assert last.stage == "last" and last.model_states > 0
+
+
+def _a100_node(nodes_gpus=8):
+    from paracube.planner.hardware import INTERCONNECTS
+    from paracube.planner.time_model import Cluster
+
+    return Cluster(gpu("a100-80gb"), nodes_gpus, INTERCONNECTS["nvlink3"], INTERCONNECTS["ib-hdr"])
+
+
+def test_small_model_on_4_a100_scales_almost_linearly_with_data_parallel():
+    """The guide's first scenario: a model under 3B on 4 × A100-80GB — data parallel,
+    predicted speed-up above 3.6× at the same global batch."""
+    from paracube.planner.layout_memory import Layout
+    from paracube.planner.time_model import estimate
+
+    cfg, cluster = preset("gpt3-1.3b"), _a100_node(4)
+    one = estimate(cfg, Layout(dp=1, micro_batch=4, microbatches=8), cluster)
+    four = estimate(cfg, Layout(dp=4, micro_batch=4, microbatches=2), cluster)
+    assert one.step_time / four.step_time > 3.6
+    assert 0.3 < four.mfu < 0.9 and 0.5 < four.achievable_fraction <= 1.0
+
+
+def test_tensor_parallel_across_nodes_is_slower_than_within():
+    from paracube.planner.layout_memory import Layout
+    from paracube.planner.time_model import estimate
+
+    cfg = preset("gpt3-13b")
+    inside = estimate(cfg, Layout(tp=8, micro_batch=1, microbatches=8), _a100_node(8))
+    across = estimate(cfg, Layout(tp=8, micro_batch=1, microbatches=8), _a100_node(4))
+    assert across.tp_comm > 5 * inside.tp_comm
+
+
+def test_pipeline_bubble_term_follows_the_schedule():
+    from paracube.planner.layout_memory import Layout
+    from paracube.planner.time_model import estimate
+
+    cfg, cluster = preset("gpt3-13b"), _a100_node(8)
+    base = dict(pp=4, micro_batch=1, microbatches=8)
+    b1 = estimate(cfg, Layout(**base, schedule="1f1b"), cluster)
+    bi = estimate(cfg, Layout(**base, schedule="interleaved-1f1b", chunks=2), cluster)
+    bz = estimate(cfg, Layout(**base, schedule="zb-h1"), cluster)
+    assert b1.bubble / (b1.compute + b1.tp_comm) == pytest.approx(3 / 8)
+    assert bi.bubble == pytest.approx(b1.bubble / 2) and bz.bubble == pytest.approx(b1.bubble / 3)

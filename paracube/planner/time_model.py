@@ -1,0 +1,120 @@
+"""Step time of a layout, from first principles (pure math).
+
+Every term is derived from the model's shapes and the hardware figures; nothing is
+fitted to a published result:
+
+- **compute**: each GEMM of a layer (per GPU: its tensor-parallel shard) takes the roofline
+  time max(2·M·N·K / peak, bytes moved / HBM bandwidth); attention's two batched matmuls
+  likewise; the element-wise work (norms, softmax, GELU, residuals) moves the layer's
+  activations twice through HBM (Korthikanti's per-layer bytes, read + write). Backward
+  is twice the forward. The resulting FLOP rate, divided by peak, is the *achievable
+  fraction* the planner states. Recompute adds the recomputed forward (full) or the
+  attention core (selective).
+- **tensor parallel**: per layer and micro-batch, four all-reduces (or all-gather +
+  reduce-scatter pairs) of b·s·h 16-bit values in a ring over t ranks on the intra-node
+  link: 2(t−1)/t·n/B + 2(t−1)·α each (formulas.md); not overlapped.
+- **pipeline**: the bubble adds (p−1)/m of the stage's work for GPipe and 1F1B,
+  (p−1)/(v·m) interleaved, (p−1)/(3m) for ZB-H1 (its (p−1)(F+B−W) idle at F = B = W);
+  each micro-batch crosses a stage boundary twice (activation, gradient) on the link
+  between stages.
+- **data parallel**: a ring all-reduce of the stage's 16-bit gradient shard (ZeRO-3:
+  1.5× the volume) on the slowest link the group spans, overlapped with the backward of the
+  last micro-batch — only what sticks out is counted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from paracube.config import ModelConfig
+from paracube.planner.flops import model_flops
+from paracube.planner.hardware import GPU, Interconnect
+from paracube.planner.layout_memory import Layout
+from paracube.planner.memory import activation_bytes_per_layer
+
+
+@dataclass(frozen=True)
+class Cluster:
+    gpu: GPU
+    gpus_per_node: int
+    intra: Interconnect
+    inter: Interconnect
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    compute: float
+    recompute: float
+    tp_comm: float
+    pp_comm: float
+    bubble: float
+    dp_exposed: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+    achievable_fraction: float
+
+    @property
+    def step_time(self) -> float:
+        return self.compute + self.recompute + self.tp_comm + self.pp_comm + self.bubble + self.dp_exposed
+
+
+def _gemm(m: float, n: float, k: float, g: GPU, elem: int = 2) -> float:
+    return max(2 * m * n * k / g.peak_flops, elem * (m * k + k * n + m * n) / g.hbm_bandwidth)
+
+
+def _ring(bytes_: float, ranks: int, link: Interconnect) -> float:
+    if ranks <= 1:
+        return 0.0
+    return 2 * (ranks - 1) / ranks * bytes_ / link.bandwidth + 2 * (ranks - 1) * link.latency
+
+
+def layer_forward_time(cfg: ModelConfig, layout: Layout, g: GPU) -> tuple[float, float]:
+    """(seconds, model FLOPs) of one layer's forward on one GPU for one micro-batch."""
+    b, s, h, t = layout.micro_batch, cfg.seq_len, cfg.hidden, layout.tp
+    M = b * s
+    kv = cfg.n_kv_heads * cfg.head_dim
+    mlp_in = (2 if cfg.activation == "swiglu" else 1) * cfg.ffn_hidden
+    gemms = [(M, (h + 2 * kv) / t, h), (M, h, h / t), (M, mlp_in / t, h), (M, h, cfg.ffn_hidden / t)]
+    time = sum(_gemm(*x, g) for x in gemms)
+    flops = sum(2 * m * n * k for m, n, k in gemms)
+    heads = cfg.n_heads / t
+    attn_flops = 4 * b * heads * s * s * cfg.head_dim  # QKᵀ and attention·V
+    time += max(attn_flops / g.peak_flops, 2 * 2 * b * heads * s * s / g.hbm_bandwidth)
+    flops += attn_flops
+    acts = activation_bytes_per_layer(s, b, h, cfg.n_heads, t=t, sequence_parallel=layout.sequence_parallel)
+    time += 2 * acts / g.hbm_bandwidth  # element-wise work: read and write the activations
+    return time, flops
+
+
+def estimate(cfg: ModelConfig, layout: Layout, cluster: Cluster) -> StepEstimate:
+    g, p, t, dp, m = cluster.gpu, layout.pp, layout.tp, layout.dp, layout.microbatches
+    layers = math.ceil(cfg.n_layers / p)
+    fwd, flops = layer_forward_time(cfg, layout, g)
+    head_fwd = _gemm(layout.micro_batch * cfg.seq_len, cfg.vocab_size / t, cfg.hidden, g)
+    per_mb = 3 * (layers * fwd + head_fwd)  # forward + backward (2×) of the busiest stage
+    compute = m * per_mb
+    recompute = m * layers * {"none": 0.0, "full": fwd, "selective": 0.15 * fwd}[layout.recompute]
+    n = layout.micro_batch * cfg.seq_len * cfg.hidden * 2  # b·s·h in 16 bits
+    tp_link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
+    tp_comm = m * layers * 4 * _ring(n, t, tp_link) * (1.5 if layout.recompute == "full" else 1.0)
+    pp_link = cluster.intra if t * dp * p <= cluster.gpus_per_node else cluster.inter
+    pp_comm = 2 * m * (n / (t if layout.sequence_parallel else 1) / pp_link.bandwidth + pp_link.latency) if p > 1 else 0.0
+    ratio = {"gpipe": 1.0, "1f1b": 1.0, "interleaved-1f1b": 1.0 / layout.chunks, "zb-h1": 1.0 / 3}[layout.schedule]
+    bubble = (p - 1) / m * ratio * (compute + recompute + tp_comm) if p > 1 else 0.0
+    from paracube.models.presets import parameter_count
+
+    grad_bytes = 2 * parameter_count(cfg) / (t * p)
+    dp_link = cluster.intra if t * dp <= cluster.gpus_per_node else cluster.inter
+    allreduce = _ring(grad_bytes, dp, dp_link) * (1.5 if layout.zero == 3 else 1.0)
+    dp_exposed = max(0.0, allreduce - 2 / 3 * per_mb)  # hidden behind the last backward
+    step = compute + recompute + tp_comm + pp_comm + bubble + dp_exposed
+    global_batch = dp * layout.micro_batch * m
+    total_flops = model_flops(global_batch, cfg.seq_len, cfg.n_layers, cfg.hidden, cfg.vocab_size)
+    tflops = total_flops / (step * layout.gpus) / 1e12
+    return StepEstimate(
+        compute=compute, recompute=recompute, tp_comm=tp_comm, pp_comm=pp_comm, bubble=bubble, dp_exposed=dp_exposed,
+        tokens_per_s=global_batch * cfg.seq_len / step, tflops_per_gpu=tflops, mfu=tflops * 1e12 / g.peak_flops,
+        achievable_fraction=flops / fwd / g.peak_flops,
+    )
