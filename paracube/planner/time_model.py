@@ -109,6 +109,9 @@ def estimate(cfg: ModelConfig, layout: Layout, cluster: Cluster) -> StepEstimate
     dp_link = cluster.intra if t * dp <= cluster.gpus_per_node else cluster.inter
     allreduce = _ring(grad_bytes, dp, dp_link) * (1.5 if layout.zero == 3 else 1.0)
     dp_exposed = max(0.0, allreduce - 2 / 3 * per_mb)  # hidden behind the last backward
+    if layout.zero == 3:  # parameters re-gathered for every micro-batch's forward and backward,
+        gather = _ring(grad_bytes, dp, dp_link) / 2  # prefetched behind that micro-batch's compute
+        dp_exposed += (m - 1) * 2 * max(0.0, gather - per_mb / 3)
     step = compute + recompute + tp_comm + pp_comm + bubble + dp_exposed
     global_batch = dp * layout.micro_batch * m
     total_flops = model_flops(global_batch, cfg.seq_len, cfg.n_layers, cfg.hidden, cfg.vocab_size)

@@ -1,0 +1,114 @@
+"""Enumerate every valid layout for a model on a cluster, keep those that fit, rank by speed."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from paracube.config import ModelConfig
+from paracube.planner.layout_memory import Layout, StageMemory, peak_memory
+from paracube.planner.time_model import Cluster, StepEstimate, estimate
+
+MICRO_BATCHES = (1, 2, 4, 8, 16)
+ZERO = (0, 1, 2, 3)
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    layout: Layout
+    memory: StageMemory
+    time: StepEstimate
+
+
+@dataclass
+class SearchResult:
+    ranked: list[Candidate]
+    rejected: dict[str, int] = field(default_factory=dict)  # reason -> count
+    smallest_misfit: Candidate | None = None  # the least memory among layouts that don't fit
+    evaluated: int = 0
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _schedules(p: int, m: int, layers: int, tp: int):
+    if p == 1:
+        yield "1f1b", 1
+        return
+    if m >= p:
+        yield "1f1b", 1
+        if tp == 1:
+            yield "zb-h1", 1
+    if m % p == 0:
+        for v in (2, 4):
+            if layers % (p * v) == 0:
+                yield "interleaved-1f1b", v
+
+
+def candidate_layouts(cfg: ModelConfig, gpus: int, gpus_per_node: int, global_batch: int, fixed: dict, rejected: dict):
+    """Every layout the engines can run: tp within a node and dividing the heads (the
+    vocabulary is padded to a multiple of tp, as Megatron does), pp ≤ layers, the global
+    batch divisible into dp × micro-batch × m, schedules whose constraints hold."""
+
+    def reject(reason: str) -> None:
+        rejected[reason] = rejected.get(reason, 0) + 1
+
+    for tp in divisors(gpus):
+        if tp > gpus_per_node:
+            reject("tensor parallel larger than a node")
+            continue
+        if cfg.n_heads % tp or cfg.n_kv_heads % tp or cfg.ffn_hidden % tp:
+            reject("heads or MLP size not divisible by tp")
+            continue
+        for pp in divisors(gpus // tp):
+            if pp > cfg.n_layers:
+                continue
+            dp = gpus // (tp * pp)
+            if global_batch % dp:
+                reject("global batch not divisible by dp")
+                continue
+            for b in MICRO_BATCHES:
+                if (global_batch // dp) % b:
+                    continue
+                m = global_batch // (dp * b)
+                for (schedule, v), zero, recompute in itertools.product(
+                    _schedules(pp, m, cfg.n_layers, tp), ZERO if dp > 1 else (0,), RECOMPUTE
+                ):
+                    if zero == 3 and pp > 1:
+                        continue  # ZeRO-3 composes with tensor parallel, not with pipelines
+                    layout = Layout(dp=dp, tp=tp, pp=pp, micro_batch=b, microbatches=m, schedule=schedule, chunks=v,
+                                    zero=zero, recompute=recompute, sequence_parallel=tp > 1)
+                    if all(getattr(layout, k) == val for k, val in fixed.items()):
+                        yield layout
+
+
+def search(cfg: ModelConfig, cluster: Cluster, gpus: int, global_batch: int, *, precision: str = "bf16",
+           fixed: dict | None = None, top: int = 10) -> SearchResult:
+    result = SearchResult(ranked=[])
+    capacity = cluster.gpu.memory_bytes
+    for layout in candidate_layouts(cfg, gpus, cluster.gpus_per_node, global_batch, fixed or {}, result.rejected):
+        result.evaluated += 1
+        mem = peak_memory(cfg, layout, precision)
+        if mem.total > capacity:
+            result.rejected["does not fit in GPU memory"] = result.rejected.get("does not fit in GPU memory", 0) + 1
+            if result.smallest_misfit is None or mem.total < result.smallest_misfit.memory.total:
+                result.smallest_misfit = Candidate(layout, mem, None)  # type: ignore[arg-type]
+            continue
+        result.ranked.append(Candidate(layout, mem, estimate(cfg, layout, cluster)))
+    result.ranked.sort(key=lambda c: _rank_key(c, result.ranked))
+    del result.ranked[top * 50 :]
+    return result
+
+
+def simplicity(layout: Layout) -> tuple:
+    """Fewer moving parts first: no ZeRO, no recompute, less model parallelism."""
+    return (layout.zero, ("none", "selective", "full").index(layout.recompute), layout.pp, layout.tp, layout.chunks)
+
+
+def _rank_key(c: Candidate, everyone: list[Candidate]) -> tuple:
+    """By speed in 1 % steps — differences below the model's resolution — then simplicity."""
+    import math
+
+    return (-math.floor(math.log(c.time.tokens_per_s) / math.log(1.01)), simplicity(c.layout))

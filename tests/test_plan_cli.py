@@ -1,0 +1,82 @@
+"""``paracube plan``: the guide's scenarios, output formats, and bad input (pure, no processes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from paracube.cli import main
+
+
+def plan(capsys, *argv) -> str:
+    assert main(["plan", *argv]) == 0
+    return capsys.readouterr().out
+
+
+def error(capsys, *argv) -> str:
+    assert main(["plan", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("paracube: error: ")
+    return err
+
+
+def best(capsys, *argv) -> dict:
+    return json.loads(plan(capsys, *argv, "--json"))["candidates"][0]
+
+
+def test_small_model_on_one_node_is_data_parallel(capsys):
+    """4 × A100-80GB, a model under 3B parameters: plain data parallel."""
+    layout = best(capsys, "--model", "gpt3-1.3b", "--gpus", "4", "--global-batch", "256")["layout"]
+    assert (layout["dp"], layout["tp"], layout["pp"], layout["zero"]) == (4, 1, 1, 0)
+
+
+def test_7b_on_one_node_needs_sharding(capsys):
+    """A 7B model on the same node: its 16 bytes per parameter don't fit one GPU, so ZeRO or
+    tensor parallelism, with data parallelism over the rest."""
+    layout = best(capsys, "--model", "llama2-7b", "--gpus", "4", "--global-batch", "256")["layout"]
+    assert layout["zero"] > 0 or layout["tp"] > 1
+    assert layout["dp"] > 1
+
+
+def test_big_model_keeps_tensor_parallel_inside_the_node(capsys):
+    out = plan(capsys, "--model", "llama2-70b", "--gpus", "512", "--global-batch", "1024", "--explain")
+    cand = best(capsys, "--model", "llama2-70b", "--gpus", "512", "--global-batch", "1024")
+    assert 1 < cand["layout"]["tp"] <= 8 and cand["layout"]["tp"] * cand["layout"]["pp"] >= 8
+    assert "stays inside a node" in out and "Pipeline" in out
+
+
+def test_layout_flag_evaluates_that_layout(capsys):
+    cands = json.loads(plan(capsys, "--model", "gpt3-13b", "--gpus", "64", "--global-batch", "512",
+                            "--layout", "dp=4,tp=8,pp=2", "--json", "--top", "50"))["candidates"]
+    assert cands and all((c["layout"]["dp"], c["layout"]["tp"], c["layout"]["pp"]) == (4, 8, 2) for c in cands)
+    c = cands[0]
+    assert c["memory"]["total"] > c["memory"]["model_states"] > 0 and 0 < c["time"]["mfu"] < 1
+
+
+def test_custom_shape_and_emit_torchrun(capsys):
+    out = plan(capsys, "--layers", "24", "--hidden", "2048", "--heads", "16", "--vocab", "51200", "--seq", "2048",
+               "--gpus", "16", "--global-batch", "128", "--emit", "torchrun")
+    assert "torchrun --nnodes 2 --nproc-per-node 8" in out and "-m paracube train" in out
+
+
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["--model", "gpt5", "--gpus", "8", "--global-batch", "8"], "unknown model preset 'gpt5'"),
+        (["--model", "tiny", "--gpu", "tpu-v4", "--gpus", "8", "--global-batch", "8"], "unknown GPU 'tpu-v4'"),
+        (["--model", "tiny", "--gpus", "0", "--global-batch", "8"], "--gpus must be a positive integer, got 0"),
+        (["--model", "tiny", "--gpus", "8", "--global-batch", "-4"], "--global-batch must be a positive integer"),
+        (["--model", "tiny", "--gpus", "8", "--global-batch", "8", "--layout", "dp=2,tp=2,pp=1"],
+         "dp×tp×pp = 4 but --gpus is 8"),
+        (["--layers", "4", "--gpus", "8", "--global-batch", "8"], "missing --hidden --heads --vocab --seq"),
+        (["--model", "llama2-70b", "--gpus", "8", "--global-batch", "64"], "fits no layout on 8 × A100 80GB"),
+    ],
+)
+def test_bad_input(capsys, argv, match):
+    assert match in error(capsys, *argv)
+
+
+def test_fits_nothing_says_by_how_much_and_what_would_fit(capsys):
+    err = error(capsys, "--model", "llama2-70b", "--gpus", "8", "--global-batch", "64")
+    assert "per GPU" in err and "× the 80 GB" in err and "use about" in err
