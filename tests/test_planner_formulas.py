@@ -140,3 +140,19 @@ def test_pipeline_bubble_term_follows_the_schedule():
     bz = estimate(cfg, Layout(**base, schedule="zb-h1"), cluster)
     assert b1.bubble / (b1.compute + b1.tp_comm) == pytest.approx(3 / 8)
     assert bi.bubble == pytest.approx(b1.bubble / 2) and bz.bubble == pytest.approx(b1.bubble / 3)
+
+
+def test_prediction_is_near_a_published_large_run():
+    """Megatron-LM's 1T-parameter run (Narayanan et al. 2021, Table 1: 128 layers, h 25600,
+    tp 8 × pp 64 on 3072 A100s, batch 3072, full recompute) achieved 163 TFLOP/s per GPU.
+    Nothing in the model was set from this figure; the prediction must land within 20 %."""
+    from paracube.config import ModelConfig
+    from paracube.planner.layout_memory import Layout
+    from paracube.planner.time_model import estimate
+
+    cfg = ModelConfig(n_layers=128, hidden=25600, n_heads=160, vocab_size=51200, seq_len=2048)
+    layout = Layout(dp=6, tp=8, pp=64, micro_batch=1, microbatches=512, schedule="interleaved-1f1b", chunks=2,
+                    recompute="full")
+    e = estimate(cfg, layout, _a100_node(8))
+    hardware_tflops = flops_with_full_recompute(3072, 2048, 128, 25600, 51200) / (e.step_time * 3072) / 1e12
+    assert hardware_tflops == pytest.approx(163, rel=0.20)

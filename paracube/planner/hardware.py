@@ -17,10 +17,19 @@ GB = 1e9
 @dataclass(frozen=True)
 class GPU:
     name: str
-    peak_flops: float  # dense bf16/fp16 tensor-core FLOP/s
+    peak_flops: float  # dense bf16/fp16 tensor-core FLOP/s, at the boost clock
     memory_bytes: float
     hbm_bandwidth: float  # bytes/s
     nvlink_bandwidth: float  # bytes/s per GPU, all links, both directions
+    base_mhz: float = 0.0  # datasheet base clock: what the GPU guarantees under sustained load
+    boost_mhz: float = 0.0  # datasheet boost clock: the one the peak FLOP/s figure assumes
+
+    @property
+    def sustained_fraction(self) -> float:
+        """Peak at the base clock over peak at boost: a long training run at full power
+        draw is only guaranteed the base clock (datasheets), so that is what the planner
+        assumes the tensor cores run at."""
+        return self.base_mhz / self.boost_mhz if self.boost_mhz else 1.0
 
 
 @dataclass(frozen=True)
@@ -31,11 +40,12 @@ class Interconnect:
 
 
 GPUS: dict[str, GPU] = {
-    "v100": GPU("V100 SXM2 32GB", 125e12, 32 * GB, 900 * GB, 300 * GB),
-    "a100-40gb": GPU("A100 40GB", 312e12, 40 * GB, 1555 * GB, 600 * GB),
-    "a100-80gb": GPU("A100 80GB", 312e12, 80 * GB, 2039 * GB, 600 * GB),
-    "h100": GPU("H100 SXM", 989e12, 80 * GB, 3350 * GB, 900 * GB),
-    "h200": GPU("H200 SXM", 989e12, 141 * GB, 4800 * GB, 900 * GB),
+    # clocks (MHz): V100 SXM2 1290/1530, A100 SXM4 1095/1410, H100/H200 SXM5 1590/1980
+    "v100": GPU("V100 SXM2 32GB", 125e12, 32 * GB, 900 * GB, 300 * GB, 1290, 1530),
+    "a100-40gb": GPU("A100 40GB", 312e12, 40 * GB, 1555 * GB, 600 * GB, 1095, 1410),
+    "a100-80gb": GPU("A100 80GB", 312e12, 80 * GB, 2039 * GB, 600 * GB, 1095, 1410),
+    "h100": GPU("H100 SXM", 989e12, 80 * GB, 3350 * GB, 900 * GB, 1590, 1980),
+    "h200": GPU("H200 SXM", 989e12, 141 * GB, 4800 * GB, 900 * GB, 1590, 1980),
 }
 
 # One direction per GPU: NVLink's bidirectional total halved; IB per port (one per GPU).

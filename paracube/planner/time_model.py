@@ -4,7 +4,9 @@ Every term is derived from the model's shapes and the hardware figures; nothing 
 fitted to a published result:
 
 - **compute**: each GEMM of a layer (per GPU: its tensor-parallel shard) takes the roofline
-  time max(2·M·N·K / peak, bytes moved / HBM bandwidth); attention's two batched matmuls
+  time max(2·M·N·K / sustained peak, bytes moved / HBM bandwidth), the sustained peak being
+  the datasheet peak scaled from the boost to the base clock (all a GPU guarantees at full
+  power draw); attention's two batched matmuls
   likewise; the element-wise work (norms, softmax, GELU, residuals) moves the layer's
   activations twice through HBM (Korthikanti's per-layer bytes, read + write). Backward
   is twice the forward. The resulting FLOP rate, divided by peak, is the *achievable
@@ -61,7 +63,8 @@ class StepEstimate:
 
 
 def _gemm(m: float, n: float, k: float, g: GPU, elem: int = 2) -> float:
-    return max(2 * m * n * k / g.peak_flops, elem * (m * k + k * n + m * n) / g.hbm_bandwidth)
+    """Roofline time of an (m×k)·(k×n) matmul at the sustained (base-clock) tensor-core rate."""
+    return max(2 * m * n * k / (g.peak_flops * g.sustained_fraction), elem * (m * k + k * n + m * n) / g.hbm_bandwidth)
 
 
 def _ring(bytes_: float, ranks: int, link: Interconnect) -> float:
@@ -81,7 +84,7 @@ def layer_forward_time(cfg: ModelConfig, layout: Layout, g: GPU) -> tuple[float,
     flops = sum(2 * m * n * k for m, n, k in gemms)
     heads = cfg.n_heads / t
     attn_flops = 4 * b * heads * s * s * cfg.head_dim  # QKᵀ and attention·V
-    time += max(attn_flops / g.peak_flops, 2 * 2 * b * heads * s * s / g.hbm_bandwidth)
+    time += max(attn_flops / (g.peak_flops * g.sustained_fraction), 2 * 2 * b * heads * s * s / g.hbm_bandwidth)
     flops += attn_flops
     acts = activation_bytes_per_layer(s, b, h, cfg.n_heads, t=t, sequence_parallel=layout.sequence_parallel)
     time += 2 * acts / g.hbm_bandwidth  # element-wise work: read and write the activations
