@@ -58,6 +58,8 @@ def _train_parser(sub) -> None:
     r.add_argument("--threads", type=int, default=None, help="torch threads per rank (default cores/ranks)")
     r.add_argument("--timeout", type=float, default=300.0, help="seconds before a stalled collective fails")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--predict", action="store_true",
+                   help="print the planner's predicted step time and memory next to the measured ones")
     p.set_defaults(func=cmd_train)
 
 
@@ -141,13 +143,13 @@ def _plan_parser(sub) -> None:
     for flag in ("--layers", "--hidden", "--heads", "--vocab", "--seq", "--ffn", "--kv-heads"):
         m.add_argument(flag, type=int, default=None)
     c = p.add_argument_group("cluster")
-    c.add_argument("--gpus", type=int, required=True)
+    c.add_argument("--gpus", type=int, default=None)
     c.add_argument("--gpus-per-node", type=int, default=8)
     c.add_argument("--gpu", default="a100-80gb", help="v100, a100-40gb, a100-80gb, h100, h200")
     c.add_argument("--intra", default=None, help="intra-node link (default: the GPU's NVLink)")
     c.add_argument("--inter", default=None, help="inter-node link (default: InfiniBand HDR/NDR)")
     t = p.add_argument_group("training and fixed choices")
-    t.add_argument("--global-batch", type=int, required=True, help="sequences per step")
+    t.add_argument("--global-batch", type=int, default=None, help="sequences per step")
     t.add_argument("--precision", default="bf16", help="bf16, fp16 or fp32")
     t.add_argument("--layout", default=None, help="evaluate one layout: dp=,tp=,pp=")
     t.add_argument("--micro-batch", type=int, default=None)
@@ -161,6 +163,8 @@ def _plan_parser(sub) -> None:
     o.add_argument("--explain", action="store_true", help="the reasoning, in plain language")
     o.add_argument("--json", action="store_true", help="every figure as JSON")
     o.add_argument("--emit", choices=["torchrun"], default=None, help="print the launch command")
+    o.add_argument("--calibrate", action="store_true",
+                   help="measure this machine (matmul rate, memory and gloo bandwidth) for `train --predict`")
     p.set_defaults(func=cmd_plan)
 
 
@@ -206,6 +210,17 @@ def cmd_plan(args) -> int:
     from paracube.planner.search import search
     from paracube.planner.time_model import Cluster
 
+    if args.calibrate:
+        from paracube.planner.calibrate import DEFAULT_PATH, calibrate
+
+        data = calibrate()
+        print(f"matmul {data['matmul_flops_per_thread'] / 1e9:.1f} GFLOP/s per thread, memory "
+              f"{data['memory_bandwidth'] / 1e9:.1f} GB/s, gloo {data['link_bandwidth'] / 1e9:.2f} GB/s "
+              f"+ {data['link_latency'] * 1e6:.0f} µs per message; saved to {DEFAULT_PATH}")
+        return 0
+    for name in ("gpus", "global_batch"):
+        if getattr(args, name) is None:
+            raise ParacubeError(f"--{name.replace('_', '-')} is required (or --calibrate)")
     for name in ("gpus", "gpus_per_node", "global_batch", "top"):
         if getattr(args, name) <= 0:
             raise ParacubeError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
@@ -289,11 +304,11 @@ def cmd_train(args) -> int:
         raise ParacubeError(f"--timeout must be > 0 seconds, got {args.timeout}")
     if inside_torchrun():
         threads = args.threads or default_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-        return run_rank(train_rank, cfg, threads, args.timeout)
+        return run_rank(train_rank, cfg, threads, args.timeout, args.predict)
     validate_job(cfg, cfg.parallel.world_size)  # fail here, before starting any process
     threads = args.threads or default_threads(cfg.parallel.world_size)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    return launch_local(cfg.parallel.world_size, run_rank, train_rank, cfg, threads, args.timeout)
+    return launch_local(cfg.parallel.world_size, run_rank, train_rank, cfg, threads, args.timeout, args.predict)
 
 
 def build_parser() -> argparse.ArgumentParser:

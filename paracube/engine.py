@@ -140,6 +140,19 @@ class Trainer:
         """The local model: the whole (TP-sharded) GPT, or this rank's pipeline chunks."""
         return self.model.module
 
+    def model_state_bytes(self) -> dict[str, int]:
+        """Counted bytes of this rank's model states: parameters, gradient storage (the
+        bucket buffers, or the gradients themselves), optimizer states (Adam's m and v)."""
+        params = sum(p.numel() * p.element_size() for _, p in self.serial_named_parameters())
+        if self.model.buckets:
+            grads = sum(b.nbytes for b in self.model.buckets)
+        else:
+            grads = sum(p.grad.numel() * p.grad.element_size() for _, p in self.serial_named_parameters()
+                        if p.grad is not None)
+        states = sum(t.numel() * t.element_size() for st in self.optimizer.state.values()
+                     for k, t in st.items() if k in ("exp_avg", "exp_avg_sq"))
+        return {"weights": params, "gradients": grads, "optimizer": states}
+
     def serial_named_parameters(self):
         """This rank's parameters under the serial model's names."""
         if self.pipeline is None:

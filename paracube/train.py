@@ -20,7 +20,7 @@ def validate_job(cfg: TrainConfig, world_size: int):
     return build_corpus(cfg.data, cfg.model.seq_len, cfg.val_fraction)
 
 
-def train_rank(cfg: TrainConfig, threads: int, timeout_s: float) -> None:
+def train_rank(cfg: TrainConfig, threads: int, timeout_s: float, predict: bool = False) -> None:
     import torch
 
     from paracube.engine import Trainer
@@ -70,6 +70,33 @@ def train_rank(cfg: TrainConfig, threads: int, timeout_s: float) -> None:
     writer.close()
     if lead:
         print(summary(history, first_val, time.perf_counter() - start), flush=True)
+    if predict and lead:
+        print(prediction(cfg, trainer, history, threads), flush=True)
+
+
+def prediction(cfg: TrainConfig, trainer, history: list[StepMetrics], threads: int) -> str:
+    """The planner's predicted step time and model-state memory next to the measured ones."""
+    from paracube.planner import calibrate
+    from paracube.planner.layout_memory import Layout, stage_memory
+    from paracube.planner.time_model import Cluster, estimate
+
+    data = calibrate.load()
+    if data is None:
+        return "paracube: --predict: no calibration of this machine; run `paracube plan --calibrate` first"
+    rank_gpu, link = calibrate.local_hardware(data, threads)
+    par = cfg.parallel
+    layout = Layout(dp=par.dp, tp=par.tp, pp=par.pp, micro_batch=cfg.micro_batch, microbatches=cfg.grad_accum,
+                    schedule=par.schedule, chunks=par.chunks, sequence_parallel=par.sequence_parallel)
+    est = estimate(cfg.model, layout, Cluster(rank_gpu, par.world_size, link, link), precision="fp32")
+    steady = sorted(m.step_time for m in history[1:] or history)
+    measured = steady[len(steady) // 2]
+    predicted_states = stage_memory(cfg.model, layout, "fp32")[0].model_states
+    counted = sum(trainer.model_state_bytes().values())
+    return (
+        f"paracube: predicted step {est.step_time * 1e3:.1f} ms, measured median {measured * 1e3:.1f} ms "
+        f"(predicted/measured {est.step_time / measured:.2f}); model states on rank 0: predicted "
+        f"{predicted_states / 2**20:.2f} MiB, counted {counted / 2**20:.2f} MiB"
+    )
 
 
 def _progress(cfg: TrainConfig, lead: bool):

@@ -222,3 +222,17 @@ def test_schedule_costs_from_a_run(capsys, tmp_path):
 )
 def test_schedule_bad_input(capsys, argv, match):
     assert match in error_line(capsys, ["schedule", *argv])
+
+
+def test_calibrate_then_predict(tmp_path):
+    """`plan --calibrate` measures this machine; `train --predict` then prints the planner's
+    step time and model-state memory next to the measured ones (memory: equal)."""
+    env = {"PARACUBE_CALIBRATION": str(tmp_path / "cal.json")}
+    proc = run_cli("plan", "--calibrate", env_extra=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "GFLOP/s per thread" in proc.stdout and (tmp_path / "cal.json").exists()
+    proc = run_cli("train", "--dp", "2", "--model", "nano", "--steps", "3", "--no-progress", "--predict", env_extra=env)
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if "predicted step" in x)
+    predicted, counted = line.split("predicted ")[-1].split(" MiB, counted ")
+    assert predicted == counted.removesuffix(" MiB")

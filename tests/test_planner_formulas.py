@@ -156,3 +156,29 @@ def test_prediction_is_near_a_published_large_run():
     e = estimate(cfg, layout, _a100_node(8))
     hardware_tflops = flops_with_full_recompute(3072, 2048, 128, 25600, 51200) / (e.step_time * 3072) / 1e12
     assert hardware_tflops == pytest.approx(163, rel=0.20)
+
+
+def model_states_of(cfg):
+    from paracube.engine import Trainer
+    from paracube.mesh.mesh import ProcessMesh
+    from tests.helpers import small_corpus
+
+    trainer = Trainer(cfg, ProcessMesh(cfg.parallel), small_corpus())
+    trainer.train_step()  # optimizer states exist after the first step
+    return trainer.model_state_bytes()
+
+
+@pytest.mark.parametrize("dp,tp,pp", [(2, 1, 1), (1, 2, 1), (2, 2, 1), (1, 4, 1), (1, 1, 2)])
+def test_planner_memory_equals_counted_model_states(pools, dp, tp, pp):
+    """fp32 AdamW: the planner's model-state bytes per rank (first stage) equal what the
+    engine holds — weights, gradient buffers, Adam's m and v — exactly."""
+    from paracube.config import ParallelConfig, TrainConfig
+    from paracube.planner.layout_memory import Layout, stage_memory
+
+    model = preset("nano", seq_len=32, n_layers=2)
+    cfg = TrainConfig(model=model, parallel=ParallelConfig(dp=dp, tp=tp, pp=pp, sequence_parallel=tp > 1),
+                      micro_batch=8 // (dp * 2), grad_accum=2, progress=False)
+    counted = pools(dp * tp * pp).run(model_states_of, cfg)[0]
+    layout = Layout(dp=dp, tp=tp, pp=pp, micro_batch=cfg.micro_batch, microbatches=2, sequence_parallel=tp > 1)
+    predicted = stage_memory(model, layout, "fp32")[0]
+    assert sum(counted.values()) == predicted.model_states

@@ -65,11 +65,13 @@ def stage_memory(cfg: ModelConfig, layout: Layout, precision: str = "bf16") -> l
     kv = cfg.n_kv_heads * cfg.head_dim
     mlp_in = (2 if cfg.activation == "swiglu" else 1) * cfg.ffn_hidden
     matrices = h * (h + 2 * kv) + h * h + h * mlp_in + cfg.ffn_hidden * h  # split by tp
-    vectors = (4 if cfg.norm == "layernorm" else 2) * h + (h + 2 * kv + h + mlp_in + h if cfg.bias else 0)
-    block = matrices / t + vectors
+    norm = (2 if cfg.norm == "layernorm" else 1) * h  # replicated
+    column_bias = (h + 2 * kv + mlp_in) if cfg.bias else 0  # split by tp
+    row_bias = 2 * h if cfg.bias else 0  # replicated (added after the reduction)
+    block = (matrices + column_bias) / t + 2 * norm + row_bias
     layers_per_stage = math.ceil(cfg.n_layers / p)
     embed = V * h / t + (s * h if cfg.position == "learned" else 0)
-    head = 0 if (cfg.tie_embeddings and p == 1) else V * h / t
+    head = (0 if (cfg.tie_embeddings and p == 1) else V * h / t) + norm  # the final norm sits with the head
     w, g, o = PRECISION_BYTES[precision]
     act_layer = activation_bytes_per_layer(
         s, layout.micro_batch, h, cfg.n_heads, t=t, sequence_parallel=layout.sequence_parallel,
@@ -77,7 +79,7 @@ def stage_memory(cfg: ModelConfig, layout: Layout, precision: str = "bf16") -> l
     ) * (w / 2)  # Korthikanti's constants are for 16-bit activations
     bsh = layout.micro_batch * s * h
     stages = []
-    for name, index, extra_params in (("first", 0, embed + (head if p == 1 else 0)), ("last", p - 1, head + h)):
+    for name, index, extra_params in (("first", 0, embed + (head if p == 1 else 0)), ("last", p - 1, head)):
         if name == "last" and p == 1:
             break
         params = layers_per_stage * block + extra_params

@@ -96,7 +96,7 @@ def search(cfg: ModelConfig, cluster: Cluster, gpus: int, global_batch: int, *, 
             if result.smallest_misfit is None or mem.total < result.smallest_misfit.memory.total:
                 result.smallest_misfit = Candidate(layout, mem, None)  # type: ignore[arg-type]
             continue
-        result.ranked.append(Candidate(layout, mem, estimate(cfg, layout, cluster)))
+        result.ranked.append(Candidate(layout, mem, estimate(cfg, layout, cluster, precision)))
     result.ranked.sort(key=lambda c: _rank_key(c, result.ranked))
     del result.ranked[top * 50 :]
     return result

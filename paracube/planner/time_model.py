@@ -52,6 +52,7 @@ class StepEstimate:
     pp_comm: float
     bubble: float
     dp_exposed: float
+    optimizer: float
     tokens_per_s: float
     tflops_per_gpu: float
     mfu: float
@@ -59,10 +60,11 @@ class StepEstimate:
 
     @property
     def step_time(self) -> float:
-        return self.compute + self.recompute + self.tp_comm + self.pp_comm + self.bubble + self.dp_exposed
+        return (self.compute + self.recompute + self.tp_comm + self.pp_comm + self.bubble + self.dp_exposed
+                + self.optimizer)
 
 
-def _gemm(m: float, n: float, k: float, g: GPU, elem: int = 2) -> float:
+def _gemm(m: float, n: float, k: float, g: GPU, elem: int = 2) -> float:  # elem: bytes per value
     """Roofline time of an (m×k)·(k×n) matmul at the sustained (base-clock) tensor-core rate."""
     return max(2 * m * n * k / (g.peak_flops * g.sustained_fraction), elem * (m * k + k * n + m * n) / g.hbm_bandwidth)
 
@@ -73,33 +75,36 @@ def _ring(bytes_: float, ranks: int, link: Interconnect) -> float:
     return 2 * (ranks - 1) / ranks * bytes_ / link.bandwidth + 2 * (ranks - 1) * link.latency
 
 
-def layer_forward_time(cfg: ModelConfig, layout: Layout, g: GPU) -> tuple[float, float]:
+def layer_forward_time(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> tuple[float, float]:
     """(seconds, model FLOPs) of one layer's forward on one GPU for one micro-batch."""
     b, s, h, t = layout.micro_batch, cfg.seq_len, cfg.hidden, layout.tp
     M = b * s
     kv = cfg.n_kv_heads * cfg.head_dim
     mlp_in = (2 if cfg.activation == "swiglu" else 1) * cfg.ffn_hidden
     gemms = [(M, (h + 2 * kv) / t, h), (M, h, h / t), (M, mlp_in / t, h), (M, h, cfg.ffn_hidden / t)]
-    time = sum(_gemm(*x, g) for x in gemms)
+    time = sum(_gemm(*x, g, elem) for x in gemms)
     flops = sum(2 * m * n * k for m, n, k in gemms)
     heads = cfg.n_heads / t
     attn_flops = 4 * b * heads * s * s * cfg.head_dim  # QKᵀ and attention·V
     time += max(attn_flops / (g.peak_flops * g.sustained_fraction), 2 * 2 * b * heads * s * s / g.hbm_bandwidth)
     flops += attn_flops
     acts = activation_bytes_per_layer(s, b, h, cfg.n_heads, t=t, sequence_parallel=layout.sequence_parallel)
-    time += 2 * acts / g.hbm_bandwidth  # element-wise work: read and write the activations
+    time += 2 * acts * (elem / 2) / g.hbm_bandwidth  # element-wise: read and write the activations
     return time, flops
 
 
-def estimate(cfg: ModelConfig, layout: Layout, cluster: Cluster) -> StepEstimate:
+def estimate(cfg: ModelConfig, layout: Layout, cluster: Cluster, precision: str = "bf16") -> StepEstimate:
     g, p, t, dp, m = cluster.gpu, layout.pp, layout.tp, layout.dp, layout.microbatches
+    elem = 4 if precision == "fp32" else 2
     layers = math.ceil(cfg.n_layers / p)
-    fwd, flops = layer_forward_time(cfg, layout, g)
-    head_fwd = _gemm(layout.micro_batch * cfg.seq_len, cfg.vocab_size / t, cfg.hidden, g)
+    fwd, flops = layer_forward_time(cfg, layout, g, elem)
+    head_fwd = _gemm(layout.micro_batch * cfg.seq_len, cfg.vocab_size / t, cfg.hidden, g, elem)
+    # the loss: softmax over the logits, read and written in fp32
+    head_fwd += 3 * layout.micro_batch * cfg.seq_len * cfg.vocab_size / t * 4 / g.hbm_bandwidth
     per_mb = 3 * (layers * fwd + head_fwd)  # forward + backward (2×) of the busiest stage
     compute = m * per_mb
     recompute = m * layers * {"none": 0.0, "full": fwd, "selective": 0.15 * fwd}[layout.recompute]
-    n = layout.micro_batch * cfg.seq_len * cfg.hidden * 2  # b·s·h in 16 bits
+    n = layout.micro_batch * cfg.seq_len * cfg.hidden * elem  # b·s·h values
     tp_link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
     tp_comm = m * layers * 4 * _ring(n, t, tp_link) * (1.5 if layout.recompute == "full" else 1.0)
     pp_link = cluster.intra if t * dp * p <= cluster.gpus_per_node else cluster.inter
@@ -108,19 +113,24 @@ def estimate(cfg: ModelConfig, layout: Layout, cluster: Cluster) -> StepEstimate
     bubble = (p - 1) / m * ratio * (compute + recompute + tp_comm) if p > 1 else 0.0
     from paracube.models.presets import parameter_count
 
-    grad_bytes = 2 * parameter_count(cfg) / (t * p)
+    shard = parameter_count(cfg) / (t * p)
+    grad_bytes = elem * shard
     dp_link = cluster.intra if t * dp <= cluster.gpus_per_node else cluster.inter
     allreduce = _ring(grad_bytes, dp, dp_link) * (1.5 if layout.zero == 3 else 1.0)
     dp_exposed = max(0.0, allreduce - 2 / 3 * per_mb)  # hidden behind the last backward
     if layout.zero == 3:  # parameters re-gathered for every micro-batch's forward and backward,
         gather = _ring(grad_bytes, dp, dp_link) / 2  # prefetched behind that micro-batch's compute
         dp_exposed += (m - 1) * 2 * max(0.0, gather - per_mb / 3)
-    step = compute + recompute + tp_comm + pp_comm + bubble + dp_exposed
+    # AdamW is memory-bound: it reads weights, gradients, m and v and writes weights, m and v
+    # (fp32 master copies: 7 × 4 bytes per parameter), on this rank's share of the states.
+    optimizer = 7 * 4 * shard / (dp if layout.zero >= 1 else 1) / g.hbm_bandwidth
+    step = compute + recompute + tp_comm + pp_comm + bubble + dp_exposed + optimizer
     global_batch = dp * layout.micro_batch * m
     total_flops = model_flops(global_batch, cfg.seq_len, cfg.n_layers, cfg.hidden, cfg.vocab_size)
     tflops = total_flops / (step * layout.gpus) / 1e12
     return StepEstimate(
         compute=compute, recompute=recompute, tp_comm=tp_comm, pp_comm=pp_comm, bubble=bubble, dp_exposed=dp_exposed,
+        optimizer=optimizer,
         tokens_per_s=global_batch * cfg.seq_len / step, tflops_per_gpu=tflops, mfu=tflops * 1e12 / g.peak_flops,
         achievable_fraction=flops / fwd / g.peak_flops,
     )

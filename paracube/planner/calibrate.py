@@ -1,0 +1,126 @@
+"""Measuring this machine, so the planner can predict paracube's own runs here.
+
+``paracube plan --calibrate`` measures, in a few seconds: the matmul rate of one thread
+(fp32, 512³), the memory bandwidth (a large copy), and gloo's latency and bandwidth
+between two local processes, for a point-to-point transfer and for an all-reduce (4 KiB
+and 4 MiB each: α and β of the α-β model). It saves them as JSON; the planner then
+treats "this machine" as a GPU whose peak is the measured matmul rate × threads per rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from paracube.planner.hardware import GPU, Interconnect
+
+DEFAULT_PATH = Path(os.environ.get("PARACUBE_CALIBRATION", Path.home() / ".cache" / "paracube" / "calibration.json"))
+
+
+def _matmul_rate(n: int = 512, repeats: int = 20) -> float:
+    import torch
+
+    torch.set_num_threads(1)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2 * n**3 * repeats / (time.perf_counter() - start)
+
+
+def _copy_bandwidth(mib: int = 256, repeats: int = 5) -> float:
+    import torch
+
+    src = torch.empty(mib << 18)  # float32: 4 bytes each
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        dst.copy_(src)
+    return 2 * src.numel() * 4 * repeats / (time.perf_counter() - start)  # read + write
+
+
+def _pingpong(rank: int, port: int, out) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+    result = {"p2p": {}, "all_reduce": {}}
+    for size in (1024, 1 << 20):  # floats: 4 KiB and 4 MiB
+        buf = torch.zeros(size)
+        times, reduce_times = [], []
+        for i in range(6):
+            start = time.perf_counter()
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            else:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+            mid = time.perf_counter()
+            dist.all_reduce(buf)
+            if i:
+                times.append((mid - start) / 2)
+                reduce_times.append(time.perf_counter() - mid)
+        result["p2p"][size * 4] = sorted(times)[len(times) // 2]
+        result["all_reduce"][size * 4] = sorted(reduce_times)[len(reduce_times) // 2]
+    if rank == 0:
+        out.put(result)
+    dist.destroy_process_group()
+
+
+def _alpha_beta(points: dict) -> tuple[float, float]:
+    """(α seconds, bandwidth bytes/s) through two (bytes → seconds) measurements."""
+    (s_bytes, s_time), (b_bytes, b_time) = sorted(points.items())
+    beta = max((b_time - s_time) / (b_bytes - s_bytes), 1e-12)
+    return max(s_time - beta * s_bytes, 1e-6), 1 / beta
+
+
+def _link() -> dict:
+    """α-β of a gloo transfer and of a gloo all-reduce between two local processes."""
+    import multiprocessing as mp
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_pingpong, args=(r, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    measured = out.get(timeout=120)
+    for p in procs:
+        p.join(timeout=30)
+    latency, bandwidth = _alpha_beta(measured["p2p"])
+    reduce_latency, reduce_bandwidth = _alpha_beta(measured["all_reduce"])
+    return {"link_latency": latency, "link_bandwidth": bandwidth,
+            "allreduce_latency": reduce_latency, "allreduce_bandwidth": reduce_bandwidth}
+
+
+def calibrate(path: Path = DEFAULT_PATH) -> dict:
+    data = {"matmul_flops_per_thread": _matmul_rate(), "memory_bandwidth": _copy_bandwidth(), **_link(),
+            "cores": os.cpu_count() or 1}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2))
+    return data
+
+
+def load(path: Path = DEFAULT_PATH) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def local_hardware(data: dict, threads_per_rank: int) -> tuple[GPU, Interconnect]:
+    """This machine as the planner's 'GPU' (one rank) and 'link' (gloo between ranks).
+
+    The link is set from the measured *all-reduce* so that the ring formula for two ranks,
+    n/B + 2α, reproduces it: the planner's collectives are all-reduces (and their halves)."""
+    rank = GPU("this machine (one rank)", data["matmul_flops_per_thread"] * threads_per_rank,
+               memory_bytes=64e9, hbm_bandwidth=data["memory_bandwidth"], nvlink_bandwidth=data["link_bandwidth"])
+    return rank, Interconnect("gloo over loopback", data["allreduce_bandwidth"], data["allreduce_latency"] / 2)
