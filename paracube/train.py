@@ -83,7 +83,7 @@ def prediction(cfg: TrainConfig, trainer, history: list[StepMetrics], threads: i
     data = calibrate.load()
     if data is None:
         return "paracube: --predict: no calibration of this machine; run `paracube plan --calibrate` first"
-    rank_gpu, link = calibrate.local_hardware(data, threads)
+    rank_gpu, link = calibrate.local_hardware(data, threads, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     par = cfg.parallel
     layout = Layout(dp=par.dp, tp=par.tp, pp=par.pp, micro_batch=cfg.micro_batch, microbatches=cfg.grad_accum,
                     schedule=par.schedule, chunks=par.chunks, sequence_parallel=par.sequence_parallel)

@@ -23,6 +23,9 @@ class GPU:
     nvlink_bandwidth: float  # bytes/s per GPU, all links, both directions
     base_mhz: float = 0.0  # datasheet base clock: what the GPU guarantees under sustained load
     boost_mhz: float = 0.0  # datasheet boost clock: the one the peak FLOP/s figure assumes
+    # GPUs move data with DMA engines / a few SMs while the rest compute; CPU ranks reduce
+    # and copy with the very cores that compute, so there nothing is hidden.
+    overlaps_communication: bool = True
 
     @property
     def sustained_fraction(self) -> float:

@@ -107,6 +107,9 @@ def estimate(cfg: ModelConfig, layout: Layout, cluster: Cluster, precision: str 
     n = layout.micro_batch * cfg.seq_len * cfg.hidden * elem  # b·s·h values
     tp_link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
     tp_comm = m * layers * 4 * _ring(n, t, tp_link) * (1.5 if layout.recompute == "full" else 1.0)
+    if t > 1:  # the vocabulary-parallel embedding's all-reduce and the head's input gradient,
+        # and the loss's two all-reduces of (b, s) statistics
+        tp_comm += m * (2 * _ring(n, t, tp_link) + 2 * _ring(layout.micro_batch * cfg.seq_len * 4, t, tp_link))
     pp_link = cluster.intra if t * dp * p <= cluster.gpus_per_node else cluster.inter
     pp_comm = 2 * m * (n / (t if layout.sequence_parallel else 1) / pp_link.bandwidth + pp_link.latency) if p > 1 else 0.0
     ratio = {"gpipe": 1.0, "1f1b": 1.0, "interleaved-1f1b": 1.0 / layout.chunks, "zb-h1": 1.0 / 3}[layout.schedule]
@@ -117,10 +120,11 @@ def estimate(cfg: ModelConfig, layout: Layout, cluster: Cluster, precision: str 
     grad_bytes = elem * shard
     dp_link = cluster.intra if t * dp <= cluster.gpus_per_node else cluster.inter
     allreduce = _ring(grad_bytes, dp, dp_link) * (1.5 if layout.zero == 3 else 1.0)
-    dp_exposed = max(0.0, allreduce - 2 / 3 * per_mb)  # hidden behind the last backward
+    hidden = 2 / 3 * per_mb if g.overlaps_communication else 0.0  # behind the last backward
+    dp_exposed = max(0.0, allreduce - hidden)
     if layout.zero == 3:  # parameters re-gathered for every micro-batch's forward and backward,
         gather = _ring(grad_bytes, dp, dp_link) / 2  # prefetched behind that micro-batch's compute
-        dp_exposed += (m - 1) * 2 * max(0.0, gather - per_mb / 3)
+        dp_exposed += (m - 1) * 2 * max(0.0, gather - (per_mb / 3 if g.overlaps_communication else 0.0))
     # AdamW is memory-bound: it reads weights, gradients, m and v and writes weights, m and v
     # (fp32 master copies: 7 × 4 bytes per parameter), on this rank's share of the states.
     optimizer = 7 * 4 * shard / (dp if layout.zero >= 1 else 1) / g.hbm_bandwidth
