@@ -226,22 +226,32 @@ def cmd_plan(args) -> int:
             raise ParacubeError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
     if args.precision not in PRECISION_BYTES:
         raise ParacubeError(f"unknown --precision {args.precision!r}: choose bf16, fp16 or fp32")
-    cfg = _plan_model(args)
+    from paracube.planner.generic import generic, search_generic
+
+    other = generic(args.model) if args.model else None
+    cfg = other or _plan_model(args)
     g = hw.gpu(args.gpu)
     key = args.gpu.lower()
     cluster = Cluster(g, min(args.gpus_per_node, args.gpus), hw.interconnect(args.intra or hw.DEFAULT_INTRA[key]),
                       hw.interconnect(args.inter or hw.DEFAULT_INTER[key]))
-    result = search(cfg, cluster, args.gpus, args.global_batch, precision=args.precision,
-                    fixed=_plan_fixed(args, args.gpus), top=args.top)
+    fixed = _plan_fixed(args, args.gpus)
+    if other is not None:
+        if fixed.get("tp", 1) != 1 or fixed.get("pp", 1) != 1:
+            raise ParacubeError(f"{other.name} is planned for data parallelism only: use --layout dp={args.gpus}")
+        result = search_generic(other, cluster, args.gpus, args.global_batch, args.precision,
+                                {k: v for k, v in fixed.items() if k not in ("dp", "tp", "pp")})
+    else:
+        result = search(cfg, cluster, args.gpus, args.global_batch, precision=args.precision, fixed=fixed, top=args.top)
     if not result.ranked:
         return _nothing_fits(result, cfg, g, args)
     if args.json:
         print(json.dumps({"model": cfg.name, "gpus": args.gpus, "gpu": g.name, "candidates": to_json(result)[: args.top]}))
         return 0
-    print(f"{cfg.name}: {args.gpus} × {g.name} ({cluster.gpus_per_node} per node), global batch {args.global_batch} × "
-          f"{cfg.seq_len} tokens, {args.precision}; {result.evaluated} layouts evaluated, {len(result.ranked)} fit\n")
+    unit = "samples" if other is not None else f"× {cfg.seq_len} tokens"
+    print(f"{cfg.name}: {args.gpus} × {g.name} ({cluster.gpus_per_node} per node), global batch {args.global_batch} "
+          f"{unit}, {args.precision}; {result.evaluated} layouts evaluated, {len(result.ranked)} fit\n")
     print(table(result.ranked[: args.top], cluster))
-    if args.explain:
+    if args.explain and other is None:
         print("\n" + explain(result, cfg, cluster, args.gpus))
     if args.emit == "torchrun":
         print("\n" + torchrun_command(result.ranked[0], args.model, cluster.gpus_per_node))

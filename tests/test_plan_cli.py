@@ -80,3 +80,13 @@ def test_bad_input(capsys, argv, match):
 def test_fits_nothing_says_by_how_much_and_what_would_fit(capsys):
     err = error(capsys, "--model", "llama2-70b", "--gpus", "8", "--global-batch", "64")
     assert "per GPU" in err and "× the 80 GB" in err and "use about" in err
+
+
+def test_generic_model_is_planned_data_parallel(capsys):
+    """A non-transformer (ResNet-50: parameters, FLOPs and activations per sample)."""
+    cand = best(capsys, "--model", "resnet50", "--gpus", "8", "--global-batch", "2048")
+    assert (cand["layout"]["dp"], cand["layout"]["tp"], cand["layout"]["pp"]) == (8, 1, 1)
+    assert cand["layout"]["micro_batch"] == 256 and cand["memory"]["total"] < 80e9
+    assert "data parallelism only" in error(capsys, "--model", "resnet50", "--gpus", "8", "--global-batch", "64",
+                                            "--layout", "dp=4,tp=2,pp=1")
+

@@ -26,7 +26,8 @@ def describe(layout) -> str:
 
 
 def table(cands: list[Candidate], cluster: Cluster) -> str:
-    rows = ["| # | layout | memory/GPU | step | tokens/s | TFLOP/s/GPU | MFU | bubble |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| # | layout | memory/GPU | step | tokens (samples)/s | TFLOP/s/GPU | MFU | bubble |",
+            "|---|---|---:|---:|---:|---:|---:|---:|"]
     for i, c in enumerate(cands, 1):
         t = c.time
         rows.append(

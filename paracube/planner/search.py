@@ -97,18 +97,22 @@ def search(cfg: ModelConfig, cluster: Cluster, gpus: int, global_batch: int, *, 
                 result.smallest_misfit = Candidate(layout, mem, None)  # type: ignore[arg-type]
             continue
         result.ranked.append(Candidate(layout, mem, estimate(cfg, layout, cluster, precision)))
-    result.ranked.sort(key=lambda c: _rank_key(c, result.ranked))
+    rank(result.ranked)
     del result.ranked[top * 50 :]
     return result
 
 
 def simplicity(layout: Layout) -> tuple:
-    """Fewer moving parts first: no ZeRO, no recompute, less model parallelism."""
-    return (layout.zero, ("none", "selective", "full").index(layout.recompute), layout.pp, layout.tp, layout.chunks)
+    """Fewer moving parts first: no ZeRO, no recompute, less model parallelism, fewer
+    (larger) micro-batches."""
+    return (layout.zero, ("none", "selective", "full").index(layout.recompute), layout.pp, layout.tp, layout.chunks,
+            layout.microbatches)
 
 
-def _rank_key(c: Candidate, everyone: list[Candidate]) -> tuple:
-    """By speed in 1 % steps — differences below the model's resolution — then simplicity."""
-    import math
-
-    return (-math.floor(math.log(c.time.tokens_per_s) / math.log(1.01)), simplicity(c.layout))
+def rank(cands: list[Candidate]) -> None:
+    """Fastest first, in steps of 1 % of the best speed — differences below the model's
+    resolution — and the simpler layout first within a step."""
+    if not cands:
+        return
+    best = max(c.time.tokens_per_s for c in cands)
+    cands.sort(key=lambda c: (int((best - c.time.tokens_per_s) / (0.01 * best)), simplicity(c.layout)))

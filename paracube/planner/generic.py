@@ -1,0 +1,104 @@
+"""Models that are not transformers, described by three numbers — data parallel only.
+
+A :class:`GenericModel` gives parameters, forward FLOPs per sample and activation bytes
+saved per sample; the planner can then size memory and step time for data parallelism
+and ZeRO (tensor and pipeline splits need a layer structure it does not have).
+
+ResNet-50 (He et al. 2016, Table 1), derived here from its architecture:
+- parameters 25,557,032 (the reference implementation's count);
+- forward 4.09 G multiply-adds per 224×224 image = 8.2 GFLOPs;
+- activations: every convolution's output is kept for backward three times (conv output
+  = batch-norm input, batch-norm output = ReLU input, ReLU output), summed over the
+  stem and the 16 bottleneck blocks below, 16-bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paracube.errors import ConfigError
+from paracube.planner.layout_memory import CONTEXT_BYTES, FRAGMENTATION, PRECISION_BYTES, Layout, StageMemory
+from paracube.planner.memory import model_state_bytes
+from paracube.planner.time_model import Cluster, StepEstimate, _ring
+
+
+@dataclass(frozen=True)
+class GenericModel:
+    name: str
+    params: float
+    forward_flops_per_sample: float
+    activation_values_per_sample: float  # saved for backward
+
+
+def _resnet50_activation_values() -> float:
+    side, values = 112, 112 * 112 * 64 * 3  # stem: 7×7 conv to 112² × 64
+    side = 56  # max-pool
+    for blocks, width, stride_first in ((3, 64, 1), (4, 128, 2), (6, 256, 2), (3, 512, 2)):
+        for i in range(blocks):
+            if i == 0 and stride_first == 2:
+                side //= 2
+            values += 3 * side * side * (width + width + 4 * width)  # 1×1, 3×3, 1×1 (×4) convs
+        values += 3 * side * side * 4 * width  # the projection shortcut of the first block
+    return float(values)
+
+
+GENERIC: dict[str, GenericModel] = {
+    "resnet50": GenericModel("resnet50", 25_557_032, 2 * 4.09e9, _resnet50_activation_values()),
+}
+
+
+def generic(name: str) -> GenericModel | None:
+    return GENERIC.get(name.lower())
+
+
+def evaluate(model: GenericModel, layout: Layout, cluster: Cluster, precision: str = "bf16") -> tuple[StageMemory, StepEstimate]:
+    if layout.tp != 1 or layout.pp != 1:
+        raise ConfigError(f"{model.name} is described without layers: data parallel only (tp = pp = 1)")
+    g, dp, b, m = cluster.gpu, layout.dp, layout.micro_batch, layout.microbatches
+    w, gr, o = PRECISION_BYTES[precision]
+    states = model_state_bytes(model.params, layout.zero, dp, weight_bytes=w, grad_bytes=gr, optimizer_bytes=o).total
+    acts = model.activation_values_per_sample * w * b
+    memory = StageMemory("all", states, acts, CONTEXT_BYTES + FRAGMENTATION * (states + acts))
+    # compute: all FLOPs at the sustained tensor-core rate, plus the element-wise passes
+    # (batch-norm, ReLU) reading and writing the saved activations, forward and backward
+    flops = 3 * model.forward_flops_per_sample * b
+    per_mb = flops / (g.peak_flops * g.sustained_fraction) + 3 * 2 * acts / g.hbm_bandwidth
+    link = cluster.intra if dp <= cluster.gpus_per_node else cluster.inter
+    allreduce = _ring(w * model.params, dp, link) * (1.5 if layout.zero == 3 else 1.0)
+    exposed = max(0.0, allreduce - (2 / 3 * per_mb if g.overlaps_communication else 0.0))
+    optimizer = 7 * 4 * model.params / (dp if layout.zero else 1) / g.hbm_bandwidth
+    step = m * per_mb + exposed + optimizer
+    samples = dp * b * m
+    tflops = 3 * model.forward_flops_per_sample * samples / (step * dp) / 1e12
+    est = StepEstimate(compute=m * per_mb, recompute=0.0, tp_comm=0.0, pp_comm=0.0, bubble=0.0, dp_exposed=exposed,
+                       optimizer=optimizer, tokens_per_s=samples / step, tflops_per_gpu=tflops,
+                       mfu=tflops * 1e12 / g.peak_flops, achievable_fraction=g.sustained_fraction)
+    return memory, est
+
+
+def search_generic(model: GenericModel, cluster: Cluster, gpus: int, global_batch: int, precision: str, fixed: dict):
+    """Data-parallel layouts over all ``gpus``: micro-batch and ZeRO stage."""
+    from paracube.planner.search import Candidate, SearchResult, rank
+
+    result = SearchResult(ranked=[])
+    if global_batch % gpus:
+        result.rejected["global batch not divisible by dp"] = 1
+        return result
+    per_gpu = global_batch // gpus
+    for b in sorted({per_gpu // 2**k for k in range(12) if per_gpu % 2**k == 0}):
+        for zero in (0, 1, 2, 3) if gpus > 1 else (0,):
+            layout = Layout(dp=gpus, micro_batch=b, microbatches=global_batch // (gpus * b), zero=zero)
+            if any(getattr(layout, k) != v for k, v in fixed.items()):
+                continue
+            result.evaluated += 1
+            mem, est = evaluate(model, layout, cluster, precision)
+            if mem.total > cluster.gpu.memory_bytes:
+                result.rejected["does not fit in GPU memory"] = result.rejected.get("does not fit in GPU memory", 0) + 1
+                if result.smallest_misfit is None or mem.total < result.smallest_misfit.memory.total:
+                    result.smallest_misfit = Candidate(layout, mem, est)
+                continue
+            result.ranked.append(Candidate(layout, mem, est))
+    rank(result.ranked)
+    return result
+
+
