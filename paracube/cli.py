@@ -8,10 +8,10 @@ import torch, so a bad command line fails in a fraction of a second.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 
+from paracube.cli_plan import _plan_parser
 from paracube.config import ParallelConfig, TrainConfig
 from paracube.errors import ParacubeError
 
@@ -19,7 +19,7 @@ from paracube.errors import ParacubeError
 def _train_parser(sub) -> None:
     p = sub.add_parser(
         "train",
-        help="train a model with data parallelism over local processes or under torchrun",
+        help="train with data, tensor and pipeline parallelism, locally or under torchrun",
         description="Train the reference GPT on the embedded corpus (or --data) across ranks.",
     )
     g = p.add_argument_group("layout")
@@ -130,147 +130,6 @@ def cmd_schedule(args) -> int:
         draw(t, f"{args.schedule}  p={p} m={m}" + (f" v={v}" if v > 1 else "") + f"  bubble {t.bubble_fraction:.1%}", args.out)
         print(f"timeline written to {args.out}")
     return 0
-
-
-def _plan_parser(sub) -> None:
-    p = sub.add_parser(
-        "plan",
-        help="which parallel layout for a model on a cluster: memory, step time, MFU, bubble, ranked",
-        description="Evaluate one layout (--layout) or search them all, for a model on a cluster.",
-    )
-    m = p.add_argument_group("model (a preset, or a custom transformer)")
-    m.add_argument("--model", default=None, help="preset name (see paracube.models.PRESETS)")
-    for flag in ("--layers", "--hidden", "--heads", "--vocab", "--seq", "--ffn", "--kv-heads"):
-        m.add_argument(flag, type=int, default=None)
-    c = p.add_argument_group("cluster")
-    c.add_argument("--gpus", type=int, default=None)
-    c.add_argument("--gpus-per-node", type=int, default=8)
-    c.add_argument("--gpu", default="a100-80gb", help="v100, a100-40gb, a100-80gb, h100, h200")
-    c.add_argument("--intra", default=None, help="intra-node link (default: the GPU's NVLink)")
-    c.add_argument("--inter", default=None, help="inter-node link (default: InfiniBand HDR/NDR)")
-    t = p.add_argument_group("training and fixed choices")
-    t.add_argument("--global-batch", type=int, default=None, help="sequences per step")
-    t.add_argument("--precision", default="bf16", help="bf16, fp16 or fp32")
-    t.add_argument("--layout", default=None, help="evaluate one layout: dp=,tp=,pp=")
-    t.add_argument("--micro-batch", type=int, default=None)
-    t.add_argument("--schedule", default=None)
-    t.add_argument("--chunks", type=int, default=None)
-    t.add_argument("--zero", type=int, default=None)
-    t.add_argument("--recompute", default=None, help="none, selective or full")
-    t.add_argument("--sequence-parallel", action="store_true", default=None)
-    o = p.add_argument_group("output")
-    o.add_argument("--top", type=int, default=5)
-    o.add_argument("--explain", action="store_true", help="the reasoning, in plain language")
-    o.add_argument("--json", action="store_true", help="every figure as JSON")
-    o.add_argument("--emit", choices=["torchrun"], default=None, help="print the launch command")
-    o.add_argument("--calibrate", action="store_true",
-                   help="measure this machine (matmul rate, memory and gloo bandwidth) for `train --predict`")
-    p.set_defaults(func=cmd_plan)
-
-
-def _plan_model(args):
-    from paracube.config import ModelConfig
-    from paracube.models.presets import preset
-
-    custom = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "vocab", "seq", "ffn", "kv_heads")}
-    if args.model:
-        return preset(args.model)
-    missing = [f"--{k}" for k in ("layers", "hidden", "heads", "vocab", "seq") if custom[k] is None]
-    if missing:
-        raise ParacubeError(f"give --model PRESET or a custom shape; missing {' '.join(missing)}")
-    return ModelConfig(n_layers=custom["layers"], hidden=custom["hidden"], n_heads=custom["heads"],
-                       vocab_size=custom["vocab"], seq_len=custom["seq"], ffn_hidden=custom["ffn"],
-                       n_kv_heads=custom["kv_heads"], name="custom")
-
-
-def _plan_fixed(args, gpus: int) -> dict:
-    fixed = {}
-    if args.layout:
-        try:
-            fixed = {k.strip(): int(v) for k, v in (part.split("=") for part in args.layout.split(","))}
-        except ValueError:
-            raise ParacubeError(f"--layout {args.layout!r}: write it as dp=N,tp=N,pp=N") from None
-        if set(fixed) - {"dp", "tp", "pp"} or any(v <= 0 for v in fixed.values()):
-            raise ParacubeError(f"--layout {args.layout!r}: only dp, tp and pp, each a positive integer")
-        product = fixed.get("dp", 1) * fixed.get("tp", 1) * fixed.get("pp", 1)
-        if len(fixed) == 3 and product != gpus:
-            raise ParacubeError(f"--layout {args.layout}: dp×tp×pp = {product} but --gpus is {gpus}; make them equal")
-    for name in ("micro_batch", "schedule", "chunks", "zero", "recompute", "sequence_parallel"):
-        if getattr(args, name) is not None:
-            fixed[name] = getattr(args, name)
-    return fixed
-
-
-def cmd_plan(args) -> int:
-    import json
-
-    from paracube.planner import hardware as hw
-    from paracube.planner.layout_memory import PRECISION_BYTES
-    from paracube.planner.report import explain, table, to_json, torchrun_command
-    from paracube.planner.search import search
-    from paracube.planner.time_model import Cluster
-
-    if args.calibrate:
-        from paracube.planner.calibrate import DEFAULT_PATH, calibrate
-
-        data = calibrate()
-        print(f"matmul {data['matmul_flops_per_thread'] / 1e9:.1f} GFLOP/s per thread, memory "
-              f"{data['memory_bandwidth'] / 1e9:.1f} GB/s, gloo {data['link_bandwidth'] / 1e9:.2f} GB/s "
-              f"+ {data['link_latency'] * 1e6:.0f} µs per message; saved to {DEFAULT_PATH}")
-        return 0
-    for name in ("gpus", "global_batch"):
-        if getattr(args, name) is None:
-            raise ParacubeError(f"--{name.replace('_', '-')} is required (or --calibrate)")
-    for name in ("gpus", "gpus_per_node", "global_batch", "top"):
-        if getattr(args, name) <= 0:
-            raise ParacubeError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
-    if args.precision not in PRECISION_BYTES:
-        raise ParacubeError(f"unknown --precision {args.precision!r}: choose bf16, fp16 or fp32")
-    from paracube.planner.generic import generic, search_generic
-
-    other = generic(args.model) if args.model else None
-    cfg = other or _plan_model(args)
-    g = hw.gpu(args.gpu)
-    key = args.gpu.lower()
-    cluster = Cluster(g, min(args.gpus_per_node, args.gpus), hw.interconnect(args.intra or hw.DEFAULT_INTRA[key]),
-                      hw.interconnect(args.inter or hw.DEFAULT_INTER[key]))
-    fixed = _plan_fixed(args, args.gpus)
-    if other is not None:
-        if fixed.get("tp", 1) != 1 or fixed.get("pp", 1) != 1:
-            raise ParacubeError(f"{other.name} is planned for data parallelism only: use --layout dp={args.gpus}")
-        result = search_generic(other, cluster, args.gpus, args.global_batch, args.precision,
-                                {k: v for k, v in fixed.items() if k not in ("dp", "tp", "pp")})
-    else:
-        result = search(cfg, cluster, args.gpus, args.global_batch, precision=args.precision, fixed=fixed, top=args.top)
-    if not result.ranked:
-        return _nothing_fits(result, cfg, g, args)
-    if args.json:
-        print(json.dumps({"model": cfg.name, "gpus": args.gpus, "gpu": g.name, "candidates": to_json(result)[: args.top]}))
-        return 0
-    unit = "samples" if other is not None else f"× {cfg.seq_len} tokens"
-    print(f"{cfg.name}: {args.gpus} × {g.name} ({cluster.gpus_per_node} per node), global batch {args.global_batch} "
-          f"{unit}, {args.precision}; {result.evaluated} layouts evaluated, {len(result.ranked)} fit\n")
-    print(table(result.ranked[: args.top], cluster))
-    if args.explain and other is None:
-        print("\n" + explain(result, cfg, cluster, args.gpus))
-    if args.emit == "torchrun":
-        print("\n" + torchrun_command(result.ranked[0], args.model, cluster.gpus_per_node))
-    return 0
-
-
-def _nothing_fits(result, cfg, g, args) -> int:
-    if result.smallest_misfit is None:
-        raise ParacubeError("no layout satisfies the constraints (divisibility, tp within a node, the fixed choices): "
-                            "relax --layout or the fixed options")
-    need = result.smallest_misfit.memory.total
-    from paracube.planner.report import describe
-
-    more = math.ceil(args.gpus * need / g.memory_bytes)
-    raise ParacubeError(
-        f"{cfg.name} fits no layout on {args.gpus} × {g.name}: the leanest ({describe(result.smallest_misfit.layout)}) "
-        f"needs {need / 1e9:.1f} GB per GPU, {need / g.memory_bytes:.1f}× the {g.memory_bytes / 1e9:.0f} GB; "
-        f"use about {more} GPUs or more, GPUs with more memory, or a smaller global batch / micro-batch"
-    )
 
 
 def config_from_args(args) -> TrainConfig:

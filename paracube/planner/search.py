@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 from paracube.config import ModelConfig
 from paracube.planner.layout_memory import Layout, StageMemory, peak_memory
+from paracube.planner.memory import RECOMPUTE
 from paracube.planner.time_model import Cluster, StepEstimate, estimate
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 ZERO = (0, 1, 2, 3)
-RECOMPUTE = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
