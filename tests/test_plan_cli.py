@@ -44,6 +44,7 @@ def test_big_model_keeps_tensor_parallel_inside_the_node(capsys):
     cand = best(capsys, "--model", "llama2-70b", "--gpus", "512", "--global-batch", "1024")
     assert 1 < cand["layout"]["tp"] <= 8 and cand["layout"]["tp"] * cand["layout"]["pp"] >= 8
     assert "stays inside a node" in out and "Pipeline" in out
+    assert "selective recompute cuts activation memory by" in out and "full recompute" in out
 
 
 def test_layout_flag_evaluates_that_layout(capsys):

@@ -66,18 +66,43 @@ def explain(result: SearchResult, cfg: ModelConfig, cluster: Cluster, gpus: int)
                      f"activation memory ({best.memory.activations / GB:.1f} GB per GPU at the peak).")
     if L.tp > 1 or L.pp > 1:
         lines.append("- Data parallel over the rest of the GPUs replicates this model-parallel group.")
+    lines.append(recompute_tradeoff(cfg, L, cluster))
     lines.append(f"- Predicted: {t.tokens_per_s:,.0f} tokens/s, {t.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {t.mfu:.0%} "
-                 f"(the compute model reaches {t.achievable_fraction:.0%} of peak on this layer shape: roofline of "
-                 "each matmul plus memory-bound element-wise work; see paracube.planner.time_model).")
+                 f"(the compute model reaches {t.achievable_fraction:.0%} of peak on this layer shape: tensor cores at the "
+                 f"base clock, {cluster.gpu.sustained_fraction:.0%} of the boost-clock peak, roofline of each matmul, "
+                 "memory-bound element-wise work; see paracube.planner.time_model).")
     if result.rejected:
         why = "; ".join(f"{n} {reason}" for reason, n in sorted(result.rejected.items(), key=lambda x: -x[1]))
         lines.append(f"- Not considered or lost: {why}.")
     if len(result.ranked) > 1:
         other = next((c for c in result.ranked[1:] if (c.layout.tp, c.layout.pp) != (L.tp, L.pp)), None)
         if other is not None:
-            lines.append(f"- The best layout with another model-parallel shape, {describe(other.layout)}, is "
-                         f"{best.time.tokens_per_s / other.time.tokens_per_s:.2f}× slower.")
+            ratio = best.time.tokens_per_s / other.time.tokens_per_s
+            verdict = (f"{ratio:.2f}× slower" if ratio >= 1.005 else
+                       "as fast within the model's 1 % resolution, and ranked lower for having more moving parts")
+            lines.append(f"- The best layout with another model-parallel shape, {describe(other.layout)}, is {verdict}.")
     return "\n".join(lines)
+
+
+def recompute_tradeoff(cfg: ModelConfig, layout, cluster: Cluster) -> str:
+    """What activation checkpointing would trade for this layout: activation memory saved
+    against compute added, for selective and for full recomputation."""
+    from dataclasses import replace
+
+    from paracube.planner.layout_memory import stage_memory
+    from paracube.planner.time_model import estimate
+
+    base = replace(layout, recompute="none")
+    mem0 = stage_memory(cfg, base)[0].activations
+    t0 = estimate(cfg, base, cluster)
+    parts = []
+    for how in ("selective", "full"):
+        other = replace(layout, recompute=how)
+        mem = stage_memory(cfg, other)[0].activations
+        t = estimate(cfg, other, cluster)
+        parts.append(f"{how} recompute cuts activation memory by {1 - mem / mem0:.0%} for "
+                     f"{t.recompute / t0.compute:.0%} more compute")
+    return "- Activation checkpointing here: " + "; ".join(parts) + "."
 
 
 def to_json(result: SearchResult) -> list[dict]:
