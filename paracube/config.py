@@ -121,8 +121,6 @@ class ParallelConfig:
         if self.balance not in BALANCE:
             raise ConfigError(f"unknown --balance {self.balance!r}: choose one of {', '.join(BALANCE)}")
         _positive("--chunks", self.chunks)
-        if self.schedule == "zb-h1" and self.tp > 1:
-            raise ConfigError("--schedule zb-h1 with --tp > 1 is not supported yet: use 1f1b or interleaved-1f1b with tp")
         if self.sequence_parallel and self.tp == 1:
             raise ConfigError("--sequence-parallel needs --tp > 1: it shards the sequence over the tensor-parallel ranks")
 

@@ -56,6 +56,8 @@ CASES = {
     "pp4-zb-h1": dict(pp=4, schedule="zb-h1"),
     "dp2xpp2": dict(pp=2, dp=2, m=2),
     "tp2xpp2-sp": dict(pp=2, tp=2, sp=True),
+    "tp2xpp2-zb-h1": dict(pp=2, tp=2, schedule="zb-h1"),
+    "tp2xpp2-sp-zb-h1": dict(pp=2, tp=2, sp=True, schedule="zb-h1"),
     "pp2-tied": dict(pp=2, model=preset("nano", seq_len=SEQ, tie_embeddings=True)),
 }
 
@@ -84,12 +86,12 @@ def test_3d_parallel_2x2x2(pools):
     assert_params_close(_merge(results, want_params), want_params, tol=3e-5, tensor_tol=3e-4)
 
 
-@pytest.mark.parametrize("case", ["pp4-interleaved", "pp2-zb-h1", "pp2-tied"])
+@pytest.mark.parametrize("case", ["pp4-interleaved", "pp2-zb-h1", "pp2-tied", "tp2xpp2-sp-zb-h1"])
 def test_pipeline_is_exact_in_float64(pools, case):
     cfg = pp_config(**CASES[case])
     model = cfg.model if "model" in CASES[case] else None
     want_losses, want_params = serial_cached(cfg.global_batch, cfg.steps, model, torch.float64)
-    results = pools(cfg.parallel.pp).run(run_pipeline, cfg, torch.float64)
+    results = pools(cfg.parallel.pp * cfg.parallel.tp).run(run_pipeline, cfg, torch.float64)
     for losses, _, _ in results:
         assert_losses_close(losses, want_losses, tol=1e-12)
     assert_params_close(_merge(results, want_params), want_params, tol=1e-10, tensor_tol=1e-10)
@@ -133,7 +135,6 @@ def test_memory_balance_gives_first_stage_fewer_layers():
         (dict(pp=2, schedule="1f1b", m=1), r"1f1b needs at least as many micro-batches as stages"),
         (dict(pp=2, schedule="interleaved-1f1b", chunks=2, m=3), "3 is not a multiple of 2"),
         (dict(pp=2, schedule="wavefront"), "unknown schedule 'wavefront'"),
-        (dict(pp=2, tp=2, schedule="zb-h1"), "zb-h1 with --tp > 1 is not supported yet"),
     ],
 )
 def test_bad_pipeline_configs(kw, match):

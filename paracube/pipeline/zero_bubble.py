@@ -78,12 +78,20 @@ class DeferrableLinear(nn.Module):
         return _DeferrableLinearFn.apply(x, self.weight, self.bias, self.store)
 
 
+def deferrable_linear(x, weight, bias, store: WeightGradStore):
+    return _DeferrableLinearFn.apply(x, weight, bias, store)
+
+
 def make_deferrable(module: nn.Module, store: WeightGradStore) -> int:
-    """Replace every ``nn.Linear`` under ``module``; returns how many were replaced."""
+    """Replace every ``nn.Linear`` under ``module``, and hand the store to the tensor-parallel
+    linears (they defer their weight gradients themselves); returns how many linears."""
     count = 0
     for name, child in list(module.named_children()):
         if type(child) is nn.Linear:
             setattr(module, name, DeferrableLinear(child, store))
+            count += 1
+        elif hasattr(child, "weight_grad_store"):
+            child.weight_grad_store = store
             count += 1
         else:
             count += make_deferrable(child, store)

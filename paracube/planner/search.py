@@ -39,8 +39,7 @@ def _schedules(p: int, m: int, layers: int, tp: int):
         return
     if m >= p:
         yield "1f1b", 1
-        if tp == 1:
-            yield "zb-h1", 1
+        yield "zb-h1", 1
     if m % p == 0:
         for v in (2, 4):
             if layers % (p * v) == 0:

@@ -24,6 +24,15 @@ INPUT_MODES = (None, "copy", "gather_sp")
 OUTPUT_MODES = ("reduce", "reduce_scatter_sp")
 
 
+def linear(x, weight, bias, store):
+    """F.linear, or its zero-bubble form whose weight gradient a W pass computes later."""
+    if store is None:
+        return F.linear(x, weight, bias)
+    from paracube.pipeline.zero_bubble import deferrable_linear
+
+    return deferrable_linear(x, weight, bias, store)
+
+
 def _shard(t: torch.Tensor, dim: int, group, sections: tuple[int, ...] | None = None) -> nn.Parameter:
     """This rank's shard of ``t`` along ``dim``. A fused tensor made of ``sections`` (e.g.
     q | k | v) is split section by section, so the shard is [q_i | k_i | v_i]."""
@@ -72,10 +81,11 @@ class _LinearWithInputCollective(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, mode, group, ledger):
+    def forward(ctx, x, weight, bias, mode, group, ledger, store=None):
         full = C.gather_sequence(x, group, ledger) if mode == "gather_sp" else x  # (B, T, H)
         ctx.save_for_backward(full, weight)
         ctx.mode, ctx.group, ctx.ledger, ctx.has_bias = mode, group, ledger, bias is not None
+        ctx.store, ctx.bias = store, bias
         return F.linear(full, weight, bias)  # (B, T, O/tp)
 
     @staticmethod
@@ -86,10 +96,13 @@ class _LinearWithInputCollective(torch.autograd.Function):
             pending = C.reduce_scatter_sequence_async(grad_in, ctx.group, ctx.ledger)
         else:
             pending = ops.all_reduce(grad_in, ctx.group, ctx.ledger, tag="tp", async_op=True)
+        if ctx.store is not None and ctx.store.key is not None:  # zero-bubble I pass: dW in its W
+            ctx.store.push((grad_out, full, weight, ctx.bias))
+            return pending.wait(), None, None, None, None, None, None
         g2 = grad_out.reshape(-1, grad_out.shape[-1])  # (B·T, O/tp)
         grad_weight = g2.t().matmul(full.reshape(-1, full.shape[-1]))  # (O/tp, H), overlapped
         grad_bias = g2.sum(0) if ctx.has_bias else None
-        return pending.wait(), grad_weight, grad_bias, None, None, None
+        return pending.wait(), grad_weight, grad_bias, None, None, None, None
 
 
 class ColumnParallelLinear(_TPModule):
@@ -108,6 +121,7 @@ class ColumnParallelLinear(_TPModule):
         self.weight = _shard(weight, 0, group, sections)  # (O/tp, H)
         self.bias = _shard(bias, 0, group, sections) if bias is not None else None  # (O/tp,)
         self.gather_output, self.input_mode = gather_output, input_mode
+        self.weight_grad_store = None  # set by zero-bubble pipelines: weight gradients deferred to W
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group, ledger=None, **kw) -> "ColumnParallelLinear":
@@ -115,9 +129,11 @@ class ColumnParallelLinear(_TPModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_mode is None or self.tp_size == 1:
-            y = F.linear(x, self.weight, self.bias)
+            y = linear(x, self.weight, self.bias, self.weight_grad_store)
         else:
-            y = _LinearWithInputCollective.apply(x, self.weight, self.bias, self.input_mode, self.group, self.ledger)
+            y = _LinearWithInputCollective.apply(
+                x, self.weight, self.bias, self.input_mode, self.group, self.ledger, self.weight_grad_store
+            )
         return C.gather_from_tp(y, self.group, self.ledger) if self.gather_output else y
 
     def extra_repr(self) -> str:
@@ -141,6 +157,7 @@ class RowParallelLinear(_TPModule):
         if self.bias is not None and output_mode == "reduce_scatter_sp":
             self.bias.sequence_parallel = True  # sees only this rank's tokens: grads are partial
         self.input_is_parallel, self.output_mode = input_is_parallel, output_mode
+        self.weight_grad_store = None  # set by zero-bubble pipelines: weight gradients deferred to W
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group, ledger=None, **kw) -> "RowParallelLinear":
@@ -149,7 +166,7 @@ class RowParallelLinear(_TPModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
             x = C.scatter_to_tp(x, self.group, self.ledger)
-        partial = F.linear(x, self.weight)  # (B, T, O), this rank's share of the sum
+        partial = linear(x, self.weight, None, self.weight_grad_store)  # (B, T, O), this rank's share
         if self.output_mode == "reduce_scatter_sp":
             y = C.reduce_scatter_to_sp(partial, self.group, self.ledger)  # (B, T/tp, O)
         else:
