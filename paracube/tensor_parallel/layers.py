@@ -105,7 +105,18 @@ class _LinearWithInputCollective(torch.autograd.Function):
         return pending.wait(), grad_weight, grad_bias, None, None, None, None
 
 
-class ColumnParallelLinear(_TPModule):
+class _ParallelLinear(_TPModule):
+    """What the column- and row-parallel linears share: construction from a full layer,
+    and the hook by which a zero-bubble pipeline defers their weight gradients."""
+
+    weight_grad_store = None  # set by zero-bubble pipelines: weight gradients deferred to W
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group, ledger=None, **kw):
+        return cls(linear.weight, linear.bias, group, ledger, **kw)
+
+
+class ColumnParallelLinear(_ParallelLinear):
     """Y = X·Aᵀ with A split by rows (output features): rank i computes Y_i = X·A_iᵀ.
 
     Input (B, T, H) replicated — or, under sequence parallelism, (B, T/tp, H) gathered
@@ -121,11 +132,6 @@ class ColumnParallelLinear(_TPModule):
         self.weight = _shard(weight, 0, group, sections)  # (O/tp, H)
         self.bias = _shard(bias, 0, group, sections) if bias is not None else None  # (O/tp,)
         self.gather_output, self.input_mode = gather_output, input_mode
-        self.weight_grad_store = None  # set by zero-bubble pipelines: weight gradients deferred to W
-
-    @classmethod
-    def from_linear(cls, linear: nn.Linear, group, ledger=None, **kw) -> "ColumnParallelLinear":
-        return cls(linear.weight, linear.bias, group, ledger, **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_mode is None or self.tp_size == 1:
@@ -140,7 +146,7 @@ class ColumnParallelLinear(_TPModule):
         return f"shard={tuple(self.weight.shape)}, tp={self.tp_size}, input={self.input_mode}, gather={self.gather_output}"
 
 
-class RowParallelLinear(_TPModule):
+class RowParallelLinear(_ParallelLinear):
     """Y = Σ_i X_i·A_iᵀ with A split by columns (input features).
 
     Input (B, T, H/tp) — the output of a column-parallel layer — or full (B, T, H) split
@@ -157,11 +163,6 @@ class RowParallelLinear(_TPModule):
         if self.bias is not None and output_mode == "reduce_scatter_sp":
             self.bias.sequence_parallel = True  # sees only this rank's tokens: grads are partial
         self.input_is_parallel, self.output_mode = input_is_parallel, output_mode
-        self.weight_grad_store = None  # set by zero-bubble pipelines: weight gradients deferred to W
-
-    @classmethod
-    def from_linear(cls, linear: nn.Linear, group, ledger=None, **kw) -> "RowParallelLinear":
-        return cls(linear.weight, linear.bias, group, ledger, **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
