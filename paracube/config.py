@@ -17,6 +17,10 @@ NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "swiglu")
 POSITIONS = ("learned", "rope")
 AXES = ("pp", "dp", "tp")  # outermost to innermost (design.md)
+ZERO_STAGES = (0, 1, 2, 3)
+RECOMPUTE = ("none", "selective", "full")
+PRECISIONS = ("fp32", "bf16", "fp16")
+GRAD_REDUCE = ("fp32", "compute")
 
 
 def _positive(name: str, value, hint: str = "") -> None:
@@ -188,8 +192,15 @@ class TrainConfig:
     eval_batches: int = 4
     metrics: Optional[str] = None
     progress: bool = True
+    zero: int = 0
+    recompute: str = "none"
+    recompute_blocks: Optional[int] = None  # the first N blocks (of each pipeline stage's model); None: all
+    precision: str = "fp32"
+    grad_reduce: str = "fp32"  # dtype of gradient accumulation and reduction under bf16/fp16
+    loss_scale: Optional[str] = None  # fp16: "dynamic" (default) or a fixed number; "none" refused
 
     def __post_init__(self) -> None:
+        self._check_memory_options()
         for f in ("steps", "micro_batch", "grad_accum", "eval_batches"):
             _positive(f"--{f.replace('_', '-')}", getattr(self, f))
         if self.global_batch is not None:
@@ -225,6 +236,50 @@ class TrainConfig:
                     f"for {stages} stages (pp {self.parallel.pp} × chunks {self.parallel.chunks}): "
                     "use fewer stages or a deeper model"
                 )
+
+    def _check_memory_options(self) -> None:
+        """ZeRO stage, recomputation and precision: values and supported combinations."""
+        if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
+            raise ConfigError(f"unknown --zero {self.zero!r}: choose 0, 1, 2 or 3")
+        if self.zero == 3 and self.parallel.pp > 1:
+            raise ConfigError(
+                "--zero 3 with --pp > 1 is not supported: every micro-batch would re-gather each stage's "
+                "parameters; use --zero 1 or --zero 2 with pipeline parallelism"
+            )
+        if self.recompute not in RECOMPUTE:
+            raise ConfigError(f"unknown --recompute {self.recompute!r}: choose one of {', '.join(RECOMPUTE)}")
+        if self.recompute_blocks is not None:
+            _positive("--recompute-blocks", self.recompute_blocks)
+            if self.recompute == "none":
+                raise ConfigError("--recompute-blocks needs --recompute selective or full")
+            if self.recompute_blocks > self.model.n_layers:
+                raise ConfigError(
+                    f"--recompute-blocks {self.recompute_blocks} is more than the model's {self.model.n_layers} blocks"
+                )
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"unknown --precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
+        if self.grad_reduce not in GRAD_REDUCE:
+            raise ConfigError(f"unknown --grad-reduce {self.grad_reduce!r}: choose fp32 or compute")
+        if self.precision == "fp16":
+            if self.loss_scale is None:
+                object.__setattr__(self, "loss_scale", "dynamic")
+            if str(self.loss_scale).lower() == "none":
+                raise ConfigError(
+                    "--precision fp16 without loss scaling underflows small gradients to zero: "
+                    "use --loss-scale dynamic (default) or a fixed scale such as 1024, or --precision bf16"
+                )
+            if self.loss_scale != "dynamic":
+                try:
+                    value = float(self.loss_scale)
+                except ValueError:
+                    value = 0.0
+                if not value > 0:
+                    raise ConfigError(f"--loss-scale must be 'dynamic' or a positive number, got {self.loss_scale!r}")
+        elif self.loss_scale is not None:
+            raise ConfigError(
+                f"--loss-scale is for --precision fp16 (got --precision {self.precision}): "
+                "bf16 and fp32 have fp32's exponent range and need no loss scaling"
+            )
 
     @property
     def tokens_per_step(self) -> int:

@@ -1,8 +1,9 @@
 """The training engine: mesh + model + data parallelism + optimizer, one step at a time.
 
 Parallelisms are applied in a fixed order (design.md): tensor parallel, then the
-pipeline split, then data parallel / ZeRO. This issue's engine has the data-parallel
-axis; the others are validated and refused with a clear line until they land.
+pipeline split, then data parallel / ZeRO. Activation recomputation is switched on in
+the blocks before the split; mixed precision casts the model to its compute dtype, while
+the optimizer steps fp32 main parameters (sharded under ZeRO ≥ 1).
 """
 
 from __future__ import annotations
@@ -17,19 +18,15 @@ from torch import nn
 from paracube.config import TrainConfig
 from paracube.data.corpus import VOCAB_SIZE, TokenCorpus, build_corpus
 from paracube.data.sampler import ShardedBatchSampler
-from paracube.data_parallel import DataParallel
+from paracube.data_parallel import DataParallel, MainParamOptimizer, ShardedDataParallel
 from paracube.errors import CollectiveTimeout, ConfigError
+from paracube.memory.activations import ActivationCounter
 from paracube.mesh.mesh import ProcessMesh
 from paracube.metrics import PhaseTimer, StepMetrics
-from paracube.models.gpt import GPT
+from paracube.models.gpt import GPT, apply_recompute
 from paracube.comm import ops
-from paracube.tensor_parallel import (
-    TPContext,
-    parallelize_gpt,
-    sequence_parallel_params,
-    sync_sequence_parallel_grads,
-    vocab_parallel_cross_entropy,
-)
+from paracube.precision import DTYPES, LossScaler
+from paracube.tensor_parallel import TPContext, parallelize_gpt, vocab_parallel_cross_entropy
 
 
 def check_supported(cfg: TrainConfig) -> None:
@@ -49,6 +46,8 @@ def make_adamw(decay: list, no_decay: list, cfg: TrainConfig) -> torch.optim.Opt
     """AdamW (β = 0.9, 0.95 as GPT-3) as fused kernels — one pass per tensor, on CPU too."""
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
+    if not groups:  # a rank whose shards hold only padding still needs an optimizer
+        groups = [{"params": [nn.Parameter(torch.zeros(0))], "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
 
 
@@ -88,22 +87,39 @@ class Trainer:
         # its slices of it, the pipeline split its stages' layers.
         torch.manual_seed(cfg.seed)
         self.tp_group, self.pp_group = mesh.group("tp"), mesh.group("pp")
-        model = GPT(cfg.model)
+        self.dtype = DTYPES[cfg.precision]
+        model = GPT(cfg.model)  # initialised in fp32 from the seed, then cast: all precisions start alike
         parallelize_gpt(model, TPContext(self.tp_group, mesh.ledger, cfg.parallel.sequence_parallel))
+        apply_recompute(model, cfg.recompute, cfg.recompute_blocks)
+        if cfg.precision != "fp32":  # fp32 = the default dtype (float64 in the exactness tests)
+            model.to(self.dtype)
         self.pipeline, self.tied = None, None
         if mesh.size("pp") > 1:
             module = self._build_pipeline(model)
         else:
             module = model.to(mesh.device)
-        self.sp_params = sequence_parallel_params(module)
-        self.model = DataParallel(
-            module, mesh.group("dp"), mesh.ledger, bucket_mb=cfg.parallel.bucket_mb, average=False,
-            group_key=is_decayed, contiguous_params=True,
+        # fp32 gradient accumulation and reduction under bf16/fp16 unless asked otherwise.
+        grad_dtype = torch.float32 if cfg.precision != "fp32" and cfg.grad_reduce == "fp32" else None
+        if cfg.zero == 3:
+            self.model = ShardedDataParallel(
+                module, list(model.blocks), mesh.group("dp"), mesh.ledger, group_key=is_decayed,
+                grad_dtype=grad_dtype, pre_reduce=self._pre_reduce,
+            )
+        else:
+            self.model = DataParallel(
+                module, mesh.group("dp"), mesh.ledger, bucket_mb=cfg.parallel.bucket_mb, average=False,
+                group_key=is_decayed, contiguous_params=True, zero_stage=cfg.zero, grad_dtype=grad_dtype,
+                pre_reduce=self._pre_reduce,
+            )
+        # The optimizer steps this rank's flat slices (whole buckets under ZeRO-0), through
+        # fp32 main parameters; weight decay by group key.
+        param_dtype = next(module.parameters()).dtype
+        self.optimizer = MainParamOptimizer(
+            self.model.shards(), lambda groups: make_adamw(groups.get(True, []), groups.get(False, []), cfg),
+            master_dtype=torch.promote_types(torch.float32, param_dtype),
         )
-        # The optimizer steps whole buckets (flat parameters), not the module's tensors.
-        flat = self.model.flat_parameters()
-        self.params = [p for _, p in flat]
-        self.optimizer = make_adamw([p for d, p in flat if d], [p for d, p in flat if not d], cfg)
+        self.scaler = LossScaler(cfg.loss_scale) if cfg.precision == "fp16" else None
+        self.activations = ActivationCounter()
         self.step = 0
 
     def _build_pipeline(self, model: GPT) -> nn.Module:
@@ -122,7 +138,8 @@ class Trainer:
         self.pipeline = PipelineExecutor(
             chunks, plan.actions, p=mesh.size("pp"), rank=mesh.rank("pp"),
             act_shape=(cfg.micro_batch, seq, cfg.model.hidden), dtype=dtype, device=mesh.device,
-            loss_fn=lambda out, y: self._loss(out, y) / tokens_global, group=self.pp_group, ledger=mesh.ledger,
+            loss_fn=lambda out, y: self._loss(out, y) * (self._loss_scale / tokens_global),
+            group=self.pp_group, ledger=mesh.ledger,
             store=plan.store,
         )
         self.tied = self._tied_parameter(chunks)
@@ -140,18 +157,51 @@ class Trainer:
         """The local model: the whole (TP-sharded) GPT, or this rank's pipeline chunks."""
         return self.model.module
 
+    @property
+    def _loss_scale(self) -> float:
+        return self.scaler.scale if self.scaler is not None else 1.0
+
     def model_state_bytes(self) -> dict[str, int]:
-        """Counted bytes of this rank's model states: parameters, gradient storage (the
-        bucket buffers, or the gradients themselves), optimizer states (Adam's m and v)."""
-        params = sum(p.numel() * p.element_size() for _, p in self.serial_named_parameters())
-        if self.model.buckets:
-            grads = sum(b.nbytes for b in self.model.buckets)
+        """Counted bytes of this rank's persistent model states, as allocated: parameters
+        (flat buffers; under ZeRO-3 this rank's slices), gradients (bucket buffers, or the
+        gradient slices under ZeRO-2/3, plus any fp32 copies), and the optimizer (Adam's
+        moments and the fp32 master weights, on this rank's slices under ZeRO ≥ 1)."""
+        if isinstance(self.model, ShardedDataParallel):
+            units = self.model.all_units
+            weights = sum(_storage(u.shard) for u in units)
+            grads = sum(_storage(u.grad_shard) for u in units)
         else:
-            grads = sum(p.grad.numel() * p.grad.element_size() for _, p in self.serial_named_parameters()
-                        if p.grad is not None)
-        states = sum(t.numel() * t.element_size() for st in self.optimizer.state.values()
-                     for k, t in st.items() if k in ("exp_avg", "exp_avg_sq"))
-        return {"weights": params, "gradients": grads, "optimizer": states}
+            buckets = self.model.buckets
+            weights = sum(_storage(b.flat_param) for b in buckets)
+            grads = sum(b.nbytes + (_storage(b.grad_shard) if b.grad_shard is not None else 0) for b in buckets)
+        grads += sum(_storage(g) for g in self.optimizer._main_grad if g is not None)
+        opt = self.optimizer.state_bytes()
+        return {"weights": weights, "gradients": grads, "optimizer": opt["optimizer_states"] + opt["master_weights"]}
+
+    def memory_metrics(self) -> dict[str, int]:
+        """Per-step memory record: model states, saved activations (peak over the step),
+        ZeRO-3's peak of gathered parameters, and the CUDA allocator's peak on GPU."""
+        record = self.model_state_bytes()
+        record["activations_peak"] = self.activations.peak
+        if isinstance(self.model, ShardedDataParallel):
+            record["params_peak"] = self.model.peak_param_bytes
+        if self.mesh.device.type == "cuda":
+            record["cuda_max_allocated"] = torch.cuda.max_memory_allocated(self.mesh.device)
+        return record
+
+    @contextlib.contextmanager
+    def gathered_parameters(self):
+        """Inside, every parameter holds its full value (ZeRO-3 gathers and then frees)."""
+        if not isinstance(self.model, ShardedDataParallel):
+            yield
+            return
+        for u in self.model.all_units:
+            u.gather()
+        try:
+            yield
+        finally:
+            for u in self.model.all_units:
+                u.free()
 
     def serial_named_parameters(self):
         """This rank's parameters under the serial model's names."""
@@ -183,22 +233,34 @@ class Trainer:
         start = time.perf_counter()
         tokens_global = cfg.global_batch * cfg.model.seq_len
         self.model.zero_grad()
-        if self.pipeline is None:
-            loss_sum, pipeline = self._micro_steps(timer, tokens_global), None
-        else:
-            loss_sum, pipeline = self._pipeline_step(timer)
-        with timer.phase("comm_exposed"):
-            sync_sequence_parallel_grads(self.sp_params, self.tp_group, ledger)
-            if self.tied is not None and self.tied.grad is not None:  # embedding + head contributions
-                ops.all_reduce(self.tied.grad, self.tied_group, ledger, tag="tied_grad")
+        self.activations.reset_peak()
+        scale = self._loss_scale
+        with self.activations:
+            if self.pipeline is None:
+                loss_sum, pipeline = self._micro_steps(timer, tokens_global), None
+            else:
+                loss_sum, pipeline = self._pipeline_step(timer)
+        if scale != 1.0:
+            loss_sum = loss_sum / scale
         # The global loss is summed across ranks while the optimizer runs.
         loss_reduce = ops.all_reduce(loss_sum, self.mesh.group("dp"), ledger, tag="loss", async_op=True)
         with timer.phase("optimizer"):
             lr = lr_at(self.step, cfg)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
-            grad_norm = self._clip_gradients()
-            self.optimizer.step()
+            self.optimizer.prepare_grads()
+            overflow = False
+            if self.scaler is not None:
+                self.optimizer.scale_grads_(1.0 / scale)
+                inf = self.optimizer.found_inf()
+                ops.all_reduce(inf, None, ledger, tag="overflow", op=torch.distributed.ReduceOp.MAX)
+                overflow = bool(inf.item() > 0)
+                self.scaler.update(overflow)
+            if overflow:  # fp16 overflow somewhere: skip this step on every rank
+                grad_norm = float("inf")
+            else:
+                grad_norm = self._clip_gradients()
+                self.optimizer.step()
         with timer.phase("comm_exposed"):
             loss_value = loss_reduce.wait().item()
         step_time = time.perf_counter() - start
@@ -213,6 +275,9 @@ class Trainer:
             time={k: round(v, 6) for k, v in timer.seconds.items()},
             comm=ledger.snapshot(),
             pipeline=pipeline,
+            memory=self.memory_metrics(),
+            skipped=True if overflow else None,
+            loss_scale=scale if self.scaler is not None else None,
         )
         self.step += 1
         return metrics
@@ -220,13 +285,16 @@ class Trainer:
     def _micro_steps(self, timer: PhaseTimer, tokens_global: int) -> torch.Tensor:
         """Gradient accumulation over micro-batches; the last backward reduces gradients."""
         loss_sum = torch.zeros((), device=self.mesh.device)
+        scale = self._loss_scale
         for k in range(self.cfg.grad_accum):
             with timer.phase("data"):
                 x, y = self._micro_batch(self.sampler, self.step, k)  # (b, T) each
-            last = k == self.cfg.grad_accum - 1
-            with self.model.no_sync() if not last else contextlib.nullcontext():
+            # ZeRO-0/1 accumulate full gradients and reduce once per step; ZeRO-2/3 keep only
+            # slices, so they reduce-scatter every micro-batch (as DeepSpeed does).
+            accumulate_locally = k < self.cfg.grad_accum - 1 and self.cfg.zero < 2
+            with self.model.no_sync() if accumulate_locally else contextlib.nullcontext():
                 with timer.phase("forward"):
-                    loss = self._loss(self.model(x), y) / tokens_global
+                    loss = self._loss(self.model(x), y) * (scale / tokens_global)
                 with timer.phase("backward"):
                     loss.backward()
             loss_sum += loss.detach()
@@ -262,28 +330,44 @@ class Trainer:
         return vocab_parallel_cross_entropy(logits, targets, self.tp_group, self.mesh.ledger, reduction="sum")
 
     @torch.no_grad()
+    def _pre_reduce(self, params: list, grads: list) -> None:
+        """Sums that must precede the data-parallel reduction of a bucket or unit: the
+        partial gradients of sequence-parallel norms over tp (each rank saw T/tp tokens),
+        and a tied embedding/head weight's two halves over the first and last stage."""
+        sp = [g for p, g in zip(params, grads) if getattr(p, "sequence_parallel", False)]
+        if sp and self.mesh.size("tp") > 1:
+            flat = torch.cat([g.reshape(-1) for g in sp])
+            ops.all_reduce(flat, self.tp_group, self.mesh.ledger, tag="sp_grad")
+            offset = 0
+            for g in sp:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+        if self.tied is not None:
+            for p, g in zip(params, grads):
+                if p is self.tied:
+                    ops.all_reduce(g, self.tied_group, self.mesh.ledger, tag="tied_grad")
+
+    @torch.no_grad()
     def _clip_gradients(self) -> float:
-        """Clip by the global gradient norm. Gradients are identical across data-parallel
-        ranks; across tensor-parallel ranks the shards' squares are summed and replicated
-        parameters counted once (Megatron's rule); across pipeline stages each stage adds
-        its own layers (a tied embedding/head weight once, on the first stage)."""
-        if self.mesh.size("tp") == 1 and self.pipeline is None:
-            params = [p for p in self.params if p.grad is not None]
-            if self.cfg.grad_clip is None:
-                return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])))
-            return float(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip, foreach=True))
+        """Clip by the global gradient norm, computed from the slices this rank steps:
+        squares summed over the data-parallel group when they are ZeRO shards; across
+        tensor-parallel ranks replicated parameters counted once (Megatron's rule); across
+        pipeline stages each stage adds its own layers (a tied embedding/head weight once,
+        on the first stage)."""
         first_tp, last_stage = self.mesh.rank("tp") == 0, self.mesh.rank("pp") == self.mesh.size("pp") - 1
-        grads = [
-            p.grad for _, p in self.serial_named_parameters()
-            if p.grad is not None and (first_tp or getattr(p, "tp_dim", None) is not None)
-            and not (p is self.tied and last_stage and self.mesh.size("pp") > 1)
-        ]
-        square = torch.stack(torch._foreach_norm(grads)).square().sum() if grads else torch.zeros(())
+        pp = self.mesh.size("pp")
+
+        def counts(p) -> bool:
+            return (first_tp or getattr(p, "tp_dim", None) is not None) and not (p is self.tied and last_stage and pp > 1)
+
+        square = self.optimizer.grad_norm_squared(counts)
+        if self.optimizer.sharded:
+            ops.all_reduce(square, self.mesh.group("dp"), self.mesh.ledger, tag="grad_norm")
         ops.all_reduce(square, self.tp_group, self.mesh.ledger, tag="grad_norm")
         ops.all_reduce(square, self.pp_group, self.mesh.ledger, tag="grad_norm")
         norm = float(square.sqrt())
         if self.cfg.grad_clip is not None and norm > self.cfg.grad_clip:
-            torch._foreach_mul_([p.grad for p in self.params if p.grad is not None], self.cfg.grad_clip / (norm + 1e-6))
+            self.optimizer.scale_grads_(self.cfg.grad_clip / (norm + 1e-6))
         return norm
 
     @torch.no_grad()
@@ -297,9 +381,14 @@ class Trainer:
             if self.pipeline is not None:
                 total += self.pipeline.forward_only([x for x, _ in batches], [y for _, y in batches])
             else:
-                total += sum(self._loss(self.module(x), y) for x, y in batches)
+                total += sum(self._loss(self.model(x), y) for x, y in batches)
         self.module.train()
         if self.pipeline is not None:  # the pipeline's loss is normalised by the global tokens
-            total *= cfg.global_batch * cfg.model.seq_len
+            total *= cfg.global_batch * cfg.model.seq_len / self._loss_scale
         ops.all_reduce(total, self.mesh.group("dp"), self.mesh.ledger, tag="eval")
         return total.item() / (cfg.eval_batches * cfg.global_batch * cfg.model.seq_len)
+
+
+def _storage(t: torch.Tensor) -> int:
+    """Bytes allocated for ``t``'s storage now (0 while freed)."""
+    return t.untyped_storage().nbytes()

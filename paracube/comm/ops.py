@@ -116,3 +116,45 @@ def reduce_scatter(
             ledger.add_time("reduce_scatter", tag, time.perf_counter() - start)
         return pending
     return pending.wait()
+
+
+def all_gather_into(
+    out: torch.Tensor, shard: torch.Tensor, group, ledger: CommLedger | None = None, *, tag: str = "",
+    async_op: bool = False,
+) -> PendingCollective:
+    """Gather every rank's equal-sized flat ``shard`` into ``out`` (world·n,), in rank order,
+    without allocating: the ZeRO parameter gather. ``shard`` must not alias ``out``."""
+    if group_size(group) == 1:
+        out.copy_(shard)
+        return PendingCollective(None, None, "all_gather", tag, out)
+    if ledger is not None:
+        ledger.record("all_gather", tag, nbytes(out))
+    start = time.perf_counter()
+    work = dist.all_gather_single(out, shard, group=group, async_op=True)
+    pending = PendingCollective(work, ledger, "all_gather", tag, out)
+    if not async_op:
+        pending.wait()
+    elif ledger is not None:
+        ledger.add_time("all_gather", tag, time.perf_counter() - start)
+    return pending
+
+
+def reduce_scatter_into(
+    out: torch.Tensor, tensor: torch.Tensor, group, ledger: CommLedger | None = None, *, tag: str = "",
+    async_op: bool = False,
+) -> PendingCollective:
+    """Sum flat ``tensor`` (world·n,) across ranks and write this rank's n-slice into
+    ``out``: the ZeRO-2/3 gradient reduction."""
+    if group_size(group) == 1:
+        out.copy_(tensor)
+        return PendingCollective(None, None, "reduce_scatter", tag, out)
+    if ledger is not None:
+        ledger.record("reduce_scatter", tag, nbytes(tensor))
+    start = time.perf_counter()
+    work = dist.reduce_scatter_single(out, tensor, group=group, async_op=True)
+    pending = PendingCollective(work, ledger, "reduce_scatter", tag, out)
+    if not async_op:
+        pending.wait()
+    elif ledger is not None:
+        ledger.add_time("reduce_scatter", tag, time.perf_counter() - start)
+    return pending

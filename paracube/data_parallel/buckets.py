@@ -30,24 +30,56 @@ class GradBucket:
     index: int
     params: list[nn.Parameter]
     offsets: list[int]  # start of each param's gradient in ``buffer``
-    buffer: torch.Tensor  # (sum of numels,), dtype/device of its params
+    buffer: torch.Tensor  # (padded numel,): sum of numels rounded up to a multiple of ``pad_to``
     key: Hashable = None  # the group key its parameters share (e.g. "decayed or not")
+    numel: int = 0  # elements that belong to parameters; the rest is padding for ZeRO shards
     pending: int = field(init=False)  # gradients still to come in this backward
     flat_param: nn.Parameter | None = field(init=False, default=None)
     views: list[torch.Tensor] = field(init=False)  # views[i]: params[i]'s gradient slice
     stale: list[bool] = field(init=False)  # slice not written since the last zero_grad
+    # ZeRO-2: this rank's reduced gradient slice, persistent across the accumulation window.
+    grad_shard: torch.Tensor | None = field(init=False, default=None)
+    shard_fresh: bool = field(init=False, default=True)  # next reduced slice overwrites it
 
     def __post_init__(self) -> None:
         self.pending = len(self.params)
+        self.numel = self.numel or sum(p.numel() for p in self.params)
         self.views = [self.buffer[o : o + p.numel()].view_as(p) for o, p in zip(self.offsets, self.params)]
         self.stale = [True] * len(self.params)
 
     @property
     def nbytes(self) -> int:
-        return self.buffer.numel() * self.buffer.element_size()
+        """Bytes of the gradient buffer as allocated now (0 while a ZeRO-2 buffer is freed)."""
+        return self.buffer.untyped_storage().nbytes()
+
+    @property
+    def bindable(self) -> bool:
+        """``param.grad`` can be a view of the buffer only when the dtypes agree (a bf16
+        model reducing gradients in fp32 copies them in instead)."""
+        return self.buffer.dtype == self.params[0].dtype
+
+    @property
+    def allocated(self) -> bool:
+        return self.nbytes > 0
+
+    def allocate(self) -> None:
+        """Give a freed buffer its memory back (contents undefined, padding zeroed); the
+        views see it, since they share the storage object."""
+        if not self.allocated:
+            self.buffer.untyped_storage().resize_(self.buffer.numel() * self.buffer.element_size())
+            self.buffer[self.numel :].zero_()
+            self.stale = [True] * len(self.params)
+
+    def free(self) -> None:
+        """Release the buffer's memory (ZeRO-2, once its slice has been reduced)."""
+        for p in self.params:
+            p.grad = None
+        self.buffer.untyped_storage().resize_(0)
 
     def bind_grads(self) -> None:
         """Point every ``param.grad`` at its slice of the buffer."""
+        if not self.bindable:
+            return
         for p, view in zip(self.params, self.views):
             p.grad = view
 
@@ -62,12 +94,13 @@ class GradBucket:
     def absorb(self, i: int) -> None:
         """Make sure ``params[i]``'s gradient lives in its slice (and ``.grad`` is the view)."""
         p, view = self.params[i], self.views[i]
+        self.allocate()
         if p.grad.data_ptr() != view.data_ptr():
             if self.stale[i]:
                 view.copy_(p.grad)
             else:
                 view.add_(p.grad)
-            p.grad = view
+            p.grad = view if self.bindable else None
         self.stale[i] = False
 
     def zero_stale(self) -> None:
@@ -93,13 +126,14 @@ class GradBucket:
         per tensor) updates the model's parameters in place — the contiguous parameter
         and gradient buffers of Megatron-Core's distributed data parallel.
         """
-        flat = torch.empty_like(self.buffer)
+        flat = torch.zeros(self.buffer.numel(), dtype=self.params[0].dtype, device=self.buffer.device)
         for i, p in enumerate(self.params):
             view = flat[self.offsets[i] : self.offsets[i] + p.numel()].view_as(p)
             view.copy_(p)
             p.data = view
         self.flat_param = nn.Parameter(flat)
-        self.flat_param.grad = self.buffer
+        if self.bindable:
+            self.flat_param.grad = self.buffer
         return self.flat_param
 
 
@@ -108,13 +142,18 @@ def build_buckets(
     cap_bytes: int,
     first_cap_bytes: int | None = None,
     key: Callable[[nn.Parameter], Hashable] | None = None,
+    *,
+    pad_to: int = 1,
+    dtype: torch.dtype | None = None,
 ) -> list[GradBucket]:
     """Split ``params`` (reverse order) into buckets of at most ``cap_bytes`` each.
 
     A parameter larger than the cap gets a bucket of its own. Parameters of different
     dtype, device or ``key(param)`` (e.g. optimizer group) never share a bucket.
     ``first_cap_bytes`` may make the first bucket smaller, so the first all-reduce starts
-    early in backward.
+    early in backward. ``pad_to`` rounds each buffer up to a multiple (the data-parallel
+    size, so ZeRO can cut it into equal shards); ``dtype`` is the gradient dtype when it
+    differs from the parameters' (fp32 gradient reduction under bf16).
     """
     key = key or (lambda p: None)
     buckets: list[GradBucket] = []
@@ -132,8 +171,9 @@ def build_buckets(
         for p in members:
             offsets.append(total)
             total += p.numel()
-        buffer = torch.zeros(total, dtype=members[0].dtype, device=members[0].device)
-        buckets.append(GradBucket(len(buckets), members, offsets, buffer, kind[2]))
+        padded = -(-total // pad_to) * pad_to
+        buffer = torch.zeros(padded, dtype=dtype or members[0].dtype, device=members[0].device)
+        buckets.append(GradBucket(len(buckets), members, offsets, buffer, kind[2], total))
 
     for p in reversed(params):
         kind = (p.dtype, p.device, key(p))

@@ -13,6 +13,13 @@ How one synchronised backward goes (Li et al. 2020, "PyTorch Distributed", §3.2
 Inside :meth:`DataParallel.no_sync` nothing is communicated: gradients just accumulate in
 the buffers, and the next synchronised backward reduces the sum (gradient accumulation
 with one communication per accumulation window).
+
+ZeRO stages 1 and 2 (Rajbhandari et al. 2020) live here too, as a change of what the
+buckets keep: buffers are padded to a multiple of the group size and each rank owns one
+equal slice of every bucket (:meth:`DataParallel.shards`). Stage 1 all-reduces as above
+and steps only its slice; stage 2 *reduce-scatters* each bucket into a persistent slice
+and frees the bucket's buffer until the next backward needs it. After the optimizer step
+the slices are all-gathered back into the (full, replicated) parameters.
 """
 
 from __future__ import annotations
@@ -20,12 +27,14 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from paracube.comm import ops
 from paracube.comm.ledger import CommLedger
 from paracube.data_parallel.buckets import GradBucket, build_buckets
-from paracube.data_parallel.hooks import AllReduceHook, GradReduceHook, Waitable
+from paracube.data_parallel.hooks import AllReduceHook, GradReduceHook, ReduceScatterHook, Waitable
+from paracube.data_parallel.shards import FlatShard, shard_bounds, slice_layout
 
 MIB = 1 << 20
 
@@ -48,6 +57,14 @@ class DataParallel(nn.Module):
             optimizer group (e.g. "weight-decayed or not") to step buckets as flat tensors.
         contiguous_params: also store each bucket's parameters in one flat tensor and
             expose it through :meth:`flat_parameters` (see ``GradBucket.make_contiguous``).
+        zero_stage: 0 (replicated optimizer), 1 (optimizer states sharded: each rank steps
+            its slice of every bucket) or 2 (gradients reduce-scattered into slices too).
+            Stages ≥ 1 imply ``contiguous_params``.
+        grad_dtype: dtype of the gradient buffers and their reduction (e.g. fp32 under a
+            bf16 model); default: the parameters' dtype.
+        pre_reduce: ``pre_reduce(params, grad_views)`` runs just before a bucket is reduced — where
+            gradients that other groups must sum first (sequence-parallel norms over tp,
+            a tied embedding/head over the first and last pipeline stage) are summed.
     """
 
     def __init__(
@@ -62,20 +79,32 @@ class DataParallel(nn.Module):
         reduce_hook: GradReduceHook | None = None,
         group_key=None,
         contiguous_params: bool = False,
+        zero_stage: int = 0,
+        grad_dtype: torch.dtype | None = None,
+        pre_reduce=None,
     ):
         super().__init__()
+        if zero_stage not in (0, 1, 2):
+            raise ValueError(f"DataParallel handles ZeRO stages 0, 1, 2, got {zero_stage} (stage 3: ShardedDataParallel)")
         self.module = module
         self.group = group
         self.ledger = ledger
         self.world = ops.group_size(group)
+        self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         self.average = average
-        self.reduce_hook = reduce_hook or AllReduceHook()
+        self.zero_stage = zero_stage
+        self.pre_reduce = pre_reduce
+        self.reduce_hook = reduce_hook or (ReduceScatterHook(self) if zero_stage == 2 else AllReduceHook())
         params = [p for p in module.parameters() if p.requires_grad]
         self._params, self._group_key = params, group_key or (lambda p: None)
         first = None if first_bucket_mb is None else int(first_bucket_mb * MIB)
-        # A group of one rank has nothing to reduce: no buckets, no hooks, plain gradients.
-        self.buckets: list[GradBucket] = (
-            build_buckets(params, int(bucket_mb * MIB), first, group_key) if self.world > 1 else []
+        # Every rank keeps buckets, also a group of one: they are what the optimizer steps
+        # (flat, fused), where fp32 gradients of a bf16 model accumulate, and where
+        # pre-reduce sums (sequence parallel, tied weights) happen. Only the reduction is
+        # skipped when there is nobody to reduce with.
+        self.buckets: list[GradBucket] = build_buckets(
+            params, int(bucket_mb * MIB), first, group_key,
+            pad_to=self.world if zero_stage else 1, dtype=grad_dtype,
         )
         self._where = {p: (b, i) for b in self.buckets for i, p in enumerate(b.params)}
         self._sync = True
@@ -84,11 +113,14 @@ class DataParallel(nn.Module):
         self._inflight: list[Waitable] = []
         self._broadcast_state()
         for b in self.buckets:
-            if contiguous_params:
+            if contiguous_params or zero_stage:
                 b.make_contiguous()
             b.bind_grads()
-        if self.world > 1:
-            self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
+            if zero_stage == 2:
+                lo, hi = shard_bounds(b.buffer.numel(), self.world, self.rank)
+                b.grad_shard = torch.zeros(hi - lo, dtype=b.buffer.dtype, device=b.buffer.device)
+                b.free()  # allocated again when its first gradient arrives
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
 
     # -- public API ---------------------------------------------------------------------
 
@@ -111,26 +143,24 @@ class DataParallel(nn.Module):
         copies them into the bucket buffers. ``set_to_none=False`` zeroes the buffers and
         keeps ``param.grad`` bound to them instead.
         """
-        if self.world == 1:
-            self.module.zero_grad(set_to_none=set_to_none)
         for b in self.buckets:
-            if set_to_none:
+            b.shard_fresh = True
+            if set_to_none or not b.allocated:
                 b.release_grads()
             else:
                 b.buffer.zero_()
                 b.bind_grads()
-            if b.flat_param is not None:
+            if b.flat_param is not None and b.bindable and b.allocated:
                 b.flat_param.grad = b.buffer
 
     def sync_gradients(self) -> None:
         """Reduce every bucket now, for gradients accumulated outside a synchronised
         backward (e.g. a pipeline step run under :meth:`no_sync`, or weight gradients a
         zero-bubble W pass wrote directly)."""
-        if self.world == 1:
-            return
         for b in self.buckets:
             for i, p in enumerate(b.params):
-                if p.grad is not None:
+                if p.grad is not None and (not b.bindable or not b.allocated
+                                           or p.grad.data_ptr() != b.views[i].data_ptr()):
                     b.absorb(i)
         self._finish_backward()
 
@@ -141,16 +171,36 @@ class DataParallel(nn.Module):
         is the reduced bucket buffer, and stepping them updates the module in place. (A
         one-rank group has no buckets: then these are the module's own parameters.)
         """
-        if self.world == 1:
-            return [(self._group_key(p), p) for p in self._params]
         if any(b.flat_param is None for b in self.buckets):
             raise RuntimeError("flat_parameters() needs DataParallel(..., contiguous_params=True)")
         return [(b.key, b.flat_param) for b in self.buckets]
 
+    def shards(self) -> list[FlatShard]:
+        """What this rank's optimizer steps, one :class:`FlatShard` per bucket: the whole
+        bucket (ZeRO-0) or this rank's 1/dp slice of it (ZeRO-1/2)."""
+        shards = []
+        for b in self.buckets:
+            n = b.buffer.numel()
+            lo, hi = shard_bounds(n, self.world, self.rank) if self.zero_stage else (0, n)
+            ranges, segments = slice_layout(b.params, b.offsets, lo, min(hi, b.numel), self._group_key)
+            if self.zero_stage == 2:
+                grad = (lambda b=b: b.grad_shard)
+            else:
+                grad = (lambda b=b, lo=lo, hi=hi: b.buffer[lo:hi])
+            gather = None
+            if self.zero_stage and self.world > 1:
+                gather = (lambda b=b, lo=lo, hi=hi: ops.all_gather_into(
+                    b.flat_param.data, b.flat_param.data[lo:hi].clone(), self.group, self.ledger,
+                    tag="param", async_op=True))
+            shards.append(FlatShard(b.flat_param.data[lo:hi], grad, ranges, segments,
+                                    sharded=self.zero_stage > 0 and self.world > 1, gather=gather,
+                                    name=f"bucket{b.index}"))
+        return shards
+
     @property
     def grad_bytes(self) -> int:
-        """Bytes all-reduced by one synchronised backward: the trainable parameters' bytes."""
-        return sum(b.nbytes for b in self.buckets)
+        """Bytes reduced by one synchronised backward: the trainable parameters' bytes."""
+        return sum(b.buffer.numel() * b.buffer.element_size() for b in self.buckets)
 
     # -- internals ------------------------------------------------------------------------
 
@@ -159,7 +209,7 @@ class DataParallel(nn.Module):
         """Start every replica from data-parallel rank 0's parameters and buffers."""
         if self.world == 1:
             return
-        tensors = list(self.module.parameters()) + list(self.module.buffers())
+        tensors = [t for t in list(self.module.parameters()) + list(self.module.buffers()) if t.numel()]
         by_dtype: dict[tuple, list[torch.Tensor]] = {}
         for t in tensors:
             by_dtype.setdefault((t.dtype, t.device), []).append(t)
@@ -172,6 +222,8 @@ class DataParallel(nn.Module):
                 offset += t.numel()
 
     def _on_grad_ready(self, param: nn.Parameter) -> None:
+        if param.grad is None:  # an undefined gradient (a zero-bubble I pass defers dW)
+            return
         bucket, i = self._where[param]
         bucket.absorb(i)  # the gradient now lives in the bucket, also under no_sync
         if not self._sync:
@@ -189,10 +241,16 @@ class DataParallel(nn.Module):
             if bucket.pending > 0:
                 if not force:
                     return
+                bucket.allocate()
                 bucket.zero_stale()  # parameters without a gradient this window count as 0
-            if self.average:
-                bucket.buffer.div_(self.world)
-            self._inflight.append(self.reduce_hook(bucket, self.group, self.ledger))
+            if self.pre_reduce is not None:
+                self.pre_reduce(bucket.params, bucket.views)
+            if self.world > 1:
+                if self.average:
+                    bucket.buffer.div_(self.world)
+                self._inflight.append(self.reduce_hook(bucket, self.group, self.ledger))
+            elif self.zero_stage == 2:  # one rank: the "slice" is the whole bucket
+                self._inflight.append(ReduceScatterHook(self)(bucket, None, None))
             self._next_launch += 1
 
     def _finish_backward(self) -> None:

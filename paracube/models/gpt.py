@@ -21,8 +21,10 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from paracube.config import ModelConfig
+from paracube.memory.activations import note_saved
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
@@ -45,6 +47,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return rotated.flatten(-2).type_as(x)
 
 
+def _attention_core(q, k, v, gqa: bool, kept=()) -> torch.Tensor:
+    """softmax(q·kᵀ/√d + causal mask)·v: (B, n, T, d) each → (B, n, T, d)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head (or grouped-query) causal self-attention with one fused q/k/v projection,
     as Megatron's GPT: one matmul for the three, and under tensor parallelism one input
@@ -58,6 +65,7 @@ class CausalSelfAttention(nn.Module):
         # Output columns: [q (n·d) | k (n_kv·d) | v (n_kv·d)].
         self.qkv_proj = nn.Linear(cfg.hidden, cfg.hidden + 2 * kv_dim, bias=cfg.bias)
         self.o_proj = nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias)
+        self.recompute_core = False  # selective activation recomputation (set by apply_recompute)
         self.rotary = cfg.position == "rope"
         if self.rotary:
             cos, sin = rotary_tables(cfg.seq_len, cfg.head_dim)
@@ -78,7 +86,13 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, kv_heads, self.head_dim).transpose(1, 2)
         if self.rotary:
             q, k = apply_rotary(q, self.cos[:T], self.sin[:T]), apply_rotary(k, self.cos[:T], self.sin[:T])
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv_heads != q_heads)
+        if self.recompute_core and torch.is_grad_enabled():
+            # Selective recomputation (Korthikanti et al. 2022, §4.2): keep only q, k, v and
+            # recompute the attention core in backward instead of saving its outputs.
+            kept = note_saved(q, k, v)
+            y = checkpoint(_attention_core, q, k, v, kv_heads != q_heads, kept, use_reentrant=False)
+        else:
+            y = _attention_core(q, k, v, kv_heads != q_heads)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, H)
 
 
@@ -108,8 +122,16 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(cfg)
         self.mlp_norm = make_norm(cfg)
         self.mlp = MLP(cfg)
+        self.recompute = False  # full activation recomputation (set by apply_recompute)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, H)
+        if self.recompute and torch.is_grad_enabled():
+            # Full recomputation (Chen et al. 2016): keep only the block's input and run the
+            # block's forward again in backward.
+            return checkpoint(self._forward, x, note_saved(x), use_reentrant=False)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor, kept=()) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x))
         return x + self.mlp(self.mlp_norm(x))
 
@@ -175,3 +197,20 @@ def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Next-token cross-entropy; logits (B, T, V), targets (B, T)."""
     return F.cross_entropy(at_least_fp32(logits.flatten(0, 1)), targets.flatten(), reduction=reduction)
+
+
+RECOMPUTE = ("none", "selective", "full")
+
+
+def apply_recompute(model: nn.Module, mode: str, blocks: int | None = None) -> int:
+    """Turn on activation recomputation in the first ``blocks`` transformer blocks found in
+    ``model`` (all if None): ``full`` recomputes whole blocks, ``selective`` only the
+    attention core. Returns how many blocks were set."""
+    if mode not in RECOMPUTE:
+        raise ValueError(f"unknown recompute mode {mode!r}: choose one of {', '.join(RECOMPUTE)}")
+    found = [m for m in model.modules() if isinstance(m, Block)]
+    chosen = found if blocks is None else found[:blocks]
+    for b in found:
+        b.recompute = mode == "full" and b in chosen
+        b.attn.recompute_core = mode == "selective" and b in chosen
+    return len(chosen) if mode != "none" else 0

@@ -24,6 +24,7 @@ class WeightGradStore:
     def push(self, work) -> None:
         self._queue[self.key].append(work)
 
+    @torch.no_grad()
     def flush(self, key) -> None:
         """Run the W pass of ``key``: compute and accumulate its deferred gradients."""
         for grad_out, inp, weight, bias in self._queue.pop(key, []):
@@ -50,6 +51,7 @@ class _DeferrableLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, store):
         ctx.save_for_backward(x, weight)
+        ctx.weight = weight  # the parameter object, for the deferred W pass (see layers.py)
         ctx.store, ctx.has_bias = store, bias is not None
         ctx.bias = bias
         return F.linear(x, weight, bias)
@@ -59,7 +61,7 @@ class _DeferrableLinearFn(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         grad_in = grad_out.matmul(weight)
         if ctx.store.key is not None:  # an I pass: W later
-            ctx.store.push((grad_out, x, weight, ctx.bias))
+            ctx.store.push((grad_out, x, ctx.weight, ctx.bias))
             return grad_in, None, None, None
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
         grad_w = g2.t().matmul(x.reshape(-1, x.shape[-1]))

@@ -84,6 +84,9 @@ class _LinearWithInputCollective(torch.autograd.Function):
     def forward(ctx, x, weight, bias, mode, group, ledger, store=None):
         full = C.gather_sequence(x, group, ledger) if mode == "gather_sp" else x  # (B, T, H)
         ctx.save_for_backward(full, weight)
+        # The parameter object itself, for a deferred W pass: a saved tensor comes back as a
+        # different object under saved-tensor hooks, whose .grad the optimizer never sees.
+        ctx.weight = weight
         ctx.mode, ctx.group, ctx.ledger, ctx.has_bias = mode, group, ledger, bias is not None
         ctx.store, ctx.bias = store, bias
         return F.linear(full, weight, bias)  # (B, T, O/tp)
@@ -97,7 +100,7 @@ class _LinearWithInputCollective(torch.autograd.Function):
         else:
             pending = ops.all_reduce(grad_in, ctx.group, ctx.ledger, tag="tp", async_op=True)
         if ctx.store is not None and ctx.store.key is not None:  # zero-bubble I pass: dW in its W
-            ctx.store.push((grad_out, full, weight, ctx.bias))
+            ctx.store.push((grad_out, full, ctx.weight, ctx.bias))
             return pending.wait(), None, None, None, None, None, None
         g2 = grad_out.reshape(-1, grad_out.shape[-1])  # (B·T, O/tp)
         grad_weight = g2.t().matmul(full.reshape(-1, full.shape[-1]))  # (O/tp, H), overlapped

@@ -1,0 +1,140 @@
+"""Any torch optimizer over this rank's :class:`FlatShard` s, with fp32 main parameters.
+
+What one step does, for every ZeRO stage and precision alike:
+
+1. the reduced gradient slice of each flat buffer becomes the ``.grad`` of the *main*
+   parameters (converted to fp32 when the model computes in bf16/fp16);
+2. the caller unscales (fp16), checks for overflow, computes the global norm from
+   :meth:`grad_norm_squared` and clips;
+3. the torch optimizer steps the main parameters — one flat tensor per optimizer group
+   and buffer, so a fused kernel updates a whole bucket or unit at once;
+4. the updated values are written back to the model's compute-dtype slice and, under
+   ZeRO-1/2, all-gathered into the full parameters.
+
+Main parameters are *views* of the model's flat storage when the model is fp32 (no copy:
+the step updates the model in place), and fp32 copies otherwise — the "fp32 master
+weights" of Micikevicius et al. 2018 (mixed precision training), sharded under ZeRO ≥ 1
+as in Rajbhandari et al. 2020 (the 12 bytes/parameter of K = 12 are master weights plus
+Adam's two moments).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Hashable
+
+import torch
+from torch import nn
+
+from paracube.data_parallel.shards import FlatShard
+
+
+class MainParamOptimizer:
+    """Steps ``shards`` with the optimizer ``make_optimizer({group key: [main params]})``."""
+
+    def __init__(
+        self,
+        shards: list[FlatShard],
+        make_optimizer: Callable[[dict[Hashable, list[nn.Parameter]]], torch.optim.Optimizer],
+        master_dtype: torch.dtype = torch.float32,
+    ):
+        self.shards = shards
+        self.master_dtype = master_dtype
+        self._main: list[torch.Tensor] = []  # per shard: its (hi−lo,) main values
+        self._main_grad: list[torch.Tensor | None] = []  # fp32 gradient slice when converted
+        self._entries: list[list[tuple[nn.Parameter, int, int]]] = []  # per shard: (main param, a, b)
+        groups: dict[Hashable, list[nn.Parameter]] = {}
+        for sh in shards:
+            copy = sh.values.dtype != master_dtype
+            main = sh.values.detach().to(master_dtype).clone() if copy else sh.values
+            self._main.append(main)
+            self._main_grad.append(None)
+            entries = []
+            for key, a, b in sh.ranges:
+                p = nn.Parameter(main[a:b])  # shares ``main``'s storage: stepping it updates main
+                groups.setdefault(key, []).append(p)
+                entries.append((p, a, b))
+            self._entries.append(entries)
+        self.optimizer = make_optimizer(groups)
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def main_params(self) -> list[nn.Parameter]:
+        return [p for entries in self._entries for p, _, _ in entries]
+
+    @property
+    def copies_master(self) -> bool:
+        """Whether fp32 master copies exist (the model computes in a lower precision)."""
+        return any(m is not sh.values for m, sh in zip(self._main, self.shards))
+
+    @torch.no_grad()
+    def prepare_grads(self) -> list[torch.Tensor]:
+        """Point every main parameter's ``.grad`` at its reduced gradient (fp32); return
+        the per-shard gradient slices."""
+        grads = []
+        for i, sh in enumerate(self.shards):
+            g = sh.grad()
+            if g.dtype != self.master_dtype:
+                if self._main_grad[i] is None:
+                    self._main_grad[i] = torch.empty_like(self._main[i])
+                g = self._main_grad[i].copy_(g)
+            grads.append(g)
+            for p, a, b in self._entries[i]:
+                p.grad = g[a:b]
+        self._grads = grads
+        return grads
+
+    @torch.no_grad()
+    def scale_grads_(self, factor: float) -> None:
+        """Multiply every gradient (clipping, or unscaling an fp16 loss scale)."""
+        torch._foreach_mul_([p.grad for p in self.main_params if p.grad is not None], factor)
+
+    @torch.no_grad()
+    def found_inf(self) -> torch.Tensor:
+        """1.0 if any local gradient is inf/NaN, else 0.0 (to be max-reduced by the caller)."""
+        grads = [p.grad for p in self.main_params if p.grad is not None]
+        if not grads:
+            return torch.zeros((), device=self._device())
+        norms = torch.stack(torch._foreach_norm(grads))
+        return (~torch.isfinite(norms).all()).float()
+
+    @torch.no_grad()
+    def grad_norm_squared(self, counts: Callable[[nn.Parameter], bool]) -> torch.Tensor:
+        """Σ g² over the local slices of the parameters for which ``counts(param)`` holds
+        (the caller sums it over the data-parallel group when the slices are shards, and
+        over the tensor- and pipeline-parallel groups by Megatron's rules)."""
+        views = [g[a:b] for g, sh in zip(self._grads, self.shards) for p, a, b in sh.segments if counts(p)]
+        if not views:
+            return torch.zeros((), dtype=self.master_dtype, device=self._device())
+        return torch.stack(torch._foreach_norm(views)).to(self.master_dtype).square().sum()
+
+    @property
+    def sharded(self) -> bool:
+        return any(sh.sharded for sh in self.shards)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Step, write the new values back to the model's slices, rebuild full parameters."""
+        self.optimizer.step()
+        self.publish()
+
+    @torch.no_grad()
+    def publish(self) -> None:
+        for main, sh in zip(self._main, self.shards):
+            if main is not sh.values:
+                sh.values.copy_(main)
+        pending = [sh.gather() for sh in self.shards if sh.gather is not None]
+        for handle in pending:
+            handle.wait()
+
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes held by the optimizer: its states (Adam's m and v) and fp32 master copies."""
+        states = sum(t.numel() * t.element_size() for st in self.optimizer.state.values()
+                     for t in st.values() if torch.is_tensor(t) and t.dim() > 0)
+        master = sum(m.numel() * m.element_size() for m, sh in zip(self._main, self.shards) if m is not sh.values)
+        return {"optimizer_states": states, "master_weights": master}
+
+    def _device(self):
+        return self._main[0].device if self._main else torch.device("cpu")
