@@ -35,6 +35,19 @@ def _train_parser(sub) -> None:
     g.add_argument("--chunks", type=int, default=1, help="virtual pipeline chunks per rank (interleaved-1f1b)")
     g.add_argument("--balance", default="params", help="stage balancing: params, flops, memory, time")
     g.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket size in MiB (default 25)")
+    z = p.add_argument_group("memory: ZeRO, recomputation, precision")
+    z.add_argument("--zero", default="0",
+                   help="ZeRO stage over the data-parallel ranks: 0 (off), 1 (optimizer states), "
+                        "2 (+ gradients), 3 (+ parameters) (default 0)")
+    z.add_argument("--recompute", default="none",
+                   help="activation recomputation: none, selective (attention core), full (whole blocks)")
+    z.add_argument("--recompute-blocks", type=int, default=None,
+                   help="recompute only the first N blocks (default: all)")
+    z.add_argument("--precision", default="fp32", help="fp32, bf16 or fp16 (fp32 master weights) (default fp32)")
+    z.add_argument("--grad-reduce", default="fp32",
+                   help="under bf16/fp16: accumulate and reduce gradients in fp32 (default) or in the compute dtype")
+    z.add_argument("--loss-scale", default=None,
+                   help="fp16 loss scaling: dynamic (default for fp16) or a fixed number")
     m = p.add_argument_group("model and data")
     m.add_argument("--model", default="tiny", help="model preset (default tiny); see paracube.models.PRESETS")
     m.add_argument("--seq-len", type=int, default=None, help="override the preset's sequence length")
@@ -159,7 +172,20 @@ def config_from_args(args) -> TrainConfig:
         eval_batches=args.eval_batches,
         metrics=args.metrics,
         progress=not args.no_progress,
+        zero=_zero_stage(args.zero),
+        recompute=args.recompute,
+        recompute_blocks=args.recompute_blocks,
+        precision=args.precision,
+        grad_reduce="compute" if args.grad_reduce in ("compute", "bf16", "fp16") else args.grad_reduce,
+        loss_scale=args.loss_scale,
     )
+
+
+def _zero_stage(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ParacubeError(f"unknown --zero {text!r}: choose 0, 1, 2 or 3") from None
 
 
 def cmd_train(args) -> int:

@@ -250,7 +250,7 @@ class DataParallel(nn.Module):
                     bucket.buffer.div_(self.world)
                 self._inflight.append(self.reduce_hook(bucket, self.group, self.ledger))
             elif self.zero_stage == 2:  # one rank: the "slice" is the whole bucket
-                self._inflight.append(ReduceScatterHook(self)(bucket, None, None))
+                self._inflight.append(ReduceScatterHook(self)(bucket, self.group, None))
             self._next_launch += 1
 
     def _finish_backward(self) -> None:

@@ -1,0 +1,187 @@
+"""ZeRO 1/2/3, their compositions with tensor and pipeline parallelism, activation
+recomputation and mixed precision: parity with the serial run, and counted memory
+against the ZeRO and activation formulas."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from paracube.config import ParallelConfig, TrainConfig
+from paracube.models.presets import preset
+from paracube.planner.memory import model_state_bytes
+from tests.helpers import SEQ, assert_losses_close, assert_params_close, serial_reference, small_corpus, train_config
+
+NANO = preset("nano", seq_len=SEQ)
+DEEP = preset("nano", seq_len=SEQ, n_layers=4)
+GLOBAL = 8  # sequences per step in every case below
+CLIP = 0.5  # below the nano model's early gradient norms (~1–3), so clipping is exercised
+
+
+def zcfg(zero=0, dp=2, tp=1, pp=1, sp=False, accum=2, steps=10, model=NANO, **kw) -> TrainConfig:
+    return TrainConfig(
+        model=model,
+        parallel=ParallelConfig(dp=dp, tp=tp, pp=pp, sequence_parallel=sp, bucket_mb=0.1),
+        steps=steps, micro_batch=GLOBAL // (dp * accum), grad_accum=accum, warmup_steps=2, progress=False,
+        grad_clip=CLIP, zero=zero, **kw,
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def serial(steps: int, model=NANO):
+    cfg = train_config(dp=1, micro_batch=GLOBAL, steps=steps, grad_clip=CLIP, model=model)
+    return serial_reference(cfg, small_corpus())
+
+
+def run_engine(cfg):
+    """Train; return losses, every parameter at full size under serial names, the metrics."""
+    from paracube.engine import Trainer
+    from paracube.mesh.mesh import ProcessMesh
+    from paracube.tensor_parallel import full_tensor
+
+    trainer = Trainer(cfg, ProcessMesh(cfg.parallel), small_corpus())
+    metrics = [trainer.train_step() for _ in range(cfg.steps)]
+    with trainer.gathered_parameters():
+        params = {n: full_tensor(p, p, trainer.tp_group).float() for n, p in trainer.serial_named_parameters()}
+    return [m.loss for m in metrics], params, metrics
+
+
+def _check_parity(results, steps, model=NANO):
+    want_losses, want_params = serial(steps, model)
+    merged = {}
+    for losses, params, metrics in results:
+        assert_losses_close(losses, want_losses)
+        merged.update(params)
+        assert max(m.grad_norm for m in metrics) > CLIP  # clipping really happened
+    assert_params_close(merged, want_params, tol=1e-5, tensor_tol=3e-4)
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+@pytest.mark.parametrize("dp", [2, 4])
+def test_zero_matches_serial(pools, zero, dp):
+    """ZeRO stages with accumulation (2 micro-steps) and clipping: 10 steps, loss per step
+    and all parameters within 1e-5 of the serial run."""
+    cfg = zcfg(zero, dp=dp)
+    _check_parity(pools(dp).run(run_engine, cfg), cfg.steps)
+
+
+CASES = {
+    "zero1-pp2": dict(zero=1, pp=2, accum=4),
+    "zero2-pp2": dict(zero=2, pp=2, accum=4),
+    "zero1-tp2-sp": dict(zero=1, tp=2, sp=True),
+    "zero2-tp2-sp": dict(zero=2, tp=2, sp=True),
+    "zero3-tp2": dict(zero=3, tp=2),
+    "zero3-tp2-sp": dict(zero=3, tp=2, sp=True),
+    "zero2-tp2-pp2": dict(zero=2, dp=1, tp=2, pp=2, accum=4),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_zero_composes_with_tensor_and_pipeline(pools, case):
+    cfg = zcfg(**{"dp": 2, **CASES[case]})
+    par = cfg.parallel
+    _check_parity(pools(par.world_size).run(run_engine, cfg), cfg.steps)
+
+
+@pytest.mark.parametrize("recompute", ["selective", "full"])
+def test_recompute_matches_serial(pools, recompute):
+    cfg = zcfg(0, dp=2, recompute=recompute)
+    _check_parity(pools(2).run(run_engine, cfg), cfg.steps)
+
+
+def test_recompute_with_zero3(pools):
+    cfg = zcfg(3, dp=2, recompute="full", model=DEEP, steps=4)
+    _check_parity(pools(2).run(run_engine, cfg), cfg.steps, DEEP)
+
+
+# -- memory ------------------------------------------------------------------------------
+
+
+def _psi(model) -> int:
+    from paracube.models.presets import parameter_count
+
+    return parameter_count(model)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+@pytest.mark.parametrize("dp", [2, 4])
+def test_model_state_bytes_equal_zero_formula(pools, zero, dp):
+    """fp32 AdamW: 4Ψ weights, 4Ψ gradients, 8Ψ Adam moments (no master copy), each divided
+    by dp from its ZeRO stage on (Rajbhandari et al. 2020, Fig. 1 with this run's dtypes)."""
+    cfg = zcfg(zero, dp=dp, steps=2)
+    psi = _psi(cfg.model)
+    want = model_state_bytes(psi, zero, dp, weight_bytes=4, grad_bytes=4, optimizer_bytes=8)
+    for _, _, metrics in pools(dp).run(run_engine, cfg):
+        mem = metrics[-1].memory
+        assert (mem["weights"], mem["gradients"], mem["optimizer"]) == (want.weights, want.gradients, want.optimizer)
+
+
+def test_bf16_model_states_equal_mixed_precision_formula(pools):
+    """bf16 weights (2Ψ), fp32 gradients (4Ψ, the default --grad-reduce fp32) and fp32
+    master + moments (12Ψ), ZeRO-2 over 2 ranks."""
+    cfg = zcfg(2, dp=2, steps=1, precision="bf16")
+    psi = _psi(cfg.model)
+    want = model_state_bytes(psi, 2, 2, weight_bytes=2, grad_bytes=4, optimizer_bytes=12)
+    for _, _, metrics in pools(2).run(run_engine, cfg):
+        mem = metrics[-1].memory
+        assert (mem["weights"], mem["gradients"], mem["optimizer"]) == (want.weights, want.gradients, want.optimizer)
+
+
+def test_zero3_peak_parameters_are_a_shard_plus_gathered_units(pools):
+    """ZeRO-3 keeps Ψ/dp; at most the root unit and two blocks (one computing, one
+    prefetched) are gathered at once — far below the full model for a deep one."""
+    model = preset("nano", seq_len=SEQ, n_layers=8)
+    cfg = zcfg(3, dp=2, steps=1, model=model)
+    from paracube.models.gpt import GPT
+
+    blocks = sum(p.numel() for p in GPT(model).blocks[0].parameters()) * 4
+    full = _psi(model) * 4
+    root = full - model.n_layers * blocks
+    for _, _, metrics in pools(2).run(run_engine, cfg):
+        peak = metrics[-1].memory["params_peak"]
+        assert full // 2 + root + blocks <= peak <= full // 2 + root + 2 * blocks
+        assert peak < full  # never the whole model at once
+
+
+def test_full_recompute_saves_over_half_the_activations(pools):
+    results = {}
+    for mode in ("none", "selective", "full"):
+        cfg = zcfg(0, dp=2, steps=1, accum=1, recompute=mode, model=DEEP)
+        results[mode] = pools(2).run(run_engine, cfg)[0][2][-1].memory["activations_peak"]
+    assert results["full"] <= 0.5 * results["none"]
+    assert results["selective"] < results["none"]
+
+
+# -- mixed precision ---------------------------------------------------------------------
+
+
+def test_bf16_tracks_the_fp32_loss_curve(pools):
+    """bf16 compute with fp32 master weights follows the fp32 run: every step's loss
+    within 2 % over 20 steps (bf16 keeps 8 mantissa bits: ~0.4 % per rounding)."""
+    fp32 = pools(2).run(run_engine, zcfg(1, dp=2, steps=20))[0][0]
+    for precision in ("bf16", "fp16"):
+        low = pools(2).run(run_engine, zcfg(1, dp=2, steps=20, precision=precision))[0][0]
+        for step, (a, b) in enumerate(zip(low, fp32)):
+            assert abs(a - b) <= 0.02 * b, (precision, step, a, b)
+
+
+def run_fp16_overflow(cfg):
+    """A loss scale so large that fp16 gradients overflow: the step must be skipped (no
+    parameter changes) and the dynamic scale halved."""
+    from paracube.engine import Trainer
+    from paracube.mesh.mesh import ProcessMesh
+
+    trainer = Trainer(cfg, ProcessMesh(cfg.parallel), small_corpus())
+    trainer.scaler.scale = 2.0 ** 40
+    before = [p.detach().clone() for p in trainer.module.parameters()]
+    m = trainer.train_step()
+    same = all(torch.equal(a, b) for a, b in zip(before, trainer.module.parameters()))
+    return m.skipped, same, trainer.scaler.scale, m.loss
+
+
+def test_fp16_overflow_skips_the_step_and_halves_the_scale(pools):
+    for skipped, unchanged, scale, loss in pools(2).run(run_fp16_overflow, zcfg(2, dp=2, steps=1, precision="fp16")):
+        assert skipped and unchanged and scale == 2.0 ** 39
+        assert 4 < loss < 7  # the reported loss is unscaled
