@@ -256,11 +256,16 @@ class Trainer:
                 ops.all_reduce(inf, None, ledger, tag="overflow", op=torch.distributed.ReduceOp.MAX)
                 overflow = bool(inf.item() > 0)
                 self.scaler.update(overflow)
+            # Model states are counted where they all coexist: gradients now (reduced,
+            # before the step frees any), weights and optimizer states after the step.
+            grad_bytes = self.model_state_bytes()["gradients"]
             if overflow:  # fp16 overflow somewhere: skip this step on every rank
                 grad_norm = float("inf")
             else:
                 grad_norm = self._clip_gradients()
                 self.optimizer.step()
+            if cfg.zero == 1:
+                self.model.release_gradient_memory()
         with timer.phase("comm_exposed"):
             loss_value = loss_reduce.wait().item()
         step_time = time.perf_counter() - start
@@ -275,7 +280,7 @@ class Trainer:
             time={k: round(v, 6) for k, v in timer.seconds.items()},
             comm=ledger.snapshot(),
             pipeline=pipeline,
-            memory=self.memory_metrics(),
+            memory={**self.memory_metrics(), "gradients": grad_bytes},
             skipped=True if overflow else None,
             loss_scale=scale if self.scaler is not None else None,
         )

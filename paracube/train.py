@@ -47,6 +47,10 @@ def train_rank(cfg: TrainConfig, threads: int, timeout_s: float, predict: bool =
             f"data: {corpus.describe()}",
             flush=True,
         )
+        extras = [f"ZeRO-{cfg.zero}" if cfg.zero else "", cfg.precision if cfg.precision != "fp32" else "",
+                  f"{cfg.recompute} recompute" if cfg.recompute != "none" else ""]
+        if any(extras):
+            print("paracube: " + ", ".join(e for e in extras if e), flush=True)
         if trainer.pipeline is not None:
             print(f"paracube: {trainer.pipeline_description}", flush=True)
         if first_val is not None:
@@ -86,17 +90,27 @@ def prediction(cfg: TrainConfig, trainer, history: list[StepMetrics], threads: i
     rank_gpu, link = calibrate.local_hardware(data, threads, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     par = cfg.parallel
     layout = Layout(dp=par.dp, tp=par.tp, pp=par.pp, micro_batch=cfg.micro_batch, microbatches=cfg.grad_accum,
-                    schedule=par.schedule, chunks=par.chunks, sequence_parallel=par.sequence_parallel)
-    est = estimate(cfg.model, layout, Cluster(rank_gpu, par.world_size, link, link), precision="fp32")
+                    schedule=par.schedule, chunks=par.chunks, sequence_parallel=par.sequence_parallel,
+                    zero=cfg.zero, recompute=cfg.recompute)
+    est = estimate(cfg.model, layout, Cluster(rank_gpu, par.world_size, link, link), precision=cfg.precision)
     steady = sorted(m.step_time for m in history[1:] or history)
     measured = steady[len(steady) // 2]
-    predicted_states = stage_memory(cfg.model, layout, "fp32")[0].model_states
+    predicted_states = stage_memory(cfg.model, layout, cfg.precision)[0].model_states
     counted = sum(trainer.model_state_bytes().values())
-    return (
+    line = (
         f"paracube: predicted step {est.step_time * 1e3:.1f} ms, measured median {measured * 1e3:.1f} ms "
         f"(predicted/measured {est.step_time / measured:.2f}); model states on rank 0: predicted "
         f"{predicted_states / 2**20:.2f} MiB, counted {counted / 2**20:.2f} MiB"
     )
+    if par.tp == 1 and par.pp == 1:  # activations: the op-by-op formula for paracube's model
+        from paracube.planner.saved_activations import model_saved_bytes
+
+        elem = {"fp32": 4, "bf16": 2, "fp16": 2}[cfg.precision]
+        want = model_saved_bytes(cfg.model, cfg.micro_batch, elem=elem, recompute=cfg.recompute,
+                                 recompute_blocks=cfg.recompute_blocks)
+        line += (f"; saved activations per micro-batch: predicted {want / 2**20:.2f} MiB, "
+                 f"counted peak {history[-1].memory['activations_peak'] / 2**20:.2f} MiB")
+    return line
 
 
 def _progress(cfg: TrainConfig, lead: bool):
@@ -114,13 +128,22 @@ def summary(history: list[StepMetrics], first_val: float | None, wall: float) ->
     total = sum(m.step_time for m in steady)
     phases = {k: sum(m.time.get(k, 0.0) for m in steady) for k in steady[0].time}
     split = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in phases.items())
-    grad = steady[-1].comm.get("all_reduce/grad", {"bytes": 0})
+    comm = steady[-1].comm
+    grad_bytes = sum(comm.get(k, {"bytes": 0})["bytes"] for k in ("all_reduce/grad", "reduce_scatter/grad"))
     vals = [m.val_loss for m in history if m.val_loss is not None]
     lines = [
         f"paracube: {len(history)} steps in {wall:.1f}s; loss {history[0].loss:.4f} → {history[-1].loss:.4f}",
         f"paracube: median {sorted(m.tokens_per_s for m in steady)[len(steady) // 2]:,.0f} tokens/s; "
-        f"time split: {split}; gradient all-reduce {grad['bytes'] / 2**20:.2f} MiB/step",
+        f"time split: {split}; gradient reduction {grad_bytes / 2**20:.2f} MiB/step",
     ]
+    mem = steady[-1].memory
+    if mem:
+        mib = {k: v / 2**20 for k, v in mem.items()}
+        lines.append(
+            f"paracube: memory per rank (rank 0): weights {mib['weights']:.2f} MiB, gradients {mib['gradients']:.2f} MiB, "
+            f"optimizer {mib['optimizer']:.2f} MiB, saved activations peak {mib['activations_peak']:.2f} MiB"
+            + (f", gathered parameters peak {mib['params_peak']:.2f} MiB" if "params_peak" in mib else "")
+        )
     if vals:
         start = f"{first_val:.4f} → " if first_val is not None else ""
         lines.insert(1, f"paracube: validation loss {start}{vals[-1]:.4f}")

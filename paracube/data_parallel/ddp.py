@@ -175,6 +175,14 @@ class DataParallel(nn.Module):
             raise RuntimeError("flat_parameters() needs DataParallel(..., contiguous_params=True)")
         return [(b.key, b.flat_param) for b in self.buckets]
 
+    def release_gradient_memory(self) -> None:
+        """Free the full gradient buffers until the next backward allocates them again —
+        ZeRO-1 after its optimizer step: only this rank's slice was needed, and it has been
+        consumed. (ZeRO-2 frees each bucket as soon as it is reduce-scattered.)"""
+        for b in self.buckets:
+            if b.allocated:
+                b.free()
+
     def shards(self) -> list[FlatShard]:
         """What this rank's optimizer steps, one :class:`FlatShard` per bucket: the whole
         bucket (ZeRO-0) or this rank's 1/dp slice of it (ZeRO-1/2)."""
