@@ -264,7 +264,7 @@ class Trainer:
             else:
                 grad_norm = self._clip_gradients()
                 self.optimizer.step()
-            if cfg.zero == 1:
+            if cfg.zero >= 1:  # gradients are consumed: hold none between steps
                 self.model.release_gradient_memory()
         with timer.phase("comm_exposed"):
             loss_value = loss_reduce.wait().item()

@@ -96,7 +96,8 @@ def prediction(cfg: TrainConfig, trainer, history: list[StepMetrics], threads: i
     steady = sorted(m.step_time for m in history[1:] or history)
     measured = steady[len(steady) // 2]
     predicted_states = stage_memory(cfg.model, layout, cfg.precision)[0].model_states
-    counted = sum(trainer.model_state_bytes().values())
+    mem = history[-1].memory  # counted where all model states coexist (see Trainer._train_step)
+    counted = mem["weights"] + mem["gradients"] + mem["optimizer"]
     line = (
         f"paracube: predicted step {est.step_time * 1e3:.1f} ms, measured median {measured * 1e3:.1f} ms "
         f"(predicted/measured {est.step_time / measured:.2f}); model states on rank 0: predicted "

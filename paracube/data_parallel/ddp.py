@@ -176,12 +176,15 @@ class DataParallel(nn.Module):
         return [(b.key, b.flat_param) for b in self.buckets]
 
     def release_gradient_memory(self) -> None:
-        """Free the full gradient buffers until the next backward allocates them again —
-        ZeRO-1 after its optimizer step: only this rank's slice was needed, and it has been
-        consumed. (ZeRO-2 frees each bucket as soon as it is reduce-scattered.)"""
+        """After the optimizer step, free what held gradients until the next backward
+        allocates it again: ZeRO-1's full buffers (only this rank's slice was needed, and
+        it has been consumed), ZeRO-2's gradient slices (each bucket itself is freed as soon
+        as it is reduce-scattered)."""
         for b in self.buckets:
             if b.allocated:
                 b.free()
+            if b.grad_shard is not None:
+                b.grad_shard.untyped_storage().resize_(0)
 
     def shards(self) -> list[FlatShard]:
         """What this rank's optimizer steps, one :class:`FlatShard` per bucket: the whole

@@ -42,9 +42,9 @@ class ReduceScatterHook:
         self.dp = dp  # the DataParallel that owns the buckets (group size and rank)
 
     def __call__(self, bucket: GradBucket, group, ledger: CommLedger | None) -> Waitable:
-        from paracube.data_parallel.shards import shard_bounds
-
-        lo, hi = shard_bounds(bucket.buffer.numel(), self.dp.world, self.dp.rank)
+        shard = bucket.grad_shard
+        if not shard.untyped_storage().nbytes():  # released after the previous step
+            shard.untyped_storage().resize_(shard.numel() * shard.element_size())
         # The first reduction of an accumulation window writes the slice in place.
         out = bucket.grad_shard if bucket.shard_fresh else torch.empty_like(bucket.grad_shard)
         pending = ops.reduce_scatter_into(out, bucket.buffer, group, ledger, tag="grad", async_op=True)

@@ -123,6 +123,8 @@ class ShardedUnit:
                 view.zero_()
         if self.owner.pre_reduce is not None:
             self.owner.pre_reduce(self.params, self.grad_views)
+        if not self.grad_shard.untyped_storage().nbytes():  # released after the previous step
+            _alloc(self.grad_shard)
         out = self.grad_shard if self.shard_fresh else torch.empty_like(self.grad_shard)
         pending = ops.reduce_scatter_into(out, self.grad_full, self.owner.group, self.owner.ledger,
                                           tag="grad", async_op=True)
@@ -213,6 +215,11 @@ class ShardedDataParallel(nn.Module):
 
     def shards(self) -> list[FlatShard]:
         return [u.shard_view() for u in self.all_units]
+
+    def release_gradient_memory(self) -> None:
+        """After the optimizer step: free the gradient slices until the next backward."""
+        for u in self.all_units:
+            _free(u.grad_shard)
 
     def gathered_param_bytes(self) -> int:
         return sum(u.full.untyped_storage().nbytes() for u in self.all_units)
