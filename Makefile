@@ -36,6 +36,8 @@ bench: $(BENCH)/.installed
 	$(BENCH)/bin/python benchmarks/bench_data_parallel.py --out benchmarks/results/data_parallel.json
 	$(BENCH)/bin/python benchmarks/bench_tensor_parallel.py --out benchmarks/results/tensor_parallel.json
 	DS_ACCELERATOR=cpu $(BENCH)/bin/python benchmarks/bench_pipeline.py --out benchmarks/results/pipeline.json
+	DS_ACCELERATOR=cpu $(BENCH)/bin/python benchmarks/bench_zero.py --out benchmarks/results/zero.json
+	$(BENCH)/bin/python benchmarks/bench_recompute.py --out benchmarks/results/recompute.json
 
 clean:
 	rm -rf $(VENV) $(BENCH) runs *.egg-info
