@@ -41,12 +41,13 @@ def worker(rank: int, world: int, args, out: str) -> None:
                        steps=10_000, progress=False)
     corpus = build_corpus(None, base.model.seq_len)
     mesh = ProcessMesh(base.parallel)
-    trainers = {name: Trainer(base.replace(**kw), mesh, corpus) for name, kw in VARIANTS.items()}
+    trainers = {name: Trainer(base.replace(count_activations_every=1, **kw), mesh, corpus)
+                for name, kw in VARIANTS.items()}
     peaks = {}
 
     def runner(name):
         def step():
-            peaks[name] = trainers[name].train_step().memory["activations_peak"]
+            peaks[name] = trainers[name].train_step().memory["activations_peak"]  # counted every step here
         return step
 
     times = interleaved({n: runner(n) for n in trainers}, reps=args.reps, steps=args.steps)

@@ -48,6 +48,8 @@ def _train_parser(sub) -> None:
                    help="under bf16/fp16: accumulate and reduce gradients in fp32 (default) or in the compute dtype")
     z.add_argument("--loss-scale", default=None,
                    help="fp16 loss scaling: dynamic (default for fp16) or a fixed number")
+    z.add_argument("--count-activations-every", type=int, default=10,
+                   help="count saved activation bytes on every N-th step (default 10; 1: every step)")
     m = p.add_argument_group("model and data")
     m.add_argument("--model", default="tiny", help="model preset (default tiny); see paracube.models.PRESETS")
     m.add_argument("--seq-len", type=int, default=None, help="override the preset's sequence length")
@@ -178,6 +180,7 @@ def config_from_args(args) -> TrainConfig:
         precision=args.precision,
         grad_reduce="compute" if args.grad_reduce in ("compute", "bf16", "fp16") else args.grad_reduce,
         loss_scale=args.loss_scale,
+        count_activations_every=args.count_activations_every,
     )
 
 

@@ -198,10 +198,11 @@ class TrainConfig:
     precision: str = "fp32"
     grad_reduce: str = "fp32"  # dtype of gradient accumulation and reduction under bf16/fp16
     loss_scale: Optional[str] = None  # fp16: "dynamic" (default) or a fixed number; "none" refused
+    count_activations_every: int = 10  # count saved activations on steps 0, N, 2N, … (1: every step)
 
     def __post_init__(self) -> None:
         self._check_memory_options()
-        for f in ("steps", "micro_batch", "grad_accum", "eval_batches"):
+        for f in ("steps", "micro_batch", "grad_accum", "eval_batches", "count_activations_every"):
             _positive(f"--{f.replace('_', '-')}", getattr(self, f))
         if self.global_batch is not None:
             _positive("--global-batch", self.global_batch)

@@ -191,3 +191,25 @@ def test_fp16_overflow_skips_the_step_and_halves_the_scale(pools):
     for skipped, unchanged, scale, loss in pools(2).run(run_fp16_overflow, zcfg(2, dp=2, steps=1, precision="fp16")):
         assert skipped and unchanged and scale == 2.0 ** 39
         assert 4 < loss < 7  # the reported loss is unscaled
+
+
+def run_stage_peaks(cfg):
+    from paracube.engine import Trainer
+    from paracube.mesh.mesh import ProcessMesh
+
+    trainer = Trainer(cfg, ProcessMesh(cfg.parallel), small_corpus())
+    return trainer.mesh.rank("pp"), trainer.train_step().memory["activations_peak"]
+
+
+def test_pipeline_activation_peak_follows_the_schedule(pools):
+    """Counted over the whole schedule: with m = 4 micro-batches on 2 stages, GPipe's first
+    stage holds all 4 micro-batches' activations at its peak, 1F1B's only p = 2 (Narayanan
+    et al. 2021) — the counted peaks are in that ratio exactly; the last stage holds one
+    micro-batch under 1F1B."""
+    peaks = {}
+    for schedule in ("gpipe", "1f1b"):
+        cfg = TrainConfig(model=NANO, parallel=ParallelConfig(pp=2, schedule=schedule), micro_batch=2, grad_accum=4,
+                          steps=1, warmup_steps=1, progress=False)
+        peaks[schedule] = dict(pools(2).run(run_stage_peaks, cfg))
+    assert peaks["gpipe"][0] == 2 * peaks["1f1b"][0]
+    assert peaks["gpipe"][1] == 4 * peaks["1f1b"][1]

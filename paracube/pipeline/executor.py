@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from paracube.comm import ops
+from paracube.memory.activations import note_saved
 from paracube.comm.ledger import CommLedger
 from paracube.pipeline.schedules import Action
 from paracube.pipeline.zero_bubble import WeightGradStore
@@ -179,9 +180,11 @@ class PipelineExecutor:
                     loss_sum += out.detach()
                 else:
                     self._send(out, s + 1, self._tag(0, s, a.mb), pending)
-                saved[(a.mb, a.chunk)] = (x, out)
+                # A received activation is a leaf that requires grad, which the activation
+                # counter takes for a parameter: charge it explicitly while it is kept.
+                saved[(a.mb, a.chunk)] = (x, out, note_saved(x) if s > 0 else ())
             elif a.kind in ("B", "I"):
-                x, out = saved[(a.mb, a.chunk)]
+                x, out, _ = saved[(a.mb, a.chunk)]
                 grad = None if s == self.last_stage else self._recv(s + 1, self._tag(1, s + 1, a.mb), record, posted)
                 t0 = time.perf_counter()
                 if a.kind == "I":
