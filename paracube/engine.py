@@ -311,6 +311,9 @@ class Trainer:
                 with timer.phase("backward"):
                     loss.backward()
             loss_sum += loss.detach()
+        if self.model.needs_sync_call:  # one data-parallel rank: no hooks ran
+            with timer.phase("backward"):
+                self.model.sync_gradients()
         # Gradient waits ran inside backward's final callback: report them as exposed comm.
         timer.move(self.mesh.ledger.total(tag="grad").seconds, src="backward", dst="comm_exposed")
         return loss_sum

@@ -120,7 +120,9 @@ class DataParallel(nn.Module):
                 lo, hi = shard_bounds(b.buffer.numel(), self.world, self.rank)
                 b.grad_shard = torch.zeros(hi - lo, dtype=b.buffer.dtype, device=b.buffer.device)
                 b.free()  # allocated again when its first gradient arrives
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
+        # With nobody to reduce with there is no communication to overlap: no per-gradient
+        # hooks; call sync_gradients() after the last backward instead.
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params] if self.world > 1 else []
 
     # -- public API ---------------------------------------------------------------------
 
@@ -153,10 +155,16 @@ class DataParallel(nn.Module):
             if b.flat_param is not None and b.bindable and b.allocated:
                 b.flat_param.grad = b.buffer
 
+    @property
+    def needs_sync_call(self) -> bool:
+        """True when backward does not synchronise by itself (a group of one rank): the
+        caller must call :meth:`sync_gradients` after the last backward of a step."""
+        return self.world == 1
+
     def sync_gradients(self) -> None:
         """Reduce every bucket now, for gradients accumulated outside a synchronised
-        backward (e.g. a pipeline step run under :meth:`no_sync`, or weight gradients a
-        zero-bubble W pass wrote directly)."""
+        backward (e.g. a pipeline step run under :meth:`no_sync`, weight gradients a
+        zero-bubble W pass wrote directly, or any step of a one-rank group)."""
         for b in self.buckets:
             for i, p in enumerate(b.params):
                 if p.grad is not None and (not b.bindable or not b.allocated

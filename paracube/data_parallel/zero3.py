@@ -210,6 +210,8 @@ class ShardedDataParallel(nn.Module):
         for u in self.all_units:
             u.shard_fresh = True
 
+    needs_sync_call = False  # every backward reduces (and frees) through the hooks
+
     def sync_gradients(self) -> None:
         """Gradients are reduced inside every backward; nothing is left to do."""
 
