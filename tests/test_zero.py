@@ -15,15 +15,18 @@ from paracube.planner.memory import model_state_bytes
 from tests.helpers import SEQ, assert_losses_close, assert_params_close, serial_reference, small_corpus, train_config
 
 NANO = preset("nano", seq_len=SEQ)
+TIED = preset("nano", seq_len=SEQ, tie_embeddings=True)
 DEEP = preset("nano", seq_len=SEQ, n_layers=4)
 GLOBAL = 8  # sequences per step in every case below
 CLIP = 0.5  # below the nano model's early gradient norms (~1–3), so clipping is exercised
 
 
-def zcfg(zero=0, dp=2, tp=1, pp=1, sp=False, accum=2, steps=10, model=NANO, **kw) -> TrainConfig:
+def zcfg(zero=0, dp=2, tp=1, pp=1, sp=False, accum=2, steps=10, model=NANO, schedule="1f1b", chunks=1,
+         **kw) -> TrainConfig:
     return TrainConfig(
         model=model,
-        parallel=ParallelConfig(dp=dp, tp=tp, pp=pp, sequence_parallel=sp, bucket_mb=0.1),
+        parallel=ParallelConfig(dp=dp, tp=tp, pp=pp, sequence_parallel=sp, bucket_mb=0.1, schedule=schedule,
+                                chunks=chunks),
         steps=steps, micro_batch=GLOBAL // (dp * accum), grad_accum=accum, warmup_steps=2, progress=False,
         grad_clip=CLIP, zero=zero, **kw,
     )
@@ -54,6 +57,9 @@ def _check_parity(results, steps, model=NANO):
     for losses, params, metrics in results:
         assert_losses_close(losses, want_losses)
         merged.update(params)
+    if "head.weight" in merged and "head.weight" not in want_params:  # tied, split over stages
+        assert torch.equal(merged.pop("head.weight"), merged["embed.tok.weight"])
+    for losses, params, metrics in results:
         assert max(m.grad_norm for m in metrics) > CLIP  # clipping really happened
     assert_params_close(merged, want_params, tol=1e-5, tensor_tol=3e-4)
 
@@ -75,14 +81,19 @@ CASES = {
     "zero3-tp2": dict(zero=3, tp=2),
     "zero3-tp2-sp": dict(zero=3, tp=2, sp=True),
     "zero2-tp2-pp2": dict(zero=2, dp=1, tp=2, pp=2, accum=4),
+    "zero1-dp2-tp2-pp2-sp": dict(zero=1, tp=2, pp=2, sp=True, accum=4),
+    "zero3-tied": dict(zero=3, model=TIED),
+    "zero2-pp2-tied": dict(zero=2, pp=2, accum=4, model=TIED),
+    "zero1-pp2-zb-h1-full-recompute": dict(zero=1, pp=2, accum=4, schedule="zb-h1", recompute="full"),
+    "zero2-pp2-interleaved-selective": dict(zero=2, pp=2, accum=4, schedule="interleaved-1f1b", chunks=2,
+                                            recompute="selective", model=DEEP),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_zero_composes_with_tensor_and_pipeline(pools, case):
     cfg = zcfg(**{"dp": 2, **CASES[case]})
-    par = cfg.parallel
-    _check_parity(pools(par.world_size).run(run_engine, cfg), cfg.steps)
+    _check_parity(pools(cfg.parallel.world_size).run(run_engine, cfg), cfg.steps, cfg.model)
 
 
 @pytest.mark.parametrize("recompute", ["selective", "full"])
