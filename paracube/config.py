@@ -154,8 +154,7 @@ def check_tensor_parallel(model: ModelConfig, parallel: ParallelConfig) -> None:
         ("key/value heads", "n_kv_heads", model.n_kv_heads),
         ("hidden size", "hidden", model.hidden),
         ("MLP size", "ffn_hidden", model.ffn_hidden),
-        ("vocabulary", "vocab_size", model.vocab_size),
-    ]
+    ]  # the vocabulary need not divide: it is padded to a multiple of tp (Megatron's rule)
     if parallel.sequence_parallel:
         splits.append(("sequence length", "seq_len", model.seq_len))
     for what, name, value in splits:

@@ -343,7 +343,8 @@ class Trainer:
 
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Summed next-token loss; vocabulary-parallel when the head is sharded."""
-        return vocab_parallel_cross_entropy(logits, targets, self.tp_group, self.mesh.ledger, reduction="sum")
+        return vocab_parallel_cross_entropy(logits, targets, self.tp_group, self.mesh.ledger, reduction="sum",
+                                            vocab_size=self.cfg.model.vocab_size)
 
     @torch.no_grad()
     def _pre_reduce(self, params: list, grads: list) -> None:

@@ -158,8 +158,12 @@ CASES = [
     (1, 2, False, None), (1, 2, True, None), (1, 4, False, None), (1, 4, True, None),
     (2, 2, False, None), (2, 2, True, None), (1, 2, True, LLAMA_NANO),
     (1, 2, False, preset("nano", seq_len=SEQ, tie_embeddings=True)),
+    # a vocabulary that tp does not divide (GPT-2's 50,257 in miniature): padded, masked
+    (1, 4, True, preset("nano", seq_len=SEQ, vocab_size=259)),
+    (1, 2, False, preset("nano", seq_len=SEQ, vocab_size=257, tie_embeddings=True)),
 ]
-IDS = ["tp2", "tp2-sp", "tp4", "tp4-sp", "dp2xtp2", "dp2xtp2-sp", "tp2-sp-llama", "tp2-tied"]
+IDS = ["tp2", "tp2-sp", "tp4", "tp4-sp", "dp2xtp2", "dp2xtp2-sp", "tp2-sp-llama", "tp2-tied", "tp4-sp-vocab259",
+       "tp2-tied-vocab257"]
 
 
 @pytest.mark.parametrize("dp,tp,sp,model", CASES, ids=IDS)

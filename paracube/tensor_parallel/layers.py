@@ -47,6 +47,25 @@ def _shard(t: torch.Tensor, dim: int, group, sections: tuple[int, ...] | None = 
     return p
 
 
+def pad_vocab(t: torch.Tensor, world: int) -> torch.Tensor:
+    """``t`` (V, ...) with zero rows appended up to a multiple of ``world`` — Megatron's
+    vocabulary padding, so that any vocabulary (GPT-2's 50,257) splits over any tp. The
+    padded rows are never looked up (tokens < V) and their logits are masked out of the
+    loss, so they get no gradient and stay zero."""
+    rows = t.shape[0]
+    padded = -(-rows // world) * world
+    if padded == rows:
+        return t
+    return torch.cat([t.detach(), t.new_zeros((padded - rows, *t.shape[1:]))])
+
+
+def _vocab_shard(t: torch.Tensor, group) -> nn.Parameter:
+    """This rank's rows of the (padded) vocabulary; remembers the true size for unsharding."""
+    p = _shard(pad_vocab(t, ops.group_size(group)), 0, group)
+    p.tp_vocab = t.shape[0]
+    return p
+
+
 def unshard(parts: list[torch.Tensor], dim: int, sections: tuple[int, ...]) -> torch.Tensor:
     """Inverse of :func:`_shard`: every rank's shard (in rank order) → the full tensor."""
     split = [part.split(list(sections), dim=dim) for part in parts]  # [rank][section]
@@ -129,10 +148,12 @@ class ColumnParallelLinear(_ParallelLinear):
     prepared the input.
     """
 
-    def __init__(self, weight, bias, group, ledger=None, *, gather_output=False, input_mode="copy", sections=None):
+    def __init__(self, weight, bias, group, ledger=None, *, gather_output=False, input_mode="copy", sections=None,
+                 vocab: bool = False):
         super().__init__(group, ledger)
         assert input_mode in INPUT_MODES
-        self.weight = _shard(weight, 0, group, sections)  # (O/tp, H)
+        # (O/tp, H); an LM head (``vocab``) is padded to a multiple of tp rows first
+        self.weight = _vocab_shard(weight, group) if vocab else _shard(weight, 0, group, sections)
         self.bias = _shard(bias, 0, group, sections) if bias is not None else None  # (O/tp,)
         self.gather_output, self.input_mode = gather_output, input_mode
 
@@ -182,7 +203,8 @@ class RowParallelLinear(_ParallelLinear):
 
 
 class VocabParallelEmbedding(_TPModule):
-    """Embedding table split by vocabulary rows: rank i holds rows [i·V/tp, (i+1)·V/tp).
+    """Embedding table split by vocabulary rows: rank i holds rows [i·V/tp, (i+1)·V/tp)
+    of the vocabulary padded to a multiple of tp (:func:`pad_vocab`).
 
     Tokens outside a rank's range look up zeros there; an all-reduce sums the one real
     row per token. Tokens (B, T) → (B, T, H).
@@ -190,7 +212,7 @@ class VocabParallelEmbedding(_TPModule):
 
     def __init__(self, weight, group, ledger=None):
         super().__init__(group, ledger)
-        self.weight = _shard(weight, 0, group)  # (V/tp, H)
+        self.weight = _vocab_shard(weight, group)  # (V_padded/tp, H)
         self.vocab_start = self.tp_rank * self.weight.shape[0]
 
     @classmethod

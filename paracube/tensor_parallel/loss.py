@@ -18,10 +18,13 @@ from paracube.models.gpt import at_least_fp32
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, targets, group, ledger):
-        logits = at_least_fp32(logits)  # (B, T, V/tp)
+    def forward(ctx, logits, targets, group, ledger, vocab_size):
+        logits = at_least_fp32(logits)  # (B, T, V_padded/tp)
         vocab_local = logits.shape[-1]
         start = dist.get_rank(group) * vocab_local
+        if vocab_size is not None and start + vocab_local > vocab_size:  # padded columns: not words
+            padding = torch.arange(start, start + vocab_local, device=logits.device) >= vocab_size
+            logits = logits.masked_fill(padding, float("-inf"))
         row_max = logits.max(dim=-1).values  # (B, T)
         ops.all_reduce(row_max, group, ledger, tag="tp_loss", op=dist.ReduceOp.MAX)
         shifted = logits - row_max.unsqueeze(-1)
@@ -43,16 +46,18 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         grad = softmax.clone()
         hit = (~outside).to(grad.dtype).unsqueeze(-1)
         grad.scatter_add_(-1, local.unsqueeze(-1), -hit)
-        return grad * grad_loss.unsqueeze(-1), None, None, None
+        return grad * grad_loss.unsqueeze(-1), None, None, None, None
 
 
-def vocab_parallel_cross_entropy(logits, targets, group, ledger=None, reduction: str = "mean") -> torch.Tensor:
-    """Cross-entropy of vocabulary-sharded ``logits`` (B, T, V/tp) against ``targets`` (B, T)."""
+def vocab_parallel_cross_entropy(logits, targets, group, ledger=None, reduction: str = "mean",
+                                 vocab_size: int | None = None) -> torch.Tensor:
+    """Cross-entropy of vocabulary-sharded ``logits`` (B, T, V/tp) against ``targets`` (B, T).
+    ``vocab_size``: the true vocabulary when the shards are padded (columns ≥ it are masked)."""
     if ops.group_size(group) == 1:
         from paracube.models.gpt import lm_loss
 
         return lm_loss(logits, targets, reduction)
-    losses = _VocabParallelCrossEntropy.apply(logits, targets, group, ledger)
+    losses = _VocabParallelCrossEntropy.apply(logits, targets, group, ledger, vocab_size)
     if reduction == "sum":
         return losses.sum()
     if reduction == "none":

@@ -53,11 +53,13 @@ class Colwise(Style):
     prepare_input: bool = True
     gather_output: bool = False
     sections: tuple[int, ...] | None = None
+    vocab: bool = False  # an LM head: rows padded to a multiple of tp (masked in the loss)
 
     def apply(self, module, ctx):
         mode = ("gather_sp" if ctx.sequence_parallel else "copy") if self.prepare_input else None
         return ColumnParallelLinear.from_linear(
-            module, ctx.group, ctx.ledger, gather_output=self.gather_output, input_mode=mode, sections=self.sections
+            module, ctx.group, ctx.ledger, gather_output=self.gather_output, input_mode=mode, sections=self.sections,
+            vocab=self.vocab,
         )
 
 
@@ -125,7 +127,7 @@ def gpt_plan(cfg: ModelConfig) -> dict[str, Style]:
         "blocks.*.mlp.up_proj": Colwise(sections=up_sections),
         "blocks.*.mlp.down_proj": Rowwise(),
         "norm": SequenceSharded(),
-        "head": Colwise(),  # vocab-parallel logits (B, T, V/tp)
+        "head": Colwise(vocab=True),  # vocab-parallel logits (B, T, V_padded/tp)
     }
 
 
@@ -182,7 +184,10 @@ def full_tensor(local: torch.Tensor, param: nn.Parameter, group) -> torch.Tensor
     if dim is None or world == 1:
         return local.detach().clone()
     gathered = ops.all_gather(local.detach().movedim(dim, 0).contiguous(), group).movedim(0, dim)
-    return unshard(list(gathered.chunk(world, dim=dim)), dim, param.tp_sections).contiguous()
+    full = unshard(list(gathered.chunk(world, dim=dim)), dim, param.tp_sections)
+    if getattr(param, "tp_vocab", None) is not None:  # drop the vocabulary padding
+        full = full.narrow(0, 0, param.tp_vocab)
+    return full.contiguous()
 
 
 def full_parameters(model: nn.Module, group) -> dict[str, torch.Tensor]:
