@@ -35,3 +35,21 @@ def test_model_matches_on_cpu_and_gpu():
     x = torch.randint(0, 256, (2, 64))
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.testing.assert_close(lm_loss(gpu(x.cuda()), x.cuda()).cpu(), lm_loss(cpu(x), x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("zero", [1, 3])
+def test_zero_bf16_on_gpu_reports_cuda_memory(tmp_path, zero):
+    """ZeRO with bf16 on NCCL: training proceeds and every step reports the CUDA
+    allocator's peak beside the counted model states."""
+    from paracube.metrics import read_metrics
+
+    n = min(torch.cuda.device_count(), 2)
+    metrics = tmp_path / "m.jsonl"
+    proc = run_cli("train", "--dp", str(n), "--zero", str(zero), "--precision", "bf16", "--recompute", "full",
+                   "--model", "tiny", "--steps", "10", "--metrics", str(metrics), "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    records = read_metrics(str(metrics))
+    assert records[-1]["loss"] < records[0]["loss"]
+    mem = records[-1]["memory"]
+    assert mem["cuda_max_allocated"] >= mem["weights"] + mem["optimizer"]
