@@ -95,7 +95,9 @@ def cmd_plan(args) -> int:
         data = calibrate()
         print(f"matmul {data['matmul_flops_per_thread'] / 1e9:.1f} GFLOP/s per thread, memory "
               f"{data['memory_bandwidth'] / 1e9:.1f} GB/s, gloo {data['link_bandwidth'] / 1e9:.2f} GB/s "
-              f"+ {data['link_latency'] * 1e6:.0f} µs per message; saved to {DEFAULT_PATH}")
+              f"+ {data['link_latency'] * 1e6:.0f} µs per message, all-reduce {data['allreduce_bandwidth'] / 1e9:.2f} GB/s "
+              f"+ {data['allreduce_latency'] * 1e6:.0f} µs, all-gather + reduce-scatter pair "
+              f"{data['gather_scatter_pair_ratio']:.2f}× the all-reduce; saved to {DEFAULT_PATH}")
         return 0
     for name in ("gpus", "global_batch"):
         if getattr(args, name) is None:

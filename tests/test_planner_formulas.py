@@ -129,6 +129,39 @@ def test_tensor_parallel_across_nodes_is_slower_than_within():
     assert across.tp_comm > 5 * inside.tp_comm
 
 
+def test_sequence_parallel_pays_the_links_gather_scatter_pair_ratio():
+    """On NCCL an all-gather + reduce-scatter pair is the all-reduce (ratio 1: SP costs the
+    same wire time); on a link whose pair was measured slower, SP's TP time scales by it."""
+    import dataclasses
+
+    from paracube.planner.layout_memory import Layout
+    from paracube.planner.time_model import Cluster, estimate
+
+    cfg, node = preset("gpt3-13b"), _a100_node(8)
+    plain = estimate(cfg, Layout(tp=8, micro_batch=1, microbatches=8), node)
+    sp = estimate(cfg, Layout(tp=8, micro_batch=1, microbatches=8, sequence_parallel=True), node)
+    assert sp.tp_comm == pytest.approx(plain.tp_comm)
+    slow = Cluster(node.gpu, node.gpus_per_node, dataclasses.replace(node.intra, pair_cost_ratio=2.5), node.inter)
+    plain_slow = estimate(cfg, Layout(tp=8, micro_batch=1, microbatches=8), slow)
+    sp_slow = estimate(cfg, Layout(tp=8, micro_batch=1, microbatches=8, sequence_parallel=True), slow)
+    assert plain_slow.tp_comm == pytest.approx(plain.tp_comm)
+    # the layers' all-reduces became pairs at 2.5× the price; the embedding/loss ones did not
+    layer_part = plain.tp_comm - _extra(plain, cfg)
+    assert 0 < layer_part < plain.tp_comm
+    assert sp_slow.tp_comm - plain_slow.tp_comm == pytest.approx(1.5 * layer_part, rel=1e-9)
+
+
+def _extra(est, cfg):
+    """tp_comm outside the layers (embedding, head input gradient, loss statistics)."""
+    from paracube.planner.layout_memory import Layout
+    from paracube.planner.time_model import estimate
+
+    one_layer = estimate(cfg.replace(n_layers=1), Layout(tp=8, micro_batch=1, microbatches=8), _a100_node(8))
+    two_layers = estimate(cfg.replace(n_layers=2), Layout(tp=8, micro_batch=1, microbatches=8), _a100_node(8))
+    per_layer = two_layers.tp_comm - one_layer.tp_comm
+    return est.tp_comm - cfg.n_layers * per_layer
+
+
 def test_pipeline_bubble_term_follows_the_schedule():
     from paracube.planner.layout_memory import Layout
     from paracube.planner.time_model import estimate

@@ -3,7 +3,10 @@
 ``paracube plan --calibrate`` measures, in a few seconds: the matmul rate of one thread
 (fp32, 512³), the memory bandwidth (a large copy), and gloo's latency and bandwidth
 between two local processes, for a point-to-point transfer and for an all-reduce (4 KiB
-and 8 MiB each, fastest of ten: α and β of the α-β model). It saves them as JSON; the planner then
+and 8 MiB each, fastest of ten: α and β of the α-β model), and what an all-gather plus a
+reduce-scatter pair costs against the all-reduce it replaces under sequence parallelism
+(1 MiB, an activation's size: on NCCL the pair *is* a ring all-reduce, ratio 1; gloo
+implements the three separately). It saves them as JSON; the planner then
 treats "this machine" as a GPU whose peak is the measured matmul rate × threads per rank.
 """
 
@@ -51,7 +54,7 @@ def _pingpong(rank: int, port: int, out) -> None:
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=60))
-    result = {"p2p": {}, "all_reduce": {}}
+    result = {"p2p": {}, "all_reduce": {}, "pair_ratio": 1.0}
     for size in (1024, 2 << 20):  # floats: 4 KiB and 8 MiB
         buf = torch.zeros(size)
         times, reduce_times = [], []
@@ -71,6 +74,20 @@ def _pingpong(rank: int, port: int, out) -> None:
         # the fastest of ten: the transfer itself, without the scheduler's noise
         result["p2p"][size * 4] = min(times)
         result["all_reduce"][size * 4] = min(reduce_times)
+    # Sequence parallelism's pair against the all-reduce it replaces, at 1 MiB (full size),
+    # fastest of ten each, as above.
+    full, half = torch.zeros(1 << 18), torch.zeros(1 << 17)
+    pair, whole = [], []
+    for i in range(11):
+        start = time.perf_counter()
+        dist.all_gather_into_tensor(full, half)
+        dist.reduce_scatter_tensor(half, full)
+        mid = time.perf_counter()
+        dist.all_reduce(full)
+        if i:
+            pair.append(mid - start)
+            whole.append(time.perf_counter() - mid)
+    result["pair_ratio"] = min(pair) / min(whole)
     if rank == 0:
         out.put(result)
     dist.destroy_process_group()
@@ -102,7 +119,8 @@ def _link() -> dict:
     latency, bandwidth = _alpha_beta(measured["p2p"])
     reduce_latency, reduce_bandwidth = _alpha_beta(measured["all_reduce"])
     return {"link_latency": latency, "link_bandwidth": bandwidth,
-            "allreduce_latency": reduce_latency, "allreduce_bandwidth": reduce_bandwidth}
+            "allreduce_latency": reduce_latency, "allreduce_bandwidth": reduce_bandwidth,
+            "gather_scatter_pair_ratio": measured["pair_ratio"]}
 
 
 def calibrate(path: Path = DEFAULT_PATH) -> dict:
@@ -127,4 +145,5 @@ def local_hardware(data: dict, threads_per_rank: int, local_ranks: int = 1) -> t
     rank = GPU("this machine (one rank)", data["matmul_flops_per_thread"] * threads_per_rank,
                memory_bytes=64e9, hbm_bandwidth=data["memory_bandwidth"] / local_ranks,
                nvlink_bandwidth=data["link_bandwidth"], overlaps_communication=False)
-    return rank, Interconnect("gloo over loopback", data["allreduce_bandwidth"], data["allreduce_latency"] / 2)
+    return rank, Interconnect("gloo over loopback", data["allreduce_bandwidth"], data["allreduce_latency"] / 2,
+                              pair_cost_ratio=data.get("gather_scatter_pair_ratio", 1.0))

@@ -40,6 +40,10 @@ class Interconnect:
     name: str
     bandwidth: float  # bytes/s per GPU, one direction
     latency: float  # seconds per message (α of the α-β model)
+    # What an all-gather + reduce-scatter pair costs relative to the all-reduce it replaces
+    # (sequence parallelism). 1 for NCCL, whose ring all-reduce is exactly that pair
+    # (formulas.md); measured by `paracube plan --calibrate` for gloo on this machine.
+    pair_cost_ratio: float = 1.0
 
 
 GPUS: dict[str, GPU] = {

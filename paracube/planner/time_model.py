@@ -14,7 +14,8 @@ fitted to a published result:
   attention core (selective).
 - **tensor parallel**: per layer and micro-batch, four all-reduces (or all-gather +
   reduce-scatter pairs) of b·s·h 16-bit values in a ring over t ranks on the intra-node
-  link: 2(t−1)/t·n/B + 2(t−1)·α each (formulas.md); not overlapped.
+  link: 2(t−1)/t·n/B + 2(t−1)·α each (formulas.md); not overlapped. A pair costs the
+  all-reduce on NCCL; on a calibrated gloo link, the measured pair ÷ all-reduce ratio.
 - **pipeline**: the bubble adds (p−1)/m of the stage's work for GPipe and 1F1B,
   (p−1)/(v·m) interleaved, (p−1)/(3m) for ZB-H1 (its (p−1)(F+B−W) idle at F = B = W);
   each micro-batch crosses a stage boundary twice (activation, gradient) on the link
@@ -107,6 +108,8 @@ def estimate(cfg: ModelConfig, layout: Layout, cluster: Cluster, precision: str 
     n = layout.micro_batch * cfg.seq_len * cfg.hidden * elem  # b·s·h values
     tp_link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
     tp_comm = m * layers * 4 * _ring(n, t, tp_link) * (1.5 if layout.recompute == "full" else 1.0)
+    if layout.sequence_parallel:  # each all-reduce became an all-gather + reduce-scatter pair
+        tp_comm *= tp_link.pair_cost_ratio
     if t > 1:  # the vocabulary-parallel embedding's all-reduce and the head's input gradient,
         # and the loss's two all-reduces of (b, s) statistics
         tp_comm += m * (2 * _ring(n, t, tp_link) + 2 * _ring(layout.micro_batch * cfg.seq_len * 4, t, tp_link))
