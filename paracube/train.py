@@ -137,6 +137,9 @@ def summary(history: list[StepMetrics], first_val: float | None, wall: float) ->
         f"paracube: median {sorted(m.tokens_per_s for m in steady)[len(steady) // 2]:,.0f} tokens/s; "
         f"time split: {split}; gradient reduction {grad_bytes / 2**20:.2f} MiB/step",
     ]
+    if history[-1].loss_scale is not None:
+        skipped = sum(1 for m in history if m.skipped)
+        lines.append(f"paracube: fp16 loss scale {history[-1].loss_scale:g}; {skipped} step(s) skipped on overflow")
     mem = steady[-1].memory
     if mem:
         mib = {k: v / 2**20 for k, v in mem.items()}
