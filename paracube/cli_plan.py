@@ -135,7 +135,7 @@ def cmd_plan(args) -> int:
     if args.explain and other is None:
         print("\n" + explain(result, cfg, cluster, args.gpus))
     if args.emit == "torchrun":
-        print("\n" + torchrun_command(result.ranked[0], args.model, cluster.gpus_per_node))
+        print("\n" + torchrun_command(result.ranked[0], args.model, cluster.gpus_per_node, args.precision))
     return 0
 
 

@@ -113,7 +113,7 @@ def to_json(result: SearchResult) -> list[dict]:
     ]
 
 
-def torchrun_command(best: Candidate, preset_name: str | None, gpus_per_node: int) -> str:
+def torchrun_command(best: Candidate, preset_name: str | None, gpus_per_node: int, precision: str = "bf16") -> str:
     L = best.layout
     nodes = math.ceil(L.gpus / gpus_per_node)
     per_node = min(L.gpus, gpus_per_node)
@@ -123,10 +123,12 @@ def torchrun_command(best: Candidate, preset_name: str | None, gpus_per_node: in
         args.append(f"--schedule {L.schedule}" + (f" --chunks {L.chunks}" if L.chunks > 1 else ""))
     if L.sequence_parallel:
         args.append("--sequence-parallel")
+    if L.zero:
+        args.append(f"--zero {L.zero}")
+    if L.recompute != "none":
+        args.append(f"--recompute {L.recompute}")
+    if precision != "fp32":
+        args.append(f"--precision {precision}")
     model = f"--model {preset_name}" if preset_name else "--model <preset>"
-    cmd = (f"torchrun --nnodes {nodes} --nproc-per-node {per_node} --rdzv-backend c10d --rdzv-endpoint $MASTER:29500 "
-           f"-m paracube train {model} {' '.join(args)}")
-    extra = [x for x in (f"--zero {L.zero}" if L.zero else "", f"--recompute {L.recompute}" if L.recompute != "none" else "") if x]
-    if extra:
-        cmd += f"\n# and {' '.join(extra)} once the ZeRO / recompute engine lands (issue 6)"
-    return cmd
+    return (f"torchrun --nnodes {nodes} --nproc-per-node {per_node} --rdzv-backend c10d --rdzv-endpoint $MASTER:29500 "
+            f"-m paracube train {model} {' '.join(args)}")
