@@ -61,6 +61,24 @@ def test_custom_shape_and_emit_torchrun(capsys):
     assert "torchrun --nnodes 2 --nproc-per-node 8" in out and "-m paracube train" in out
 
 
+@pytest.mark.parametrize("model,gpus,batch", [("llama2-7b", 8, 64), ("gpt3-13b", 32, 256), ("llama2-70b", 64, 512)])
+def test_emitted_command_is_a_valid_train_job(capsys, model, gpus, batch):
+    """The launch line the planner prints is accepted by `paracube train` as it stands:
+    same layout, ZeRO stage, recomputation and precision, the product equal to the GPUs."""
+    import shlex
+
+    from paracube.cli import build_parser, config_from_args
+
+    out = plan(capsys, "--model", model, "--gpus", str(gpus), "--global-batch", str(batch), "--emit", "torchrun")
+    line = next(x for x in out.splitlines() if x.startswith("torchrun "))
+    argv = shlex.split(line.split(" -m paracube ", 1)[1])
+    cfg = config_from_args(build_parser().parse_args(argv))  # raises on anything the engine refuses
+    assert cfg.parallel.world_size == gpus and cfg.global_batch == batch
+    top = best(capsys, "--model", model, "--gpus", str(gpus), "--global-batch", str(batch))
+    assert (cfg.zero, cfg.recompute, cfg.parallel.pp) == (top["layout"]["zero"], top["layout"]["recompute"],
+                                                         top["layout"]["pp"])
+
+
 @pytest.mark.parametrize(
     "argv,match",
     [
