@@ -176,8 +176,7 @@ class DataParallel(nn.Module):
         """``(group key, flat parameter)`` per bucket; needs ``contiguous_params=True``.
 
         Give these to the optimizer instead of the module's parameters: their ``.grad``
-        is the reduced bucket buffer, and stepping them updates the module in place. (A
-        one-rank group has no buckets: then these are the module's own parameters.)
+        is the reduced bucket buffer, and stepping them updates the module in place.
         """
         if any(b.flat_param is None for b in self.buckets):
             raise RuntimeError("flat_parameters() needs DataParallel(..., contiguous_params=True)")
