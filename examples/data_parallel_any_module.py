@@ -12,7 +12,7 @@ from torch import nn
 
 from paracube.config import ParallelConfig
 from paracube.data_parallel import DataParallel
-from paracube.mesh.mesh import ProcessMesh, init_distributed
+from paracube.mesh.mesh import ProcessMesh, init_distributed, shutdown
 
 torch.set_num_threads(1)
 device = init_distributed()
@@ -42,4 +42,4 @@ for step in range(5):
 
 if dist.get_rank() == 0:
     print("all-reduce:", mesh.ledger.snapshot()["all_reduce/grad"])
-dist.destroy_process_group()
+shutdown()  # destroy the groups and exit (see its docstring: a torch teardown race)

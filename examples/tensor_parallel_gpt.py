@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from paracube.config import ParallelConfig
-from paracube.mesh.mesh import ProcessMesh, init_distributed
+from paracube.mesh.mesh import ProcessMesh, init_distributed, shutdown
 from paracube.models.gpt import GPT, lm_loss
 from paracube.models.presets import preset
 from paracube.tensor_parallel import TPContext, full_parameters, parallelize_gpt, vocab_parallel_cross_entropy
@@ -37,4 +37,4 @@ if dist.get_rank() == 0:
     print(f"{len(full)} parameters reassembled; qkv_proj shard {tuple(model.blocks[0].attn.qkv_proj.weight.shape)}"
           f" of {tuple(full['blocks.0.attn.qkv_proj.weight'].shape)}")
     print("collectives:", {k: v["calls"] for k, v in mesh.ledger.snapshot().items()})
-dist.destroy_process_group()
+shutdown()  # destroy the groups and exit (see its docstring: a torch teardown race)

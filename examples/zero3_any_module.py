@@ -15,7 +15,7 @@ from torch import nn
 
 from paracube.config import ParallelConfig
 from paracube.data_parallel import MainParamOptimizer, ShardedDataParallel
-from paracube.mesh.mesh import ProcessMesh, init_distributed
+from paracube.mesh.mesh import ProcessMesh, init_distributed, shutdown
 
 
 class Residual(nn.Module):
@@ -66,4 +66,4 @@ if dist.get_rank() == 0:
     print("all-gather:", snap["all_gather/param"], "reduce-scatter:", snap["reduce_scatter/grad"])
     print(f"parameter bytes held per rank: {sum(u.shard.numel() * 4 for u in model.all_units)} "
           f"of {sum(p.numel() * 4 for p in serial.parameters())}")
-dist.destroy_process_group()
+shutdown()  # destroy the groups and exit (see its docstring: a torch teardown race)

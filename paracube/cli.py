@@ -201,8 +201,10 @@ def cmd_train(args) -> int:
     if args.timeout <= 0:
         raise ParacubeError(f"--timeout must be > 0 seconds, got {args.timeout}")
     if inside_torchrun():
+        from paracube.mesh.mesh import shutdown
+
         threads = args.threads or default_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-        return run_rank(train_rank, cfg, threads, args.timeout, args.predict)
+        return shutdown(run_rank(train_rank, cfg, threads, args.timeout, args.predict))  # see shutdown: torch teardown race
     validate_job(cfg, cfg.parallel.world_size)  # fail here, before starting any process
     threads = args.threads or default_threads(cfg.parallel.world_size)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
