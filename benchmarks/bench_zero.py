@@ -36,6 +36,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
+from bench_data_parallel import batch_stream, peer_step  # noqa: E402  (the same peer loop as DDP's)
 from common import interleaved, median_ms, spawn_world, write_json  # noqa: E402
 from paracube.config import ParallelConfig, TrainConfig  # noqa: E402
 from paracube.data.corpus import build_corpus  # noqa: E402
@@ -100,11 +101,7 @@ def state_bytes(*roots) -> int:
     return sum(storages.values())
 
 
-# -- the peers -------------------------------------------------------------------------------
-
-
-def global_loss(loss: torch.Tensor) -> None:
-    dist.all_reduce(loss.detach().clone())  # the global loss for the log, as paracube reports
+# -- the peers: the plain training loop of bench_data_parallel.peer_step around each -----------
 
 
 def zero_redundancy(cfg: TrainConfig, batches):
@@ -113,21 +110,9 @@ def zero_redundancy(cfg: TrainConfig, batches):
 
     torch.manual_seed(cfg.seed)
     model = DDP(GPT(cfg.model), gradient_as_bucket_view=True)
-    params = list(model.parameters())
-    opt = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=cfg.lr, betas=(0.9, 0.95),
-                                  weight_decay=cfg.weight_decay, fused=True)
-    tokens = cfg.global_batch * cfg.model.seq_len
-
-    def step():
-        x, y = next(batches)
-        opt.zero_grad(set_to_none=True)
-        loss = lm_loss(model(x), y, reduction="sum") / tokens
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
-        opt.step()
-        global_loss(loss)
-
-    return step, (model, opt)
+    opt = ZeroRedundancyOptimizer(list(model.parameters()), optimizer_class=torch.optim.AdamW, lr=cfg.lr,
+                                  betas=(0.9, 0.95), weight_decay=cfg.weight_decay, fused=True)
+    return peer_step(model, opt, batches, cfg), (model, opt)
 
 
 def fsdp2(cfg: TrainConfig, batches, reshard: bool):
@@ -139,18 +124,7 @@ def fsdp2(cfg: TrainConfig, batches, reshard: bool):
         fully_shard(block, reshard_after_forward=reshard)
     fully_shard(model, reshard_after_forward=reshard)
     opt = build_optimizer(model, cfg)
-    tokens = cfg.global_batch * cfg.model.seq_len
-
-    def step():
-        x, y = next(batches)
-        opt.zero_grad(set_to_none=True)
-        loss = lm_loss(model(x), y, reduction="sum") / tokens
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip, foreach=True)
-        opt.step()
-        global_loss(loss)
-
-    return step, (model, opt)
+    return peer_step(model, opt, batches, cfg), (model, opt)
 
 
 def deepspeed_zero(cfg: TrainConfig, batches, stage: int):
@@ -175,16 +149,9 @@ def deepspeed_zero(cfg: TrainConfig, batches, stage: int):
         loss = lm_loss(engine(x), y, reduction="sum") / tokens
         engine.backward(loss)
         engine.step()
-        global_loss(loss)
+        dist.all_reduce(loss.detach())  # the global loss for the log, as paracube reports
 
     return step, (engine, engine.optimizer)
-
-
-def batch_stream(trainer: Trainer):
-    step = 0
-    while True:
-        yield trainer._micro_batch(trainer.sampler, step, 0)
-        step += 1
 
 
 # -- the run ---------------------------------------------------------------------------------

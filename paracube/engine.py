@@ -162,27 +162,33 @@ class Trainer:
     def _loss_scale(self) -> float:
         return self.scaler.scale if self.scaler is not None else 1.0
 
-    def model_state_bytes(self) -> dict[str, int]:
-        """Counted bytes of this rank's persistent model states, as allocated: parameters
-        (flat buffers; under ZeRO-3 this rank's slices), gradients (bucket buffers, or the
-        gradient slices under ZeRO-2/3, plus any fp32 copies), and the optimizer (Adam's
+    def model_state_bytes(self, gradients: int | None = None) -> dict[str, int]:
+        """Counted bytes of this rank's model states, as allocated now: parameters (flat
+        buffers; under ZeRO-3 this rank's slices), gradients (``gradients`` if counted
+        earlier in the step, else :meth:`gradient_bytes` now), and the optimizer (Adam's
         moments and the fp32 master weights, on this rank's slices under ZeRO ≥ 1)."""
         if isinstance(self.model, ShardedDataParallel):
-            units = self.model.all_units
-            weights = sum(_storage(u.shard) for u in units)
-            grads = sum(_storage(u.grad_shard) for u in units)
+            weights = sum(_storage(u.shard) for u in self.model.all_units)
         else:
-            buckets = self.model.buckets
-            weights = sum(_storage(b.flat_param) for b in buckets)
-            grads = sum(b.nbytes + (_storage(b.grad_shard) if b.grad_shard is not None else 0) for b in buckets)
-        grads += sum(_storage(g) for g in self.optimizer._main_grad if g is not None)
+            weights = sum(_storage(b.flat_param) for b in self.model.buckets)
         opt = self.optimizer.state_bytes()
-        return {"weights": weights, "gradients": grads, "optimizer": opt["optimizer_states"] + opt["master_weights"]}
+        return {"weights": weights, "gradients": self.gradient_bytes() if gradients is None else gradients,
+                "optimizer": opt["optimizer_states"] + opt["master_weights"]}
 
-    def memory_metrics(self) -> dict[str, int]:
+    def gradient_bytes(self) -> int:
+        """Bytes holding gradients now: bucket buffers, or the slices under ZeRO-2/3, plus
+        any fp32 copies the optimizer converted them into."""
+        if isinstance(self.model, ShardedDataParallel):
+            grads = sum(_storage(u.grad_shard) for u in self.model.all_units)
+        else:
+            grads = sum(b.nbytes + (_storage(b.grad_shard) if b.grad_shard is not None else 0)
+                        for b in self.model.buckets)
+        return grads + sum(_storage(g) for g in self.optimizer._main_grad if g is not None)
+
+    def memory_metrics(self, gradients: int | None = None) -> dict[str, int]:
         """Per-step memory record: model states, saved activations (peak over the step),
         ZeRO-3's peak of gathered parameters, and the CUDA allocator's peak on GPU."""
-        record = self.model_state_bytes()
+        record = self.model_state_bytes(gradients)
         if self._activations_counted is not None:
             record["activations_counted_step"], record["activations_peak"] = self._activations_counted
         if isinstance(self.model, ShardedDataParallel):
@@ -266,7 +272,7 @@ class Trainer:
                 self.scaler.update(overflow)
             # Model states are counted where they all coexist: gradients now (reduced,
             # before the step frees any), weights and optimizer states after the step.
-            grad_bytes = self.model_state_bytes()["gradients"]
+            grad_bytes = self.gradient_bytes()
             if overflow:  # fp16 overflow somewhere: skip this step on every rank
                 grad_norm = float("inf")
             else:
@@ -288,7 +294,7 @@ class Trainer:
             time={k: round(v, 6) for k, v in timer.seconds.items()},
             comm=ledger.snapshot(),
             pipeline=pipeline,
-            memory={**self.memory_metrics(), "gradients": grad_bytes},
+            memory=self.memory_metrics(gradients=grad_bytes),
             skipped=True if overflow else None,
             loss_scale=scale if self.scaler is not None else None,
         )
@@ -352,13 +358,7 @@ class Trainer:
         partial gradients of sequence-parallel norms over tp (each rank saw T/tp tokens),
         and a tied embedding/head weight's two halves over the first and last stage."""
         sp = [g for p, g in zip(params, grads) if getattr(p, "sequence_parallel", False)]
-        if sp and self.mesh.size("tp") > 1:
-            flat = torch.cat([g.reshape(-1) for g in sp])
-            ops.all_reduce(flat, self.tp_group, self.mesh.ledger, tag="sp_grad")
-            offset = 0
-            for g in sp:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
+        ops.all_reduce_coalesced(sp, self.tp_group, self.mesh.ledger, tag="sp_grad")
         if self.tied is not None:
             for p, g in zip(params, grads):
                 if p is self.tied:

@@ -43,6 +43,22 @@ class PendingCollective:
         return self.result
 
 
+def _launch(kind: str, tag: str, counted_bytes: int, ledger: CommLedger | None, start, result: torch.Tensor,
+            async_op: bool) -> PendingCollective:
+    """Count, start (``start()`` returns the async work), and wait unless ``async_op``: the
+    one path every collective below takes, so calls, bytes and exposed seconds are
+    recorded alike. With ``async_op`` the launch itself is charged as caller-visible time."""
+    if ledger is not None:
+        ledger.record(kind, tag, counted_bytes)
+    t0 = time.perf_counter()
+    pending = PendingCollective(start(), ledger, kind, tag, result)
+    if not async_op:
+        pending.wait()
+    elif ledger is not None:
+        ledger.add_time(kind, tag, time.perf_counter() - t0)
+    return pending
+
+
 def all_reduce(
     tensor: torch.Tensor,
     group,
@@ -55,16 +71,21 @@ def all_reduce(
     """In-place all-reduce of ``tensor`` over ``group``."""
     if group_size(group) == 1:
         return PendingCollective(None, None, "all_reduce", tag, tensor)
-    if ledger is not None:
-        ledger.record("all_reduce", tag, nbytes(tensor))
-    start = time.perf_counter()
-    work = dist.all_reduce(tensor, op=op, group=group, async_op=True)
-    pending = PendingCollective(work, ledger, "all_reduce", tag, tensor)
-    if not async_op:
-        pending.wait()
-    elif ledger is not None:  # the launch itself is caller-visible time
-        ledger.add_time("all_reduce", tag, time.perf_counter() - start)
-    return pending
+    return _launch("all_reduce", tag, nbytes(tensor), ledger,
+                   lambda: dist.all_reduce(tensor, op=op, group=group, async_op=True), tensor, async_op)
+
+
+def all_reduce_coalesced(tensors: list[torch.Tensor], group, ledger: CommLedger | None = None, *, tag: str = "") -> None:
+    """Sum several tensors over ``group`` with one all-reduce of their concatenation, and
+    write the sums back in place (e.g. the small gradients of sequence-parallel norms)."""
+    if not tensors or group_size(group) == 1:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    all_reduce(flat, group, ledger, tag=tag)
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset : offset + t.numel()].view_as(t))
+        offset += t.numel()
 
 
 def broadcast(tensor: torch.Tensor, src_group_rank: int, group, ledger: CommLedger | None = None, *, tag: str = "") -> None:
@@ -87,11 +108,7 @@ def all_gather(tensor: torch.Tensor, group, ledger: CommLedger | None = None, *,
         return tensor
     tensor = tensor.contiguous()
     out = torch.empty((world * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-    start = time.perf_counter()
-    dist.all_gather_single(out, tensor, group=group)
-    if ledger is not None:
-        ledger.record("all_gather", tag, nbytes(out), time.perf_counter() - start)
-    return out
+    return all_gather_into(out, tensor, group, ledger, tag=tag).result
 
 
 def reduce_scatter(
@@ -106,55 +123,31 @@ def reduce_scatter(
         return PendingCollective(None, None, "reduce_scatter", tag, tensor) if async_op else tensor
     tensor = tensor.contiguous()
     out = torch.empty((tensor.shape[0] // world, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-    if ledger is not None:
-        ledger.record("reduce_scatter", tag, nbytes(tensor))
-    start = time.perf_counter()
-    work = dist.reduce_scatter_single(out, tensor, group=group, async_op=True)
-    pending = PendingCollective(work, ledger, "reduce_scatter", tag, out)
-    if async_op:
-        if ledger is not None:
-            ledger.add_time("reduce_scatter", tag, time.perf_counter() - start)
-        return pending
-    return pending.wait()
+    pending = reduce_scatter_into(out, tensor, group, ledger, tag=tag, async_op=async_op)
+    return pending if async_op else pending.result
 
 
 def all_gather_into(
     out: torch.Tensor, shard: torch.Tensor, group, ledger: CommLedger | None = None, *, tag: str = "",
     async_op: bool = False,
 ) -> PendingCollective:
-    """Gather every rank's equal-sized flat ``shard`` into ``out`` (world·n,), in rank order,
+    """Gather every rank's equal-sized ``shard`` into ``out`` (world·n, ...), in rank order,
     without allocating: the ZeRO parameter gather. ``shard`` must not alias ``out``."""
     if group_size(group) == 1:
         out.copy_(shard)
         return PendingCollective(None, None, "all_gather", tag, out)
-    if ledger is not None:
-        ledger.record("all_gather", tag, nbytes(out))
-    start = time.perf_counter()
-    work = dist.all_gather_single(out, shard, group=group, async_op=True)
-    pending = PendingCollective(work, ledger, "all_gather", tag, out)
-    if not async_op:
-        pending.wait()
-    elif ledger is not None:
-        ledger.add_time("all_gather", tag, time.perf_counter() - start)
-    return pending
+    return _launch("all_gather", tag, nbytes(out), ledger,
+                   lambda: dist.all_gather_single(out, shard, group=group, async_op=True), out, async_op)
 
 
 def reduce_scatter_into(
     out: torch.Tensor, tensor: torch.Tensor, group, ledger: CommLedger | None = None, *, tag: str = "",
     async_op: bool = False,
 ) -> PendingCollective:
-    """Sum flat ``tensor`` (world·n,) across ranks and write this rank's n-slice into
-    ``out``: the ZeRO-2/3 gradient reduction."""
+    """Sum ``tensor`` (world·n, ...) across ranks and write this rank's n-slice into
+    ``out``: the ZeRO-2/3 gradient reduction, and sequence parallelism's."""
     if group_size(group) == 1:
         out.copy_(tensor)
         return PendingCollective(None, None, "reduce_scatter", tag, out)
-    if ledger is not None:
-        ledger.record("reduce_scatter", tag, nbytes(tensor))
-    start = time.perf_counter()
-    work = dist.reduce_scatter_single(out, tensor, group=group, async_op=True)
-    pending = PendingCollective(work, ledger, "reduce_scatter", tag, out)
-    if not async_op:
-        pending.wait()
-    elif ledger is not None:
-        ledger.add_time("reduce_scatter", tag, time.perf_counter() - start)
-    return pending
+    return _launch("reduce_scatter", tag, nbytes(tensor), ledger,
+                   lambda: dist.reduce_scatter_single(out, tensor, group=group, async_op=True), out, async_op)

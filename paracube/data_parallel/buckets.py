@@ -18,6 +18,8 @@ from typing import Callable, Hashable
 import torch
 from torch import nn
 
+from paracube.data_parallel.shards import alloc_storage, free_storage, is_allocated
+
 
 @dataclass
 class GradBucket:
@@ -60,13 +62,11 @@ class GradBucket:
 
     @property
     def allocated(self) -> bool:
-        return self.nbytes > 0
+        return is_allocated(self.buffer)
 
     def allocate(self) -> None:
-        """Give a freed buffer its memory back (contents undefined, padding zeroed); the
-        views see it, since they share the storage object."""
-        if not self.allocated:
-            self.buffer.untyped_storage().resize_(self.buffer.numel() * self.buffer.element_size())
+        """Give a freed buffer its memory back (padding zeroed, every slice stale)."""
+        if alloc_storage(self.buffer):
             self.buffer[self.numel :].zero_()
             self.stale = [True] * len(self.params)
 
@@ -74,7 +74,7 @@ class GradBucket:
         """Release the buffer's memory (ZeRO-2, once its slice has been reduced)."""
         for p in self.params:
             p.grad = None
-        self.buffer.untyped_storage().resize_(0)
+        free_storage(self.buffer)
 
     def bind_grads(self) -> None:
         """Point every ``param.grad`` at its slice of the buffer."""

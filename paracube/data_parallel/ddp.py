@@ -34,7 +34,7 @@ from paracube.comm import ops
 from paracube.comm.ledger import CommLedger
 from paracube.data_parallel.buckets import GradBucket, build_buckets
 from paracube.data_parallel.hooks import AllReduceHook, GradReduceHook, ReduceScatterHook, Waitable
-from paracube.data_parallel.shards import FlatShard, shard_bounds, slice_layout
+from paracube.data_parallel.shards import FlatShard, free_storage, shard_bounds, slice_layout
 
 MIB = 1 << 20
 
@@ -191,7 +191,7 @@ class DataParallel(nn.Module):
             if b.allocated:
                 b.free()
             if b.grad_shard is not None:
-                b.grad_shard.untyped_storage().resize_(0)
+                free_storage(b.grad_shard)
 
     def shards(self) -> list[FlatShard]:
         """What this rank's optimizer steps, one :class:`FlatShard` per bucket: the whole

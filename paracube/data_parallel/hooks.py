@@ -16,6 +16,7 @@ import torch
 from paracube.comm import ops
 from paracube.comm.ledger import CommLedger
 from paracube.data_parallel.buckets import GradBucket
+from paracube.data_parallel.shards import alloc_storage
 
 
 class Waitable(Protocol):
@@ -42,9 +43,7 @@ class ReduceScatterHook:
         self.dp = dp  # the DataParallel that owns the buckets (group size and rank)
 
     def __call__(self, bucket: GradBucket, group, ledger: CommLedger | None) -> Waitable:
-        shard = bucket.grad_shard
-        if not shard.untyped_storage().nbytes():  # released after the previous step
-            shard.untyped_storage().resize_(shard.numel() * shard.element_size())
+        alloc_storage(bucket.grad_shard)  # released after the previous step
         # The first reduction of an accumulation window writes the slice in place.
         out = bucket.grad_shard if bucket.shard_fresh else torch.empty_like(bucket.grad_shard)
         pending = ops.reduce_scatter_into(out, bucket.buffer, group, ledger, tag="grad", async_op=True)

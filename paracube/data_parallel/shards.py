@@ -70,3 +70,21 @@ def shard_bounds(numel: int, world: int, rank: int) -> tuple[int, int]:
     """``[lo, hi)`` of rank's equal slice of a buffer of ``numel`` (a multiple of world)."""
     size = numel // world
     return rank * size, (rank + 1) * size
+
+
+def is_allocated(t: torch.Tensor) -> bool:
+    return t.untyped_storage().nbytes() > 0
+
+
+def alloc_storage(t: torch.Tensor) -> bool:
+    """Give a freed tensor its memory back (contents undefined); views of it see the new
+    memory, since they share the storage object. Returns whether it had to allocate."""
+    if is_allocated(t):
+        return False
+    t.untyped_storage().resize_(t.numel() * t.element_size())
+    return True
+
+
+def free_storage(t: torch.Tensor) -> None:
+    """Release a tensor's memory while the tensor (and its views) stay valid objects."""
+    t.untyped_storage().resize_(0)

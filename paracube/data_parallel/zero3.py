@@ -30,7 +30,7 @@ from torch import nn
 
 from paracube.comm import ops
 from paracube.comm.ledger import CommLedger
-from paracube.data_parallel.shards import FlatShard, shard_bounds, slice_layout
+from paracube.data_parallel.shards import FlatShard, alloc_storage, free_storage, is_allocated, shard_bounds, slice_layout
 
 
 class ShardedUnit:
@@ -66,14 +66,14 @@ class ShardedUnit:
         self.arrived = 0
         self.pending_gather: ops.PendingCollective | None = None
         self.in_backward = False
-        _free(self.grad_full)
+        free_storage(self.grad_full)
         self.free()
 
     # -- parameters ---------------------------------------------------------------------
 
     @property
     def gathered(self) -> bool:
-        return self.full.untyped_storage().nbytes() > 0
+        return is_allocated(self.full)
 
     def gather(self, async_op: bool = False) -> None:
         """Rebuild the full parameters from every rank's slice (no-op if already there)."""
@@ -81,7 +81,7 @@ class ShardedUnit:
             if not async_op:
                 self.wait_gather()
             return
-        _alloc(self.full)
+        alloc_storage(self.full)
         self.pending_gather = ops.all_gather_into(
             self.full, self.shard, self.owner.group, self.owner.ledger, tag="param", async_op=True
         )
@@ -96,16 +96,14 @@ class ShardedUnit:
 
     def free(self) -> None:
         self.wait_gather()
-        _free(self.full)
+        free_storage(self.full)
 
     # -- gradients ----------------------------------------------------------------------
 
     def absorb(self, i: int) -> None:
         """Move ``params[i].grad`` into the flat gradient buffer."""
         p = self.params[i]
-        if not self.grad_full.untyped_storage().nbytes():
-            _alloc(self.grad_full)
-            self.grad_full[self.numel :].zero_()
+        self._grad_buffer()
         if self.stale[i]:
             self.grad_views[i].copy_(p.grad)
         else:
@@ -113,18 +111,20 @@ class ShardedUnit:
         self.stale[i] = False
         p.grad = None
 
+    def _grad_buffer(self) -> None:
+        """The flat gradient buffer, allocated for this backward (padding zeroed)."""
+        if alloc_storage(self.grad_full):
+            self.grad_full[self.numel :].zero_()
+
     def launch_reduce(self):
         """Zero what got no gradient, sum pre-reduce groups, reduce-scatter (async)."""
-        if not self.grad_full.untyped_storage().nbytes():
-            _alloc(self.grad_full)
-            self.grad_full[self.numel :].zero_()
+        self._grad_buffer()
         for i, view in enumerate(self.grad_views):
             if self.stale[i]:
                 view.zero_()
         if self.owner.pre_reduce is not None:
             self.owner.pre_reduce(self.params, self.grad_views)
-        if not self.grad_shard.untyped_storage().nbytes():  # released after the previous step
-            _alloc(self.grad_shard)
+        alloc_storage(self.grad_shard)  # released after the previous step
         out = self.grad_shard if self.shard_fresh else torch.empty_like(self.grad_shard)
         pending = ops.reduce_scatter_into(out, self.grad_full, self.owner.group, self.owner.ledger,
                                           tag="grad", async_op=True)
@@ -134,7 +134,7 @@ class ShardedUnit:
         if out is not self.grad_shard:
             self.grad_shard.add_(out)
         self.shard_fresh = False
-        _free(self.grad_full)
+        free_storage(self.grad_full)
         self.stale = [True] * len(self.params)
         self.arrived = 0
 
@@ -221,7 +221,7 @@ class ShardedDataParallel(nn.Module):
     def release_gradient_memory(self) -> None:
         """After the optimizer step: free the gradient slices until the next backward."""
         for u in self.all_units:
-            _free(u.grad_shard)
+            free_storage(u.grad_shard)
 
     def gathered_param_bytes(self) -> int:
         return sum(u.full.untyped_storage().nbytes() for u in self.all_units)
@@ -306,10 +306,3 @@ class ShardedDataParallel(nn.Module):
         self._next_launch = 0
         self._callback_queued = False
 
-
-def _alloc(t: torch.Tensor) -> None:
-    t.untyped_storage().resize_(t.numel() * t.element_size())
-
-
-def _free(t: torch.Tensor) -> None:
-    t.untyped_storage().resize_(0)

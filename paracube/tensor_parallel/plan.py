@@ -164,15 +164,7 @@ def sequence_parallel_params(model: nn.Module) -> list[nn.Parameter]:
 def sync_sequence_parallel_grads(params: list[nn.Parameter], group, ledger=None) -> None:
     """Sum the partial gradients of sequence-sharded replicated parameters over the group
     (one flat all-reduce)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads or ops.group_size(group) == 1:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    ops.all_reduce(flat, group, ledger, tag="sp_grad")
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
+    ops.all_reduce_coalesced([p.grad for p in params if p.grad is not None], group, ledger, tag="sp_grad")
 
 
 @torch.no_grad()
