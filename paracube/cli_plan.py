@@ -6,6 +6,7 @@ second, without importing torch.
 
 from __future__ import annotations
 
+import argparse
 import math
 
 from paracube.errors import ParacubeError
@@ -36,7 +37,14 @@ def _plan_parser(sub) -> None:
     t.add_argument("--chunks", type=int, default=None)
     t.add_argument("--zero", type=int, default=None)
     t.add_argument("--recompute", default=None, help="none, selective or full")
-    t.add_argument("--sequence-parallel", action="store_true", default=None)
+    t.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
+                   help="fix sequence parallelism on or off (default: on wherever tp > 1)")
+    t.add_argument("--attention", default=None,
+                   help="fused (FlashAttention / PyTorch SDPA, paracube's default) or unfused (s×s scores "
+                        "materialized, as Megatron-LM before 2022)")
+    t.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction, default=None,
+                   help="data-parallel gradients reduced during the last backward (default, as paracube does) "
+                        "or only after it (--no-overlap-grad-reduce: Megatron-LM 2021, DeepSpeed's pipeline engine)")
     o = p.add_argument_group("output")
     o.add_argument("--top", type=int, default=5)
     o.add_argument("--explain", action="store_true", help="the reasoning, in plain language")
@@ -74,7 +82,8 @@ def _plan_fixed(args, gpus: int) -> dict:
         product = fixed.get("dp", 1) * fixed.get("tp", 1) * fixed.get("pp", 1)
         if len(fixed) == 3 and product != gpus:
             raise ParacubeError(f"--layout {args.layout}: dp×tp×pp = {product} but --gpus is {gpus}; make them equal")
-    for name in ("micro_batch", "schedule", "chunks", "zero", "recompute", "sequence_parallel"):
+    for name in ("micro_batch", "schedule", "chunks", "zero", "recompute", "sequence_parallel", "attention",
+                 "overlap_grad_reduce"):
         if getattr(args, name) is not None:
             fixed[name] = getattr(args, name)
     return fixed
@@ -85,6 +94,7 @@ def cmd_plan(args) -> int:
 
     from paracube.planner import hardware as hw
     from paracube.planner.layout_memory import PRECISION_BYTES
+    from paracube.planner.memory import ATTENTION
     from paracube.planner.report import explain, table, to_json, torchrun_command
     from paracube.planner.search import search
     from paracube.planner.time_model import Cluster
@@ -93,7 +103,8 @@ def cmd_plan(args) -> int:
         from paracube.planner.calibrate import DEFAULT_PATH, calibrate
 
         data = calibrate()
-        print(f"matmul {data['matmul_flops_per_thread'] / 1e9:.1f} GFLOP/s per thread, memory "
+        print(f"matmul {data['matmul_flops_per_thread'] / 1e9:.1f} GFLOP/s per thread, attention "
+              f"{data['attention_flops_per_thread'] / 1e9:.1f} GFLOP/s per thread, memory "
               f"{data['memory_bandwidth'] / 1e9:.1f} GB/s, gloo {data['link_bandwidth'] / 1e9:.2f} GB/s "
               f"+ {data['link_latency'] * 1e6:.0f} µs per message, all-reduce {data['allreduce_bandwidth'] / 1e9:.2f} GB/s "
               f"+ {data['allreduce_latency'] * 1e6:.0f} µs, all-gather + reduce-scatter pair "
@@ -105,6 +116,8 @@ def cmd_plan(args) -> int:
     for name in ("gpus", "gpus_per_node", "global_batch", "top"):
         if getattr(args, name) <= 0:
             raise ParacubeError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    if args.attention is not None and args.attention not in ATTENTION:
+        raise ParacubeError(f"unknown --attention {args.attention!r}: choose fused or unfused")
     if args.precision not in PRECISION_BYTES:
         raise ParacubeError(f"unknown --precision {args.precision!r}: choose bf16, fp16 or fp32")
     from paracube.planner.generic import generic, search_generic

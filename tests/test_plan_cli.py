@@ -28,7 +28,7 @@ def best(capsys, *argv) -> dict:
 def test_small_model_on_one_node_is_data_parallel(capsys):
     """4 × A100-80GB, a model under 3B parameters: plain data parallel."""
     layout = best(capsys, "--model", "gpt3-1.3b", "--gpus", "4", "--global-batch", "256")["layout"]
-    assert (layout["dp"], layout["tp"], layout["pp"], layout["zero"]) == (4, 1, 1, 0)
+    assert (layout["dp"], layout["tp"], layout["pp"]) == (4, 1, 1)  # with or without ZeRO's sharding
 
 
 def test_7b_on_one_node_needs_sharding(capsys):
@@ -90,10 +90,26 @@ def test_emitted_command_is_a_valid_train_job(capsys, model, gpus, batch):
          "dp×tp×pp = 4 but --gpus is 8"),
         (["--layers", "4", "--gpus", "8", "--global-batch", "8"], "missing --hidden --heads --vocab --seq"),
         (["--model", "llama2-70b", "--gpus", "8", "--global-batch", "64"], "fits no layout on 8 × A100 80GB"),
+        (["--model", "tiny", "--gpus", "8", "--global-batch", "8", "--attention", "paged"],
+         "unknown --attention 'paged': choose fused or unfused"),
     ],
 )
 def test_bad_input(capsys, argv, match):
     assert match in error(capsys, *argv)
+
+
+def test_software_options_describe_the_run(capsys):
+    """--attention, --no-sequence-parallel and --no-overlap-grad-reduce fix what the planner
+    assumes about the training software (as for a published Megatron-LM 2021 run)."""
+    argv = ["--model", "gpt3-13b", "--gpus", "64", "--global-batch", "512", "--layout", "dp=8,tp=8,pp=1",
+            "--recompute", "full"]
+    modern = best(capsys, *argv)
+    old = best(capsys, *argv, "--attention", "unfused", "--no-sequence-parallel", "--no-overlap-grad-reduce")
+    assert modern["layout"]["sequence_parallel"] and modern["layout"]["attention"] == "fused"
+    assert not old["layout"]["sequence_parallel"] and old["layout"]["attention"] == "unfused"
+    assert old["time"]["dp_exposed"] > modern["time"]["dp_exposed"]
+    assert old["time"]["step_time"] > modern["time"]["step_time"]
+    assert modern["time"]["hardware_tflops_per_gpu"] > modern["time"]["tflops_per_gpu"]  # recompute counted
 
 
 def test_fits_nothing_says_by_how_much_and_what_would_fit(capsys):

@@ -1,7 +1,12 @@
 """Measuring this machine, so the planner can predict paracube's own runs here.
 
 ``paracube plan --calibrate`` measures, in a few seconds: the matmul rate of one thread
-(fp32, 512³), the memory bandwidth (a large copy), and gloo's latency and bandwidth
+(fp32, 512³), the rate of the fused attention kernel (``scaled_dot_product_attention``,
+causal, forward + backward, at the ``small`` preset's shape: 8 heads of 32, sequence 128 —
+a CPU's attention kernel runs far below its matmul rate, unlike a GPU's FlashAttention),
+the rate of the MLP's GELU (tanh form, as paracube's model), forward and backward per element
+— compute-bound on a CPU, where a GPU's fused kernel is bound by memory —
+the memory bandwidth (a large copy), and gloo's latency and bandwidth
 between two local processes, for a point-to-point transfer and for an all-reduce (4 KiB
 and 8 MiB each, fastest of ten: α and β of the α-β model), and what an all-gather plus a
 reduce-scatter pair costs against the all-reduce it replaces under sequence parallelism
@@ -32,6 +37,46 @@ def _matmul_rate(n: int = 512, repeats: int = 20) -> float:
     for _ in range(repeats):
         a @ b
     return 2 * n**3 * repeats / (time.perf_counter() - start)
+
+
+def _attention_rate(b: int = 8, heads: int = 8, s: int = 128, d: int = 32, repeats: int = 10) -> float:
+    """FLOP/s of one thread's causal SDPA, forward + backward, counted as the planner counts
+    it (``time_model.attention_core``): the unmasked half of 4·b·a·s²·d forward, 3.5× that
+    for forward + backward (FlashAttention's backward: five matmuls for the forward's two)."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(1)
+    q, k, v = (torch.randn(b, heads, s, d, requires_grad=True) for _ in range(3))
+
+    def step():
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+
+    step()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        step()
+    return 3.5 * 2 * b * heads * s * s * d * repeats / (time.perf_counter() - start)
+
+
+def _activation_rates(n: int = 1 << 20, repeats: int = 10) -> tuple[float, float]:
+    """Elements per second of one thread's GELU (tanh), forward and backward separately."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(1)
+    x = torch.randn(n, requires_grad=True)
+    grad = torch.ones(n)
+    y = F.gelu(x, approximate="tanh")
+    y.backward(grad)
+    forward = backward = 0.0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        y = F.gelu(x, approximate="tanh")
+        mid = time.perf_counter()
+        y.backward(grad)
+        forward, backward = forward + mid - start, backward + time.perf_counter() - mid
+    return n * repeats / forward, n * repeats / backward
 
 
 def _copy_bandwidth(mib: int = 256, repeats: int = 5) -> float:
@@ -124,7 +169,10 @@ def _link() -> dict:
 
 
 def calibrate(path: Path = DEFAULT_PATH) -> dict:
-    data = {"matmul_flops_per_thread": _matmul_rate(), "memory_bandwidth": _copy_bandwidth(), **_link(),
+    gelu_forward, gelu_backward = _activation_rates()
+    data = {"matmul_flops_per_thread": _matmul_rate(), "attention_flops_per_thread": _attention_rate(),
+            "gelu_forward_per_thread": gelu_forward, "gelu_backward_per_thread": gelu_backward,
+            "memory_bandwidth": _copy_bandwidth(), **_link(),
             "cores": os.cpu_count() or 1}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2))
@@ -144,6 +192,9 @@ def local_hardware(data: dict, threads_per_rank: int, local_ranks: int = 1) -> t
     overlapped with compute (the cores do both)."""
     rank = GPU("this machine (one rank)", data["matmul_flops_per_thread"] * threads_per_rank,
                memory_bytes=64e9, hbm_bandwidth=data["memory_bandwidth"] / local_ranks,
-               nvlink_bandwidth=data["link_bandwidth"], overlaps_communication=False)
+               nvlink_bandwidth=data["link_bandwidth"], overlaps_communication=False,
+               attention_rate=data.get("attention_flops_per_thread", 0.0) * threads_per_rank,
+               activation_rates=(data.get("gelu_forward_per_thread", 0.0) * threads_per_rank,
+                                 data.get("gelu_backward_per_thread", 0.0) * threads_per_rank))
     return rank, Interconnect("gloo over loopback", data["allreduce_bandwidth"], data["allreduce_latency"] / 2,
                               pair_cost_ratio=data.get("gather_scatter_pair_ratio", 1.0))

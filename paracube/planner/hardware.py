@@ -26,6 +26,13 @@ class GPU:
     # GPUs move data with DMA engines / a few SMs while the rest compute; CPU ranks reduce
     # and copy with the very cores that compute, so there nothing is hidden.
     overlaps_communication: bool = True
+    # FLOP/s of the fused attention kernel where it differs from the tensor-core rate (measured
+    # by `plan --calibrate` on a CPU; 0: the sustained tensor-core rate, as FlashAttention's)
+    attention_rate: float = 0.0
+    # elements/s of the MLP nonlinearity (forward, backward) where it is compute-bound (measured
+    # on a CPU; (0, 0): a GPU's fused kernel, memory-bound, counted with the element-wise traffic)
+    activation_rates: tuple[float, float] = (0.0, 0.0)
+    sms: int = 0  # streaming multiprocessors: a GEMM runs in waves of one output tile per SM (0: no waves)
 
     @property
     def sustained_fraction(self) -> float:
@@ -47,12 +54,13 @@ class Interconnect:
 
 
 GPUS: dict[str, GPU] = {
-    # clocks (MHz): V100 SXM2 1290/1530, A100 SXM4 1095/1410, H100/H200 SXM5 1590/1980
-    "v100": GPU("V100 SXM2 32GB", 125e12, 32 * GB, 900 * GB, 300 * GB, 1290, 1530),
-    "a100-40gb": GPU("A100 40GB", 312e12, 40 * GB, 1555 * GB, 600 * GB, 1095, 1410),
-    "a100-80gb": GPU("A100 80GB", 312e12, 80 * GB, 2039 * GB, 600 * GB, 1095, 1410),
-    "h100": GPU("H100 SXM", 989e12, 80 * GB, 3350 * GB, 900 * GB, 1590, 1980),
-    "h200": GPU("H200 SXM", 989e12, 141 * GB, 4800 * GB, 900 * GB, 1590, 1980),
+    # clocks (MHz): V100 SXM2 1290/1530, A100 SXM4 1095/1410, H100/H200 SXM5 1590/1980;
+    # SMs (architecture whitepapers): V100 80, A100 108, H100/H200 SXM5 132
+    "v100": GPU("V100 SXM2 32GB", 125e12, 32 * GB, 900 * GB, 300 * GB, 1290, 1530, sms=80),
+    "a100-40gb": GPU("A100 40GB", 312e12, 40 * GB, 1555 * GB, 600 * GB, 1095, 1410, sms=108),
+    "a100-80gb": GPU("A100 80GB", 312e12, 80 * GB, 2039 * GB, 600 * GB, 1095, 1410, sms=108),
+    "h100": GPU("H100 SXM", 989e12, 80 * GB, 3350 * GB, 900 * GB, 1590, 1980, sms=132),
+    "h200": GPU("H200 SXM", 989e12, 141 * GB, 4800 * GB, 900 * GB, 1590, 1980, sms=132),
 }
 
 # One direction per GPU: NVLink's bidirectional total halved; IB per port (one per GPU).

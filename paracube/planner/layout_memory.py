@@ -41,6 +41,10 @@ class Layout:
     zero: int = 0
     recompute: str = "none"
     sequence_parallel: bool = False
+    attention: str = "fused"  # "unfused": s×s scores materialized (Megatron before FlashAttention)
+    # gradients all-reduced bucket by bucket during the last backward (paracube, PyTorch DDP,
+    # Megatron-Core --overlap-grad-reduce) or only after it (Megatron-LM 2021, DeepSpeed's pipeline engine)
+    overlap_grad_reduce: bool = True
 
     @property
     def gpus(self) -> int:
@@ -69,13 +73,13 @@ def stage_memory(cfg: ModelConfig, layout: Layout, precision: str = "bf16") -> l
     column_bias = (h + 2 * kv + mlp_in) if cfg.bias else 0  # split by tp
     row_bias = 2 * h if cfg.bias else 0  # replicated (added after the reduction)
     block = (matrices + column_bias) / t + 2 * norm + row_bias
-    layers_per_stage = math.ceil(cfg.n_layers / p)
+    layers_per_stage = math.ceil(cfg.n_layers / (p * layout.chunks)) * layout.chunks
     embed = V * h / t + (s * h if cfg.position == "learned" else 0)
     head = (0 if (cfg.tie_embeddings and p == 1) else V * h / t) + norm  # the final norm sits with the head
     w, g, o = PRECISION_BYTES[precision]
     act_layer = activation_bytes_per_layer(
         s, layout.micro_batch, h, cfg.n_heads, t=t, sequence_parallel=layout.sequence_parallel,
-        recompute=layout.recompute,
+        recompute=layout.recompute, attention=layout.attention,
     ) * (w / 2)  # Korthikanti's constants are for 16-bit activations
     bsh = layout.micro_batch * s * h
     stages = []

@@ -60,15 +60,28 @@ def model_state_bytes(
     )
 
 
+ATTENTION = ("fused", "unfused")
+
+
 def activation_bytes_per_layer(
-    s: int, b: int, h: int, a: int, *, t: int = 1, sequence_parallel: bool = False, recompute: str = "none"
+    s: int, b: int, h: int, a: int, *, t: int = 1, sequence_parallel: bool = False, recompute: str = "none",
+    attention: str = "unfused",
 ) -> float:
-    """Korthikanti et al. 2022, Table 2 (16-bit activations, with dropout masks)."""
+    """Korthikanti et al. 2022, Table 2 (16-bit activations, with dropout masks).
+
+    ``attention="fused"`` is a FlashAttention-style kernel (Dao et al. 2022; PyTorch's
+    ``scaled_dot_product_attention``, which paracube's model uses): it never stores the
+    s×s score, softmax and dropout tensors (5·a·s/h), only a per-row log-sum-exp — the
+    same bytes as selective recomputation, which it makes moot."""
     if recompute not in RECOMPUTE:
         raise ConfigError(f"unknown recompute {recompute!r}: choose one of {', '.join(RECOMPUTE)}")
+    if attention not in ATTENTION:
+        raise ConfigError(f"unknown attention {attention!r}: choose one of {', '.join(ATTENTION)}")
     sbh = s * b * h
     if recompute == "full":
         return 2.0 * sbh / (t if sequence_parallel else 1)
+    if attention == "fused":
+        recompute = "selective"
     attention = 5 * a * s / h  # the s×s score, softmax and dropout tensors
     if sequence_parallel:
         return sbh / t * (34 + (0 if recompute == "selective" else attention))

@@ -67,10 +67,14 @@ def explain(result: SearchResult, cfg: ModelConfig, cluster: Cluster, gpus: int)
     if L.tp > 1 or L.pp > 1:
         lines.append("- Data parallel over the rest of the GPUs replicates this model-parallel group.")
     lines.append(recompute_tradeoff(cfg, L, cluster))
-    lines.append(f"- Predicted: {t.tokens_per_s:,.0f} tokens/s, {t.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {t.mfu:.0%} "
+    executed = (f" ({t.hardware_tflops_per_gpu:.0f} TFLOP/s executed, the recomputation included)"
+                if L.recompute != "none" else "")
+    lines.append(f"- Predicted: {t.tokens_per_s:,.0f} tokens/s, {t.tflops_per_gpu:.0f} TFLOP/s per GPU{executed}, "
+                 f"MFU {t.mfu:.0%} "
                  f"(the compute model reaches {t.achievable_fraction:.0%} of peak on this layer shape: tensor cores at the "
-                 f"base clock, {cluster.gpu.sustained_fraction:.0%} of the boost-clock peak, roofline of each matmul, "
-                 "memory-bound element-wise work; see paracube.planner.time_model).")
+                 f"base clock, {cluster.gpu.sustained_fraction:.0%} of the boost-clock peak, roofline of each matmul "
+                 f"with tile and wave quantization over {cluster.gpu.sms or 'no'} SMs, memory-bound element-wise "
+                 f"work, {L.attention} attention; see paracube.planner.time_model).")
     if result.rejected:
         why = "; ".join(f"{n} {reason}" for reason, n in sorted(result.rejected.items(), key=lambda x: -x[1]))
         lines.append(f"- Not considered or lost: {why}.")

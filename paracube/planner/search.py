@@ -42,7 +42,7 @@ def _schedules(p: int, m: int, layers: int, tp: int):
         yield "zb-h1", 1
     if m % p == 0:
         for v in (2, 4):
-            if layers % (p * v) == 0:
+            if layers >= p * v:  # chunks may differ by a block, as the engine's partition cuts them
                 yield "interleaved-1f1b", v
 
 
@@ -78,7 +78,10 @@ def candidate_layouts(cfg: ModelConfig, gpus: int, gpus_per_node: int, global_ba
                     if zero == 3 and pp > 1:
                         continue  # ZeRO-3 composes with tensor parallel, not with pipelines
                     layout = Layout(dp=dp, tp=tp, pp=pp, micro_batch=b, microbatches=m, schedule=schedule, chunks=v,
-                                    zero=zero, recompute=recompute, sequence_parallel=tp > 1)
+                                    zero=zero, recompute=recompute,
+                                    sequence_parallel=fixed.get("sequence_parallel", True) and tp > 1,
+                                    attention=fixed.get("attention", "fused"),
+                                    overlap_grad_reduce=fixed.get("overlap_grad_reduce", True))
                     if all(getattr(layout, k) == val for k, val in fixed.items()):
                         yield layout
 

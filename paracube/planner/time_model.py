@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 
 from paracube.config import ModelConfig
-from paracube.planner.flops import model_flops
+from paracube.planner.flops import hardware_flops_per_token, model_flops_per_token
 from paracube.planner.hardware import GPU, Interconnect
 from paracube.planner.layout_memory import Layout
 from paracube.planner.memory import activation_bytes_per_layer
@@ -55,9 +55,10 @@ class StepEstimate:
     dp_exposed: float
     optimizer: float
     tokens_per_s: float
-    tflops_per_gpu: float
+    tflops_per_gpu: float  # model FLOPs (no recomputation) per second per GPU: MFU × peak
     mfu: float
     achievable_fraction: float
+    hardware_tflops_per_gpu: float = 0.0  # FLOPs executed, recomputation included: HFU × peak
 
     @property
     def step_time(self) -> float:
@@ -65,9 +66,35 @@ class StepEstimate:
                 + self.optimizer)
 
 
+TILE = (128, 256)  # the largest CTA output tile of cuBLAS/CUTLASS bf16 kernels on Ampere and Hopper
+
+
+def wave_efficiency(m: float, n: float, sms: int) -> float:
+    """Fraction of the tensor cores an (m×n)-output GEMM keeps busy (NVIDIA, "Matrix
+    Multiplication Background User's Guide": tile and wave quantization). The output is cut
+    into 128×256 tiles (either orientation, whichever wastes less), one per SM at a time, so
+    ⌈m/128⌉·⌈n/256⌉ tiles run in ⌈tiles/SMs⌉ waves and the last wave's idle SMs and the
+    tiles' overhang are lost. 1 when the GPU has no SM count (a calibrated CPU)."""
+    if not sms:
+        return 1.0
+    best = 0.0
+    for tm, tn in (TILE, TILE[::-1]):
+        tiles = math.ceil(m / tm) * math.ceil(n / tn)
+        best = max(best, m * n / (math.ceil(tiles / sms) * sms * tm * tn))
+    return best
+
+
 def _gemm(m: float, n: float, k: float, g: GPU, elem: int = 2) -> float:  # elem: bytes per value
-    """Roofline time of an (m×k)·(k×n) matmul at the sustained (base-clock) tensor-core rate."""
-    return max(2 * m * n * k / (g.peak_flops * g.sustained_fraction), elem * (m * k + k * n + m * n) / g.hbm_bandwidth)
+    """Roofline time of an (m×k)·(k×n) matmul: the sustained (base-clock) tensor-core rate
+    derated by tile and wave quantization, or HBM traffic, whichever is slower."""
+    rate = g.peak_flops * g.sustained_fraction * wave_efficiency(m, n, g.sms)
+    return max(2 * m * n * k / rate, elem * (m * k + k * n + m * n) / g.hbm_bandwidth)
+
+
+def _gemm_fwd_bwd(m: float, n: float, k: float, g: GPU, elem: int = 2) -> tuple[float, float]:
+    """A linear layer's forward (m×k)·(k×n), and its backward: the input gradient (m×n)·(n×k)
+    and the weight gradient (k×m)·(m×n) — same FLOPs, other output shapes, so other waves."""
+    return _gemm(m, n, k, g, elem), _gemm(m, k, n, g, elem) + _gemm(k, n, m, g, elem)
 
 
 def _ring(bytes_: float, ranks: int, link: Interconnect) -> float:
@@ -76,35 +103,67 @@ def _ring(bytes_: float, ranks: int, link: Interconnect) -> float:
     return 2 * (ranks - 1) / ranks * bytes_ / link.bandwidth + 2 * (ranks - 1) * link.latency
 
 
-def layer_forward_time(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> tuple[float, float]:
-    """(seconds, model FLOPs) of one layer's forward on one GPU for one micro-batch."""
+def attention_core(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> tuple[float, float]:
+    """(seconds, FLOPs) of the attention core's forward — softmax(QKᵀ)·V — on one GPU for
+    one micro-batch: what selective recomputation re-runs. Its backward takes twice as long
+    (four matmuls for two; FlashAttention's five include recomputing QKᵀ: 2.5×)."""
+    b, s, heads = layout.micro_batch, cfg.seq_len, cfg.n_heads / layout.tp
+    flops = 4 * b * heads * s * s * cfg.head_dim  # QKᵀ and attention·V over the full s×s
+    rate = g.peak_flops * g.sustained_fraction
+    if layout.attention == "fused":
+        # FlashAttention skips the blocks above the causal diagonal: half the work is done,
+        # and the scores never leave on-chip memory.
+        return flops / 2 / (g.attention_rate or rate), flops / 2
+    # Unfused (Megatron before FlashAttention): two batched matmuls that write and read the
+    # s×s scores, then scale-mask-softmax and dropout passes over them — Korthikanti's
+    # 5·a·s/h bytes per s·b·h (16-bit scores and probabilities, 1-byte mask), read and written.
+    matmuls = max(flops / rate, 2 * 2 * b * heads * s * s / g.hbm_bandwidth)
+    passes = 2 * 5 * b * heads * s * s * (elem / 2) / g.hbm_bandwidth
+    return matmuls + passes, flops
+
+
+def layer_time(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> tuple[float, float, float]:
+    """(forward seconds, backward seconds, forward FLOPs executed) of one transformer layer
+    on one GPU for one micro-batch."""
     b, s, h, t = layout.micro_batch, cfg.seq_len, cfg.hidden, layout.tp
     M = b * s
     kv = cfg.n_kv_heads * cfg.head_dim
     mlp_in = (2 if cfg.activation == "swiglu" else 1) * cfg.ffn_hidden
     gemms = [(M, (h + 2 * kv) / t, h), (M, h, h / t), (M, mlp_in / t, h), (M, h, cfg.ffn_hidden / t)]
-    time = sum(_gemm(*x, g, elem) for x in gemms)
+    fwd = bwd = 0.0
+    for shape in gemms:
+        f, bw = _gemm_fwd_bwd(*shape, g, elem)
+        fwd, bwd = fwd + f, bwd + bw
     flops = sum(2 * m * n * k for m, n, k in gemms)
-    heads = cfg.n_heads / t
-    attn_flops = 4 * b * heads * s * s * cfg.head_dim  # QKᵀ and attention·V
-    time += max(attn_flops / (g.peak_flops * g.sustained_fraction), 2 * 2 * b * heads * s * s / g.hbm_bandwidth)
-    flops += attn_flops
-    acts = activation_bytes_per_layer(s, b, h, cfg.n_heads, t=t, sequence_parallel=layout.sequence_parallel)
-    time += 2 * acts * (elem / 2) / g.hbm_bandwidth  # element-wise: read and write the activations
-    return time, flops
+    core_time, core_flops = attention_core(cfg, layout, g, elem)
+    # element-wise work outside the core (norms, GELU, dropout, residuals): read and write
+    # the layer's other activations (Korthikanti's 34·s·b·h, /t under sequence parallelism)
+    # in forward; backward reads them and the incoming gradient and writes one: twice that
+    acts = activation_bytes_per_layer(s, b, h, cfg.n_heads, t=t, sequence_parallel=layout.sequence_parallel,
+                                      attention="fused")
+    elementwise = 2 * acts * (elem / 2) / g.hbm_bandwidth
+    core_bwd = (2.5 if layout.attention == "fused" else 2.0) * core_time
+    if all(g.activation_rates) and cfg.activation != "swiglu":  # a compute-bound GELU (calibrated CPU)
+        elements = M * cfg.ffn_hidden / t
+        fwd, bwd = fwd + elements / g.activation_rates[0], bwd + elements / g.activation_rates[1]
+    return fwd + core_time + elementwise, bwd + core_bwd + 2 * elementwise, flops + core_flops
 
 
 def estimate(cfg: ModelConfig, layout: Layout, cluster: Cluster, precision: str = "bf16") -> StepEstimate:
     g, p, t, dp, m = cluster.gpu, layout.pp, layout.tp, layout.dp, layout.microbatches
     elem = 4 if precision == "fp32" else 2
-    layers = math.ceil(cfg.n_layers / p)
-    fwd, flops = layer_forward_time(cfg, layout, g, elem)
-    head_fwd = _gemm(layout.micro_batch * cfg.seq_len, cfg.vocab_size / t, cfg.hidden, g, elem)
-    # the loss: softmax over the logits, read and written in fp32
-    head_fwd += 3 * layout.micro_batch * cfg.seq_len * cfg.vocab_size / t * 4 / g.hbm_bandwidth
-    per_mb = 3 * (layers * fwd + head_fwd)  # forward + backward (2×) of the busiest stage
+    # blocks on the busiest rank: its v chunks of at most ⌈L/(p·v)⌉ blocks each
+    layers = math.ceil(cfg.n_layers / (p * layout.chunks)) * layout.chunks
+    fwd, bwd, flops = layer_time(cfg, layout, g, elem)
+    head_fwd, head_bwd = _gemm_fwd_bwd(layout.micro_batch * cfg.seq_len, cfg.vocab_size / t, cfg.hidden, g, elem)
+    # the loss: softmax over the logits in fp32 — written, read, and its gradient written
+    loss = 3 * layout.micro_batch * cfg.seq_len * cfg.vocab_size / t * 4 / g.hbm_bandwidth
+    per_mb = layers * (fwd + bwd) + head_fwd + head_bwd + loss  # forward + backward of the busiest stage
     compute = m * per_mb
-    recompute = m * layers * {"none": 0.0, "full": fwd, "selective": 0.15 * fwd}[layout.recompute]
+    # selective recomputation re-runs the attention core (fused attention keeps nothing it
+    # could drop, so the planner never gains from it there)
+    core = attention_core(cfg, layout, g, elem)[0]
+    recompute = m * layers * {"none": 0.0, "full": fwd, "selective": core}[layout.recompute]
     n = layout.micro_batch * cfg.seq_len * cfg.hidden * elem  # b·s·h values
     tp_link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
     tp_comm = m * layers * 4 * _ring(n, t, tp_link) * (1.5 if layout.recompute == "full" else 1.0)
@@ -123,7 +182,8 @@ def estimate(cfg: ModelConfig, layout: Layout, cluster: Cluster, precision: str 
     grad_bytes = elem * shard
     dp_link = cluster.intra if t * dp <= cluster.gpus_per_node else cluster.inter
     allreduce = _ring(grad_bytes, dp, dp_link) * (1.5 if layout.zero == 3 else 1.0)
-    hidden = 2 / 3 * per_mb if g.overlaps_communication else 0.0  # behind the last backward
+    # behind the last micro-batch's backward, when buckets are reduced as they fill
+    hidden = 2 / 3 * per_mb if g.overlaps_communication and layout.overlap_grad_reduce else 0.0
     dp_exposed = max(0.0, allreduce - hidden)
     if layout.zero == 3:  # parameters re-gathered for every micro-batch's forward and backward,
         gather = _ring(grad_bytes, dp, dp_link) / 2  # prefetched behind that micro-batch's compute
@@ -132,12 +192,13 @@ def estimate(cfg: ModelConfig, layout: Layout, cluster: Cluster, precision: str 
     # (fp32 master copies: 7 × 4 bytes per parameter), on this rank's share of the states.
     optimizer = 7 * 4 * shard / (dp if layout.zero >= 1 else 1) / g.hbm_bandwidth
     step = compute + recompute + tp_comm + pp_comm + bubble + dp_exposed + optimizer
-    global_batch = dp * layout.micro_batch * m
-    total_flops = model_flops(global_batch, cfg.seq_len, cfg.n_layers, cfg.hidden, cfg.vocab_size)
-    tflops = total_flops / (step * layout.gpus) / 1e12
+    tokens = dp * layout.micro_batch * m * cfg.seq_len
+    tflops = tokens * model_flops_per_token(cfg) / (step * layout.gpus) / 1e12
+    hardware = tokens * hardware_flops_per_token(cfg, layout.recompute) / (step * layout.gpus) / 1e12
     return StepEstimate(
         compute=compute, recompute=recompute, tp_comm=tp_comm, pp_comm=pp_comm, bubble=bubble, dp_exposed=dp_exposed,
         optimizer=optimizer,
-        tokens_per_s=global_batch * cfg.seq_len / step, tflops_per_gpu=tflops, mfu=tflops * 1e12 / g.peak_flops,
-        achievable_fraction=flops / fwd / g.peak_flops,
+        tokens_per_s=tokens / step, tflops_per_gpu=tflops, mfu=tflops * 1e12 / g.peak_flops,
+        achievable_fraction=3 * flops / (fwd + bwd) / g.peak_flops, hardware_tflops_per_gpu=hardware,
     )
+
