@@ -11,7 +11,6 @@ Also measured: the single-process step (dp=1, batch 8) for dp=2's weak-scaling e
 
 from __future__ import annotations
 
-import argparse
 import copy
 import platform
 import sys
@@ -23,7 +22,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from common import interleaved, print_table, ratio_rows, spawn_world, write_json  # noqa: E402
+from common import interleaved, parse_and_spawn, print_table, ratio_rows, write_json  # noqa: E402
 from paracube.config import ParallelConfig, TrainConfig  # noqa: E402
 from paracube.data.corpus import build_corpus  # noqa: E402
 from paracube.engine import Trainer, build_optimizer  # noqa: E402
@@ -108,16 +107,7 @@ def worker(rank: int, world: int, args, out: str) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="small")
-    p.add_argument("--micro-batch", type=int, default=8)
-    p.add_argument("--bucket-mb", type=float, default=25.0)
-    p.add_argument("--reps", type=int, default=6)
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--out", default="benchmarks/results/data_parallel.json")
-    args = p.parse_args()
-    spawn_world(2, worker, args, args.out)
-
+    parse_and_spawn(__doc__, worker, "benchmarks/results/data_parallel.json", reps=6, steps=5, micro_batch=8, bucket_mb=25.0)
 
 if __name__ == "__main__":
     main()

@@ -14,7 +14,6 @@ paracube's zero-bubble H1 is timed too (torch has no ZB-H1 for one chunk per ran
 
 from __future__ import annotations
 
-import argparse
 import platform
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from common import interleaved, print_table, ratio_rows, spawn_world, write_json  # noqa: E402
+from common import interleaved, parse_and_spawn, print_table, ratio_rows, write_json  # noqa: E402
 from paracube.config import ParallelConfig, TrainConfig  # noqa: E402
 from paracube.data.corpus import build_corpus  # noqa: E402
 from paracube.engine import Trainer, make_adamw  # noqa: E402
@@ -154,16 +153,7 @@ def worker(rank: int, world: int, args, out: str) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="small")
-    p.add_argument("--micro-batch", type=int, default=4)
-    p.add_argument("--microbatches", type=int, default=4)
-    p.add_argument("--reps", type=int, default=4)
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--out", default="benchmarks/results/pipeline.json")
-    args = p.parse_args()
-    spawn_world(2, worker, args, args.out)
-
+    parse_and_spawn(__doc__, worker, "benchmarks/results/pipeline.json", reps=4, steps=4, micro_batch=4, microbatches=4)
 
 if __name__ == "__main__":
     main()

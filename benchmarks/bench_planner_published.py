@@ -8,12 +8,13 @@ The runs, their sources and the counting are in ``paracube/planner/published.py`
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from common import write_json  # noqa: E402
 from paracube.planner.published import evaluate, runs  # noqa: E402
 
 
@@ -22,8 +23,7 @@ def main() -> None:
     p.add_argument("--out", default="benchmarks/results/planner_published.json")
     args = p.parse_args()
     results = [evaluate(r) for r in runs()]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"benchmark": "planner_published", "rows": results}, indent=1) + "\n")
+    write_json(args.out, {"benchmark": "planner_published", "source": "paracube/planner/published.py", "rows": results})
     print("| source | model | GPUs | tp×pp×dp | batch | b | FLOPs counted | published TFLOP/s/GPU "
           "| predicted | predicted ÷ published | note |")
     print("|---|---|---:|---|---:|---:|---|---:|---:|---:|---|")

@@ -11,7 +11,6 @@ formula for paracube's model (paracube.planner.saved_activations).
 
 from __future__ import annotations
 
-import argparse
 import platform
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from common import interleaved, median_ms, spawn_world, write_json  # noqa: E402
+from common import interleaved, median_ms, parse_and_spawn, write_json  # noqa: E402
 from paracube.config import ParallelConfig, TrainConfig  # noqa: E402
 from paracube.data.corpus import build_corpus  # noqa: E402
 from paracube.engine import Trainer  # noqa: E402
@@ -77,15 +76,7 @@ def worker(rank: int, world: int, args, out: str) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="small")
-    p.add_argument("--micro-batch", type=int, default=8)
-    p.add_argument("--reps", type=int, default=6)
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--out", default="benchmarks/results/recompute.json")
-    args = p.parse_args()
-    spawn_world(2, worker, args, args.out)
-
+    parse_and_spawn(__doc__, worker, "benchmarks/results/recompute.json", reps=6, steps=4, micro_batch=8)
 
 if __name__ == "__main__":
     main()

@@ -18,7 +18,6 @@ Each library shards the same model its own canonical way:
 
 from __future__ import annotations
 
-import argparse
 import math
 import platform
 import sys
@@ -31,7 +30,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from common import interleaved, print_table, ratio_rows, spawn_world, write_json  # noqa: E402
+from common import interleaved, parse_and_spawn, print_table, ratio_rows, write_json  # noqa: E402
 from paracube.config import ParallelConfig, TrainConfig  # noqa: E402
 from paracube.data.corpus import build_corpus  # noqa: E402
 from paracube.engine import Trainer, make_adamw  # noqa: E402
@@ -219,15 +218,7 @@ def worker(rank: int, world: int, args, out: str) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="small")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--reps", type=int, default=6)
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--out", default="benchmarks/results/tensor_parallel.json")
-    args = p.parse_args()
-    spawn_world(2, worker, args, args.out)
-
+    parse_and_spawn(__doc__, worker, "benchmarks/results/tensor_parallel.json", reps=6, steps=5, batch=8)
 
 if __name__ == "__main__":
     main()

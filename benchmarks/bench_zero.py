@@ -24,7 +24,6 @@ once, between steps.
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import sys
@@ -37,7 +36,7 @@ import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
 from bench_data_parallel import batch_stream, peer_step  # noqa: E402  (the same peer loop as DDP's)
-from common import interleaved, median_ms, spawn_world, write_json  # noqa: E402
+from common import interleaved, median_ms, parse_and_spawn, write_json  # noqa: E402
 from paracube.config import ParallelConfig, TrainConfig  # noqa: E402
 from paracube.data.corpus import build_corpus  # noqa: E402
 from paracube.engine import Trainer, build_optimizer  # noqa: E402
@@ -222,15 +221,7 @@ def worker(rank: int, world: int, args, out: str) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="small")
-    p.add_argument("--micro-batch", type=int, default=8)
-    p.add_argument("--reps", type=int, default=6)
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--out", default="benchmarks/results/zero.json")
-    args = p.parse_args()
-    spawn_world(2, worker, args, args.out)
-
+    parse_and_spawn(__doc__, worker, "benchmarks/results/zero.json", reps=6, steps=4, micro_batch=8)
 
 if __name__ == "__main__":
     main()

@@ -7,6 +7,7 @@ so that machine noise hits both alike; we report medians and their ratio.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
@@ -64,6 +65,21 @@ def interleaved(variants: dict[str, Callable[[], None]], reps: int, steps: int, 
 
 def median_ms(samples: list[float]) -> float:
     return 1000 * statistics.median(samples)
+
+
+def parse_and_spawn(doc: str, worker: Callable, out: str, *, reps: int, steps: int, **options) -> None:
+    """The side-by-side benchmarks' command line — ``--model``, each benchmark's own
+    options (name → default, typed by the default), ``--reps``, ``--steps``, ``--out`` —
+    then ``worker(rank, args, out)`` on a two-rank gloo world."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--model", default="small")
+    for name, default in options.items():
+        p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+    p.add_argument("--reps", type=int, default=reps)
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--out", default=out)
+    args = p.parse_args()
+    spawn_world(2, worker, args, args.out)
 
 
 def write_json(path: str, payload: dict) -> None:
