@@ -30,7 +30,9 @@ from paracube.engine import Trainer, make_adamw  # noqa: E402
 from paracube.mesh.mesh import ProcessMesh  # noqa: E402
 from paracube.models.gpt import GPT, lm_loss  # noqa: E402
 from paracube.models.presets import preset  # noqa: E402
-from paracube.pipeline.partition import gpt_layer_loads, gpt_layer_names, partition  # noqa: E402
+from paracube.models.shapes import chain_names  # noqa: E402
+from paracube.pipeline.balance import gpt_layer_loads  # noqa: E402
+from paracube.pipeline.partition import partition  # noqa: E402
 from paracube.pipeline.stage import split_chain  # noqa: E402
 
 TORCH_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B"}
@@ -42,7 +44,7 @@ def torch_pipelining_step(cfg: TrainConfig, schedule: str, chunks: int, trainer:
     rank, p = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model)
-    names, layers = gpt_layer_names(cfg.model), model.layers()
+    names, layers = chain_names(cfg.model), model.layers()
     load = gpt_layer_loads(cfg.model, "params", micro_batch=cfg.micro_batch, p=p, m=cfg.grad_accum)
     mine = split_chain(layers, names, partition(len(layers), p * chunks, load), p, rank)
     tokens_global = cfg.global_batch * cfg.model.seq_len

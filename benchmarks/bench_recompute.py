@@ -4,7 +4,7 @@ none / selective / full, and bf16 beside fp32, interleaved in one run.
 2 ranks × 1 thread (data parallel), GPT preset ``small``, 8 sequences per rank. Reports
 the median step time, the overhead against no recomputation, and the counted peak of
 saved activations per rank (saved-tensor hooks, see paracube.memory) next to the op-by-op
-formula for paracube's model (paracube.planner.saved_activations).
+formula for paracube's model (paracube.models.shapes).
 
     python benchmarks/bench_recompute.py --out benchmarks/results/recompute.json
 """
@@ -25,7 +25,7 @@ from paracube.data.corpus import build_corpus  # noqa: E402
 from paracube.engine import Trainer  # noqa: E402
 from paracube.mesh.mesh import ProcessMesh  # noqa: E402
 from paracube.models.presets import preset  # noqa: E402
-from paracube.planner.saved_activations import model_saved_bytes  # noqa: E402
+from paracube.models.shapes import model_saved_bytes  # noqa: E402
 
 VARIANTS = {
     "fp32, no recompute": dict(),

@@ -121,7 +121,7 @@ def _costs_from(text: str | None):
 
 
 def cmd_schedule(args) -> int:
-    from paracube.pipeline import build_schedule, simulate
+    from paracube.pipeline import get_schedule, simulate
 
     for name in ("pp", "microbatches"):
         if getattr(args, name) <= 0:
@@ -129,14 +129,12 @@ def cmd_schedule(args) -> int:
     if args.out and not args.out.endswith((".png", ".svg")):
         raise ParacubeError(f"--out {args.out}: the picture must be a .png or .svg file")
     costs, what = _costs_from(args.costs)
-    lists = build_schedule(args.schedule, args.pp, args.microbatches, args.chunks)
-    t = simulate(lists, costs, v=args.chunks)
+    schedule = get_schedule(args.schedule)
     p, m, v = args.pp, args.microbatches, args.chunks
-    formula = {"gpipe": (p - 1) / (m + p - 1), "1f1b": (p - 1) / (m + p - 1),
-               "interleaved-1f1b": (p - 1) / (v * m + p - 1)}.get(args.schedule)
+    t = simulate(schedule.build(p, m, v), costs, v=v)
+    formula = schedule.bubble_fraction(p, m, v, costs.F, costs.I, costs.W)
     print(f"{args.schedule}: pp={p}, micro-batches={m}" + (f", chunks={v}" if v > 1 else "") + f"; {what}")
-    print(f"bubble fraction {t.bubble_fraction:.4f}" + (f" (formula {formula:.4f})" if formula is not None else
-          f" (ZB-H1 idle per rank (p-1)(F+I-W) = {(p - 1) * (costs.F + costs.I - costs.W):.3g})"))
+    print(f"bubble fraction {t.bubble_fraction:.4f} (formula {formula:.4f}, {schedule.reference})")
     print("peak in-flight micro-batches per rank: " + ", ".join(f"{t.peak_in_flight(r):g}" for r in range(p)))
     print(f"step time {t.makespan:.4g} (busy per rank {t.busy(0):.4g})")
     if args.out:

@@ -93,8 +93,7 @@ def cmd_plan(args) -> int:
     import json
 
     from paracube.planner import hardware as hw
-    from paracube.planner.layout_memory import PRECISION_BYTES
-    from paracube.planner.memory import ATTENTION
+    from paracube.choices import ATTENTION, PRECISIONS
     from paracube.planner.report import explain, table, to_json, torchrun_command
     from paracube.planner.search import search
     from paracube.planner.time_model import Cluster
@@ -118,7 +117,7 @@ def cmd_plan(args) -> int:
             raise ParacubeError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
     if args.attention is not None and args.attention not in ATTENTION:
         raise ParacubeError(f"unknown --attention {args.attention!r}: choose fused or unfused")
-    if args.precision not in PRECISION_BYTES:
+    if args.precision not in PRECISIONS:
         raise ParacubeError(f"unknown --precision {args.precision!r}: choose bf16, fp16 or fp32")
     from paracube.planner.generic import generic, search_generic
 

@@ -11,16 +11,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
+from paracube.choices import (
+    ACTIVATIONS, AXES, BALANCE, GRAD_REDUCE, NORMS, POSITIONS, PRECISIONS, RECOMPUTE, ZERO_STAGES,
+)
 from paracube.errors import ConfigError
-
-NORMS = ("layernorm", "rmsnorm")
-ACTIVATIONS = ("gelu", "swiglu")
-POSITIONS = ("learned", "rope")
-AXES = ("pp", "dp", "tp")  # outermost to innermost (design.md)
-ZERO_STAGES = (0, 1, 2, 3)
-RECOMPUTE = ("none", "selective", "full")
-PRECISIONS = ("fp32", "bf16", "fp16")
-GRAD_REDUCE = ("fp32", "compute")
+from paracube.pipeline.schedules import SCHEDULES, check_schedule
 
 
 def _positive(name: str, value, hint: str = "") -> None:
@@ -117,9 +112,6 @@ class ParallelConfig:
                     "parallelism all-reduces every layer and needs the intra-node links; "
                     f"use --tp ≤ {self.gpus_per_node} and pipeline or data parallelism across nodes"
                 )
-        from paracube.pipeline.partition import BALANCE
-        from paracube.pipeline.schedules import SCHEDULES
-
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"unknown schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
         if self.balance not in BALANCE:
@@ -226,8 +218,6 @@ class TrainConfig:
             raise ConfigError(f"--seed must be a non-negative integer, got {self.seed!r}")
         check_tensor_parallel(self.model, self.parallel)
         if self.parallel.pp > 1:
-            from paracube.pipeline.schedules import check_schedule
-
             check_schedule(self.parallel.schedule, self.parallel.pp, self.grad_accum, self.parallel.chunks)
             stages, layers = self.parallel.pp * self.parallel.chunks, self.model.n_layers + 3
             if layers < stages:

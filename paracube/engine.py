@@ -326,7 +326,7 @@ class Trainer:
 
     def _pipeline_step(self, timer: PhaseTimer) -> tuple[torch.Tensor, dict]:
         """The schedule's actions over all micro-batches, then one gradient reduction."""
-        from paracube.pipeline.build import formula_bubble
+        from paracube.pipeline.schedules import get_schedule
 
         cfg, par = self.cfg, self.cfg.parallel
         with timer.phase("data"):
@@ -341,7 +341,7 @@ class Trainer:
         pipeline = {
             "schedule": par.schedule,
             "bubble_measured": round(record.bubble, 4),
-            "bubble_formula": round(formula_bubble(par.schedule, par.pp, cfg.grad_accum, par.chunks), 4),
+            "bubble_formula": round(get_schedule(par.schedule).bubble_fraction(par.pp, cfg.grad_accum, par.chunks), 4),
             "action_seconds": {k: round(record.mean(k), 6) for k in record.busy if record.counts[k]},
             "p2p_latency": round(record.latency, 6) if record.latency != float("inf") else 0.0,
         }

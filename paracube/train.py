@@ -37,7 +37,7 @@ def train_rank(cfg: TrainConfig, threads: int, timeout_s: float, predict: bool =
     history: list[StepMetrics] = []
     first_val = trainer.evaluate() if cfg.eval_every else None
     if lead:
-        from paracube.models.presets import parameter_count
+        from paracube.models.shapes import parameter_count
 
         n_params = parameter_count(cfg.model)
         print(
@@ -104,7 +104,7 @@ def prediction(cfg: TrainConfig, trainer, history: list[StepMetrics], threads: i
         f"{predicted_states / 2**20:.2f} MiB, counted {counted / 2**20:.2f} MiB"
     )
     if par.tp == 1 and par.pp == 1:  # activations: the op-by-op formula for paracube's model
-        from paracube.planner.saved_activations import model_saved_bytes
+        from paracube.models.shapes import model_saved_bytes
 
         elem = {"fp32": 4, "bf16": 2, "fp16": 2}[cfg.precision]
         want = model_saved_bytes(cfg.model, cfg.micro_batch, elem=elem, recompute=cfg.recompute,

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from paracube.models.gpt import GPT, lm_loss
-from paracube.models.presets import PRESETS, parameter_count, preset
+from paracube.models.presets import PRESETS, preset
+from paracube.models.shapes import parameter_count
 
 VARIANTS = [
     {},

@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 
 from paracube.errors import ConfigError
-from paracube.models.presets import parameter_count, preset
+from paracube.models.presets import preset
+from paracube.models.shapes import parameter_count
 from paracube.planner.flops import flops_with_full_recompute, model_flops, narayanan_params, training_days
 from paracube.planner.hardware import gpu
-from paracube.planner.memory import activation_bytes_per_layer, in_flight_microbatches, model_state_bytes
+from paracube.pipeline.schedules import SCHEDULES
+from paracube.planner.memory import activation_bytes_per_layer, model_state_bytes
 
 
 def test_zero_worked_example():
@@ -38,10 +40,10 @@ def test_korthikanti_selective_recompute_saves_70_percent_for_gpt3():
 
 
 def test_in_flight_microbatches():
-    assert in_flight_microbatches("gpipe", 4, 16) == 16
-    assert [in_flight_microbatches("1f1b", 4, 16, stage=r) for r in range(4)] == [4, 3, 2, 1]
-    assert in_flight_microbatches("interleaved-1f1b", 4, 16, v=2) == pytest.approx(4 * (1 + 3 / 8))
-    assert in_flight_microbatches("zb-h1", 4, 16) == 4
+    assert SCHEDULES["gpipe"].in_flight(4, 16) == 16
+    assert [SCHEDULES["1f1b"].in_flight(4, 16, stage=r) for r in range(4)] == [4, 3, 2, 1]
+    assert SCHEDULES["interleaved-1f1b"].in_flight(4, 16, v=2) == pytest.approx(4 * (1 + 3 / 8))
+    assert SCHEDULES["zb-h1"].in_flight(4, 16) == 4
 
 
 def test_parameter_formula_against_gpt3_175b():
@@ -192,7 +194,8 @@ def test_model_flops_follow_the_shapes():
     """MFU's numerator: for GPT shapes exactly Korthikanti's Eq. 7, with full recomputation
     exactly SC21's Eq. 3; for LLaMA shapes (GQA, SwiGLU, untied head) the matmul weights are
     the parameter count less embeddings and norms."""
-    from paracube.planner.flops import hardware_flops_per_token, layer_matmul_params, model_flops_per_token
+    from paracube.models.shapes import block_matrix_params as layer_matmul_params
+    from paracube.planner.flops import hardware_flops_per_token, model_flops_per_token
 
     cfg = preset("gpt3-175b")
     B, s = 8, cfg.seq_len

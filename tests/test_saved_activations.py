@@ -1,5 +1,5 @@
 """Counted activation bytes (saved-tensor hooks) against the op-by-op formula for
-paracube's model (:mod:`paracube.planner.saved_activations`)."""
+paracube's model (:mod:`paracube.models.shapes`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from paracube.config import ModelConfig
 from paracube.memory.activations import ActivationCounter
 from paracube.models.gpt import GPT, Block, apply_recompute, lm_loss
-from paracube.planner.saved_activations import block_saved_bytes, model_saved_bytes
+from paracube.models.shapes import block_saved_bytes, model_saved_bytes
 
 BASE = dict(n_layers=2, hidden=64, n_heads=4, vocab_size=256, seq_len=32)
 VARIANTS = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from paracube.errors import ConfigError
-from paracube.pipeline import Action, Costs, build_schedule, simulate
+from paracube.pipeline import SCHEDULES, Action, Costs, build_schedule, simulate
 
 SHAPES = [(2, 2), (2, 4), (3, 7), (4, 4), (4, 8), (4, 12), (8, 16)]
 
@@ -16,6 +16,35 @@ def _every_action_once(lists, m, v, split):
         assert sorted((a.kind, a.mb, a.chunk) for a in acts) == sorted(
             (k, mb, c) for k in kinds for mb in range(m) for c in range(v)
         )
+
+
+@pytest.mark.parametrize("p,m", SHAPES)
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_every_registered_schedule_meets_its_own_formulas(name, p, m):
+    """Each schedule of the registry, at every shape it accepts: every action exactly once,
+    the simulated idle time of every rank and the bubble fraction equal to the schedule's
+    formulas (unit and uneven costs), and no stage holding more micro-batches than its
+    registered peak (the first stage exactly it). A new schedule is tested here unasked."""
+    sched = SCHEDULES[name]
+    tried = 0
+    for v in (2, 3) if sched.chunked else (1,):
+        try:
+            sched.check(p, m, v)
+        except ConfigError:
+            continue
+        tried += 1
+        lists = sched.build(p, m, v)
+        _every_action_once(lists, m, v, split=sched.splits_backward)
+        for costs in (Costs(), Costs(F=1.0, I=1.3, W=0.7)):
+            t = simulate(lists, costs, v=v)
+            idle = sched.idle_per_rank(p, m, v, costs.F, costs.I, costs.W)
+            assert [t.idle(r) for r in range(p)] == pytest.approx([idle] * p)
+            assert t.bubble_fraction == pytest.approx(sched.bubble_fraction(p, m, v, costs.F, costs.I, costs.W))
+        peaks = [t.peak_in_flight(r) for r in range(p)]
+        assert all(peak <= sched.in_flight(p, m, v, stage=r) + 1e-12 for r, peak in enumerate(peaks))
+        assert peaks[0] == pytest.approx(sched.in_flight(p, m, v, stage=0))
+    if not sched.needs_m_at_least_p and not sched.chunked:
+        assert tried  # a schedule without constraints runs at every shape
 
 
 @pytest.mark.parametrize("p,m", SHAPES)

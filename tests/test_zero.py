@@ -112,7 +112,7 @@ def test_recompute_with_zero3(pools):
 
 
 def _psi(model) -> int:
-    from paracube.models.presets import parameter_count
+    from paracube.models.shapes import parameter_count
 
     return parameter_count(model)
 
@@ -160,7 +160,7 @@ def test_zero3_peak_parameters_are_a_shard_plus_gathered_units(pools):
 def test_full_recompute_saves_over_half_the_activations(pools):
     """The engine's per-step peak equals the op-by-op formula for paracube's model, and
     full recomputation keeps less than half of it."""
-    from paracube.planner.saved_activations import model_saved_bytes
+    from paracube.models.shapes import model_saved_bytes
 
     results = {}
     for mode in ("none", "selective", "full"):

@@ -1,5 +1,6 @@
-"""Models: the parallel-agnostic reference GPT and named presets."""
+"""Models: the parallel-agnostic reference GPT, its arithmetic, and named presets."""
 
-from paracube.models.presets import PRESETS, parameter_count, preset
+from paracube.models.presets import PRESETS, preset
+from paracube.models.shapes import parameter_count
 
 __all__ = ["PRESETS", "parameter_count", "preset"]

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from paracube.choices import RECOMPUTE
 from paracube.config import ModelConfig
 from paracube.memory.activations import note_saved
 
@@ -198,8 +199,6 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
     """Next-token cross-entropy; logits (B, T, V), targets (B, T)."""
     return F.cross_entropy(at_least_fp32(logits.flatten(0, 1)), targets.flatten(), reduction=reduction)
 
-
-RECOMPUTE = ("none", "selective", "full")
 
 
 def apply_recompute(model: nn.Module, mode: str, blocks: int | None = None) -> int:

@@ -49,21 +49,3 @@ def preset(name: str, **overrides) -> ModelConfig:
     if name not in PRESETS:
         raise ConfigError(f"unknown model preset {name!r}: choose one of {', '.join(PRESETS)}")
     return ModelConfig(name=name, **{**PRESETS[name], **overrides})
-
-
-def parameter_count(cfg: ModelConfig) -> int:
-    """Exact parameter count of :class:`paracube.models.gpt.GPT` built from ``cfg``.
-
-    Tested against ``sum(p.numel())`` of the real module; the planner uses it for presets
-    too large to build.
-    """
-    h, f, kv = cfg.hidden, cfg.ffn_hidden, cfg.n_kv_heads * cfg.head_dim
-    b = 1 if cfg.bias else 0
-    norm = 2 * h if cfg.norm == "layernorm" else h
-    attn = h * h + 2 * h * kv + h * h + b * (h + 2 * kv + h)
-    mlp_in = 2 * h * f if cfg.activation == "swiglu" else h * f
-    mlp = mlp_in + f * h + b * ((2 * f if cfg.activation == "swiglu" else f) + h)
-    per_layer = 2 * norm + attn + mlp
-    embed = cfg.vocab_size * h + (cfg.seq_len * h if cfg.position == "learned" else 0)
-    head = 0 if cfg.tie_embeddings else cfg.vocab_size * h
-    return cfg.n_layers * per_layer + embed + norm + head

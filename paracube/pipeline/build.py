@@ -8,9 +8,10 @@ import torch
 import torch.distributed as dist
 
 from paracube.config import TrainConfig
-from paracube.pipeline.partition import describe_split, gpt_layer_loads, gpt_layer_names, partition
-from paracube.pipeline.schedules import Action, build_schedule
-from paracube.pipeline.simulator import Costs, simulate
+from paracube.models.shapes import chain_names
+from paracube.pipeline.balance import gpt_layer_loads
+from paracube.pipeline.partition import describe_split, partition
+from paracube.pipeline.schedules import Action, get_schedule
 from paracube.pipeline.stage import PipelineChunk, measure_layer_times, split_chain
 from paracube.pipeline.zero_bubble import WeightGradStore, make_deferrable
 
@@ -23,12 +24,6 @@ class PipelinePlan:
     description: str  # the split and each stage's estimated load
 
 
-def formula_bubble(schedule: str, p: int, m: int, v: int = 1) -> float:
-    """The schedule's bubble fraction at unit costs — the published formulas
-    ((p−1)/(m+p−1), (p−1)/(v·m+p−1), ZB-H1's), as the simulator tests prove."""
-    return simulate(build_schedule(schedule, p, m, v), Costs(), v=v).bubble_fraction
-
-
 def build_pipeline(model, cfg: TrainConfig, pp_rank: int, sample: torch.Tensor | None = None) -> PipelinePlan:
     """Split ``model``'s chain of layers into ``pp × chunks`` stages and keep this rank's.
 
@@ -37,7 +32,7 @@ def build_pipeline(model, cfg: TrainConfig, pp_rank: int, sample: torch.Tensor |
     """
     par = cfg.parallel
     p, v, m = par.pp, par.chunks, cfg.grad_accum
-    names, layers = gpt_layer_names(cfg.model), model.layers()
+    names, layers = chain_names(cfg.model), model.layers()
     if par.balance == "time":
         times = torch.tensor(measure_layer_times(layers, sample), dtype=torch.float64)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)
@@ -47,10 +42,11 @@ def build_pipeline(model, cfg: TrainConfig, pp_rank: int, sample: torch.Tensor |
     bounds = partition(len(layers), p * v, load)
     chunks = split_chain(layers, names, bounds, p, pp_rank)
     store = None
-    if par.schedule == "zb-h1":
+    schedule = get_schedule(par.schedule)
+    if schedule.splits_backward:
         store = WeightGradStore()
         for chunk in chunks:
             make_deferrable(chunk, store)
-    actions = build_schedule(par.schedule, p, m, v)[pp_rank]
+    actions = schedule.build(p, m, v)[pp_rank]
     text = f"pipeline split by {par.balance} ({par.schedule}, {m} micro-batches):\n" + describe_split(names, bounds, load, p)
     return PipelinePlan(chunks, actions, store, text)

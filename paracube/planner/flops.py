@@ -1,6 +1,8 @@
-"""FLOPs and training-time formulas for GPT-style decoders (formulas.md)."""
+"""FLOPs and training-time formulas for GPT-style decoders (docs/formulas.md)."""
 
 from __future__ import annotations
+
+from paracube.models import shapes
 
 
 def narayanan_params(l: int, h: int, V: int, s: int) -> float:  # noqa: E741
@@ -25,20 +27,12 @@ def hardware_flops_selective(B: int, s: int, L: int, h: int, v: int) -> float:
     return 72 * B * L * s * h * h * (1 + s / (3 * h) + v / (12 * h * L))
 
 
-def layer_matmul_params(cfg) -> float:
-    """Weights of one block's matrices (q/k/v, output, MLP in and out; GQA and SwiGLU
-    counted as built): each does 2 FLOPs per token and weight in forward."""
-    h, kv = cfg.hidden, cfg.n_kv_heads * cfg.head_dim
-    mlp_in = (2 if cfg.activation == "swiglu" else 1) * cfg.ffn_hidden
-    return h * (h + 2 * kv) + h * h + h * mlp_in + cfg.ffn_hidden * h
-
-
 def forward_flops_per_token(cfg, *, layers: bool = True, head: bool = True) -> float:
     """Forward matmul FLOPs per token for a model's actual shapes: 2·(block matrices) per
     layer, the attention core 4·s·(a·d) per layer (QKᵀ and scores·V, counted over the full
     s×s as the published formulas do), the head 2·h·V. For GPT shapes (4h MLP, MHA) three
     times this is Korthikanti's Eq. 7 per token exactly (tested)."""
-    per_layer = 2 * layer_matmul_params(cfg) + 4 * cfg.seq_len * cfg.n_heads * cfg.head_dim
+    per_layer = shapes.block_forward_flops_per_token(cfg)
     return (cfg.n_layers * per_layer if layers else 0.0) + (2 * cfg.hidden * cfg.vocab_size if head else 0.0)
 
 

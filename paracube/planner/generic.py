@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paracube.errors import ConfigError
-from paracube.planner.layout_memory import CONTEXT_BYTES, FRAGMENTATION, PRECISION_BYTES, Layout, StageMemory
+from paracube.choices import state_bytes_per_parameter
+from paracube.planner.layout_memory import CONTEXT_BYTES, FRAGMENTATION, Layout, StageMemory
 from paracube.planner.memory import model_state_bytes
 from paracube.planner.time_model import Cluster, StepEstimate, _ring
 
@@ -55,7 +56,7 @@ def evaluate(model: GenericModel, layout: Layout, cluster: Cluster, precision: s
     if layout.tp != 1 or layout.pp != 1:
         raise ConfigError(f"{model.name} is described without layers: data parallel only (tp = pp = 1)")
     g, dp, b, m = cluster.gpu, layout.dp, layout.micro_batch, layout.microbatches
-    w, gr, o = PRECISION_BYTES[precision]
+    w, gr, o = state_bytes_per_parameter(precision)
     states = model_state_bytes(model.params, layout.zero, dp, weight_bytes=w, grad_bytes=gr, optimizer_bytes=o).total
     acts = model.activation_values_per_sample * w * b
     memory = StageMemory("all", states, acts, CONTEXT_BYTES + FRAGMENTATION * (states + acts))

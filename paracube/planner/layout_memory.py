@@ -6,7 +6,7 @@ flight) or the last (head and logits) — the sum of:
 - model states of its parameters under ZeRO (``memory.model_state_bytes``), with tensor
   parallelism splitting the matrices (norm weights are replicated: counted in full);
 - activations: Korthikanti's per-layer bytes × its layers × the micro-batches it holds
-  at the schedule's peak (``memory.in_flight_microbatches``), plus the embedding output
+  at the schedule's peak (the schedule registry's ``in_flight``), plus the embedding output
   and, on the last stage, the logits (b·s·V/t, kept in fp32 for the loss: 4 bytes);
 - an allowance, stated here: 1 GB for the CUDA context and communication buffers, and
   10 % of the rest for allocator fragmentation.
@@ -17,16 +17,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from paracube.choices import state_bytes_per_parameter
 from paracube.config import ModelConfig
-from paracube.planner.memory import activation_bytes_per_layer, in_flight_microbatches, model_state_bytes
+from paracube.models import shapes
+from paracube.pipeline.schedules import get_schedule
+from paracube.planner.memory import activation_bytes_per_layer, model_state_bytes
 
 CONTEXT_BYTES = 1e9
 FRAGMENTATION = 0.10
-PRECISION_BYTES = {  # (weights, gradients, optimizer states) bytes per parameter
-    "bf16": (2, 2, 12),  # mixed precision: fp32 master weights + Adam m, v (ZeRO's K = 12)
-    "fp16": (2, 2, 12),
-    "fp32": (4, 4, 8),  # fp32 weights and gradients, Adam m and v
-}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,17 +64,13 @@ class StageMemory:
 def stage_memory(cfg: ModelConfig, layout: Layout, precision: str = "bf16") -> list[StageMemory]:
     """Memory of the first and (if different) the last pipeline stage, per GPU."""
     h, s, V, t, p = cfg.hidden, cfg.seq_len, cfg.vocab_size, layout.tp, layout.pp
-    kv = cfg.n_kv_heads * cfg.head_dim
-    mlp_in = (2 if cfg.activation == "swiglu" else 1) * cfg.ffn_hidden
-    matrices = h * (h + 2 * kv) + h * h + h * mlp_in + cfg.ffn_hidden * h  # split by tp
-    norm = (2 if cfg.norm == "layernorm" else 1) * h  # replicated
-    column_bias = (h + 2 * kv + mlp_in) if cfg.bias else 0  # split by tp
-    row_bias = 2 * h if cfg.bias else 0  # replicated (added after the reduction)
-    block = (matrices + column_bias) / t + 2 * norm + row_bias
+    norm = shapes.norm_params(cfg)  # replicated
+    block = shapes.block_params(cfg, tp=t)
     layers_per_stage = math.ceil(cfg.n_layers / (p * layout.chunks)) * layout.chunks
-    embed = V * h / t + (s * h if cfg.position == "learned" else 0)
-    head = (0 if (cfg.tie_embeddings and p == 1) else V * h / t) + norm  # the final norm sits with the head
-    w, g, o = PRECISION_BYTES[precision]
+    embed = shapes.embed_params(cfg, tp=t)
+    # the final norm sits with the head
+    head = (0 if (cfg.tie_embeddings and p == 1) else shapes.head_params(cfg, tp=t)) + norm
+    w, g, o = state_bytes_per_parameter(precision)
     act_layer = activation_bytes_per_layer(
         s, layout.micro_batch, h, cfg.n_heads, t=t, sequence_parallel=layout.sequence_parallel,
         recompute=layout.recompute, attention=layout.attention,
@@ -88,7 +82,7 @@ def stage_memory(cfg: ModelConfig, layout: Layout, precision: str = "bf16") -> l
             break
         params = layers_per_stage * block + extra_params
         states = model_state_bytes(params, layout.zero, layout.dp, weight_bytes=w, grad_bytes=g, optimizer_bytes=o).total
-        in_flight = in_flight_microbatches(layout.schedule, p, layout.microbatches, layout.chunks, stage=index)
+        in_flight = get_schedule(layout.schedule).in_flight(p, layout.microbatches, layout.chunks, stage=index)
         acts = act_layer * layers_per_stage * in_flight
         if index == 0:
             acts += bsh * w * in_flight  # the embedding output

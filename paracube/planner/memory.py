@@ -22,9 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from paracube.choices import ATTENTION, RECOMPUTE
 from paracube.errors import ConfigError
-
-RECOMPUTE = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
@@ -60,9 +59,6 @@ def model_state_bytes(
     )
 
 
-ATTENTION = ("fused", "unfused")
-
-
 def activation_bytes_per_layer(
     s: int, b: int, h: int, a: int, *, t: int = 1, sequence_parallel: bool = False, recompute: str = "none",
     attention: str = "unfused",
@@ -86,20 +82,3 @@ def activation_bytes_per_layer(
     if sequence_parallel:
         return sbh / t * (34 + (0 if recompute == "selective" else attention))
     return sbh * (10 + 24 / t + (0 if recompute == "selective" else attention / t))
-
-
-def in_flight_microbatches(schedule: str, p: int, m: int, v: int = 1, stage: int = 0) -> float:
-    """Micro-batches whose activations a pipeline stage holds at its peak: GPipe m, 1F1B
-    p − stage (first stage p), interleaved 1F1B p·(1 + (p−1)/(p·v)) on the first stage
-    (Narayanan et al. 2021; Korthikanti et al. 2022, Eq. 5), ZB-H1 p (Qi et al. 2024)."""
-    if p == 1:
-        return 1.0
-    if schedule == "gpipe":
-        return float(m)
-    if schedule == "1f1b":
-        return float(min(p - stage, m))
-    if schedule == "interleaved-1f1b":
-        return p * (1 + (p - 1) / (p * v)) if stage == 0 else float(min(p - stage, m)) + (p - 1) / v
-    if schedule == "zb-h1":
-        return float(min(p, m))
-    raise ConfigError(f"unknown schedule {schedule!r}")

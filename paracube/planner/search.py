@@ -5,13 +5,14 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from paracube.choices import RECOMPUTE, ZERO_STAGES
 from paracube.config import ModelConfig
+from paracube.errors import ConfigError
+from paracube.pipeline.schedules import SCHEDULES
 from paracube.planner.layout_memory import Layout, StageMemory, peak_memory
-from paracube.planner.memory import RECOMPUTE
 from paracube.planner.time_model import Cluster, StepEstimate, estimate
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
-ZERO = (0, 1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -33,17 +34,26 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _schedules(p: int, m: int, layers: int, tp: int):
+CHUNKS = (2, 4)  # virtual chunks tried for chunked (interleaved) schedules
+
+
+def _schedules(p: int, m: int, layers: int):
+    """(schedule, chunks) pairs the engine can run at (p, m), from the registry; a schedule
+    another one dominates (same bubble, more memory: GPipe under 1F1B) is skipped."""
     if p == 1:
         yield "1f1b", 1
         return
-    if m >= p:
-        yield "1f1b", 1
-        yield "zb-h1", 1
-    if m % p == 0:
-        for v in (2, 4):
-            if layers >= p * v:  # chunks may differ by a block, as the engine's partition cuts them
-                yield "interleaved-1f1b", v
+    for name, sched in SCHEDULES.items():
+        if sched.dominated_by:
+            continue
+        for v in CHUNKS if sched.chunked else (1,):
+            if layers < p * v:  # chunks may differ by a block, as the engine's partition cuts them
+                continue
+            try:
+                sched.check(p, m, v)
+            except ConfigError:
+                continue
+            yield name, v
 
 
 def candidate_layouts(cfg: ModelConfig, gpus: int, gpus_per_node: int, global_batch: int, fixed: dict, rejected: dict):
@@ -73,7 +83,7 @@ def candidate_layouts(cfg: ModelConfig, gpus: int, gpus_per_node: int, global_ba
                     continue
                 m = global_batch // (dp * b)
                 for (schedule, v), zero, recompute in itertools.product(
-                    _schedules(pp, m, cfg.n_layers, tp), ZERO if dp > 1 else (0,), RECOMPUTE
+                    _schedules(pp, m, cfg.n_layers), ZERO_STAGES if dp > 1 else (0,), RECOMPUTE
                 ):
                     if zero == 3 and pp > 1:
                         continue  # ZeRO-3 composes with tensor parallel, not with pipelines

@@ -16,8 +16,9 @@ fitted to a published result:
   reduce-scatter pairs) of b·s·h 16-bit values in a ring over t ranks on the intra-node
   link: 2(t−1)/t·n/B + 2(t−1)·α each (formulas.md); not overlapped. A pair costs the
   all-reduce on NCCL; on a calibrated gloo link, the measured pair ÷ all-reduce ratio.
-- **pipeline**: the bubble adds (p−1)/m of the stage's work for GPipe and 1F1B,
-  (p−1)/(v·m) interleaved, (p−1)/(3m) for ZB-H1 (its (p−1)(F+B−W) idle at F = B = W);
+- **pipeline**: the bubble adds the schedule's idle ÷ busy time at unit costs (the schedule
+  registry): (p−1)/m of the stage's work for GPipe and 1F1B, (p−1)/(v·m) interleaved,
+  (p−1)/(3m) for ZB-H1 (its (p−1)(F+I−W) idle at F = I = W);
   each micro-batch crosses a stage boundary twice (activation, gradient) on the link
   between stages.
 - **data parallel**: a ring all-reduce of the stage's 16-bit gradient shard (ZeRO-3:
@@ -30,7 +31,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from paracube.choices import ELEMENT_BYTES
 from paracube.config import ModelConfig
+from paracube.models import shapes
+from paracube.pipeline.schedules import get_schedule
 from paracube.planner.flops import hardware_flops_per_token, model_flops_per_token
 from paracube.planner.hardware import GPU, Interconnect
 from paracube.planner.layout_memory import Layout
@@ -127,9 +131,7 @@ def layer_time(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> tuple
     on one GPU for one micro-batch."""
     b, s, h, t = layout.micro_batch, cfg.seq_len, cfg.hidden, layout.tp
     M = b * s
-    kv = cfg.n_kv_heads * cfg.head_dim
-    mlp_in = (2 if cfg.activation == "swiglu" else 1) * cfg.ffn_hidden
-    gemms = [(M, (h + 2 * kv) / t, h), (M, h, h / t), (M, mlp_in / t, h), (M, h, cfg.ffn_hidden / t)]
+    gemms = shapes.block_gemms(cfg, M, t)
     fwd = bwd = 0.0
     for shape in gemms:
         f, bw = _gemm_fwd_bwd(*shape, g, elem)
@@ -151,7 +153,7 @@ def layer_time(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> tuple
 
 def estimate(cfg: ModelConfig, layout: Layout, cluster: Cluster, precision: str = "bf16") -> StepEstimate:
     g, p, t, dp, m = cluster.gpu, layout.pp, layout.tp, layout.dp, layout.microbatches
-    elem = 4 if precision == "fp32" else 2
+    elem = ELEMENT_BYTES[precision]
     # blocks on the busiest rank: its v chunks of at most ⌈L/(p·v)⌉ blocks each
     layers = math.ceil(cfg.n_layers / (p * layout.chunks)) * layout.chunks
     fwd, bwd, flops = layer_time(cfg, layout, g, elem)
@@ -174,11 +176,9 @@ def estimate(cfg: ModelConfig, layout: Layout, cluster: Cluster, precision: str 
         tp_comm += m * (2 * _ring(n, t, tp_link) + 2 * _ring(layout.micro_batch * cfg.seq_len * 4, t, tp_link))
     pp_link = cluster.intra if t * dp * p <= cluster.gpus_per_node else cluster.inter
     pp_comm = 2 * m * (n / (t if layout.sequence_parallel else 1) / pp_link.bandwidth + pp_link.latency) if p > 1 else 0.0
-    ratio = {"gpipe": 1.0, "1f1b": 1.0, "interleaved-1f1b": 1.0 / layout.chunks, "zb-h1": 1.0 / 3}[layout.schedule]
-    bubble = (p - 1) / m * ratio * (compute + recompute + tp_comm) if p > 1 else 0.0
-    from paracube.models.presets import parameter_count
-
-    shard = parameter_count(cfg) / (t * p)
+    overhead = get_schedule(layout.schedule).idle_over_busy(p, m, layout.chunks)
+    bubble = overhead * (compute + recompute + tp_comm) if p > 1 else 0.0
+    shard = shapes.parameter_count(cfg) / (t * p)
     grad_bytes = elem * shard
     dp_link = cluster.intra if t * dp <= cluster.gpus_per_node else cluster.inter
     allreduce = _ring(grad_bytes, dp, dp_link) * (1.5 if layout.zero == 3 else 1.0)

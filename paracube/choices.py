@@ -1,0 +1,34 @@
+"""Every option a user picks by name, and the bytes per element of each precision.
+
+One owner per fact: the config dataclasses, the engines, the planner and the command
+line all read these tuples, so a new choice is added here once. Pipeline schedules are
+the exception: their names are the keys of the schedule registry
+(:data:`paracube.pipeline.schedules.SCHEDULES`), which owns everything about a schedule.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+AXES = ("pp", "dp", "tp")  # mesh axes, outermost to innermost (docs/ARCHITECTURE.md)
+NORMS = ("layernorm", "rmsnorm")
+ACTIVATIONS = ("gelu", "swiglu")
+POSITIONS = ("learned", "rope")
+ZERO_STAGES = (0, 1, 2, 3)
+RECOMPUTE = ("none", "selective", "full")
+PRECISIONS = ("fp32", "bf16", "fp16")
+GRAD_REDUCE = ("fp32", "compute")  # dtype of gradient accumulation/reduction under bf16/fp16
+BALANCE = ("params", "flops", "memory", "time")  # how pipeline stages are cut
+ATTENTION = ("fused", "unfused")  # planner: FlashAttention/SDPA, or s×s scores materialized
+
+# Bytes of one model / activation element in each precision.
+ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def state_bytes_per_parameter(precision: str) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer states) bytes per parameter under Adam.
+
+    fp32: 4 + 4 + 8 (the two moments). bf16/fp16: 2 + 2 + 12 — 16-bit weights and
+    gradients, fp32 master weights and moments (Rajbhandari et al. 2020, ZeRO's K = 12).
+    """
+    elem = ELEMENT_BYTES[precision]
+    return (elem, elem, 8 if elem == 4 else 12)

@@ -1,0 +1,208 @@
+"""The reference GPT's arithmetic — the only place it is written down.
+
+Parameters per layer kind, the matmul shapes of a block (and how tensor parallelism
+splits them), FLOPs, and the activation bytes each operation keeps for backward. The
+module (:mod:`paracube.models.gpt`), the presets, the pipeline partitioner and every
+planner formula ask here, and tests hold these numbers against the real module (counts
+of ``numel`` and of saved-tensor bytes). Torch-free: the planner sizes 405B models.
+
+Notation: h hidden, F MLP width, k_v = kv_heads·d (d head size), a heads, V vocabulary,
+s sequence, b micro-batch, N = b·s tokens, t tensor-parallel ranks, E bytes per element.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from paracube.config import ModelConfig
+
+
+class Linear(NamedTuple):
+    """One ``nn.Linear`` of a block: its path, sizes and how tensor parallelism splits it
+    (``column``: output features split, bias split; ``row``: input features split, bias
+    replicated and added after the reduction — Shoeybi et al. 2019, §3)."""
+
+    name: str
+    in_features: int
+    out_features: int
+    split: str
+
+
+def kv_dim(cfg: ModelConfig) -> int:
+    return cfg.n_kv_heads * cfg.head_dim
+
+
+def mlp_in_width(cfg: ModelConfig) -> int:
+    """Outputs of the MLP's first projection: F, or 2F for SwiGLU's fused gate | up."""
+    return (2 if cfg.activation == "swiglu" else 1) * cfg.ffn_hidden
+
+
+def block_linears(cfg: ModelConfig) -> list[Linear]:
+    h = cfg.hidden
+    return [
+        Linear("attn.qkv_proj", h, h + 2 * kv_dim(cfg), "column"),  # fused q | k | v
+        Linear("attn.o_proj", h, h, "row"),
+        Linear("mlp.up_proj", h, mlp_in_width(cfg), "column"),
+        Linear("mlp.down_proj", cfg.ffn_hidden, h, "row"),
+    ]
+
+
+def norm_params(cfg: ModelConfig) -> int:
+    return (2 if cfg.norm == "layernorm" else 1) * cfg.hidden
+
+
+def block_matrix_params(cfg: ModelConfig) -> int:
+    """Weights of one block's matrices; each does 2 FLOPs per token and weight forward."""
+    return sum(lin.in_features * lin.out_features for lin in block_linears(cfg))
+
+
+def block_params(cfg: ModelConfig, tp: int = 1) -> float:
+    """Parameters of one block held by one tensor-parallel rank: matrices and column
+    biases split by tp, the two norms and the row-parallel biases replicated."""
+    column_bias = sum(lin.out_features for lin in block_linears(cfg) if lin.split == "column")
+    row_bias = sum(lin.out_features for lin in block_linears(cfg) if lin.split == "row")
+    bias = 1 if cfg.bias else 0
+    return (block_matrix_params(cfg) + bias * column_bias) / tp + 2 * norm_params(cfg) + bias * row_bias
+
+
+def embed_params(cfg: ModelConfig, tp: int = 1) -> float:
+    """Token table split by vocabulary rows; learned positions replicated."""
+    return cfg.vocab_size * cfg.hidden / tp + (cfg.seq_len * cfg.hidden if cfg.position == "learned" else 0)
+
+
+def head_params(cfg: ModelConfig, tp: int = 1) -> float:
+    """The LM head's matrix (its own copy, also when tied to the embedding)."""
+    return cfg.vocab_size * cfg.hidden / tp
+
+
+def parameter_count(cfg: ModelConfig) -> int:
+    """Exact parameter count of :class:`paracube.models.gpt.GPT` built from ``cfg`` (tested
+    against the module's ``numel``); a tied head adds nothing."""
+    head = 0 if cfg.tie_embeddings else head_params(cfg)
+    return int(cfg.n_layers * block_params(cfg) + embed_params(cfg) + norm_params(cfg) + head)
+
+
+def block_gemms(cfg: ModelConfig, tokens: int, tp: int = 1) -> list[tuple[float, float, float]]:
+    """(m, n, k) of each forward GEMM of one block on one tensor-parallel rank: the
+    (tokens × k)·(k × n) products, column-parallel ones with n/tp outputs, row-parallel
+    ones with k/tp inputs."""
+    return [
+        (tokens, lin.out_features / tp, lin.in_features) if lin.split == "column"
+        else (tokens, lin.out_features, lin.in_features / tp)
+        for lin in block_linears(cfg)
+    ]
+
+
+def block_forward_flops_per_token(cfg: ModelConfig) -> float:
+    """Matmul FLOPs of one block's forward per token: 2 per matrix weight, plus the
+    attention core's 4·s·h (QKᵀ and scores·V over the full s×s, as the published formulas
+    count them — Narayanan et al. 2021; Korthikanti et al. 2022)."""
+    return 2 * block_matrix_params(cfg) + 4 * cfg.seq_len * cfg.n_heads * cfg.head_dim
+
+
+# -- the model as a chain of layers (the pipeline's unit) ---------------------------------
+
+
+def chain_names(cfg: ModelConfig) -> list[str]:
+    """``embed, blocks.0 … blocks.L-1, norm, head`` — :meth:`GPT.layers`, by name."""
+    return ["embed", *(f"blocks.{i}" for i in range(cfg.n_layers)), "norm", "head"]
+
+
+def chain_params(cfg: ModelConfig) -> list[float]:
+    """Parameters of each chain layer (the head counted even when tied: its stage holds a copy)."""
+    return [embed_params(cfg), *([block_params(cfg)] * cfg.n_layers), norm_params(cfg), head_params(cfg)]
+
+
+def chain_train_flops(cfg: ModelConfig, b: int) -> list[float]:
+    """Forward + backward FLOPs of each chain layer per micro-batch of b sequences (3× the
+    forward): embedding and norm as their element-wise work, the head 2·h·V per token."""
+    n, h = b * cfg.seq_len, cfg.hidden
+    block = 3 * n * block_forward_flops_per_token(cfg)
+    return [3 * n * h, *([block] * cfg.n_layers), 3 * 5 * n * h, 3 * 2 * n * h * cfg.vocab_size]
+
+
+def chain_saved_bytes(cfg: ModelConfig, b: int, elem: int = 4) -> list[int]:
+    """Activation bytes each chain layer keeps per micro-batch (no recomputation); their
+    sum is :func:`model_saved_bytes`."""
+    n, s = b * cfg.seq_len, cfg.seq_len
+    embed = 8 * n + (8 * s if cfg.position == "learned" else 0)  # int64 token and position indices
+    head = n * cfg.hidden * elem + _loss_bytes(cfg, n, elem)
+    return [embed, *([block_saved_bytes(cfg, b, elem=elem)] * cfg.n_layers), _norm_bytes(cfg, n, elem), head]
+
+
+# -- activation bytes kept for backward -------------------------------------------------
+#
+# Derived op by op for paracube's block (no dropout, any dtype, fused attention that keeps
+# its output and one fp32 log-sum-exp per row and query head — no s×s tensor), counting
+# each storage once, as the saved-tensor counter does. ``/t_s``: divided by t under
+# sequence parallelism.
+#
+#   attn_norm (input; LayerNorm mean, rstd)        N·h·E/t_s + 2·N·E/t_s  (RMSNorm: below)
+#   qkv_proj (its input: the norm output)          N·h·E (gathered under SP)
+#   attention core (q, k, v views; output; lse)    N·(h + 2·k_v)·E/t + N·h·E/t + 4·N·a/t
+#   rotary positions (rotated q, k; tables)        N·(h + k_v)·E/t + s·d·E
+#   grouped-query (k, v expanded to a heads)       2·N·(h − k_v)·E/t (rotary without GQA:
+#                                                  a contiguous copy of v, N·k_v·E/t)
+#   mlp_norm, up_proj                              as attn_norm, qkv_proj
+#   activation (GELU: up output; SwiGLU: gate|up,  GELU 2·N·F·E/t; SwiGLU 4·N·F·E/t
+#   silu(gate), product)
+#
+# With GELU, LayerNorm, learned positions and no TP: N·(16·h·E + 4·E + 4a) bytes, i.e.
+# 16·s·b·h at E = 2 against Korthikanti et al.'s 34·s·b·h for Megatron's layer (dropout
+# masks, unfused attention). Selective recomputation re-runs the core from q, k, v (its
+# log-sum-exp is not kept); full recomputation keeps only the block's input, N·h·E/t_s.
+
+
+def block_saved_bytes(
+    cfg: ModelConfig, b: int, *, elem: int = 4, tp: int = 1, sequence_parallel: bool = False,
+    recompute: str = "none", seq: int | None = None,
+) -> int:
+    """Bytes one block keeps for backward per micro-batch of ``b`` sequences of ``seq``
+    (default ``cfg.seq_len``) tokens."""
+    s = seq or cfg.seq_len
+    n = b * s
+    h, d, a = cfg.hidden, cfg.head_dim, cfg.n_heads
+    kv = kv_dim(cfg)
+    ts = tp if sequence_parallel else 1
+    if recompute == "full":
+        return n * h * elem // ts
+    norms = 2 * _norm_bytes(cfg, n, elem) // ts
+    norm_outputs = 2 * n * h * elem  # kept by qkv_proj and up_proj (gathered under SP)
+    attention = n * (h + 2 * kv) * elem // tp + n * h * elem // tp
+    if recompute != "selective":
+        attention += 4 * n * a // tp  # the fused kernel's fp32 log-sum-exp
+        if kv < h:  # grouped-query: the kernel keeps k and v expanded to every query head
+            attention += 2 * n * (h - kv) * elem // tp
+        elif cfg.position == "rope":  # contiguous rotated q, k beside a strided v: v is copied
+            attention += n * kv * elem // tp
+    if cfg.position == "rope":
+        attention += n * (h + kv) * elem // tp + cfg.seq_len * d * elem
+    mlp = (4 if cfg.activation == "swiglu" else 2) * n * cfg.ffn_hidden * elem // tp
+    return norms + norm_outputs + attention + mlp
+
+
+def model_saved_bytes(cfg: ModelConfig, b: int, *, elem: int = 4, recompute: str = "none",
+                      recompute_blocks: int | None = None) -> int:
+    """The whole single-stage, tp = 1 model per micro-batch: the blocks (the first
+    ``recompute_blocks`` of them recomputed), token indices (int64), the final norm and
+    the head's input, and what the loss keeps."""
+    chosen = cfg.n_layers if recompute_blocks is None else recompute_blocks
+    chain = chain_saved_bytes(cfg, b, elem)
+    recomputed = block_saved_bytes(cfg, b, elem=elem, recompute=recompute)
+    return sum(chain) + chosen * (recomputed - chain[1])
+
+
+def _loss_bytes(cfg: ModelConfig, n: int, elem: int) -> int:
+    """The loss keeps an fp32 log-softmax, its int64 targets (a tensor of their own) and
+    the total weight."""
+    return n * cfg.vocab_size * max(elem, 4) + 8 * n + 4
+
+
+def _norm_bytes(cfg: ModelConfig, n: int, elem: int) -> int:
+    """What one norm over n tokens keeps: LayerNorm its input and mean/rstd (input dtype);
+    RMSNorm, composed of elementary ops, its input, the normalised x before the scale, an
+    fp32 rstd and, below fp32, the fp32 copy of its input it computes in."""
+    h = cfg.hidden
+    if cfg.norm == "layernorm":
+        return n * h * elem + 2 * n * elem
+    return 2 * n * h * elem + 4 * n + (n * h * 4 if elem < 4 else 0)
