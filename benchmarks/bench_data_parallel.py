@@ -49,7 +49,7 @@ def peer_step(model, optimizer, batches, cfg: TrainConfig):
 def batch_stream(trainer: Trainer):
     step = 0
     while True:
-        yield trainer._micro_batch(trainer.sampler, step, 0)
+        yield trainer.batches.micro_batch(step, 0)
         step += 1
 
 

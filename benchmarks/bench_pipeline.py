@@ -57,7 +57,7 @@ def torch_pipelining_step(cfg: TrainConfig, schedule: str, chunks: int, trainer:
     step_no = [0]
 
     def step():
-        batches = [trainer._micro_batch(trainer.sampler, step_no[0], k) for k in range(cfg.grad_accum)]
+        batches = [trainer.batches.micro_batch(step_no[0], k) for k in range(cfg.grad_accum)]
         x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
         opt.zero_grad(set_to_none=True)
         losses = []
@@ -104,7 +104,7 @@ def deepspeed_step(cfg: TrainConfig, trainer: Trainer):
     step_no = [0]
 
     def step():
-        batches = iter([trainer._micro_batch(trainer.sampler, step_no[0], k) for k in range(cfg.grad_accum)])
+        batches = iter([trainer.batches.micro_batch(step_no[0], k) for k in range(cfg.grad_accum)])
         engine.train_batch(data_iter=batches)
         step_no[0] += 1
 

@@ -42,7 +42,7 @@ from paracube.models.presets import preset  # noqa: E402
 def batches(trainer: Trainer):
     step = 0
     while True:
-        yield trainer._micro_batch(trainer.sampler, step, 0)
+        yield trainer.batches.micro_batch(step, 0)
         step += 1
 
 

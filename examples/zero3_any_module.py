@@ -64,6 +64,6 @@ for step in range(5):
 if dist.get_rank() == 0:
     snap = mesh.ledger.snapshot()
     print("all-gather:", snap["all_gather/param"], "reduce-scatter:", snap["reduce_scatter/grad"])
-    print(f"parameter bytes held per rank: {sum(u.shard.numel() * 4 for u in model.all_units)} "
+    print(f"parameter bytes held per rank: {model.memory_bytes()['weights']} "
           f"of {sum(p.numel() * 4 for p in serial.parameters())}")
 shutdown()  # destroy the groups and exit (see its docstring: a torch teardown race)

@@ -99,7 +99,8 @@ def cmd_plan(args) -> int:
     from paracube.planner.time_model import Cluster
 
     if args.calibrate:
-        from paracube.planner.calibrate import DEFAULT_PATH, calibrate
+        from paracube.calibrate import calibrate
+        from paracube.planner.local import DEFAULT_PATH
 
         data = calibrate()
         print(f"matmul {data['matmul_flops_per_thread'] / 1e9:.1f} GFLOP/s per thread, attention "

@@ -27,7 +27,7 @@ def run_trainer(cfg):
     trainer = Trainer(cfg, _mesh(cfg.parallel.dp), small_corpus())
     metrics = [trainer.train_step() for _ in range(cfg.steps)]
     params = {k: v.detach().clone() for k, v in trainer.module.named_parameters()}
-    n_buckets = len(trainer.model.buckets)
+    n_buckets = len(trainer.grad_sync.buckets)
     return [m.loss for m in metrics], params, [m.comm for m in metrics], n_buckets
 
 
@@ -57,19 +57,19 @@ def ddp_and_paracube_grads():
 
 def launch_record():
     """Record, at each bucket launch, how many gradients were still to come in backward."""
-    from paracube.data_parallel import AllReduceHook, DataParallel
+    from paracube.data_parallel import AllReduce, DataParallel
     from paracube.models.gpt import GPT, lm_loss
 
     cfg = train_config(dp=2)
     torch.manual_seed(0)
-    dp = DataParallel(GPT(cfg.model), None, bucket_mb=0.02)
-    plain, record = AllReduceHook(), []
+    record = []
 
-    def hook(bucket, group, ledger):
-        record.append((bucket.index, sum(b.pending for b in dp.buckets)))
-        return plain(bucket, group, ledger)
+    class Recording(AllReduce):
+        def __call__(self, bucket, group, ledger):
+            record.append((bucket.index, sum(b.pending for b in dp.buckets)))
+            return super().__call__(bucket, group, ledger)
 
-    dp.reduce_hook = hook
+    dp = DataParallel(GPT(cfg.model), None, bucket_mb=0.02, reducer=Recording())
     x = torch.randint(0, 256, (2, cfg.model.seq_len))
     lm_loss(dp(x), x).backward()
     return record, len(dp.buckets)

@@ -75,7 +75,8 @@ def test_layout_memory_answers_the_guides_questions():
     """'Memory runs out although the parameters fit': LLaMA-2 7B's bf16 weights (13.5 GB)
     fit an 80 GB A100, but weights + gradients + Adam states (16 bytes per parameter,
     108 GB) do not; ZeRO-3 over 8 GPUs, or tp=4, makes it fit."""
-    from paracube.planner.layout_memory import Layout, peak_memory
+    from paracube.planner.layout import Layout
+    from paracube.planner.layout_memory import peak_memory
 
     cfg = preset("llama2-7b")
     a100 = gpu("a100-80gb").memory_bytes
@@ -88,7 +89,8 @@ def test_layout_memory_answers_the_guides_questions():
 
 
 def test_layout_memory_pipeline_and_recompute():
-    from paracube.planner.layout_memory import Layout, stage_memory
+    from paracube.planner.layout import Layout
+    from paracube.planner.layout_memory import stage_memory
 
     cfg = preset("gpt3-13b")
     gpipe = Layout(pp=4, microbatches=16, micro_batch=1, schedule="gpipe")
@@ -111,7 +113,7 @@ def _a100_node(nodes_gpus=8):
 def test_small_model_on_4_a100_scales_almost_linearly_with_data_parallel():
     """The guide's first scenario: a model under 3B on 4 × A100-80GB — data parallel,
     predicted speed-up above 3.6× at the same global batch."""
-    from paracube.planner.layout_memory import Layout
+    from paracube.planner.layout import Layout
     from paracube.planner.time_model import estimate
 
     cfg, cluster = preset("gpt3-1.3b"), _a100_node(4)
@@ -122,7 +124,7 @@ def test_small_model_on_4_a100_scales_almost_linearly_with_data_parallel():
 
 
 def test_tensor_parallel_across_nodes_is_slower_than_within():
-    from paracube.planner.layout_memory import Layout
+    from paracube.planner.layout import Layout
     from paracube.planner.time_model import estimate
 
     cfg = preset("gpt3-13b")
@@ -136,7 +138,7 @@ def test_sequence_parallel_pays_the_links_gather_scatter_pair_ratio():
     same wire time); on a link whose pair was measured slower, SP's TP time scales by it."""
     import dataclasses
 
-    from paracube.planner.layout_memory import Layout
+    from paracube.planner.layout import Layout
     from paracube.planner.time_model import Cluster, estimate
 
     cfg, node = preset("gpt3-13b"), _a100_node(8)
@@ -155,7 +157,7 @@ def test_sequence_parallel_pays_the_links_gather_scatter_pair_ratio():
 
 def _extra(est, cfg):
     """tp_comm outside the layers (embedding, head input gradient, loss statistics)."""
-    from paracube.planner.layout_memory import Layout
+    from paracube.planner.layout import Layout
     from paracube.planner.time_model import estimate
 
     one_layer = estimate(cfg.replace(n_layers=1), Layout(tp=8, micro_batch=1, microbatches=8), _a100_node(8))
@@ -165,7 +167,7 @@ def _extra(est, cfg):
 
 
 def test_pipeline_bubble_term_follows_the_schedule():
-    from paracube.planner.layout_memory import Layout
+    from paracube.planner.layout import Layout
     from paracube.planner.time_model import estimate
 
     cfg, cluster = preset("gpt3-13b"), _a100_node(8)
@@ -225,7 +227,8 @@ def test_fused_attention_drops_the_score_tensors():
     """FlashAttention-style attention keeps no s×s tensors (Korthikanti's 5·a·s/h term) and
     skips the masked half of a causal product: less memory, less time than unfused attention,
     and selective recomputation then saves nothing."""
-    from paracube.planner.layout_memory import Layout, stage_memory
+    from paracube.planner.layout import Layout
+    from paracube.planner.layout_memory import stage_memory
     from paracube.planner.time_model import estimate
 
     cfg, node = preset("gpt3-13b"), _a100_node(8)
@@ -244,7 +247,7 @@ def test_fused_attention_drops_the_score_tensors():
 def test_gradient_reduction_after_backward_is_all_exposed():
     """Overlapped, the data-parallel all-reduce hides behind the last backward; reduced after
     it (Megatron-LM 2021, DeepSpeed's pipeline engine), all of it adds to the step."""
-    from paracube.planner.layout_memory import Layout
+    from paracube.planner.layout import Layout
     from paracube.planner.time_model import _ring, estimate
 
     cfg, cluster = preset("gpt3-1.3b"), _a100_node(4)
@@ -269,7 +272,8 @@ def test_planner_memory_equals_counted_model_states(pools, dp, tp, pp):
     """fp32 AdamW: the planner's model-state bytes per rank (first stage) equal what the
     engine holds — weights, gradient buffers, Adam's m and v — exactly."""
     from paracube.config import ParallelConfig, TrainConfig
-    from paracube.planner.layout_memory import Layout, stage_memory
+    from paracube.planner.layout import Layout
+    from paracube.planner.layout_memory import stage_memory
 
     model = preset("nano", seq_len=32, n_layers=2)
     cfg = TrainConfig(model=model, parallel=ParallelConfig(dp=dp, tp=tp, pp=pp, sequence_parallel=tp > 1),

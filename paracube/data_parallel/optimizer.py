@@ -25,7 +25,7 @@ from typing import Callable, Hashable
 import torch
 from torch import nn
 
-from paracube.data_parallel.shards import FlatShard
+from paracube.data_parallel.shards import FlatShard, storage_bytes
 
 
 class MainParamOptimizer:
@@ -64,11 +64,6 @@ class MainParamOptimizer:
     def main_params(self) -> list[nn.Parameter]:
         return [p for entries in self._entries for p, _, _ in entries]
 
-    @property
-    def copies_master(self) -> bool:
-        """Whether fp32 master copies exist (the model computes in a lower precision)."""
-        return any(m is not sh.values for m, sh in zip(self._main, self.shards))
-
     @torch.no_grad()
     def prepare_grads(self) -> list[torch.Tensor]:
         """Point every main parameter's ``.grad`` at its reduced gradient (fp32); return
@@ -105,7 +100,8 @@ class MainParamOptimizer:
         """Σ g² over the local slices of the parameters for which ``counts(param)`` holds
         (the caller sums it over the data-parallel group when the slices are shards, and
         over the tensor- and pipeline-parallel groups by Megatron's rules)."""
-        views = [g[a:b] for g, sh in zip(self._grads, self.shards) for p, a, b in sh.segments if counts(p)]
+        views = [g[seg.start : seg.stop] for g, sh in zip(self._grads, self.shards) for seg in sh.segments
+                 if counts(seg.param)]
         if not views:
             return torch.zeros((), dtype=self.master_dtype, device=self._device())
         return torch.stack(torch._foreach_norm(views)).to(self.master_dtype).square().sum()
@@ -135,6 +131,13 @@ class MainParamOptimizer:
                      for t in st.values() if torch.is_tensor(t) and t.dim() > 0)
         master = sum(m.numel() * m.element_size() for m, sh in zip(self._main, self.shards) if m is not sh.values)
         return {"optimizer_states": states, "master_weights": master}
+
+    def memory_bytes(self) -> dict[str, int]:
+        """This rank's bytes as the step's memory record counts them: ``optimizer`` (states
+        and master weights) and ``gradients`` (fp32 copies of reduced gradient slices)."""
+        states = self.state_bytes()
+        return {"optimizer": states["optimizer_states"] + states["master_weights"],
+                "gradients": sum(storage_bytes(g) for g in self._main_grad)}
 
     def _device(self):
         return self._main[0].device if self._main else torch.device("cpu")

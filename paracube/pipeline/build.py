@@ -7,6 +7,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from paracube.comm import ops
+from paracube.comm.ledger import CommLedger
+
 from paracube.config import TrainConfig
 from paracube.models.shapes import chain_names
 from paracube.pipeline.balance import gpt_layer_loads
@@ -24,7 +27,8 @@ class PipelinePlan:
     description: str  # the split and each stage's estimated load
 
 
-def build_pipeline(model, cfg: TrainConfig, pp_rank: int, sample: torch.Tensor | None = None) -> PipelinePlan:
+def build_pipeline(model, cfg: TrainConfig, pp_rank: int, sample: torch.Tensor | None = None,
+                   ledger: CommLedger | None = None) -> PipelinePlan:
     """Split ``model``'s chain of layers into ``pp × chunks`` stages and keep this rank's.
 
     With ``balance="time"`` every rank measures each layer on ``sample`` and the slowest
@@ -35,7 +39,7 @@ def build_pipeline(model, cfg: TrainConfig, pp_rank: int, sample: torch.Tensor |
     names, layers = chain_names(cfg.model), model.layers()
     if par.balance == "time":
         times = torch.tensor(measure_layer_times(layers, sample), dtype=torch.float64)
-        dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        ops.all_reduce(times, None, ledger, tag="balance", op=dist.ReduceOp.MAX)
         load = lambda part, layer: float(times[layer])  # noqa: E731
     else:
         load = gpt_layer_loads(cfg.model, par.balance, micro_batch=cfg.micro_batch, p=p, schedule=par.schedule, m=m)

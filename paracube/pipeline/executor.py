@@ -62,17 +62,20 @@ class PipelineExecutor:
         group: the pipeline process group (``mesh.group("pp")``): transfers address the
             other stages by their index in it, and its timeout bounds every wait.
         act_shape: shape of the activation sent between stages for one micro-batch.
-        loss_fn: ``loss_fn(output, targets) → scalar`` on the last stage (already normalised).
+        loss_fn: ``loss_fn(output, targets) → summed loss`` on the last stage.
+        loss_weight: ``loss_weight() → float``, what that sum is multiplied by before
+            backward (loss scale ÷ global tokens: :mod:`paracube.objective`).
         store: the zero-bubble weight-gradient store, for schedules with I/W actions.
     """
 
     def __init__(self, chunks, actions: list[Action], *, p: int, rank: int, act_shape, dtype, device,
-                 loss_fn, group=None, ledger: CommLedger | None = None, store: WeightGradStore | None = None):
+                 loss_fn, loss_weight=lambda: 1.0, group=None, ledger: CommLedger | None = None,
+                 store: WeightGradStore | None = None):
         self.chunks, self.actions, self.p, self.rank = chunks, actions, p, rank
         self.v = len(chunks)
         self.last_stage = self.p * self.v - 1
         self.act_shape, self.dtype, self.device = tuple(act_shape), dtype, device
-        self.loss_fn, self.ledger, self.store, self.group = loss_fn, ledger, store, group
+        self.loss_fn, self.loss_weight, self.ledger, self.store, self.group = loss_fn, loss_weight, ledger, store, group
         self.loss_dtype = torch.promote_types(torch.float32, dtype)  # fp32 at least, fp64 in fp64 runs
         # _ahead[i]: the receive needed by the first action after i that needs one.
         self._ahead, following = [], None
@@ -152,7 +155,7 @@ class PipelineExecutor:
 
     def run(self, inputs: list, targets: list) -> tuple[torch.Tensor, StepRecord]:
         """Run the step's actions. ``inputs[mb]`` are used on stage 0, ``targets[mb]`` on
-        the last stage. Returns the summed loss (on every stage) and the record."""
+        the last stage. Returns the raw summed loss (on every stage) and the record."""
         record, pending = StepRecord(), []
         saved: dict[tuple, tuple] = {}  # (mb, chunk) -> (input, output or loss)
         loss_sum = torch.zeros((), device=self.device, dtype=self.loss_dtype)
@@ -165,6 +168,7 @@ class PipelineExecutor:
                                f"stages to start the step: {str(e).strip().splitlines()[0]}") from e
         start_step = time.perf_counter()
         posted: dict[int, tuple] = {}
+        weight = self.loss_weight()
         for a, ahead in zip(self.actions, self._ahead):
             s = self._stage(a)
             # Post the receive of the next action that needs one now, so its transfer
@@ -176,8 +180,9 @@ class PipelineExecutor:
                 t0 = time.perf_counter()
                 out = self.chunks[a.chunk](x)
                 if s == self.last_stage:
-                    out = self.loss_fn(out, targets[a.mb])
-                    loss_sum += out.detach()
+                    raw = self.loss_fn(out, targets[a.mb])
+                    loss_sum += raw.detach()
+                    out = raw * weight
                 else:
                     self._send(out, s + 1, self._tag(0, s, a.mb), pending)
                 # A received activation is a leaf that requires grad, which the activation

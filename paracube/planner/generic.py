@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from paracube.errors import ConfigError
 from paracube.choices import state_bytes_per_parameter
-from paracube.planner.layout_memory import CONTEXT_BYTES, FRAGMENTATION, Layout, StageMemory
+from paracube.planner.layout import Layout
+from paracube.planner.layout_memory import CONTEXT_BYTES, FRAGMENTATION, StageMemory
 from paracube.planner.memory import model_state_bytes
 from paracube.planner.time_model import Cluster, StepEstimate, _ring
 

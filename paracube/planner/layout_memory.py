@@ -21,32 +21,11 @@ from paracube.choices import state_bytes_per_parameter
 from paracube.config import ModelConfig
 from paracube.models import shapes
 from paracube.pipeline.schedules import get_schedule
+from paracube.planner.layout import Layout
 from paracube.planner.memory import activation_bytes_per_layer, model_state_bytes
 
 CONTEXT_BYTES = 1e9
 FRAGMENTATION = 0.10
-
-
-@dataclass(frozen=True, kw_only=True)
-class Layout:
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    micro_batch: int = 1
-    microbatches: int = 1
-    schedule: str = "1f1b"
-    chunks: int = 1
-    zero: int = 0
-    recompute: str = "none"
-    sequence_parallel: bool = False
-    attention: str = "fused"  # "unfused": s×s scores materialized (Megatron before FlashAttention)
-    # gradients all-reduced bucket by bucket during the last backward (paracube, PyTorch DDP,
-    # Megatron-Core --overlap-grad-reduce) or only after it (Megatron-LM 2021, DeepSpeed's pipeline engine)
-    overlap_grad_reduce: bool = True
-
-    @property
-    def gpus(self) -> int:
-        return self.dp * self.tp * self.pp
 
 
 @dataclass(frozen=True)

@@ -121,18 +121,6 @@ def torchrun_command(best: Candidate, preset_name: str | None, gpus_per_node: in
     L = best.layout
     nodes = math.ceil(L.gpus / gpus_per_node)
     per_node = min(L.gpus, gpus_per_node)
-    args = [f"--dp {L.dp}", f"--tp {L.tp}", f"--pp {L.pp}", f"--micro-batch {L.micro_batch}",
-            f"--microbatches {L.microbatches}", f"--gpus-per-node {gpus_per_node}"]
-    if L.pp > 1:
-        args.append(f"--schedule {L.schedule}" + (f" --chunks {L.chunks}" if L.chunks > 1 else ""))
-    if L.sequence_parallel:
-        args.append("--sequence-parallel")
-    if L.zero:
-        args.append(f"--zero {L.zero}")
-    if L.recompute != "none":
-        args.append(f"--recompute {L.recompute}")
-    if precision != "fp32":
-        args.append(f"--precision {precision}")
     model = f"--model {preset_name}" if preset_name else "--model <preset>"
     return (f"torchrun --nnodes {nodes} --nproc-per-node {per_node} --rdzv-backend c10d --rdzv-endpoint $MASTER:29500 "
-            f"-m paracube train {model} {' '.join(args)}")
+            f"-m paracube train {model} {' '.join(L.to_args(precision, gpus_per_node))}")

@@ -9,7 +9,8 @@ from paracube.choices import RECOMPUTE, ZERO_STAGES
 from paracube.config import ModelConfig
 from paracube.errors import ConfigError
 from paracube.pipeline.schedules import SCHEDULES
-from paracube.planner.layout_memory import Layout, StageMemory, peak_memory
+from paracube.planner.layout import Layout
+from paracube.planner.layout_memory import StageMemory, peak_memory
 from paracube.planner.time_model import Cluster, StepEstimate, estimate
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)

@@ -37,7 +37,7 @@ from paracube.models import shapes
 from paracube.pipeline.schedules import get_schedule
 from paracube.planner.flops import hardware_flops_per_token, model_flops_per_token
 from paracube.planner.hardware import GPU, Interconnect
-from paracube.planner.layout_memory import Layout
+from paracube.planner.layout import Layout
 from paracube.planner.memory import activation_bytes_per_layer
 
 

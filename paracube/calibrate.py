@@ -11,8 +11,10 @@ between two local processes, for a point-to-point transfer and for an all-reduce
 and 8 MiB each, fastest of ten: α and β of the α-β model), and what an all-gather plus a
 reduce-scatter pair costs against the all-reduce it replaces under sequence parallelism
 (1 MiB, an activation's size: on NCCL the pair *is* a ring all-reduce, ratio 1; gloo
-implements the three separately). It saves them as JSON; the planner then
-treats "this machine" as a GPU whose peak is the measured matmul rate × threads per rank.
+implements the three separately). It saves them as JSON; the planner
+(:mod:`paracube.planner.local`) then treats "this machine" as a GPU whose peak is the
+measured matmul rate × threads per rank. This module measures (torch, processes); the
+planner only reads the file.
 """
 
 from __future__ import annotations
@@ -22,9 +24,8 @@ import os
 import time
 from pathlib import Path
 
-from paracube.planner.hardware import GPU, Interconnect
+from paracube.planner.local import DEFAULT_PATH
 
-DEFAULT_PATH = Path(os.environ.get("PARACUBE_CALIBRATION", Path.home() / ".cache" / "paracube" / "calibration.json"))
 
 
 def _matmul_rate(n: int = 512, repeats: int = 20) -> float:
@@ -177,24 +178,3 @@ def calibrate(path: Path = DEFAULT_PATH) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2))
     return data
-
-
-def load(path: Path = DEFAULT_PATH) -> dict | None:
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def local_hardware(data: dict, threads_per_rank: int, local_ranks: int = 1) -> tuple[GPU, Interconnect]:
-    """This machine as the planner's 'GPU' (one rank) and 'link' (gloo between ranks).
-
-    The link is set from the measured *all-reduce* so that the ring formula for two ranks,
-    n/B + 2α, reproduces it: the planner's collectives are all-reduces (and their halves).
-    Memory bandwidth is the machine's, shared by its ``local_ranks``; communication is not
-    overlapped with compute (the cores do both)."""
-    rank = GPU("this machine (one rank)", data["matmul_flops_per_thread"] * threads_per_rank,
-               memory_bytes=64e9, hbm_bandwidth=data["memory_bandwidth"] / local_ranks,
-               nvlink_bandwidth=data["link_bandwidth"], overlaps_communication=False,
-               attention_rate=data.get("attention_flops_per_thread", 0.0) * threads_per_rank,
-               activation_rates=(data.get("gelu_forward_per_thread", 0.0) * threads_per_rank,
-                                 data.get("gelu_backward_per_thread", 0.0) * threads_per_rank))
-    return rank, Interconnect("gloo over loopback", data["allreduce_bandwidth"], data["allreduce_latency"] / 2,
-                              pair_cost_ratio=data.get("gather_scatter_pair_ratio", 1.0))

@@ -1,0 +1,200 @@
+"""The data-parallel contract, and the machinery ZeRO 0–3 share.
+
+Every data-parallel wrapper (``DataParallel`` for ZeRO 0/1/2, ``ShardedDataParallel``
+for ZeRO-3) is a :class:`FlatDataParallel` over a list of
+:class:`~paracube.data_parallel.flat.FlatUnit` s with an injected
+:class:`~paracube.data_parallel.reducers.Reducer`, and offers the same contract:
+
+- ``module`` — the wrapped local module; ``forward`` runs it;
+- :meth:`no_sync` — backwards inside accumulate locally, without communicating;
+- :meth:`zero_grad` — a new accumulation window;
+- :meth:`start_grad_sync` / :meth:`finish_grad_sync` (or :meth:`sync_gradients`, both)
+  — reduce what the backward hooks have not reduced yet (after a pipeline step run under
+  ``no_sync``, gradients written by a zero-bubble W pass, a one-rank group), and wait;
+  a no-op when the last backward already synchronised;
+- :meth:`shards` — what this rank's optimizer steps, one ``FlatShard`` per unit, with
+  the per-parameter offsets a checkpoint needs;
+- :meth:`release_gradient_memory`, :meth:`memory_bytes`, :meth:`gathered_parameters`.
+
+How one synchronised backward goes (Li et al. 2020, "PyTorch Distributed", §3.2): each
+gradient is absorbed into its unit's buffer by a post-accumulate hook; when a unit is
+complete it and every complete unit after it in the launch order are handed to the
+reducer (asynchronous, while backward goes on); a callback queued at the end of backward
+launches the units still incomplete (parameters without a gradient count as 0), waits
+for every reduction and starts a new window.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from paracube.comm import ops
+from paracube.comm.ledger import CommLedger
+from paracube.data_parallel.flat import FlatUnit
+from paracube.data_parallel.reducers import Reducer, Waitable
+from paracube.data_parallel.shards import FlatShard, free_storage, storage_bytes
+
+PreReduce = Callable[[list[nn.Parameter], list[torch.Tensor]], None]
+
+
+class FlatDataParallel(nn.Module):
+    """Shared base: hooks, the ordered launch of reductions, the window's state.
+
+    Subclasses build ``self.units`` (in launch order) and call :meth:`_attach`."""
+
+    binds_grads = True  # after absorbing, param.grad is the buffer's view (False: None)
+    accumulates_locally = True  # no_sync can accumulate full gradients (ZeRO-0/1)
+
+    def __init__(self, module: nn.Module, group, ledger: CommLedger | None, *, reducer: Reducer,
+                 average: bool, pre_reduce: PreReduce | None):
+        super().__init__()
+        self.module, self.group, self.ledger = module, group, ledger
+        self.world = ops.group_size(group)
+        self.rank = dist.get_rank(group) if dist.is_initialized() else 0
+        self.reducer, self.average, self.pre_reduce = reducer, average, pre_reduce
+        self.units: list[FlatUnit] = []
+        self._where: dict[nn.Parameter, tuple[FlatUnit, int]] = {}
+        self._sync = True  # False inside no_sync()
+        self._synced = False  # the current window's gradients are all reduced
+        self._callback_queued = False
+        self._next_launch = 0
+        self._inflight: list[Waitable] = []
+
+    def _attach(self, units: list[FlatUnit], hooks: bool) -> None:
+        """Take ``units`` as the launch order; with ``hooks``, absorb and launch during
+        backward (without, :meth:`sync_gradients` does everything after it)."""
+        self.units = units
+        self._where = {p: (u, i) for u in units for i, p in enumerate(u.params)}
+        if self.reducer.sharded:
+            for u in units:
+                u.make_grad_shard()
+        if hooks:
+            for p in self._where:
+                p.register_post_accumulate_grad_hook(self._on_grad_ready)
+
+    # -- the contract ---------------------------------------------------------------------
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate gradients locally, without communicating."""
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Start a new accumulation window: the next reduced slice overwrites the old."""
+        for u in self.units:
+            u.shard_fresh = True
+        self._synced = False
+
+    def start_grad_sync(self) -> None:
+        """Absorb gradients written outside the hooks, then launch every reduction of this
+        window not launched yet (asynchronous)."""
+        for u in self.units:
+            for i in range(len(u.params)):
+                if u.has_stray_grad(i):
+                    u.absorb(i, bind=self.binds_grads)
+                    self._synced = False
+        if not self._synced:
+            self._launch_ready(force=True)
+
+    def finish_grad_sync(self) -> None:
+        """Wait for every launched reduction; the window's gradients are reduced."""
+        if not self._synced:
+            self._finish_backward()
+
+    def sync_gradients(self) -> None:
+        self.start_grad_sync()
+        self.finish_grad_sync()
+
+    def shards(self) -> list[FlatShard]:
+        """What this rank's optimizer steps: one :class:`FlatShard` per unit."""
+        raise NotImplementedError
+
+    def release_gradient_memory(self) -> None:
+        """After the optimizer step, free what held gradients until the next backward
+        allocates it again (full buffers whose slice has been consumed, gradient slices)."""
+        for u in self.units:
+            if u.allocated:
+                u.free()
+            if u.grad_shard is not None:
+                free_storage(u.grad_shard)
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes this wrapper holds now: ``weights`` (this rank's parameters) and
+        ``gradients`` (buffers and gradient slices)."""
+        grads = sum(u.nbytes + storage_bytes(u.grad_shard) for u in self.units)
+        return {"weights": self._weight_bytes(), "gradients": grads}
+
+    @contextlib.contextmanager
+    def gathered_parameters(self) -> Iterator[None]:
+        """Inside, every parameter holds its full value (ZeRO-3 gathers, then frees)."""
+        yield
+
+    def _weight_bytes(self) -> int:
+        raise NotImplementedError
+
+    # -- backward ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def _on_grad_ready(self, param: nn.Parameter) -> None:
+        if param.grad is None:  # an undefined gradient (a zero-bubble I pass defers dW)
+            return
+        unit, i = self._where[param]
+        unit.absorb(i, bind=self.binds_grads)  # the gradient now lives in the unit, also under no_sync
+        self._synced = False
+        if not self._sync:
+            return
+        self._queue_callback()
+        unit.pending -= 1
+        if unit.pending == 0:
+            self._unit_complete(unit)
+        self._launch_ready()
+
+    def _unit_complete(self, unit: FlatUnit) -> None:
+        """Every parameter of ``unit`` has its gradient in this backward."""
+
+    def _queue_callback(self) -> None:
+        if not self._callback_queued:
+            self._callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+
+    def _launch_ready(self, force: bool = False) -> None:
+        """Launch complete units in launch order (or all remaining ones if ``force``)."""
+        while self._next_launch < len(self.units):
+            unit = self.units[self._next_launch]
+            if unit.pending > 0 and not force:
+                return
+            unit.prepare_reduce()
+            if self.pre_reduce is not None:
+                self.pre_reduce(unit.params, unit.views)
+            if self.average and self.world > 1:
+                unit.buffer.div_(self.world)
+            self._inflight.append(self.reducer(unit, self.group, self.ledger))
+            self._next_launch += 1
+
+    @torch.no_grad()
+    def _finish_backward(self) -> None:
+        self._launch_ready(force=True)
+        for handle in self._inflight:
+            handle.wait()
+        self._inflight.clear()
+        self._next_launch = 0
+        self._callback_queued = False
+        self._synced = True
+        for u in self.units:
+            u.reset()
+        self._after_backward()
+
+    def _after_backward(self) -> None:
+        """Hook for subclasses (ZeRO-3 frees what the backward gathered)."""

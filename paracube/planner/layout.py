@@ -1,0 +1,73 @@
+"""One parallel layout, as the planner evaluates it and as ``paracube train`` runs it.
+
+:class:`Layout` is the planner's flat view of a job's layout; the engine's own view is
+:class:`~paracube.config.TrainConfig` (with its ``ParallelConfig``). The two are
+translated in exactly one place each way: :meth:`Layout.from_config` (a run → what the
+planner predicts for it) and :meth:`Layout.to_args` (a planned layout → the ``paracube
+train`` flags that run it). Vocabulary: the pipeline's *micro-batches per step* m is
+``microbatches`` here and ``grad_accum`` in ``TrainConfig`` — the same number: the
+engine accumulates gradients over the m micro-batches whether or not it pipelines them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paracube.config import TrainConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """dp × tp × pp, micro-batch b and m micro-batches per step, the pipeline schedule
+    and its chunks, ZeRO stage, recomputation, sequence parallelism, and two facts about
+    the training software (fused attention; gradient reduction overlapped with backward).
+
+    >>> Layout(dp=8, tp=8, pp=4, micro_batch=1, microbatches=32, zero=1).gpus
+    256
+    """
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    micro_batch: int = 1
+    microbatches: int = 1
+    schedule: str = "1f1b"
+    chunks: int = 1
+    zero: int = 0
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    attention: str = "fused"  # "unfused": s×s scores materialized (Megatron before FlashAttention)
+    # gradients all-reduced bucket by bucket during the last backward (paracube, PyTorch DDP,
+    # Megatron-Core --overlap-grad-reduce) or only after it (Megatron-LM 2021, DeepSpeed's pipeline engine)
+    overlap_grad_reduce: bool = True
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @classmethod
+    def from_config(cls, cfg: TrainConfig) -> "Layout":
+        """The layout a ``paracube train`` job runs (paracube: fused attention, overlapped
+        gradient reduction)."""
+        par = cfg.parallel
+        return cls(dp=par.dp, tp=par.tp, pp=par.pp, micro_batch=cfg.micro_batch, microbatches=cfg.grad_accum,
+                   schedule=par.schedule, chunks=par.chunks, sequence_parallel=par.sequence_parallel,
+                   zero=cfg.zero, recompute=cfg.recompute)
+
+    def to_args(self, precision: str = "bf16", gpus_per_node: int | None = None) -> list[str]:
+        """The ``paracube train`` flags that run this layout."""
+        args = [f"--dp {self.dp}", f"--tp {self.tp}", f"--pp {self.pp}", f"--micro-batch {self.micro_batch}",
+                f"--microbatches {self.microbatches}"]
+        if gpus_per_node is not None:
+            args.append(f"--gpus-per-node {gpus_per_node}")
+        if self.pp > 1:
+            args.append(f"--schedule {self.schedule}" + (f" --chunks {self.chunks}" if self.chunks > 1 else ""))
+        if self.sequence_parallel:
+            args.append("--sequence-parallel")
+        if self.zero:
+            args.append(f"--zero {self.zero}")
+        if self.recompute != "none":
+            args.append(f"--recompute {self.recompute}")
+        if precision != "fp32":
+            args.append(f"--precision {precision}")
+        return args
