@@ -191,7 +191,8 @@ def _zero_stage(text: str) -> int:
 
 def cmd_train(args) -> int:
     from paracube.launch import inside_torchrun, launch_local, run_rank
-    from paracube.train import default_threads, train_rank, validate_job
+    from paracube.train import default_threads, train_rank
+    from paracube.validate import validate
 
     cfg = config_from_args(args)
     if args.threads is not None and args.threads <= 0:
@@ -203,7 +204,7 @@ def cmd_train(args) -> int:
 
         threads = args.threads or default_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         return shutdown(run_rank(train_rank, cfg, threads, args.timeout, args.predict))  # see shutdown: torch teardown race
-    validate_job(cfg, cfg.parallel.world_size)  # fail here, before starting any process
+    validate(cfg, cfg.parallel.world_size)  # fail here, before starting any process
     threads = args.threads or default_threads(cfg.parallel.world_size)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     return launch_local(cfg.parallel.world_size, run_rank, train_rank, cfg, threads, args.timeout, args.predict)

@@ -1,8 +1,12 @@
-"""Validated configuration: what to train, how to parallelise it, how to run it.
+"""Configuration: what to train, how to parallelise it, how to run it.
 
-Keyword-only dataclasses, checked in ``__post_init__`` so that an invalid object cannot
-exist. Torch-free on purpose: the CLI validates a whole job before importing torch or
-starting any process, and the planner reuses these classes as pure math.
+Keyword-only dataclasses whose ``__post_init__`` checks each value on its own (types,
+ranges, names from :mod:`paracube.choices`), so a malformed object cannot exist. How the
+values fit together for a job — the model against the tensor-parallel size, the schedule
+against the micro-batches, the stages against the layers, the world size, the data — is
+checked once per job by :func:`paracube.validate.validate`. Torch-free on purpose: the
+CLI validates a whole job before importing torch or starting any process, and the
+planner reuses these classes as pure math.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from paracube.choices import (
     ACTIVATIONS, AXES, BALANCE, GRAD_REDUCE, NORMS, POSITIONS, PRECISIONS, RECOMPUTE, ZERO_STAGES,
 )
 from paracube.errors import ConfigError
-from paracube.pipeline.schedules import SCHEDULES, check_schedule
+from paracube.pipeline.schedules import SCHEDULES
 
 
 def _positive(name: str, value, hint: str = "") -> None:
@@ -136,27 +140,6 @@ class ParallelConfig:
         return dataclasses.replace(self, **changes)
 
 
-def check_tensor_parallel(model: ModelConfig, parallel: ParallelConfig) -> None:
-    """Every dimension that tensor parallelism splits must divide by ``tp``."""
-    tp = parallel.tp
-    if tp == 1:
-        return
-    splits = [
-        ("attention heads", "n_heads", model.n_heads),
-        ("key/value heads", "n_kv_heads", model.n_kv_heads),
-        ("hidden size", "hidden", model.hidden),
-        ("MLP size", "ffn_hidden", model.ffn_hidden),
-    ]  # the vocabulary need not divide: it is padded to a multiple of tp (Megatron's rule)
-    if parallel.sequence_parallel:
-        splits.append(("sequence length", "seq_len", model.seq_len))
-    for what, name, value in splits:
-        if value % tp:
-            raise ConfigError(
-                f"{what} ({name}={value}) is not divisible by --tp {tp}: "
-                f"choose a tp that divides {value}, or a model whose {name} is a multiple of {tp}"
-            )
-
-
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """One training job. The global batch is ``dp × micro_batch × grad_accum`` sequences.
@@ -216,16 +199,6 @@ class TrainConfig:
             raise ConfigError(f"--val-fraction must be in (0, 1), got {self.val_fraction}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"--seed must be a non-negative integer, got {self.seed!r}")
-        check_tensor_parallel(self.model, self.parallel)
-        if self.parallel.pp > 1:
-            check_schedule(self.parallel.schedule, self.parallel.pp, self.grad_accum, self.parallel.chunks)
-            stages, layers = self.parallel.pp * self.parallel.chunks, self.model.n_layers + 3
-            if layers < stages:
-                raise ConfigError(
-                    f"the model has {layers} pipeline layers (embedding, {self.model.n_layers} blocks, norm, head) "
-                    f"for {stages} stages (pp {self.parallel.pp} × chunks {self.parallel.chunks}): "
-                    "use fewer stages or a deeper model"
-                )
 
     def _check_memory_options(self) -> None:
         """ZeRO stage, recomputation and precision: values and supported combinations."""

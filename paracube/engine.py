@@ -18,9 +18,8 @@ from torch import nn
 from paracube.comm import ops
 from paracube.config import TrainConfig
 from paracube.data.batches import RankBatches
-from paracube.data.corpus import VOCAB_SIZE, TokenCorpus, build_corpus
+from paracube.data.corpus import TokenCorpus, build_corpus
 from paracube.data.sampler import ShardedBatchSampler
-from paracube.errors import ConfigError
 from paracube.failures import name_failures
 from paracube.memory.activations import ActivationCounter
 from paracube.mesh.mesh import ProcessMesh
@@ -29,16 +28,9 @@ from paracube.objective import Objective
 from paracube.optim import OptimizerStep, build_optimizer, lr_at, make_adamw, shard_optimizer
 from paracube.parallelize import parallelize
 from paracube.precision import LossScaler
+from paracube.validate import validate
 
-__all__ = ["Trainer", "build_optimizer", "check_supported", "lr_at", "make_adamw"]
-
-
-def check_supported(cfg: TrainConfig) -> None:
-    """Refuse model/data mismatches — before any collective."""
-    if cfg.model.vocab_size < VOCAB_SIZE:
-        raise ConfigError(
-            f"model vocab_size {cfg.model.vocab_size} < {VOCAB_SIZE}: the byte-level data needs a vocabulary of at least 256"
-        )
+__all__ = ["Trainer", "build_optimizer", "lr_at", "make_adamw"]
 
 
 class Trainer:
@@ -50,7 +42,7 @@ class Trainer:
     """
 
     def __init__(self, cfg: TrainConfig, mesh: ProcessMesh, corpus: TokenCorpus | None = None):
-        check_supported(cfg)
+        validate(cfg, mesh.layout.world_size, data=False)  # the corpus is checked as it is read
         self.cfg, self.mesh = cfg, mesh
         self.corpus = corpus or build_corpus(cfg.data, cfg.model.seq_len, cfg.val_fraction)
         seq, batch = cfg.model.seq_len, cfg.global_batch

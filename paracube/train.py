@@ -8,16 +8,7 @@ import time
 
 from paracube.config import TrainConfig
 from paracube.metrics import MetricsWriter, StepMetrics
-
-
-def validate_job(cfg: TrainConfig, world_size: int):
-    """Everything that can be checked before any collective; returns the corpus."""
-    from paracube.data.corpus import build_corpus
-    from paracube.engine import check_supported
-
-    cfg.parallel.check_world_size(world_size)
-    check_supported(cfg)
-    return build_corpus(cfg.data, cfg.model.seq_len, cfg.val_fraction)
+from paracube.validate import validate
 
 
 def train_rank(cfg: TrainConfig, threads: int, timeout_s: float, predict: bool = False) -> None:
@@ -29,12 +20,14 @@ def train_rank(cfg: TrainConfig, threads: int, timeout_s: float, predict: bool =
     import torch
 
     from paracube import report
+    from paracube.data.corpus import build_corpus
     from paracube.engine import Trainer
     from paracube.launch import launched_world_size
     from paracube.mesh.mesh import ProcessMesh, init_distributed
 
     torch.set_num_threads(threads)
-    corpus = validate_job(cfg, launched_world_size())  # every rank, before any collective
+    validate(cfg, launched_world_size())  # every rank, before any collective
+    corpus = build_corpus(cfg.data, cfg.model.seq_len, cfg.val_fraction)
     device = init_distributed(timeout_s)
     mesh = ProcessMesh(cfg.parallel, device, timeout_s)
     trainer = Trainer(cfg, mesh, corpus)

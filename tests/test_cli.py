@@ -79,10 +79,11 @@ def test_empty_and_unreadable_data(capsys, tmp_path, monkeypatch):
     locked = tmp_path / "locked.txt"
     locked.write_text("x" * 10_000)
 
-    def refuse(self):
+    def refuse(self, *args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(Path, "read_bytes", refuse)
+    monkeypatch.setattr(Path, "open", refuse)  # the launcher's sniff, before any process
     assert "cannot read" in error_line(capsys, ["train", "--data", str(locked)])
 
 

@@ -12,6 +12,7 @@ from paracube.models.shapes import chain_names as gpt_layer_names
 from paracube.pipeline.balance import gpt_layer_loads
 from paracube.pipeline.partition import partition
 from paracube.pipeline.schedules import SCHEDULES
+from paracube.validate import validate
 from tests.helpers import SEQ, assert_losses_close, assert_params_close, default_dtype, serial_cached, small_corpus
 
 DEEP = preset("nano", seq_len=SEQ, n_layers=6)  # 9 pipeline layers: room for 4 × 2 chunks
@@ -147,7 +148,7 @@ def test_memory_balance_gives_first_stage_fewer_layers():
 def test_bad_pipeline_configs(kw, match):
     m = kw.pop("m", 4)
     with pytest.raises(ConfigError, match=match):
-        TrainConfig(model=preset("tiny"), parallel=ParallelConfig(**kw), micro_batch=1, grad_accum=m)
+        validate(TrainConfig(model=preset("tiny"), parallel=ParallelConfig(**kw), micro_batch=1, grad_accum=m))
 
 
 def measured_bubble_run(schedule):

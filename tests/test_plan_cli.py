@@ -68,11 +68,13 @@ def test_emitted_command_is_a_valid_train_job(capsys, model, gpus, batch):
     import shlex
 
     from paracube.cli import build_parser, config_from_args
+    from paracube.validate import validate
 
     out = plan(capsys, "--model", model, "--gpus", str(gpus), "--global-batch", str(batch), "--emit", "torchrun")
     line = next(x for x in out.splitlines() if x.startswith("torchrun "))
     argv = shlex.split(line.split(" -m paracube ", 1)[1])
-    cfg = config_from_args(build_parser().parse_args(argv))  # raises on anything the engine refuses
+    cfg = config_from_args(build_parser().parse_args(argv))
+    validate(cfg, gpus, data=False)  # raises on anything the engine refuses
     assert cfg.parallel.world_size == gpus and cfg.global_batch == batch
     top = best(capsys, "--model", model, "--gpus", str(gpus), "--global-batch", str(batch))
     assert (cfg.zero, cfg.recompute, cfg.parallel.pp) == (top["layout"]["zero"], top["layout"]["recompute"],

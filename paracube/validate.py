@@ -1,0 +1,66 @@
+"""The one validator of a whole training job, run before any process or collective.
+
+``validate(cfg, world)`` checks how a job's values fit together — each value on its own
+is already checked by the config dataclasses — and raises a :class:`ConfigError` or
+:class:`DataError` whose one line names the bad value and the fix. The launcher calls it
+before starting ranks; every rank (under torchrun the only entry) and the Python API
+(:class:`paracube.engine.Trainer`) call it again: it reads no corpus, so it costs
+milliseconds. Torch-free.
+"""
+
+from __future__ import annotations
+
+from paracube.config import ModelConfig, ParallelConfig, TrainConfig
+from paracube.data.source import BYTE_VOCABULARY, check_source
+from paracube.errors import ConfigError
+from paracube.pipeline.schedules import check_schedule
+
+
+def validate(cfg: TrainConfig, world: int | None = None, *, data: bool = True) -> None:
+    """Refuse a job that cannot run as asked; ``world``: the ranks launched (if known);
+    ``data=False`` when the caller brings its own corpus."""
+    if world is not None:
+        cfg.parallel.check_world_size(world)
+    check_tensor_parallel(cfg.model, cfg.parallel)
+    if cfg.parallel.pp > 1:
+        check_pipeline(cfg)
+    if cfg.model.vocab_size < BYTE_VOCABULARY:
+        raise ConfigError(
+            f"model vocab_size {cfg.model.vocab_size} < {BYTE_VOCABULARY}: the byte-level data needs a vocabulary "
+            f"of at least {BYTE_VOCABULARY}"
+        )
+    if data:
+        check_source(cfg.data, cfg.model.seq_len, cfg.val_fraction)
+
+
+def check_tensor_parallel(model: ModelConfig, parallel: ParallelConfig) -> None:
+    """Every dimension that tensor parallelism splits must divide by ``tp``."""
+    tp = parallel.tp
+    if tp == 1:
+        return
+    splits = [
+        ("attention heads", "n_heads", model.n_heads),
+        ("key/value heads", "n_kv_heads", model.n_kv_heads),
+        ("hidden size", "hidden", model.hidden),
+        ("MLP size", "ffn_hidden", model.ffn_hidden),
+    ]  # the vocabulary need not divide: it is padded to a multiple of tp (Megatron's rule)
+    if parallel.sequence_parallel:
+        splits.append(("sequence length", "seq_len", model.seq_len))
+    for what, name, value in splits:
+        if value % tp:
+            raise ConfigError(
+                f"{what} ({name}={value}) is not divisible by --tp {tp}: "
+                f"choose a tp that divides {value}, or a model whose {name} is a multiple of {tp}"
+            )
+
+
+def check_pipeline(cfg: TrainConfig) -> None:
+    """The schedule accepts (pp, micro-batches, chunks), and every stage gets a layer."""
+    par = cfg.parallel
+    check_schedule(par.schedule, par.pp, cfg.grad_accum, par.chunks)
+    stages, layers = par.pp * par.chunks, cfg.model.n_layers + 3
+    if layers < stages:
+        raise ConfigError(
+            f"the model has {layers} pipeline layers (embedding, {cfg.model.n_layers} blocks, norm, head) "
+            f"for {stages} stages (pp {par.pp} × chunks {par.chunks}): use fewer stages or a deeper model"
+        )
