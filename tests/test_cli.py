@@ -252,11 +252,22 @@ def test_schedule_bad_input(capsys, argv, match):
     assert match in error_line(capsys, ["schedule", *argv])
 
 
+def test_plan_calibrate_is_the_calibrate_command(capsys, monkeypatch):
+    import paracube.calibrate
+
+    fake = dict(matmul_flops_per_thread=1e9, attention_flops_per_thread=1e9, memory_bandwidth=1e9,
+                link_bandwidth=1e9, link_latency=1e-6, allreduce_bandwidth=1e9, allreduce_latency=1e-6,
+                gather_scatter_pair_ratio=1.0)
+    monkeypatch.setattr(paracube.calibrate, "calibrate", lambda: fake)
+    assert main(["plan", "--calibrate"]) == 0
+    assert "matmul 1.0 GFLOP/s per thread" in capsys.readouterr().out
+
+
 def test_calibrate_then_predict(tmp_path):
-    """`plan --calibrate` measures this machine; `train --predict` then prints the planner's
+    """`paracube calibrate` measures this machine; `train --predict` then prints the planner's
     step time and model-state memory next to the measured ones (memory: equal)."""
     env = {"PARACUBE_CALIBRATION": str(tmp_path / "cal.json")}
-    proc = run_cli("plan", "--calibrate", env_extra=env)
+    proc = run_cli("calibrate", env_extra=env)
     assert proc.returncode == 0, proc.stderr
     assert "GFLOP/s per thread" in proc.stdout and (tmp_path / "cal.json").exists()
     proc = run_cli("train", "--dp", "2", "--model", "nano", "--steps", "3", "--no-progress", "--predict", env_extra=env)

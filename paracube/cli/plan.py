@@ -12,7 +12,7 @@ import math
 from paracube.errors import ParacubeError
 
 
-def _plan_parser(sub) -> None:
+def add_parser(sub) -> None:
     p = sub.add_parser(
         "plan",
         help="which parallel layout for a model on a cluster: memory, step time, MFU, bubble, ranked",
@@ -98,18 +98,10 @@ def cmd_plan(args) -> int:
     from paracube.planner.search import search
     from paracube.planner.time_model import Cluster
 
-    if args.calibrate:
-        from paracube.calibrate import calibrate
-        from paracube.planner.local import DEFAULT_PATH
+    if args.calibrate:  # the same as `paracube calibrate`
+        from paracube.cli.calibrate import cmd_calibrate
 
-        data = calibrate()
-        print(f"matmul {data['matmul_flops_per_thread'] / 1e9:.1f} GFLOP/s per thread, attention "
-              f"{data['attention_flops_per_thread'] / 1e9:.1f} GFLOP/s per thread, memory "
-              f"{data['memory_bandwidth'] / 1e9:.1f} GB/s, gloo {data['link_bandwidth'] / 1e9:.2f} GB/s "
-              f"+ {data['link_latency'] * 1e6:.0f} µs per message, all-reduce {data['allreduce_bandwidth'] / 1e9:.2f} GB/s "
-              f"+ {data['allreduce_latency'] * 1e6:.0f} µs, all-gather + reduce-scatter pair "
-              f"{data['gather_scatter_pair_ratio']:.2f}× the all-reduce; saved to {DEFAULT_PATH}")
-        return 0
+        return cmd_calibrate(args)
     for name in ("gpus", "global_batch"):
         if getattr(args, name) is None:
             raise ParacubeError(f"--{name.replace('_', '-')} is required (or --calibrate)")

@@ -1,0 +1,43 @@
+"""``paracube`` command line: one module per command — ``train``, ``plan``, ``schedule``,
+``calibrate`` — over the shared :mod:`paracube.report`.
+
+Every configuration error is reported as one line, ``paracube: error: …``, with exit
+status 2, before any process or collective is started. Parsing and validation do not
+import torch, so a bad command line fails in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from paracube.cli import calibrate, plan, schedule, train
+from paracube.cli.train import config_from_args
+from paracube.errors import ParacubeError
+
+__all__ = ["build_parser", "config_from_args", "main"]
+
+COMMANDS = (train, schedule, plan, calibrate)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="paracube", description="Distributed training on PyTorch.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ParacubeError as e:
+        print(f"paracube: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
