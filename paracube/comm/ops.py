@@ -151,3 +151,29 @@ def reduce_scatter_into(
         return PendingCollective(None, None, "reduce_scatter", tag, out)
     return _launch("reduce_scatter", tag, nbytes(tensor), ledger,
                    lambda: dist.reduce_scatter_single(out, tensor, group=group, async_op=True), out, async_op)
+
+
+def isend(tensor: torch.Tensor, peer: int, group, ledger: CommLedger | None = None, *, tag: str = "",
+          message: int = 0) -> PendingCollective:
+    """Start sending ``tensor`` to the group-local rank ``peer``; ``message`` is the
+    transport tag that tells transfers between the same two ranks apart."""
+    return _launch("send", tag, nbytes(tensor), ledger,
+                   lambda: dist.isend(tensor, group=group, group_dst=peer, tag=message), tensor, async_op=True)
+
+
+def irecv(tensor: torch.Tensor, peer: int, group, ledger: CommLedger | None = None, *, tag: str = "",
+          message: int = 0) -> PendingCollective:
+    """Start receiving into ``tensor`` from the group-local rank ``peer``; ``wait()``
+    returns it, and the wait is the exposed time charged to the ledger."""
+    return _launch("recv", tag, nbytes(tensor), ledger,
+                   lambda: dist.irecv(tensor, group=group, group_src=peer, tag=message), tensor, async_op=True)
+
+
+def send(tensor: torch.Tensor, peer: int, group, ledger: CommLedger | None = None, *, tag: str = "",
+         message: int = 0) -> None:
+    isend(tensor, peer, group, ledger, tag=tag, message=message).wait()
+
+
+def recv(tensor: torch.Tensor, peer: int, group, ledger: CommLedger | None = None, *, tag: str = "",
+         message: int = 0) -> torch.Tensor:
+    return irecv(tensor, peer, group, ledger, tag=tag, message=message).wait()

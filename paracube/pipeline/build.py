@@ -9,14 +9,14 @@ import torch.distributed as dist
 
 from paracube.comm import ops
 from paracube.comm.ledger import CommLedger
-
 from paracube.config import TrainConfig
 from paracube.models.shapes import chain_names
 from paracube.pipeline.balance import gpt_layer_loads
 from paracube.pipeline.partition import describe_split, partition
 from paracube.pipeline.schedules import Action, get_schedule
 from paracube.pipeline.stage import PipelineChunk, measure_layer_times, split_chain
-from paracube.pipeline.zero_bubble import WeightGradStore, make_deferrable
+from paracube.pipeline.zero_bubble import make_deferrable
+from paracube.weight_grad import WeightGradStore
 
 
 @dataclass

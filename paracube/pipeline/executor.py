@@ -12,17 +12,17 @@ their backward (or, for zero-bubble, their W) is done.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 
 from paracube.comm import ops
 from paracube.memory.activations import note_saved
 from paracube.comm.ledger import CommLedger
 from paracube.pipeline.schedules import Action
-from paracube.pipeline.zero_bubble import WeightGradStore
+from paracube.weight_grad import WeightGradStore
 
 
 @dataclass
@@ -96,12 +96,12 @@ class PipelineExecutor:
             leader, g = self.rank < partner, self.group
             for i in range(repeats + 1):
                 start = time.perf_counter()
-                if leader:
-                    dist.send(buf, group=g, group_dst=partner, tag=2**30 + i)
-                    dist.recv(buf, group=g, group_src=partner, tag=2**30 + i)
+                if leader:  # uncounted (no ledger): a measurement, not training traffic
+                    ops.send(buf, partner, g, message=2**30 + i)
+                    ops.recv(buf, partner, g, message=2**30 + i)
                 else:
-                    dist.recv(buf, group=g, group_src=partner, tag=2**30 + i)
-                    dist.send(buf, group=g, group_dst=partner, tag=2**30 + i)
+                    ops.recv(buf, partner, g, message=2**30 + i)
+                    ops.send(buf, partner, g, message=2**30 + i)
                 if i and leader:  # the first round trip warms the connection up
                     times.append((time.perf_counter() - start) / 2)
         ops.all_reduce(torch.zeros(1), self.group)  # both rounds done everywhere
@@ -115,13 +115,11 @@ class PipelineExecutor:
 
     def _send(self, t: torch.Tensor, to_stage: int, tag: int, pending: list) -> None:
         t = t.detach().contiguous()
-        pending.append((dist.isend(t, group=self.group, group_dst=to_stage % self.p, tag=tag), t))
-        if self.ledger is not None:
-            self.ledger.record("send", "pp", t.numel() * t.element_size())
+        pending.append(ops.isend(t, to_stage % self.p, self.group, self.ledger, tag="pp", message=tag))
 
     def _post_recv(self, from_stage: int, tag: int):
         t = torch.empty(self.act_shape, dtype=self.dtype, device=self.device)
-        return dist.irecv(t, group=self.group, group_src=from_stage % self.p, tag=tag), t
+        return ops.irecv(t, from_stage % self.p, self.group, self.ledger, tag="pp", message=tag), t
 
     def _needs(self, a: Action) -> tuple[int, int] | None:
         """(source stage, tag) of the message action ``a`` waits for, if any."""
@@ -146,11 +144,8 @@ class PipelineExecutor:
                 f"the {what} of micro-batch {tag % 65536} from stage {from_stage} (pp rank {from_stage % self.p}): "
                 f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
             ) from e
-        waited = time.perf_counter() - start
         if record is not None:
-            record.wait(waited)
-        if self.ledger is not None:
-            self.ledger.record("recv", "pp", t.numel() * t.element_size(), waited)
+            record.wait(time.perf_counter() - start)
         return t
 
     def run(self, inputs: list, targets: list) -> tuple[torch.Tensor, StepRecord]:
@@ -192,13 +187,8 @@ class PipelineExecutor:
                 x, out, _ = saved[(a.mb, a.chunk)]
                 grad = None if s == self.last_stage else self._recv(s + 1, self._tag(1, s + 1, a.mb), record, posted)
                 t0 = time.perf_counter()
-                if a.kind == "I":
-                    self.store.key = (a.mb, a.chunk)
-                try:
+                with self.store.deferring((a.mb, a.chunk)) if a.kind == "I" else contextlib.nullcontext():
                     torch.autograd.backward(out, grad)
-                finally:
-                    if self.store is not None:
-                        self.store.key = None
                 if s > 0:
                     self._send(x.grad, s - 1, self._tag(1, s, a.mb), pending)
                 if a.kind == "B":
@@ -212,8 +202,8 @@ class PipelineExecutor:
         # The loss lives on the last stage; summing it over the pipeline group is also the
         # moment all stages are done, so every rank's wall time is the pipeline's makespan.
         end_wait = time.perf_counter()
-        for work, _ in pending:
-            work.wait()
+        for handle in pending:
+            handle.wait()
         ops.all_reduce(loss_sum, self.group, self.ledger, tag="loss")
         record.waiting += time.perf_counter() - end_wait
         record.wall = time.perf_counter() - start_step
@@ -234,7 +224,7 @@ class PipelineExecutor:
                     loss_sum += self.loss_fn(out, targets[mb])
                 else:
                     self._send(out, s + 1, self._tag(2, s, mb), pending)
-        for work, _ in pending:
-            work.wait()
+        for handle in pending:
+            handle.wait()
         ops.all_reduce(loss_sum, self.group, self.ledger, tag="eval")
         return loss_sum

@@ -18,19 +18,11 @@ from torch import nn
 from paracube.comm import autograd as C
 from paracube.comm import ops
 from paracube.comm.ledger import CommLedger
+from paracube.weight_grad import DefersWeightGrad, linear
 
 # How a layer's input is prepared / its output finished (None: nothing, the plan did it).
 INPUT_MODES = (None, "copy", "gather_sp")
 OUTPUT_MODES = ("reduce", "reduce_scatter_sp")
-
-
-def linear(x, weight, bias, store):
-    """F.linear, or its zero-bubble form whose weight gradient a W pass computes later."""
-    if store is None:
-        return F.linear(x, weight, bias)
-    from paracube.pipeline.zero_bubble import deferrable_linear
-
-    return deferrable_linear(x, weight, bias, store)
 
 
 def _shard(t: torch.Tensor, dim: int, group, sections: tuple[int, ...] | None = None) -> nn.Parameter:
@@ -118,8 +110,8 @@ class _LinearWithInputCollective(torch.autograd.Function):
             pending = C.reduce_scatter_sequence_async(grad_in, ctx.group, ctx.ledger)
         else:
             pending = ops.all_reduce(grad_in, ctx.group, ctx.ledger, tag="tp", async_op=True)
-        if ctx.store is not None and ctx.store.key is not None:  # zero-bubble I pass: dW in its W
-            ctx.store.push((grad_out, full, ctx.weight, ctx.bias))
+        if ctx.store is not None and ctx.store.active:  # zero-bubble I pass: dW in its W
+            ctx.store.push(grad_out, full, ctx.weight, ctx.bias)
             return pending.wait(), None, None, None, None, None, None
         g2 = grad_out.reshape(-1, grad_out.shape[-1])  # (B·T, O/tp)
         grad_weight = g2.t().matmul(full.reshape(-1, full.shape[-1]))  # (O/tp, H), overlapped
@@ -127,11 +119,10 @@ class _LinearWithInputCollective(torch.autograd.Function):
         return pending.wait(), grad_weight, grad_bias, None, None, None, None
 
 
-class _ParallelLinear(_TPModule):
+class _ParallelLinear(_TPModule, DefersWeightGrad):
     """What the column- and row-parallel linears share: construction from a full layer,
-    and the hook by which a zero-bubble pipeline defers their weight gradients."""
-
-    weight_grad_store = None  # set by zero-bubble pipelines: weight gradients deferred to W
+    and a ``weight_grad_store`` through which a zero-bubble pipeline defers their weight
+    gradients (:mod:`paracube.weight_grad`)."""
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group, ledger=None, **kw):
