@@ -18,17 +18,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import interleaved, parse_and_spawn, print_table, ratio_rows, write_json  # noqa: E402
-from paracube.config import ParallelConfig, TrainConfig  # noqa: E402
-from paracube.data.corpus import build_corpus  # noqa: E402
-from paracube.engine import Trainer, build_optimizer  # noqa: E402
-from paracube.mesh.mesh import ProcessMesh  # noqa: E402
-from paracube.models.gpt import GPT, lm_loss  # noqa: E402
-from paracube.models.presets import preset  # noqa: E402
+from common import interleaved, parse_and_spawn, print_table, ratio_rows, write_json
+from paracube.config import ParallelConfig, TrainConfig
+from paracube.data.corpus import build_corpus
+from paracube.engine import Trainer, build_optimizer
+from paracube.mesh.mesh import ProcessMesh
+from paracube.models.gpt import GPT, lm_loss
+from paracube.models.presets import preset
 
 
 def peer_step(model, optimizer, batches, cfg: TrainConfig):
@@ -55,8 +55,11 @@ def batch_stream(trainer: Trainer):
 
 def worker(rank: int, world: int, args, out: str) -> None:
     cfg = TrainConfig(
-        model=preset(args.model), parallel=ParallelConfig(dp=world, bucket_mb=args.bucket_mb),
-        micro_batch=args.micro_batch, steps=10_000, progress=False,
+        model=preset(args.model),
+        parallel=ParallelConfig(dp=world, bucket_mb=args.bucket_mb),
+        micro_batch=args.micro_batch,
+        steps=10_000,
+        progress=False,
     )
     corpus = build_corpus(None, cfg.model.seq_len)
     mesh = ProcessMesh(cfg.parallel)
@@ -65,7 +68,9 @@ def worker(rank: int, world: int, args, out: str) -> None:
     torch.manual_seed(cfg.seed)
     for name, as_view in (("torch DDP", False), ("torch DDP (grad as bucket view)", True)):
         model = DDP(GPT(cfg.model), gradient_as_bucket_view=as_view)
-        variants[name] = peer_step(model, build_optimizer(model.module, cfg), batch_stream(ours), cfg)
+        variants[name] = peer_step(
+            model, build_optimizer(model.module, cfg), batch_stream(ours), cfg
+        )
     # dp=1 reference for scaling efficiency: rank 0 alone, same per-rank batch.
     serial = copy.deepcopy(ours.module)
     serial_opt = build_optimizer(serial, cfg)
@@ -91,23 +96,39 @@ def worker(rank: int, world: int, args, out: str) -> None:
         "benchmark": "data_parallel",
         "model": args.model,
         "parameters": sum(p.numel() for p in ours.module.parameters()),
-        "world": world, "threads_per_rank": 1, "micro_batch_per_rank": args.micro_batch,
-        "bucket_mb": args.bucket_mb, "reps": args.reps, "steps_per_rep": args.steps,
-        "torch": torch.__version__, "python": platform.python_version(),
+        "world": world,
+        "threads_per_rank": 1,
+        "micro_batch_per_rank": args.micro_batch,
+        "bucket_mb": args.bucket_mb,
+        "reps": args.reps,
+        "steps_per_rep": args.steps,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
         "rows": rows,
         "throughput_ratio_vs_ddp": round(med["torch DDP"] / base, 3),
         "weak_scaling_efficiency_dp2": round(scaling, 3),
     }
     write_json(out, payload)
-    print(f"\nmodel {args.model} ({payload['parameters']:,} params), {world} ranks × 1 thread, "
-          f"batch {args.micro_batch}/rank, {args.reps}×{args.steps} interleaved steps per variant\n")
+    print(
+        f"\nmodel {args.model} ({payload['parameters']:,} params), {world} ranks × 1 thread, "
+        f"batch {args.micro_batch}/rank, {args.reps}×{args.steps} interleaved steps per variant\n"
+    )
     print_table(rows)
     print(f"\nparacube ÷ torch DDP throughput: {payload['throughput_ratio_vs_ddp']:.3f}×")
     print(f"dp=2 weak-scaling efficiency (T_dp1 / T_dp2 at equal batch per rank): {scaling:.2f}")
 
 
 def main() -> None:
-    parse_and_spawn(__doc__, worker, "benchmarks/results/data_parallel.json", reps=6, steps=5, micro_batch=8, bucket_mb=25.0)
+    parse_and_spawn(
+        __doc__,
+        worker,
+        "benchmarks/results/data_parallel.json",
+        reps=6,
+        steps=5,
+        micro_batch=8,
+        bucket_mb=25.0,
+    )
+
 
 if __name__ == "__main__":
     main()

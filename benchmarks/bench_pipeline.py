@@ -20,22 +20,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
-from common import interleaved, parse_and_spawn, print_table, ratio_rows, write_json  # noqa: E402
-from paracube.config import ParallelConfig, TrainConfig  # noqa: E402
-from paracube.data.corpus import build_corpus  # noqa: E402
-from paracube.engine import Trainer, make_adamw  # noqa: E402
-from paracube.mesh.mesh import ProcessMesh  # noqa: E402
-from paracube.models.gpt import GPT, lm_loss  # noqa: E402
-from paracube.models.presets import preset  # noqa: E402
-from paracube.models.shapes import chain_names  # noqa: E402
-from paracube.pipeline.balance import gpt_layer_loads  # noqa: E402
-from paracube.pipeline.partition import partition  # noqa: E402
-from paracube.pipeline.stage import split_chain  # noqa: E402
+from common import interleaved, parse_and_spawn, print_table, ratio_rows, write_json
+from paracube.config import ParallelConfig, TrainConfig
+from paracube.data.corpus import build_corpus
+from paracube.engine import Trainer, make_adamw
+from paracube.mesh.mesh import ProcessMesh
+from paracube.models.gpt import GPT, lm_loss
+from paracube.models.presets import preset
+from paracube.models.shapes import chain_names
+from paracube.pipeline.balance import gpt_layer_loads
+from paracube.pipeline.partition import partition
+from paracube.pipeline.stage import split_chain
 
-TORCH_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B"}
+TORCH_SCHEDULES = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved-1f1b": "ScheduleInterleaved1F1B",
+}
 
 
 def torch_pipelining_step(cfg: TrainConfig, schedule: str, chunks: int, trainer: Trainer):
@@ -51,7 +55,9 @@ def torch_pipelining_step(cfg: TrainConfig, schedule: str, chunks: int, trainer:
     stages = [P.PipelineStage(c, c.stage, p * chunks, torch.device("cpu")) for c in mine]
     loss_fn = lambda logits, y: lm_loss(logits, y, reduction="sum") / tokens_global  # noqa: E731
     kind = getattr(P, TORCH_SCHEDULES[schedule])
-    sched = kind(stages if chunks > 1 else stages[0], cfg.grad_accum, loss_fn=loss_fn, scale_grads=False)
+    sched = kind(
+        stages if chunks > 1 else stages[0], cfg.grad_accum, loss_fn=loss_fn, scale_grads=False
+    )
     params = [q for c in mine for q in c.parameters()]
     opt = make_adamw([q for q in params if q.dim() >= 2], [q for q in params if q.dim() < 2], cfg)
     step_no = [0]
@@ -61,7 +67,10 @@ def torch_pipelining_step(cfg: TrainConfig, schedule: str, chunks: int, trainer:
         x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
         opt.zero_grad(set_to_none=True)
         losses = []
-        has_first, has_last = any(c.stage == 0 for c in mine), any(c.stage == p * chunks - 1 for c in mine)
+        has_first, has_last = (
+            any(c.stage == 0 for c in mine),
+            any(c.stage == p * chunks - 1 for c in mine),
+        )
         if has_first and has_last:
             sched.step(x, target=y, losses=losses)
         elif has_first:
@@ -72,7 +81,9 @@ def torch_pipelining_step(cfg: TrainConfig, schedule: str, chunks: int, trainer:
         dist.all_reduce(sq)
         norm = float(sq.sqrt())
         if norm > cfg.grad_clip:
-            torch._foreach_mul_([q.grad for q in params if q.grad is not None], cfg.grad_clip / (norm + 1e-6))
+            torch._foreach_mul_(
+                [q.grad for q in params if q.grad is not None], cfg.grad_clip / (norm + 1e-6)
+            )
         opt.step()
         loss = torch.stack(losses).sum() if losses else torch.zeros(())
         dist.all_reduce(loss)  # the step's loss on every rank, as paracube reports it
@@ -94,13 +105,25 @@ def deepspeed_step(cfg: TrainConfig, trainer: Trainer):
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model)
     tokens_global = cfg.global_batch * cfg.model.seq_len
-    net = PipelineModule(layers=model.layers(), num_stages=dist.get_world_size(), partition_method="parameters",
-                         loss_fn=lambda logits, y: lm_loss(logits, y, reduction="sum") / tokens_global)
+    net = PipelineModule(
+        layers=model.layers(),
+        num_stages=dist.get_world_size(),
+        partition_method="parameters",
+        loss_fn=lambda logits, y: lm_loss(logits, y, reduction="sum") / tokens_global,
+    )
     params = [q for q in net.parameters()]
     opt = make_adamw([q for q in params if q.dim() >= 2], [q for q in params if q.dim() < 2], cfg)
-    engine, *_ = deepspeed.initialize(model=net, optimizer=opt, config={
-        "train_micro_batch_size_per_gpu": cfg.micro_batch, "gradient_accumulation_steps": cfg.grad_accum,
-        "gradient_clipping": cfg.grad_clip, "steps_per_print": 10**9, "wall_clock_breakdown": False})
+    engine, *_ = deepspeed.initialize(
+        model=net,
+        optimizer=opt,
+        config={
+            "train_micro_batch_size_per_gpu": cfg.micro_batch,
+            "gradient_accumulation_steps": cfg.grad_accum,
+            "gradient_clipping": cfg.grad_clip,
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        },
+    )
     step_no = [0]
 
     def step():
@@ -116,20 +139,30 @@ def worker(rank: int, world: int, args, out: str) -> None:
     variants = {}
 
     def config(schedule: str, chunks: int) -> TrainConfig:
-        return TrainConfig(model=preset(args.model), parallel=ParallelConfig(pp=world, schedule=schedule, chunks=chunks),
-                           micro_batch=args.micro_batch, grad_accum=args.microbatches, steps=10_000, progress=False)
+        return TrainConfig(
+            model=preset(args.model),
+            parallel=ParallelConfig(pp=world, schedule=schedule, chunks=chunks),
+            micro_batch=args.micro_batch,
+            grad_accum=args.microbatches,
+            steps=10_000,
+            progress=False,
+        )
 
     for schedule, chunks in (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2)):
         cfg = config(schedule, chunks)
         ours = Trainer(cfg, ProcessMesh(cfg.parallel), corpus)
         variants[f"paracube {schedule}"] = ours.train_step
-        variants[f"torch.pipelining {schedule}"] = torch_pipelining_step(cfg, schedule, chunks, ours)
+        variants[f"torch.pipelining {schedule}"] = torch_pipelining_step(
+            cfg, schedule, chunks, ours
+        )
     zb = config("zb-h1", 1)
     variants["paracube zb-h1"] = Trainer(zb, ProcessMesh(zb.parallel), corpus).train_step
     skipped = {}
     try:
         one = config("1f1b", 1)
-        variants["DeepSpeed PipelineEngine"] = deepspeed_step(one, Trainer(one, ProcessMesh(one.parallel), corpus))
+        variants["DeepSpeed PipelineEngine"] = deepspeed_step(
+            one, Trainer(one, ProcessMesh(one.parallel), corpus)
+        )
     except ImportError as e:
         skipped["DeepSpeed PipelineEngine"] = f"not installed ({e.name}); see shared/peers.md"
     times = interleaved(variants, reps=args.reps, steps=args.steps)
@@ -137,25 +170,53 @@ def worker(rank: int, world: int, args, out: str) -> None:
         return
     rows = []
     for schedule in ("gpipe", "1f1b", "interleaved-1f1b"):
-        pair = ratio_rows({k: times[k] for k in (f"paracube {schedule}", f"torch.pipelining {schedule}")},
-                          base=f"paracube {schedule}")
+        pair = ratio_rows(
+            {k: times[k] for k in (f"paracube {schedule}", f"torch.pipelining {schedule}")},
+            base=f"paracube {schedule}",
+        )
         rows += pair
     if "DeepSpeed PipelineEngine" in times:
-        rows += ratio_rows({k: times[k] for k in ("paracube 1f1b", "DeepSpeed PipelineEngine")}, base="paracube 1f1b")[1:]
+        rows += ratio_rows(
+            {k: times[k] for k in ("paracube 1f1b", "DeepSpeed PipelineEngine")},
+            base="paracube 1f1b",
+        )[1:]
     rows += ratio_rows({"paracube zb-h1": times["paracube zb-h1"]}, base="paracube zb-h1")
-    payload = {"benchmark": "pipeline", "model": args.model, "pp": world, "threads_per_rank": 1,
-               "micro_batch": args.micro_batch, "microbatches": args.microbatches, "reps": args.reps,
-               "steps_per_rep": args.steps, "torch": torch.__version__, "python": platform.python_version(), "rows": rows,
-               "skipped": skipped}
+    payload = {
+        "benchmark": "pipeline",
+        "model": args.model,
+        "pp": world,
+        "threads_per_rank": 1,
+        "micro_batch": args.micro_batch,
+        "microbatches": args.microbatches,
+        "reps": args.reps,
+        "steps_per_rep": args.steps,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "rows": rows,
+        "skipped": skipped,
+    }
     write_json(out, payload)
-    print(f"\nmodel {args.model}, pp={world}, 2 ranks × 1 thread, {args.microbatches} micro-batches × "
-          f"{args.micro_batch} sequences, {args.reps}×{args.steps} interleaved steps per variant")
-    print("(each paracube row is 1.000×; the torch row below it is paracube's throughput ÷ torch's)\n")
+    print(
+        f"\nmodel {args.model}, pp={world}, 2 ranks × 1 thread, {args.microbatches} micro-batches × "
+        f"{args.micro_batch} sequences, {args.reps}×{args.steps} interleaved steps per variant"
+    )
+    print(
+        "(each paracube row is 1.000×; the torch row below it is paracube's throughput ÷ torch's)\n"
+    )
     print_table(rows, skipped)
 
 
 def main() -> None:
-    parse_and_spawn(__doc__, worker, "benchmarks/results/pipeline.json", reps=4, steps=4, micro_batch=4, microbatches=4)
+    parse_and_spawn(
+        __doc__,
+        worker,
+        "benchmarks/results/pipeline.json",
+        reps=4,
+        steps=4,
+        micro_batch=4,
+        microbatches=4,
+    )
+
 
 if __name__ == "__main__":
     main()

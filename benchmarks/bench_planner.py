@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import write_json  # noqa: E402
+from common import write_json
 
 LAYOUTS = {
     "dp=2": ["--dp", "2"],
@@ -27,9 +27,20 @@ LAYOUTS = {
     "tp=2": ["--tp", "2"],
     "tp=2 + SP": ["--tp", "2", "--sequence-parallel"],
     "pp=2 1f1b m=4": ["--pp", "2", "--microbatches", "4", "--micro-batch", "4"],
-    "pp=2 gpipe m=4": ["--pp", "2", "--schedule", "gpipe", "--microbatches", "4", "--micro-batch", "4"],
+    "pp=2 gpipe m=4": [
+        "--pp",
+        "2",
+        "--schedule",
+        "gpipe",
+        "--microbatches",
+        "4",
+        "--micro-batch",
+        "4",
+    ],
 }
-LINE = re.compile(r"predicted step ([\d.]+) ms, measured median ([\d.]+) ms .* predicted ([\d.]+) MiB, counted ([\d.]+) MiB")
+LINE = re.compile(
+    r"predicted step ([\d.]+) ms, measured median ([\d.]+) ms .* predicted ([\d.]+) MiB, counted ([\d.]+) MiB"
+)
 
 
 def main() -> None:
@@ -38,24 +49,61 @@ def main() -> None:
     p.add_argument("--out", default="benchmarks/results/planner.json")
     args = p.parse_args()
     env = {**os.environ, "PARACUBE_CALIBRATION": str(Path(tempfile.mkdtemp()) / "calibration.json")}
-    cal = subprocess.run([sys.executable, "-m", "paracube", "plan", "--calibrate"], env=env, capture_output=True, text=True)
+    cal = subprocess.run(
+        [sys.executable, "-m", "paracube", "plan", "--calibrate"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     print(cal.stdout.strip())
     rows = []
     for name, flags in LAYOUTS.items():
-        run = subprocess.run([sys.executable, "-m", "paracube", "train", "--model", "small", "--steps", str(args.steps),
-                              "--no-progress", "--predict", *flags], env=env, capture_output=True, text=True)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "paracube",
+                "train",
+                "--model",
+                "small",
+                "--steps",
+                str(args.steps),
+                "--no-progress",
+                "--predict",
+                *flags,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         match = LINE.search(run.stdout)
         if not match:
             raise SystemExit(f"{name}: no prediction line\n{run.stdout}\n{run.stderr}")
         pred, meas, mem_p, mem_c = map(float, match.groups())
-        rows.append({"layout": name, "predicted_ms": pred, "measured_ms": meas, "ratio": round(pred / meas, 3),
-                     "model_states_predicted_mib": mem_p, "model_states_counted_mib": mem_c})
-    write_json(args.out, {"benchmark": "planner", "model": "small", "calibration": cal.stdout.strip(), "rows": rows})
-    print("\n| layout | predicted ms/step | measured ms/step | predicted ÷ measured | model states predicted / counted (MiB) |")
+        rows.append(
+            {
+                "layout": name,
+                "predicted_ms": pred,
+                "measured_ms": meas,
+                "ratio": round(pred / meas, 3),
+                "model_states_predicted_mib": mem_p,
+                "model_states_counted_mib": mem_c,
+            }
+        )
+    write_json(
+        args.out,
+        {"benchmark": "planner", "model": "small", "calibration": cal.stdout.strip(), "rows": rows},
+    )
+    print(
+        "\n| layout | predicted ms/step | measured ms/step | predicted ÷ measured "
+        "| model states predicted / counted (MiB) |"
+    )
     print("|---|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['layout']} | {r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | {r['ratio']:.2f} | "
-              f"{r['model_states_predicted_mib']:.2f} / {r['model_states_counted_mib']:.2f} |")
+        print(
+            f"| {r['layout']} | {r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | {r['ratio']:.2f} | "
+            f"{r['model_states_predicted_mib']:.2f} / {r['model_states_counted_mib']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

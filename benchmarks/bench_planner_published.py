@@ -14,8 +14,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import write_json  # noqa: E402
-from paracube.planner.published import evaluate, runs  # noqa: E402
+from common import write_json
+from paracube.planner.published import evaluate, runs
 
 
 def main() -> None:
@@ -23,17 +23,30 @@ def main() -> None:
     p.add_argument("--out", default="benchmarks/results/planner_published.json")
     args = p.parse_args()
     results = [evaluate(r) for r in runs()]
-    write_json(args.out, {"benchmark": "planner_published", "source": "paracube/planner/published.py", "rows": results})
-    print("| source | model | GPUs | tp×pp×dp | batch | b | FLOPs counted | published TFLOP/s/GPU "
-          "| predicted | predicted ÷ published | note |")
+    write_json(
+        args.out,
+        {
+            "benchmark": "planner_published",
+            "source": "paracube/planner/published.py",
+            "rows": results,
+        },
+    )
+    print(
+        "| source | model | GPUs | tp×pp×dp | batch | b | FLOPs counted | published TFLOP/s/GPU "
+        "| predicted | predicted ÷ published | note |"
+    )
     print("|---|---|---:|---|---:|---:|---|---:|---:|---:|---|")
     for r in results:
-        print(f"| {r['source']} | {r['model']} | {r['gpus']} | {r['layout']} | {r['batch']} | {r['micro_batch']} | "
-              f"{r['counting']} | {r['published_tflops']} | {r['predicted_tflops']} | {r['ratio']:.2f} | {r['note']} |")
+        print(
+            f"| {r['source']} | {r['model']} | {r['gpus']} | {r['layout']} | {r['batch']} | {r['micro_batch']} | "
+            f"{r['counting']} | {r['published_tflops']} | {r['predicted_tflops']} | {r['ratio']:.2f} | {r['note']} |"
+        )
     ratios = [r["ratio"] for r in results]
     within = sum(abs(x - 1) <= 0.15 for x in ratios)
-    print(f"\npredicted ÷ published: {min(ratios):.2f}–{max(ratios):.2f}, median "
-          f"{sorted(ratios)[len(ratios) // 2]:.2f}; within ±15 % for {within} of {len(ratios)} runs")
+    print(
+        f"\npredicted ÷ published: {min(ratios):.2f}–{max(ratios):.2f}, median "
+        f"{sorted(ratios)[len(ratios) // 2]:.2f}; within ±15 % for {within} of {len(ratios)} runs"
+    )
 
 
 if __name__ == "__main__":

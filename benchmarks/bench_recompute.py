@@ -17,15 +17,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
+import torch
 
-from common import interleaved, median_ms, parse_and_spawn, write_json  # noqa: E402
-from paracube.config import ParallelConfig, TrainConfig  # noqa: E402
-from paracube.data.corpus import build_corpus  # noqa: E402
-from paracube.engine import Trainer  # noqa: E402
-from paracube.mesh.mesh import ProcessMesh  # noqa: E402
-from paracube.models.presets import preset  # noqa: E402
-from paracube.models.shapes import model_saved_bytes  # noqa: E402
+from common import interleaved, median_ms, parse_and_spawn, write_json
+from paracube.config import ParallelConfig, TrainConfig
+from paracube.data.corpus import build_corpus
+from paracube.engine import Trainer
+from paracube.mesh.mesh import ProcessMesh
+from paracube.models.presets import preset
+from paracube.models.shapes import model_saved_bytes
 
 VARIANTS = {
     "fp32, no recompute": dict(),
@@ -36,17 +36,27 @@ VARIANTS = {
 
 
 def worker(rank: int, world: int, args, out: str) -> None:
-    base = TrainConfig(model=preset(args.model), parallel=ParallelConfig(dp=world), micro_batch=args.micro_batch,
-                       steps=10_000, progress=False)
+    base = TrainConfig(
+        model=preset(args.model),
+        parallel=ParallelConfig(dp=world),
+        micro_batch=args.micro_batch,
+        steps=10_000,
+        progress=False,
+    )
     corpus = build_corpus(None, base.model.seq_len)
     mesh = ProcessMesh(base.parallel)
-    trainers = {name: Trainer(base.replace(count_activations_every=1, **kw), mesh, corpus)
-                for name, kw in VARIANTS.items()}
+    trainers = {
+        name: Trainer(base.replace(count_activations_every=1, **kw), mesh, corpus)
+        for name, kw in VARIANTS.items()
+    }
     peaks = {}
 
     def runner(name):
         def step():
-            peaks[name] = trainers[name].train_step().memory["activations_peak"]  # counted every step here
+            peaks[name] = (
+                trainers[name].train_step().memory["activations_peak"]
+            )  # counted every step here
+
         return step
 
     times = interleaved({n: runner(n) for n in trainers}, reps=args.reps, steps=args.steps)
@@ -57,26 +67,51 @@ def worker(rank: int, world: int, args, out: str) -> None:
     rows = []
     for name, kw in VARIANTS.items():
         elem = 2 if kw.get("precision") == "bf16" else 4
-        formula = model_saved_bytes(base.model, base.micro_batch, elem=elem, recompute=kw.get("recompute", "none"))
-        rows.append({"variant": name, "median_ms": round(med[name], 1),
-                     "time_vs_no_recompute": round(med[name] / none, 3),
-                     "activations_counted_mib": round(peaks[name] / 2**20, 2),
-                     "activations_formula_mib": round(formula / 2**20, 2)})
-    payload = {"benchmark": "recompute", "model": args.model, "world": world, "threads_per_rank": 1,
-               "micro_batch_per_rank": args.micro_batch, "reps": args.reps, "steps_per_rep": args.steps,
-               "torch": torch.__version__, "python": platform.python_version(), "rows": rows}
+        formula = model_saved_bytes(
+            base.model, base.micro_batch, elem=elem, recompute=kw.get("recompute", "none")
+        )
+        rows.append(
+            {
+                "variant": name,
+                "median_ms": round(med[name], 1),
+                "time_vs_no_recompute": round(med[name] / none, 3),
+                "activations_counted_mib": round(peaks[name] / 2**20, 2),
+                "activations_formula_mib": round(formula / 2**20, 2),
+            }
+        )
+    payload = {
+        "benchmark": "recompute",
+        "model": args.model,
+        "world": world,
+        "threads_per_rank": 1,
+        "micro_batch_per_rank": args.micro_batch,
+        "reps": args.reps,
+        "steps_per_rep": args.steps,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "rows": rows,
+    }
     write_json(out, payload)
-    print(f"\nmodel {args.model}, {world} ranks × 1 thread, batch {args.micro_batch}/rank, "
-          f"{args.reps}×{args.steps} interleaved steps per variant\n")
-    print("| variant | median ms/step | time ÷ no recompute | saved activations MiB/rank (counted) | (formula) |")
+    print(
+        f"\nmodel {args.model}, {world} ranks × 1 thread, batch {args.micro_batch}/rank, "
+        f"{args.reps}×{args.steps} interleaved steps per variant\n"
+    )
+    print(
+        "| variant | median ms/step | time ÷ no recompute | saved activations MiB/rank (counted) | (formula) |"
+    )
     print("|---|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['variant']} | {r['median_ms']:.1f} | {r['time_vs_no_recompute']:.3f} | "
-              f"{r['activations_counted_mib']:.2f} | {r['activations_formula_mib']:.2f} |")
+        print(
+            f"| {r['variant']} | {r['median_ms']:.1f} | {r['time_vs_no_recompute']:.3f} | "
+            f"{r['activations_counted_mib']:.2f} | {r['activations_formula_mib']:.2f} |"
+        )
 
 
 def main() -> None:
-    parse_and_spawn(__doc__, worker, "benchmarks/results/recompute.json", reps=6, steps=4, micro_batch=8)
+    parse_and_spawn(
+        __doc__, worker, "benchmarks/results/recompute.json", reps=6, steps=4, micro_batch=8
+    )
+
 
 if __name__ == "__main__":
     main()

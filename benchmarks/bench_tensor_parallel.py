@@ -25,18 +25,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
 
-from common import interleaved, parse_and_spawn, print_table, ratio_rows, write_json  # noqa: E402
-from paracube.config import ParallelConfig, TrainConfig  # noqa: E402
-from paracube.data.corpus import build_corpus  # noqa: E402
-from paracube.engine import Trainer, make_adamw  # noqa: E402
-from paracube.mesh.mesh import ProcessMesh  # noqa: E402
-from paracube.models.gpt import GPT, make_norm  # noqa: E402
-from paracube.models.presets import preset  # noqa: E402
+from common import interleaved, parse_and_spawn, print_table, ratio_rows, write_json
+from paracube.config import ParallelConfig, TrainConfig
+from paracube.data.corpus import build_corpus
+from paracube.engine import Trainer, make_adamw
+from paracube.mesh.mesh import ProcessMesh
+from paracube.models.gpt import GPT, make_norm
+from paracube.models.presets import preset
 
 
 def batches(trainer: Trainer):
@@ -67,7 +67,10 @@ class SeparateQKVAttention(nn.Module):
 
     def forward(self, x):
         B, T, _ = x.shape
-        q, k, v = (p(x).view(B, T, -1, self.head_dim).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (
+            p(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+            for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
@@ -75,15 +78,22 @@ class SeparateQKVAttention(nn.Module):
 def dtensor_step(cfg: TrainConfig, stream):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, loss_parallel, parallelize_module
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        loss_parallel,
+        parallelize_module,
+    )
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model)
     for block in model.blocks:
         block.attn = SeparateQKVAttention(cfg.model)
-    plan = {"embed.tok": RowwiseParallel(input_layouts=Replicate()),
-            "head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)}
+    plan = {
+        "embed.tok": RowwiseParallel(input_layouts=Replicate()),
+        "head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False),
+    }
     for i in range(cfg.model.n_layers):
         for name in ("attn.q_proj", "attn.k_proj", "attn.v_proj", "mlp.up_proj"):
             plan[f"blocks.{i}.{name}"] = ColwiseParallel()
@@ -92,11 +102,16 @@ def dtensor_step(cfg: TrainConfig, stream):
     parallelize_module(model, mesh, plan)
     # Fused AdamW refuses a mix of DTensor and plain tensors: one optimizer for each kind.
     dparams = [p for p in model.parameters() if isinstance(p, DTensor)]
-    opts = [adamw_for(dparams, cfg), adamw_for([p for p in model.parameters() if not isinstance(p, DTensor)], cfg)]
+    opts = [
+        adamw_for(dparams, cfg),
+        adamw_for([p for p in model.parameters() if not isinstance(p, DTensor)], cfg),
+    ]
 
     def clip():
         norms = [p.grad.norm() for p in model.parameters()]
-        total = math.sqrt(sum(float((n.full_tensor() if isinstance(n, DTensor) else n) ** 2) for n in norms))
+        total = math.sqrt(
+            sum(float((n.full_tensor() if isinstance(n, DTensor) else n) ** 2) for n in norms)
+        )
         if total > cfg.grad_clip:
             for p in model.parameters():
                 p.grad.mul_(cfg.grad_clip / (total + 1e-6))
@@ -126,15 +141,23 @@ class MegatronBlock(nn.Module):
         self.attn_norm, self.mlp_norm = make_norm(cfg), make_norm(cfg)
         kw = dict(config=mcfg, init_method=init, bias=cfg.bias, tp_group=group)
         self.qkv = mc.ColumnParallelLinear(cfg.hidden, 3 * cfg.hidden, gather_output=False, **kw)
-        self.proj = mc.RowParallelLinear(cfg.hidden, cfg.hidden, input_is_parallel=True, skip_bias_add=False, **kw)
+        self.proj = mc.RowParallelLinear(
+            cfg.hidden, cfg.hidden, input_is_parallel=True, skip_bias_add=False, **kw
+        )
         self.fc1 = mc.ColumnParallelLinear(cfg.hidden, cfg.ffn_hidden, gather_output=False, **kw)
-        self.fc2 = mc.RowParallelLinear(cfg.ffn_hidden, cfg.hidden, input_is_parallel=True, skip_bias_add=False, **kw)
+        self.fc2 = mc.RowParallelLinear(
+            cfg.ffn_hidden, cfg.hidden, input_is_parallel=True, skip_bias_add=False, **kw
+        )
 
     def forward(self, x):  # (B, T, H)
         B, T, _ = x.shape
         qkv, _ = self.qkv(self.attn_norm(x))  # (B, T, 3H/tp)
         q, k, v = qkv.view(B, T, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, -1)
+        y = (
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            .transpose(1, 2)
+            .reshape(B, T, -1)
+        )
         x = x + self.proj(y)[0]
         h, _ = self.fc1(self.mlp_norm(x))
         return x + self.fc2(F.gelu(h, approximate="tanh"))[0]
@@ -148,15 +171,31 @@ class MegatronGPT(nn.Module):
 
         self.mc = mc
         tp = dist.get_world_size(group)
-        mcfg = ModelParallelConfig(tensor_model_parallel_size=tp, use_cpu_initialization=True,
-                                   gradient_accumulation_fusion=False, params_dtype=torch.float32, perform_initialization=True)
+        mcfg = ModelParallelConfig(
+            tensor_model_parallel_size=tp,
+            use_cpu_initialization=True,
+            gradient_accumulation_fusion=False,
+            params_dtype=torch.float32,
+            perform_initialization=True,
+        )
         init = lambda w: nn.init.normal_(w, 0.0, cfg.init_std)  # noqa: E731
-        self.tok = mc.VocabParallelEmbedding(cfg.vocab_size, cfg.hidden, init_method=init, config=mcfg, tp_group=group)
+        self.tok = mc.VocabParallelEmbedding(
+            cfg.vocab_size, cfg.hidden, init_method=init, config=mcfg, tp_group=group
+        )
         self.pos = nn.Embedding(cfg.seq_len, cfg.hidden)
-        self.blocks = nn.ModuleList(MegatronBlock(cfg, mcfg, group, mc) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(
+            MegatronBlock(cfg, mcfg, group, mc) for _ in range(cfg.n_layers)
+        )
         self.norm = make_norm(cfg)
-        self.head = mc.ColumnParallelLinear(cfg.hidden, cfg.vocab_size, config=mcfg, init_method=init, bias=False,
-                                            gather_output=False, tp_group=group)
+        self.head = mc.ColumnParallelLinear(
+            cfg.hidden,
+            cfg.vocab_size,
+            config=mcfg,
+            init_method=init,
+            bias=False,
+            gather_output=False,
+            tp_group=group,
+        )
 
     def forward(self, tokens, targets):
         x = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1]))
@@ -164,7 +203,9 @@ class MegatronGPT(nn.Module):
             x = block(x)
         logits, _ = self.head(self.norm(x))  # (B, T, V/tp)
         # megatron's loss wants (T, B, V/tp) / (T, B)
-        return self.mc.vocab_parallel_cross_entropy(logits.transpose(0, 1).contiguous(), targets.t().contiguous()).mean()
+        return self.mc.vocab_parallel_cross_entropy(
+            logits.transpose(0, 1).contiguous(), targets.t().contiguous()
+        ).mean()
 
 
 def megatron_step(cfg: TrainConfig, stream):
@@ -186,15 +227,22 @@ def megatron_step(cfg: TrainConfig, stream):
         dist.all_reduce(sq)
         total = math.sqrt(float(sq + torch.stack([p.grad.norm() ** 2 for p in replicated]).sum()))
         if total > cfg.grad_clip:
-            torch._foreach_mul_([p.grad for p in model.parameters()], cfg.grad_clip / (total + 1e-6))
+            torch._foreach_mul_(
+                [p.grad for p in model.parameters()], cfg.grad_clip / (total + 1e-6)
+            )
         opt.step()
 
     return step
 
 
 def worker(rank: int, world: int, args, out: str) -> None:
-    cfg = TrainConfig(model=preset(args.model), parallel=ParallelConfig(tp=world), micro_batch=args.batch,
-                      steps=10_000, progress=False)
+    cfg = TrainConfig(
+        model=preset(args.model),
+        parallel=ParallelConfig(tp=world),
+        micro_batch=args.batch,
+        steps=10_000,
+        progress=False,
+    )
     ours = Trainer(cfg, ProcessMesh(cfg.parallel), build_corpus(None, cfg.model.seq_len))
     variants = {"paracube": ours.train_step, "torch DTensor TP": dtensor_step(cfg, batches(ours))}
     skipped = {}
@@ -207,18 +255,31 @@ def worker(rank: int, world: int, args, out: str) -> None:
         return
     rows = ratio_rows(times)
     payload = {
-        "benchmark": "tensor_parallel", "model": args.model, "tp": world, "threads_per_rank": 1, "batch": args.batch,
-        "reps": args.reps, "steps_per_rep": args.steps, "torch": torch.__version__, "python": platform.python_version(),
-        "rows": rows, "skipped": skipped,
+        "benchmark": "tensor_parallel",
+        "model": args.model,
+        "tp": world,
+        "threads_per_rank": 1,
+        "batch": args.batch,
+        "reps": args.reps,
+        "steps_per_rep": args.steps,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "rows": rows,
+        "skipped": skipped,
     }
     write_json(out, payload)
-    print(f"\nmodel {args.model}, tp={world}, 2 ranks × 1 thread, batch {args.batch}, "
-          f"{args.reps}×{args.steps} interleaved steps per variant\n")
+    print(
+        f"\nmodel {args.model}, tp={world}, 2 ranks × 1 thread, batch {args.batch}, "
+        f"{args.reps}×{args.steps} interleaved steps per variant\n"
+    )
     print_table(rows, skipped)
 
 
 def main() -> None:
-    parse_and_spawn(__doc__, worker, "benchmarks/results/tensor_parallel.json", reps=6, steps=5, batch=8)
+    parse_and_spawn(
+        __doc__, worker, "benchmarks/results/tensor_parallel.json", reps=6, steps=5, batch=8
+    )
+
 
 if __name__ == "__main__":
     main()

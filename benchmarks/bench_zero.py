@@ -31,18 +31,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+import torch.distributed as dist
+from torch import nn
 
-from bench_data_parallel import batch_stream, peer_step  # noqa: E402  (the same peer loop as DDP's)
-from common import interleaved, median_ms, parse_and_spawn, write_json  # noqa: E402
-from paracube.config import ParallelConfig, TrainConfig  # noqa: E402
-from paracube.data.corpus import build_corpus  # noqa: E402
-from paracube.engine import Trainer, build_optimizer  # noqa: E402
-from paracube.mesh.mesh import ProcessMesh  # noqa: E402
-from paracube.models.gpt import GPT, lm_loss  # noqa: E402
-from paracube.models.presets import preset  # noqa: E402
+from bench_data_parallel import batch_stream, peer_step
+from common import interleaved, median_ms, parse_and_spawn, write_json
+from paracube.config import ParallelConfig, TrainConfig
+from paracube.data.corpus import build_corpus
+from paracube.engine import Trainer, build_optimizer
+from paracube.mesh.mesh import ProcessMesh
+from paracube.models.gpt import GPT, lm_loss
+from paracube.models.presets import preset
 
 PAIRS = {  # paracube stage -> the peers it is compared with
     1: ["torch ZeroRedundancyOptimizer + DDP", "DeepSpeed ZeRO-1"],
@@ -91,7 +91,11 @@ def state_bytes(*roots) -> int:
         elif isinstance(obj, (list, tuple, set)):
             for v in obj:
                 walk(v, depth + 1)
-        elif hasattr(obj, "__dict__") and type(obj).__module__.split(".")[0] in ("paracube", "deepspeed", "torch"):
+        elif hasattr(obj, "__dict__") and type(obj).__module__.split(".")[0] in (
+            "paracube",
+            "deepspeed",
+            "torch",
+        ):
             for v in vars(obj).values():
                 walk(v, depth + 1)
 
@@ -109,8 +113,14 @@ def zero_redundancy(cfg: TrainConfig, batches):
 
     torch.manual_seed(cfg.seed)
     model = DDP(GPT(cfg.model), gradient_as_bucket_view=True)
-    opt = ZeroRedundancyOptimizer(list(model.parameters()), optimizer_class=torch.optim.AdamW, lr=cfg.lr,
-                                  betas=(0.9, 0.95), weight_decay=cfg.weight_decay, fused=True)
+    opt = ZeroRedundancyOptimizer(
+        list(model.parameters()),
+        optimizer_class=torch.optim.AdamW,
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+        weight_decay=cfg.weight_decay,
+        fused=True,
+    )
     return peer_step(model, opt, batches, cfg), (model, opt)
 
 
@@ -134,13 +144,23 @@ def deepspeed_zero(cfg: TrainConfig, batches, stage: int):
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model)
     opt = build_optimizer(model, cfg)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config={
-        "train_micro_batch_size_per_gpu": cfg.micro_batch, "gradient_accumulation_steps": 1,
-        "gradient_clipping": cfg.grad_clip, "steps_per_print": 10**9, "wall_clock_breakdown": False,
-        "zero_optimization": {"stage": stage, "reduce_bucket_size": BUCKET_ELEMENTS,
-                              "allgather_bucket_size": BUCKET_ELEMENTS},
-        "zero_allow_untested_optimizer": True,
-    })
+    engine, *_ = deepspeed.initialize(
+        model=model,
+        optimizer=opt,
+        config={
+            "train_micro_batch_size_per_gpu": cfg.micro_batch,
+            "gradient_accumulation_steps": 1,
+            "gradient_clipping": cfg.grad_clip,
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+            "zero_optimization": {
+                "stage": stage,
+                "reduce_bucket_size": BUCKET_ELEMENTS,
+                "allgather_bucket_size": BUCKET_ELEMENTS,
+            },
+            "zero_allow_untested_optimizer": True,
+        },
+    )
     tokens = cfg.global_batch * cfg.model.seq_len
 
     def step():
@@ -157,8 +177,13 @@ def deepspeed_zero(cfg: TrainConfig, batches, stage: int):
 
 
 def worker(rank: int, world: int, args, out: str) -> None:
-    base = TrainConfig(model=preset(args.model), parallel=ParallelConfig(dp=world), micro_batch=args.micro_batch,
-                       steps=10_000, progress=False)
+    base = TrainConfig(
+        model=preset(args.model),
+        parallel=ParallelConfig(dp=world),
+        micro_batch=args.micro_batch,
+        steps=10_000,
+        progress=False,
+    )
     corpus = build_corpus(None, base.model.seq_len)
     mesh = ProcessMesh(base.parallel)
     variants, holders, skipped = {}, {}, {}
@@ -191,37 +216,63 @@ def worker(rank: int, world: int, args, out: str) -> None:
     rows = []
     for stage, peer_names in PAIRS.items():
         ours = f"paracube ZeRO-{stage}"
-        rows.append({"variant": ours, "stage": stage, "median_ms": round(med[ours], 1),
-                     "state_mib_per_rank": round(max(g[ours] for g in gathered) / 2**20, 3)})
+        rows.append(
+            {
+                "variant": ours,
+                "stage": stage,
+                "median_ms": round(med[ours], 1),
+                "state_mib_per_rank": round(max(g[ours] for g in gathered) / 2**20, 3),
+            }
+        )
         for peer in peer_names:
             if peer not in med:
                 continue
-            rows.append({"variant": peer, "stage": stage, "median_ms": round(med[peer], 1),
-                         "paracube_speedup": round(med[peer] / med[ours], 3),
-                         "state_mib_per_rank": round(max(g[peer] for g in gathered) / 2**20, 3)})
+            rows.append(
+                {
+                    "variant": peer,
+                    "stage": stage,
+                    "median_ms": round(med[peer], 1),
+                    "paracube_speedup": round(med[peer] / med[ours], 3),
+                    "state_mib_per_rank": round(max(g[peer] for g in gathered) / 2**20, 3),
+                }
+            )
     payload = {
-        "benchmark": "zero", "model": args.model,
+        "benchmark": "zero",
+        "model": args.model,
         "parameters": sum(p.numel() for p in GPT(base.model).parameters()),
-        "world": world, "threads_per_rank": 1, "micro_batch_per_rank": args.micro_batch,
-        "reps": args.reps, "steps_per_rep": args.steps, "torch": torch.__version__,
-        "python": platform.python_version(), "paracube_zero0_ms": round(med["paracube ZeRO-0"], 1),
-        "rows": rows, "skipped": skipped,
+        "world": world,
+        "threads_per_rank": 1,
+        "micro_batch_per_rank": args.micro_batch,
+        "reps": args.reps,
+        "steps_per_rep": args.steps,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "paracube_zero0_ms": round(med["paracube ZeRO-0"], 1),
+        "rows": rows,
+        "skipped": skipped,
     }
     write_json(out, payload)
-    print(f"\nmodel {args.model} ({payload['parameters']:,} params, fp32 AdamW), {world} ranks × 1 thread, "
-          f"batch {args.micro_batch}/rank, {args.reps}×{args.steps} interleaved steps per variant; "
-          f"paracube ZeRO-0 {payload['paracube_zero0_ms']} ms\n")
-    print("| stage | variant | median ms/step | paracube throughput ÷ peer's | model states MiB/rank |")
+    print(
+        f"\nmodel {args.model} ({payload['parameters']:,} params, fp32 AdamW), {world} ranks × 1 thread, "
+        f"batch {args.micro_batch}/rank, {args.reps}×{args.steps} interleaved steps per variant; "
+        f"paracube ZeRO-0 {payload['paracube_zero0_ms']} ms\n"
+    )
+    print(
+        "| stage | variant | median ms/step | paracube throughput ÷ peer's | model states MiB/rank |"
+    )
     print("|---|---|---:|---:|---:|")
     for r in rows:
         ratio = f"{r['paracube_speedup']:.3f}×" if "paracube_speedup" in r else "—"
-        print(f"| {r['stage']} | {r['variant']} | {r['median_ms']:.1f} | {ratio} | {r['state_mib_per_rank']:.2f} |")
+        print(
+            f"| {r['stage']} | {r['variant']} | {r['median_ms']:.1f} | {ratio} | {r['state_mib_per_rank']:.2f} |"
+        )
     for k, why in skipped.items():
         print(f"| | {k} | skipped: {why} | | |")
 
 
 def main() -> None:
     parse_and_spawn(__doc__, worker, "benchmarks/results/zero.json", reps=6, steps=4, micro_batch=8)
+
 
 if __name__ == "__main__":
     main()

@@ -13,9 +13,9 @@ import os
 import socket
 import statistics
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -44,7 +44,9 @@ def _entry(rank: int, world: int, fn: Callable, args: tuple) -> None:
         dist.destroy_process_group()
 
 
-def interleaved(variants: dict[str, Callable[[], None]], reps: int, steps: int, warmup: int = 2) -> dict[str, list[float]]:
+def interleaved(
+    variants: dict[str, Callable[[], None]], reps: int, steps: int, warmup: int = 2
+) -> dict[str, list[float]]:
     """Time ``steps`` calls of each variant per repetition, alternating the order every
     repetition (ABBA); all ranks start each step together (barrier). Returns seconds."""
     names = list(variants)
@@ -67,7 +69,9 @@ def median_ms(samples: list[float]) -> float:
     return 1000 * statistics.median(samples)
 
 
-def parse_and_spawn(doc: str, worker: Callable, out: str, *, reps: int, steps: int, **options) -> None:
+def parse_and_spawn(
+    doc: str, worker: Callable, out: str, *, reps: int, steps: int, **options
+) -> None:
     """The side-by-side benchmarks' command line — ``--model``, each benchmark's own
     options (name → default, typed by the default), ``--reps``, ``--steps``, ``--out`` —
     then ``worker(rank, args, out)`` on a two-rank gloo world."""
@@ -91,7 +95,12 @@ def ratio_rows(times: dict[str, list[float]], base: str = "paracube") -> list[di
     """Median ms per variant and paracube's throughput relative to it."""
     med = {k: median_ms(v) for k, v in times.items()}
     return [
-        {"variant": k, "median_ms": round(v, 1), "paracube_speedup": round(v / med[base], 3), "samples": len(times[k])}
+        {
+            "variant": k,
+            "median_ms": round(v, 1),
+            "paracube_speedup": round(v / med[base], 3),
+            "samples": len(times[k]),
+        }
         for k, v in med.items()
     ]
 

@@ -13,7 +13,12 @@ from paracube.config import ParallelConfig
 from paracube.mesh.mesh import ProcessMesh, init_distributed, shutdown
 from paracube.models.gpt import GPT, lm_loss
 from paracube.models.presets import preset
-from paracube.tensor_parallel import TPContext, full_parameters, parallelize_gpt, vocab_parallel_cross_entropy
+from paracube.tensor_parallel import (
+    TPContext,
+    full_parameters,
+    parallelize_gpt,
+    vocab_parallel_cross_entropy,
+)
 
 torch.set_num_threads(1)
 device = init_distributed()
@@ -34,7 +39,9 @@ want = lm_loss(serial(tokens), tokens.roll(-1, dims=1))
 full = full_parameters(model, tp)  # shards reassembled, named like the serial model
 if dist.get_rank() == 0:
     print(f"logits shard {tuple(logits.shape)}; loss {loss.item():.6f} (serial {want.item():.6f})")
-    print(f"{len(full)} parameters reassembled; qkv_proj shard {tuple(model.blocks[0].attn.qkv_proj.weight.shape)}"
-          f" of {tuple(full['blocks.0.attn.qkv_proj.weight'].shape)}")
+    print(
+        f"{len(full)} parameters reassembled; qkv_proj shard {tuple(model.blocks[0].attn.qkv_proj.weight.shape)}"
+        f" of {tuple(full['blocks.0.attn.qkv_proj.weight'].shape)}"
+    )
     print("collectives:", {k: v["calls"] for k, v in mesh.ledger.snapshot().items()})
 shutdown()  # destroy the groups and exit (see its docstring: a torch teardown race)

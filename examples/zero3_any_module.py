@@ -34,10 +34,13 @@ mesh = ProcessMesh(ParallelConfig(dp=dist.get_world_size()), device)
 torch.manual_seed(0)
 net = nn.Sequential(nn.Linear(16, 64), *[Residual(64) for _ in range(4)], nn.Linear(64, 1))
 serial = copy.deepcopy(net)  # the reference: the whole batch in one process
-units = [m for m in net if isinstance(m, Residual)]  # gathered one at a time; the rest is the root unit
+units = [
+    m for m in net if isinstance(m, Residual)
+]  # gathered one at a time; the rest is the root unit
 model = ShardedDataParallel(net, units, mesh.group("dp"), mesh.ledger)
 optimizer = MainParamOptimizer(  # any torch optimizer, over this rank's shards
-    model.shards(), lambda groups: torch.optim.AdamW([p for ps in groups.values() for p in ps], lr=1e-2)
+    model.shards(),
+    lambda groups: torch.optim.AdamW([p for ps in groups.values() for p in ps], lr=1e-2),
 )
 serial_opt = torch.optim.AdamW(serial.parameters(), lr=1e-2)
 
@@ -64,6 +67,8 @@ for step in range(5):
 if dist.get_rank() == 0:
     snap = mesh.ledger.snapshot()
     print("all-gather:", snap["all_gather/param"], "reduce-scatter:", snap["reduce_scatter/grad"])
-    print(f"parameter bytes held per rank: {model.memory_bytes()['weights']} "
-          f"of {sum(p.numel() * 4 for p in serial.parameters())}")
+    print(
+        f"parameter bytes held per rank: {model.memory_bytes()['weights']} "
+        f"of {sum(p.numel() * 4 for p in serial.parameters())}"
+    )
 shutdown()  # destroy the groups and exit (see its docstring: a torch teardown race)

@@ -27,7 +27,6 @@ from pathlib import Path
 from paracube.planner.local import DEFAULT_PATH
 
 
-
 def _matmul_rate(n: int = 512, repeats: int = 20) -> float:
     import torch
 
@@ -40,7 +39,9 @@ def _matmul_rate(n: int = 512, repeats: int = 20) -> float:
     return 2 * n**3 * repeats / (time.perf_counter() - start)
 
 
-def _attention_rate(b: int = 8, heads: int = 8, s: int = 128, d: int = 32, repeats: int = 10) -> float:
+def _attention_rate(
+    b: int = 8, heads: int = 8, s: int = 128, d: int = 32, repeats: int = 10
+) -> float:
     """FLOP/s of one thread's causal SDPA, forward + backward, counted as the planner counts
     it (``time_model.attention_core``): the unmasked half of 4·b·a·s²·d forward, 3.5× that
     for forward + backward (FlashAttention's backward: five matmuls for the forward's two)."""
@@ -98,9 +99,15 @@ def _pingpong(rank: int, port: int, out) -> None:
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=60))
-    result = {"p2p": {}, "all_reduce": {}, "pair_ratio": 1.0}
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    p2p: dict[int, float] = {}
+    reduce: dict[int, float] = {}
     for size in (1024, 2 << 20):  # floats: 4 KiB and 8 MiB
         buf = torch.zeros(size)
         times, reduce_times = [], []
@@ -118,8 +125,8 @@ def _pingpong(rank: int, port: int, out) -> None:
                 times.append((mid - start) / 2)
                 reduce_times.append(time.perf_counter() - mid)
         # the fastest of ten: the transfer itself, without the scheduler's noise
-        result["p2p"][size * 4] = min(times)
-        result["all_reduce"][size * 4] = min(reduce_times)
+        p2p[size * 4] = min(times)
+        reduce[size * 4] = min(reduce_times)
     # Sequence parallelism's pair against the all-reduce it replaces, at 1 MiB (full size),
     # fastest of ten each, as above.
     full, half = torch.zeros(1 << 18), torch.zeros(1 << 17)
@@ -133,9 +140,8 @@ def _pingpong(rank: int, port: int, out) -> None:
         if i:
             pair.append(mid - start)
             whole.append(time.perf_counter() - mid)
-    result["pair_ratio"] = min(pair) / min(whole)
     if rank == 0:
-        out.put(result)
+        out.put({"p2p": p2p, "all_reduce": reduce, "pair_ratio": min(pair) / min(whole)})
     dist.destroy_process_group()
 
 
@@ -164,17 +170,26 @@ def _link() -> dict:
         p.join(timeout=30)
     latency, bandwidth = _alpha_beta(measured["p2p"])
     reduce_latency, reduce_bandwidth = _alpha_beta(measured["all_reduce"])
-    return {"link_latency": latency, "link_bandwidth": bandwidth,
-            "allreduce_latency": reduce_latency, "allreduce_bandwidth": reduce_bandwidth,
-            "gather_scatter_pair_ratio": measured["pair_ratio"]}
+    return {
+        "link_latency": latency,
+        "link_bandwidth": bandwidth,
+        "allreduce_latency": reduce_latency,
+        "allreduce_bandwidth": reduce_bandwidth,
+        "gather_scatter_pair_ratio": measured["pair_ratio"],
+    }
 
 
 def calibrate(path: Path = DEFAULT_PATH) -> dict:
     gelu_forward, gelu_backward = _activation_rates()
-    data = {"matmul_flops_per_thread": _matmul_rate(), "attention_flops_per_thread": _attention_rate(),
-            "gelu_forward_per_thread": gelu_forward, "gelu_backward_per_thread": gelu_backward,
-            "memory_bandwidth": _copy_bandwidth(), **_link(),
-            "cores": os.cpu_count() or 1}
+    data = {
+        "matmul_flops_per_thread": _matmul_rate(),
+        "attention_flops_per_thread": _attention_rate(),
+        "gelu_forward_per_thread": gelu_forward,
+        "gelu_backward_per_thread": gelu_backward,
+        "memory_bandwidth": _copy_bandwidth(),
+        **_link(),
+        "cores": os.cpu_count() or 1,
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2))
     return data

@@ -13,10 +13,17 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional
 
 from paracube.choices import (
-    ACTIVATIONS, AXES, BALANCE, GRAD_REDUCE, NORMS, POSITIONS, PRECISIONS, RECOMPUTE, ZERO_STAGES,
+    ACTIVATIONS,
+    AXES,
+    BALANCE,
+    GRAD_REDUCE,
+    NORMS,
+    POSITIONS,
+    PRECISIONS,
+    RECOMPUTE,
+    ZERO_STAGES,
 )
 from paracube.errors import ConfigError
 from paracube.pipeline.schedules import SCHEDULES
@@ -41,8 +48,8 @@ class ModelConfig:
     n_heads: int
     vocab_size: int
     seq_len: int
-    n_kv_heads: Optional[int] = None
-    ffn_hidden: Optional[int] = None
+    n_kv_heads: int = None  # type: ignore[assignment]  # None: = n_heads (set in __post_init__)
+    ffn_hidden: int = None  # type: ignore[assignment]  # None: 4·hidden (set in __post_init__)
     norm: str = "layernorm"
     activation: str = "gelu"
     position: str = "learned"
@@ -75,13 +82,15 @@ class ModelConfig:
             raise ConfigError(f"rotary positions need an even head size, got {self.head_dim}")
         for f, allowed in (("norm", NORMS), ("activation", ACTIVATIONS), ("position", POSITIONS)):
             if getattr(self, f) not in allowed:
-                raise ConfigError(f"unknown {f} {getattr(self, f)!r}: choose one of {', '.join(allowed)}")
+                raise ConfigError(
+                    f"unknown {f} {getattr(self, f)!r}: choose one of {', '.join(allowed)}"
+                )
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.n_heads
 
-    def replace(self, **changes) -> "ModelConfig":
+    def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
@@ -98,7 +107,7 @@ class ParallelConfig:
     pp: int = 1
     bucket_mb: float = 25.0
     sequence_parallel: bool = False
-    gpus_per_node: Optional[int] = None
+    gpus_per_node: int | None = None
     schedule: str = "1f1b"
     chunks: int = 1
     balance: str = "params"
@@ -117,12 +126,18 @@ class ParallelConfig:
                     f"use --tp ≤ {self.gpus_per_node} and pipeline or data parallelism across nodes"
                 )
         if self.schedule not in SCHEDULES:
-            raise ConfigError(f"unknown schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
+            raise ConfigError(
+                f"unknown schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}"
+            )
         if self.balance not in BALANCE:
-            raise ConfigError(f"unknown --balance {self.balance!r}: choose one of {', '.join(BALANCE)}")
+            raise ConfigError(
+                f"unknown --balance {self.balance!r}: choose one of {', '.join(BALANCE)}"
+            )
         _positive("--chunks", self.chunks)
         if self.sequence_parallel and self.tp == 1:
-            raise ConfigError("--sequence-parallel needs --tp > 1: it shards the sequence over the tensor-parallel ranks")
+            raise ConfigError(
+                "--sequence-parallel needs --tp > 1: it shards the sequence over the tensor-parallel ranks"
+            )
 
     @property
     def world_size(self) -> int:
@@ -136,7 +151,7 @@ class ParallelConfig:
                 f"{world_size} ranks: make the product equal the world size"
             )
 
-    def replace(self, **changes) -> "ParallelConfig":
+    def replace(self, **changes) -> ParallelConfig:
         return dataclasses.replace(self, **changes)
 
 
@@ -153,26 +168,30 @@ class TrainConfig:
     steps: int = 100
     micro_batch: int = 8
     grad_accum: int = 1
-    global_batch: Optional[int] = None
+    global_batch: int = None  # type: ignore[assignment]  # None: dp × micro_batch × grad_accum
     lr: float = 3e-3
     min_lr: float = 3e-4
     warmup_steps: int = 10
     weight_decay: float = 0.1
-    grad_clip: Optional[float] = 1.0
+    grad_clip: float | None = 1.0
     seed: int = 0
-    data: Optional[str] = None
+    data: str | None = None
     val_fraction: float = 0.05
     eval_every: int = 0
     eval_batches: int = 4
-    metrics: Optional[str] = None
+    metrics: str | None = None
     progress: bool = True
     zero: int = 0
     recompute: str = "none"
-    recompute_blocks: Optional[int] = None  # the first N blocks (of each pipeline stage's model); None: all
+    recompute_blocks: int | None = (
+        None  # the first N blocks (of each pipeline stage's model); None: all
+    )
     precision: str = "fp32"
     grad_reduce: str = "fp32"  # dtype of gradient accumulation and reduction under bf16/fp16
-    loss_scale: Optional[str] = None  # fp16: "dynamic" (default) or a fixed number; "none" refused
-    count_activations_every: int = 10  # count saved activations on steps 0, N, 2N, … (1: every step)
+    loss_scale: str | None = None  # fp16: "dynamic" (default) or a fixed number; "none" refused
+    count_activations_every: int = (
+        10  # count saved activations on steps 0, N, 2N, … (1: every step)
+    )
 
     def __post_init__(self) -> None:
         self._check_memory_options()
@@ -188,9 +207,13 @@ class TrainConfig:
                 )
             object.__setattr__(self, "grad_accum", self.global_batch // per_step)
         else:
-            object.__setattr__(self, "global_batch", self.parallel.dp * self.micro_batch * self.grad_accum)
+            object.__setattr__(
+                self, "global_batch", self.parallel.dp * self.micro_batch * self.grad_accum
+            )
         if not self.lr > 0 or not 0 <= self.min_lr <= self.lr:
-            raise ConfigError(f"need 0 <= min_lr <= lr and lr > 0, got lr={self.lr} min_lr={self.min_lr}")
+            raise ConfigError(
+                f"need 0 <= min_lr <= lr and lr > 0, got lr={self.lr} min_lr={self.min_lr}"
+            )
         if self.warmup_steps < 0 or self.eval_every < 0 or self.weight_decay < 0:
             raise ConfigError("--warmup-steps, --eval-every and --weight-decay must be >= 0")
         if self.grad_clip is not None and not self.grad_clip > 0:
@@ -210,7 +233,9 @@ class TrainConfig:
                 "parameters; use --zero 1 or --zero 2 with pipeline parallelism"
             )
         if self.recompute not in RECOMPUTE:
-            raise ConfigError(f"unknown --recompute {self.recompute!r}: choose one of {', '.join(RECOMPUTE)}")
+            raise ConfigError(
+                f"unknown --recompute {self.recompute!r}: choose one of {', '.join(RECOMPUTE)}"
+            )
         if self.recompute_blocks is not None:
             _positive("--recompute-blocks", self.recompute_blocks)
             if self.recompute == "none":
@@ -220,7 +245,9 @@ class TrainConfig:
                     f"--recompute-blocks {self.recompute_blocks} is more than the model's {self.model.n_layers} blocks"
                 )
         if self.precision not in PRECISIONS:
-            raise ConfigError(f"unknown --precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
+            raise ConfigError(
+                f"unknown --precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}"
+            )
         if self.grad_reduce not in GRAD_REDUCE:
             raise ConfigError(f"unknown --grad-reduce {self.grad_reduce!r}: choose fp32 or compute")
         if self.precision == "fp16":
@@ -233,11 +260,13 @@ class TrainConfig:
                 )
             if self.loss_scale != "dynamic":
                 try:
-                    value = float(self.loss_scale)
+                    value = float(str(self.loss_scale))
                 except ValueError:
                     value = 0.0
                 if not value > 0:
-                    raise ConfigError(f"--loss-scale must be 'dynamic' or a positive number, got {self.loss_scale!r}")
+                    raise ConfigError(
+                        f"--loss-scale must be 'dynamic' or a positive number, got {self.loss_scale!r}"
+                    )
         elif self.loss_scale is not None:
             raise ConfigError(
                 f"--loss-scale is for --precision fp16 (got --precision {self.precision}): "
@@ -248,5 +277,5 @@ class TrainConfig:
     def tokens_per_step(self) -> int:
         return self.global_batch * self.model.seq_len
 
-    def replace(self, **changes) -> "TrainConfig":
+    def replace(self, **changes) -> TrainConfig:
         return dataclasses.replace(self, **changes)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -46,15 +46,20 @@ class Trainer:
         self.cfg, self.mesh = cfg, mesh
         self.corpus = corpus or build_corpus(cfg.data, cfg.model.seq_len, cfg.val_fraction)
         seq, batch = cfg.model.seq_len, cfg.global_batch
-        self.batches = RankBatches(ShardedBatchSampler(self.corpus.train, seq, batch, cfg.seed), mesh, cfg.grad_accum)
-        self.val_batches = RankBatches(ShardedBatchSampler(self.corpus.val, seq, batch, cfg.seed + 7919), mesh,
-                                       cfg.grad_accum)
-        scaler = LossScaler(cfg.loss_scale) if cfg.precision == "fp16" else None
+        self.batches = RankBatches(
+            ShardedBatchSampler(self.corpus.train, seq, batch, cfg.seed), mesh, cfg.grad_accum
+        )
+        self.val_batches = RankBatches(
+            ShardedBatchSampler(self.corpus.val, seq, batch, cfg.seed + 7919), mesh, cfg.grad_accum
+        )
+        scaler = LossScaler(cfg.loss_scale or "dynamic") if cfg.precision == "fp16" else None
         self.objective = Objective(cfg, mesh, scaler)
         self.parallel = parallelize(cfg, mesh, self.objective, self.batches)
         self.grad_sync = self.parallel.grad_sync
         self.optimizer = shard_optimizer(self.grad_sync, cfg)
-        self.optimizer_step = OptimizerStep(self.optimizer, self.grad_sync, self.objective, mesh, cfg)
+        self.optimizer_step = OptimizerStep(
+            self.optimizer, self.grad_sync, self.objective, mesh, cfg
+        )
         self.activations = ActivationCounter()
         self._activations_counted: tuple[int, int] | None = None  # (step, peak bytes) last counted
         self.step = 0
@@ -103,7 +108,9 @@ class Trainer:
         ZeRO-3's peak of gathered parameters, and the CUDA allocator's peak on GPU."""
         record = self.model_state_bytes(gradients)
         if self._activations_counted is not None:
-            record["activations_counted_step"], record["activations_peak"] = self._activations_counted
+            record["activations_counted_step"], record["activations_peak"] = (
+                self._activations_counted
+            )
         if "params_peak" in (held := self.grad_sync.memory_bytes()):
             record["params_peak"] = held["params_peak"]
         if self.mesh.device.type == "cuda":
@@ -114,7 +121,9 @@ class Trainer:
 
     def train_step(self) -> StepMetrics:
         timer = PhaseTimer()
-        with name_failures(self.mesh.global_rank, self.mesh.layout.coords(self.mesh.global_rank), self.step, timer):
+        with name_failures(
+            self.mesh.global_rank, self.mesh.layout.coords(self.mesh.global_rank), self.step, timer
+        ):
             return self._train_step(timer)
 
     def _train_step(self, timer: PhaseTimer) -> StepMetrics:
@@ -133,7 +142,9 @@ class Trainer:
         if count:
             self._activations_counted = (self.step, self.activations.peak)
         # The global loss is summed across ranks while the optimizer runs.
-        loss_reduce = ops.all_reduce(loss_sum, self.mesh.group("dp"), ledger, tag="loss", async_op=True)
+        loss_reduce = ops.all_reduce(
+            loss_sum, self.mesh.group("dp"), ledger, tag="loss", async_op=True
+        )
         with timer.phase("optimizer"):
             outcome = self.optimizer_step(self.step)
         with timer.phase("comm_exposed"):
@@ -141,11 +152,19 @@ class Trainer:
         step_time = time.perf_counter() - start
         tokens = self.objective.tokens_global
         metrics = StepMetrics(
-            step=self.step, loss=loss_value, lr=outcome.lr, grad_norm=outcome.grad_norm, tokens=tokens,
-            step_time=step_time, tokens_per_s=tokens / step_time,
-            time={k: round(v, 6) for k, v in timer.seconds.items()}, comm=ledger.snapshot(), pipeline=pipeline,
+            step=self.step,
+            loss=loss_value,
+            lr=outcome.lr,
+            grad_norm=outcome.grad_norm,
+            tokens=tokens,
+            step_time=step_time,
+            tokens_per_s=tokens / step_time,
+            time={k: round(v, 6) for k, v in timer.seconds.items()},
+            comm=ledger.snapshot(),
+            pipeline=pipeline,
             memory=self.memory_metrics(gradients=outcome.gradient_bytes),
-            skipped=True if outcome.overflow else None, loss_scale=scale if self.scaler is not None else None,
+            skipped=True if outcome.overflow else None,
+            loss_scale=scale if self.scaler is not None else None,
         )
         self.step += 1
         return metrics

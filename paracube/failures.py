@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
+from typing import Protocol
 
 from paracube.errors import CollectiveTimeout
 
 
+class PhaseLike(Protocol):
+    """What :func:`name_failures` reads of a :class:`~paracube.metrics.PhaseTimer`."""
+
+    @property
+    def current(self) -> str | None: ...
+
+
 @contextlib.contextmanager
-def name_failures(rank: int, coords: dict[str, int], step: int, phase: "PhaseLike") -> Iterator[None]:
+def name_failures(rank: int, coords: dict[str, int], step: int, phase: PhaseLike) -> Iterator[None]:
     """Re-raise a RuntimeError (gloo/NCCL timeouts and peer failures surface as one) as a
     :class:`CollectiveTimeout`: ``rank 3 (pp=1 dp=0 tp=1) failed in step 12, phase
     backward: <the first line of the backend's message>``."""
@@ -21,7 +29,3 @@ def name_failures(rank: int, coords: dict[str, int], step: int, phase: "PhaseLik
         raise CollectiveTimeout(
             f"rank {rank} ({where}) failed in step {step}, phase {phase.current or 'between phases'}: {first}"
         ) from e
-
-
-class PhaseLike:  # what name_failures reads of a PhaseTimer
-    current: str | None

@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 from paracube.errors import ParacubeError
 
@@ -51,7 +51,10 @@ def launch_local(nprocs: int, entrypoint: Callable[..., int], *args) -> int:
         codes = elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
-        print(f"paracube: rank {rank} failed (exit {failure.exitcode}); see its traceback above", file=sys.stderr)
+        print(
+            f"paracube: rank {rank} failed (exit {failure.exitcode}); see its traceback above",
+            file=sys.stderr,
+        )
         return 1
     return max((c or 0) for c in codes.values())
 

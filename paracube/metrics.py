@@ -53,7 +53,9 @@ class StepMetrics:
     time: dict[str, float] = field(default_factory=dict)
     comm: dict[str, dict] = field(default_factory=dict)
     pipeline: dict | None = None  # schedule, measured and formula bubble, seconds per action
-    memory: dict[str, int] | None = None  # bytes per rank: weights, gradients, optimizer, activations_peak
+    memory: dict[str, int] | None = (
+        None  # bytes per rank: weights, gradients, optimizer, activations_peak
+    )
     skipped: bool | None = None  # fp16: the step was skipped on a gradient overflow
     loss_scale: float | None = None  # fp16: the loss scale this step used
     val_loss: float | None = None

@@ -39,8 +39,9 @@ class Objective:
     def loss_sum(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Summed next-token loss of logits (b, T, V or V/tp) against targets (b, T);
         vocabulary-parallel when the head is sharded."""
-        return vocab_parallel_cross_entropy(logits, targets, self.tp_group, self.ledger, reduction="sum",
-                                            vocab_size=self.vocab_size)
+        return vocab_parallel_cross_entropy(
+            logits, targets, self.tp_group, self.ledger, reduction="sum", vocab_size=self.vocab_size
+        )
 
     def backward_weight(self) -> float:
         """What a raw loss sum is multiplied by before backward."""

@@ -29,7 +29,10 @@ def is_decayed(p: nn.Parameter) -> bool:
 
 def make_adamw(decay: list, no_decay: list, cfg: TrainConfig) -> torch.optim.Optimizer:
     """AdamW (β = 0.9, 0.95 as GPT-3) as fused kernels — one pass per tensor, on CPU too."""
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
     groups = [g for g in groups if g["params"]]
     if not groups:  # a rank whose shards hold only padding still needs an optimizer
         groups = [{"params": [nn.Parameter(torch.zeros(0))], "weight_decay": 0.0}]
@@ -39,7 +42,9 @@ def make_adamw(decay: list, no_decay: list, cfg: TrainConfig) -> torch.optim.Opt
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """The optimizer over a plain module's own parameters (the serial reference, peers)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    return make_adamw([p for p in params if is_decayed(p)], [p for p in params if not is_decayed(p)], cfg)
+    return make_adamw(
+        [p for p in params if is_decayed(p)], [p for p in params if not is_decayed(p)], cfg
+    )
 
 
 def shard_optimizer(grad_sync: FlatDataParallel, cfg: TrainConfig) -> MainParamOptimizer:
@@ -47,7 +52,8 @@ def shard_optimizer(grad_sync: FlatDataParallel, cfg: TrainConfig) -> MainParamO
     parameters; weight decay by group key."""
     dtype = next(grad_sync.module.parameters()).dtype
     return MainParamOptimizer(
-        grad_sync.shards(), lambda groups: make_adamw(groups.get(True, []), groups.get(False, []), cfg),
+        grad_sync.shards(),
+        lambda groups: make_adamw(groups.get(True, []), groups.get(False, []), cfg),
         master_dtype=torch.promote_types(torch.float32, dtype),
     )
 
@@ -71,9 +77,21 @@ class StepOutcome(NamedTuple):
 class OptimizerStep:
     """One optimizer step of this rank, for every layout."""
 
-    def __init__(self, optimizer: MainParamOptimizer, grad_sync: FlatDataParallel, objective: Objective,
-                 mesh: ProcessMesh, cfg: TrainConfig):
-        self.optimizer, self.grad_sync, self.objective, self.mesh, self.cfg = optimizer, grad_sync, objective, mesh, cfg
+    def __init__(
+        self,
+        optimizer: MainParamOptimizer,
+        grad_sync: FlatDataParallel,
+        objective: Objective,
+        mesh: ProcessMesh,
+        cfg: TrainConfig,
+    ):
+        self.optimizer, self.grad_sync, self.objective, self.mesh, self.cfg = (
+            optimizer,
+            grad_sync,
+            objective,
+            mesh,
+            cfg,
+        )
 
     def __call__(self, step: int) -> StepOutcome:
         lr = lr_at(step, self.cfg)
@@ -85,10 +103,14 @@ class OptimizerStep:
         if scaler is not None:  # fp16: unscale, and skip the step everywhere if any rank overflowed
             self.optimizer.scale_grads_(1.0 / scaler.scale)
             inf = self.optimizer.found_inf()
-            ops.all_reduce(inf, None, self.mesh.ledger, tag="overflow", op=torch.distributed.ReduceOp.MAX)
+            ops.all_reduce(
+                inf, None, self.mesh.ledger, tag="overflow", op=torch.distributed.ReduceOp.MAX
+            )
             overflow = bool(inf.item() > 0)
             scaler.update(overflow)
-        gradient_bytes = self.grad_sync.memory_bytes()["gradients"] + self.optimizer.memory_bytes()["gradients"]
+        gradient_bytes = (
+            self.grad_sync.memory_bytes()["gradients"] + self.optimizer.memory_bytes()["gradients"]
+        )
         grad_norm = float("inf")
         if not overflow:
             grad_norm = self.clip()
@@ -109,7 +131,9 @@ class OptimizerStep:
         last_stage = mesh.rank("pp") == pp - 1
 
         def counts(p) -> bool:
-            return (first_tp or getattr(p, "tp_dim", None) is not None) and not (p is tied and last_stage and pp > 1)
+            return (first_tp or getattr(p, "tp_dim", None) is not None) and not (
+                p is tied and last_stage and pp > 1
+            )
 
         square = self.optimizer.grad_norm_squared(counts)
         if self.optimizer.sharded:

@@ -18,8 +18,8 @@ parameter after it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 from torch import nn
@@ -33,6 +33,7 @@ from paracube.objective import Objective
 from paracube.optim import is_decayed
 from paracube.pipeline.executor import PipelineExecutor
 from paracube.pipeline.schedules import get_schedule
+from paracube.pipeline.stage import PipelineChunk
 from paracube.precision import DTYPES
 from paracube.runners import LocalRunner, PipelineRunner
 from paracube.tensor_parallel import TPContext, parallelize_gpt
@@ -58,13 +59,18 @@ class ParallelModel:
         """This rank's parameters under the serial model's names."""
         if self.pipeline is None:
             return self.module.named_parameters()
-        return ((n, p) for chunk in self.module for n, p in chunk.serial_named_parameters())
+        chunks: list[PipelineChunk] = list(self.module.children())  # type: ignore[arg-type]
+        return ((n, p) for chunk in chunks for n, p in chunk.serial_named_parameters())
 
 
-def parallelize(cfg: TrainConfig, mesh: ProcessMesh, objective: Objective, batches: RankBatches) -> ParallelModel:
+def parallelize(
+    cfg: TrainConfig, mesh: ProcessMesh, objective: Objective, batches: RankBatches
+) -> ParallelModel:
     """This rank's model, wrapped in the fixed order (module docstring)."""
     torch.manual_seed(cfg.seed)
-    model = GPT(cfg.model)  # initialised in fp32 from the seed: every precision and layout starts alike
+    model = GPT(
+        cfg.model
+    )  # initialised in fp32 from the seed: every precision and layout starts alike
     parallelize_gpt(model, TPContext(mesh.group("tp"), mesh.ledger, cfg.parallel.sequence_parallel))
     apply_recompute(model, cfg.recompute, cfg.recompute_blocks)
     if cfg.precision != "fp32":  # fp32 = the default dtype (float64 in the exactness tests)
@@ -72,24 +78,44 @@ def parallelize(cfg: TrainConfig, mesh: ProcessMesh, objective: Objective, batch
     if mesh.size("pp") > 1:
         return _pipelined(model, cfg, mesh, objective, batches)
     grad_sync = wrap_data_parallel(model.to(mesh.device), model, cfg, mesh, objective)
-    return ParallelModel(grad_sync, objective, LocalRunner(grad_sync, objective, batches, mesh.ledger))
+    return ParallelModel(
+        grad_sync, objective, LocalRunner(grad_sync, objective, batches, mesh.ledger)
+    )
 
 
-def wrap_data_parallel(local: nn.Module, model: GPT, cfg: TrainConfig, mesh: ProcessMesh,
-                       objective: Objective) -> FlatDataParallel:
+def wrap_data_parallel(
+    local: nn.Module, model: GPT, cfg: TrainConfig, mesh: ProcessMesh, objective: Objective
+) -> FlatDataParallel:
     """ZeRO-3 units are the transformer blocks; ZeRO 0–2 bucket every parameter. Gradients
     accumulate and are reduced in fp32 under bf16/fp16 unless asked otherwise."""
     grad_dtype = torch.float32 if cfg.precision != "fp32" and cfg.grad_reduce == "fp32" else None
     if cfg.zero == 3:
-        return ShardedDataParallel(local, list(model.blocks), mesh.group("dp"), mesh.ledger, group_key=is_decayed,
-                                   grad_dtype=grad_dtype, pre_reduce=objective.pre_reduce)
-    return DataParallel(local, mesh.group("dp"), mesh.ledger, bucket_mb=cfg.parallel.bucket_mb, average=False,
-                        group_key=is_decayed, contiguous_params=True, zero_stage=cfg.zero, grad_dtype=grad_dtype,
-                        pre_reduce=objective.pre_reduce)
+        return ShardedDataParallel(
+            local,
+            list(model.blocks),
+            mesh.group("dp"),
+            mesh.ledger,
+            group_key=is_decayed,
+            grad_dtype=grad_dtype,
+            pre_reduce=objective.pre_reduce,
+        )
+    return DataParallel(
+        local,
+        mesh.group("dp"),
+        mesh.ledger,
+        bucket_mb=cfg.parallel.bucket_mb,
+        average=False,
+        group_key=is_decayed,
+        contiguous_params=True,
+        zero_stage=cfg.zero,
+        grad_dtype=grad_dtype,
+        pre_reduce=objective.pre_reduce,
+    )
 
 
-def _pipelined(model: GPT, cfg: TrainConfig, mesh: ProcessMesh, objective: Objective,
-               batches: RankBatches) -> ParallelModel:
+def _pipelined(
+    model: GPT, cfg: TrainConfig, mesh: ProcessMesh, objective: Objective, batches: RankBatches
+) -> ParallelModel:
     from paracube.pipeline.build import build_pipeline
 
     par = cfg.parallel
@@ -98,14 +124,29 @@ def _pipelined(model: GPT, cfg: TrainConfig, mesh: ProcessMesh, objective: Objec
     chunks = [c.to(mesh.device) for c in plan.chunks]
     seq = cfg.model.seq_len // (mesh.size("tp") if par.sequence_parallel else 1)
     executor = PipelineExecutor(
-        chunks, plan.actions, p=mesh.size("pp"), rank=mesh.rank("pp"),
-        act_shape=(cfg.micro_batch, seq, cfg.model.hidden), dtype=next(p for c in chunks for p in c.parameters()).dtype,
-        device=mesh.device, loss_fn=objective.loss_sum, loss_weight=objective.backward_weight,
-        group=mesh.group("pp"), ledger=mesh.ledger, store=plan.store,
+        chunks,
+        plan.actions,
+        p=mesh.size("pp"),
+        rank=mesh.rank("pp"),
+        act_shape=(cfg.micro_batch, seq, cfg.model.hidden),
+        dtype=next(p for c in chunks for p in c.parameters()).dtype,
+        device=mesh.device,
+        loss_fn=objective.loss_sum,
+        loss_weight=objective.backward_weight,
+        group=mesh.group("pp"),
+        ledger=mesh.ledger,
+        store=plan.store,
     )
     if cfg.model.tie_embeddings:  # embedding on the first stage, head on the last: one weight
-        tied = next((p for c in chunks for n, p in c.serial_named_parameters()
-                     if n in ("embed.tok.weight", "head.weight")), None)
+        tied = next(
+            (
+                p
+                for c in chunks
+                for n, p in c.serial_named_parameters()
+                if n in ("embed.tok.weight", "head.weight")
+            ),
+            None,
+        )
         objective.tie(tied, mesh.first_last_stage_group())
     grad_sync = wrap_data_parallel(nn.ModuleList(chunks), model, cfg, mesh, objective)
     runner = PipelineRunner(executor, grad_sync, batches, get_schedule(par.schedule), par.chunks)

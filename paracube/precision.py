@@ -20,7 +20,7 @@ class LossScaler:
     """``"dynamic"`` (start 2¹⁶, ×0.5 on overflow, ×2 after ``growth_interval`` clean
     steps) or a fixed scale given as a number."""
 
-    def __init__(self, spec: str | float, growth_interval: int = 1000, initial: float = 2.0 ** 16):
+    def __init__(self, spec: str | float, growth_interval: int = 1000, initial: float = 2.0**16):
         self.dynamic = spec == "dynamic"
         self.scale = initial if self.dynamic else float(spec)
         self.growth_interval = growth_interval

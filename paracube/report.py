@@ -22,8 +22,11 @@ def banner(cfg: TrainConfig, trainer, first_val: float | None) -> str:
         f"(micro-batch {cfg.micro_batch} × accum {cfg.grad_accum} × dp {cfg.parallel.dp}); "
         f"data: {trainer.corpus.describe()}"
     ]
-    extras = [f"ZeRO-{cfg.zero}" if cfg.zero else "", cfg.precision if cfg.precision != "fp32" else "",
-              f"{cfg.recompute} recompute" if cfg.recompute != "none" else ""]
+    extras = [
+        f"ZeRO-{cfg.zero}" if cfg.zero else "",
+        cfg.precision if cfg.precision != "fp32" else "",
+        f"{cfg.recompute} recompute" if cfg.recompute != "none" else "",
+    ]
     if any(extras):
         lines.append("paracube: " + ", ".join(e for e in extras if e))
     if trainer.parallel.description is not None:
@@ -39,8 +42,14 @@ def progress_bar(cfg: TrainConfig, lead: bool):
         return None
     from tqdm import tqdm
 
-    return tqdm(total=cfg.steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True,
-                mininterval=0.5 if sys.stderr.isatty() else 10.0)
+    return tqdm(
+        total=cfg.steps,
+        desc="train",
+        unit="step",
+        file=sys.stderr,
+        dynamic_ncols=True,
+        mininterval=0.5 if sys.stderr.isatty() else 10.0,
+    )
 
 
 def summary(history: list[StepMetrics], first_val: float | None, wall: float) -> str:
@@ -50,7 +59,9 @@ def summary(history: list[StepMetrics], first_val: float | None, wall: float) ->
     phases = {k: sum(m.time.get(k, 0.0) for m in steady) for k in steady[0].time}
     split = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in phases.items())
     comm = steady[-1].comm
-    grad_bytes = sum(comm.get(k, {"bytes": 0})["bytes"] for k in ("all_reduce/grad", "reduce_scatter/grad"))
+    grad_bytes = sum(
+        comm.get(k, {"bytes": 0})["bytes"] for k in ("all_reduce/grad", "reduce_scatter/grad")
+    )
     vals = [m.val_loss for m in history if m.val_loss is not None]
     lines = [
         f"paracube: {len(history)} steps in {wall:.1f}s; loss {history[0].loss:.4f} → {history[-1].loss:.4f}",
@@ -59,14 +70,21 @@ def summary(history: list[StepMetrics], first_val: float | None, wall: float) ->
     ]
     if history[-1].loss_scale is not None:
         skipped = sum(1 for m in history if m.skipped)
-        lines.append(f"paracube: fp16 loss scale {history[-1].loss_scale:g}; {skipped} step(s) skipped on overflow")
+        lines.append(
+            f"paracube: fp16 loss scale {history[-1].loss_scale:g}; {skipped} step(s) skipped on overflow"
+        )
     mem = steady[-1].memory
     if mem:
         mib = {k: v / MIB for k, v in mem.items()}
         lines.append(
-            f"paracube: memory per rank (rank 0): weights {mib['weights']:.2f} MiB, gradients {mib['gradients']:.2f} MiB, "
+            f"paracube: memory per rank (rank 0): weights {mib['weights']:.2f} MiB, "
+            f"gradients {mib['gradients']:.2f} MiB, "
             f"optimizer {mib['optimizer']:.2f} MiB, saved activations peak {mib['activations_peak']:.2f} MiB"
-            + (f", gathered parameters peak {mib['params_peak']:.2f} MiB" if "params_peak" in mib else "")
+            + (
+                f", gathered parameters peak {mib['params_peak']:.2f} MiB"
+                if "params_peak" in mib
+                else ""
+            )
         )
     if vals:
         start = f"{first_val:.4f} → " if first_val is not None else ""
@@ -87,20 +105,34 @@ def prediction(cfg: TrainConfig, history: list[StepMetrics], threads: int, local
         return "paracube: --predict: no calibration of this machine; run `paracube plan --calibrate` first"
     rank_gpu, link = local.local_hardware(data, threads, local_ranks)
     layout = Layout.from_config(cfg)
-    est = estimate(cfg.model, layout, Cluster(rank_gpu, cfg.parallel.world_size, link, link), precision=cfg.precision)
+    est = estimate(
+        cfg.model,
+        layout,
+        Cluster(rank_gpu, cfg.parallel.world_size, link, link),
+        precision=cfg.precision,
+    )
     steady = sorted(m.step_time for m in history[1:] or history)
     measured = steady[len(steady) // 2]
     predicted_states = stage_memory(cfg.model, layout, cfg.precision)[0].model_states
-    mem = history[-1].memory  # counted where all model states coexist (see OptimizerStep)
+    mem = history[-1].memory or {}  # counted where all model states coexist (see OptimizerStep)
     counted = mem["weights"] + mem["gradients"] + mem["optimizer"]
     line = (
         f"paracube: predicted step {est.step_time * 1e3:.1f} ms, measured median {measured * 1e3:.1f} ms "
         f"(predicted/measured {est.step_time / measured:.2f}); model states on rank 0: predicted "
         f"{predicted_states / MIB:.2f} MiB, counted {counted / MIB:.2f} MiB"
     )
-    if cfg.parallel.tp == 1 and cfg.parallel.pp == 1:  # activations: the op-by-op formula for paracube's model
-        want = model_saved_bytes(cfg.model, cfg.micro_batch, elem=ELEMENT_BYTES[cfg.precision],
-                                 recompute=cfg.recompute, recompute_blocks=cfg.recompute_blocks)
-        line += (f"; saved activations per micro-batch: predicted {want / MIB:.2f} MiB, "
-                 f"counted peak {mem['activations_peak'] / MIB:.2f} MiB")
+    if (
+        cfg.parallel.tp == 1 and cfg.parallel.pp == 1
+    ):  # activations: the op-by-op formula for paracube's model
+        want = model_saved_bytes(
+            cfg.model,
+            cfg.micro_batch,
+            elem=ELEMENT_BYTES[cfg.precision],
+            recompute=cfg.recompute,
+            recompute_blocks=cfg.recompute_blocks,
+        )
+        line += (
+            f"; saved activations per micro-batch: predicted {want / MIB:.2f} MiB, "
+            f"counted peak {mem['activations_peak'] / MIB:.2f} MiB"
+        )
     return line

@@ -27,8 +27,19 @@ Batches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 class LocalRunner:
-    def __init__(self, grad_sync: FlatDataParallel, objective: Objective, batches: RankBatches, ledger: CommLedger):
-        self.grad_sync, self.objective, self.batches, self.ledger = grad_sync, objective, batches, ledger
+    def __init__(
+        self,
+        grad_sync: FlatDataParallel,
+        objective: Objective,
+        batches: RankBatches,
+        ledger: CommLedger,
+    ):
+        self.grad_sync, self.objective, self.batches, self.ledger = (
+            grad_sync,
+            objective,
+            batches,
+            ledger,
+        )
 
     def run(self, step: int, timer: PhaseTimer) -> tuple[torch.Tensor, dict | None]:
         """Gradient accumulation over the step's micro-batches."""
@@ -62,8 +73,14 @@ class LocalRunner:
 
 
 class PipelineRunner:
-    def __init__(self, executor: PipelineExecutor, grad_sync: FlatDataParallel, batches: RankBatches,
-                 schedule: Schedule, chunks: int):
+    def __init__(
+        self,
+        executor: PipelineExecutor,
+        grad_sync: FlatDataParallel,
+        batches: RankBatches,
+        schedule: Schedule,
+        chunks: int,
+    ):
         self.executor, self.grad_sync, self.batches = executor, grad_sync, batches
         self.schedule, self.chunks = schedule, chunks
 
@@ -83,7 +100,9 @@ class PipelineRunner:
             "schedule": self.schedule.name,
             "bubble_measured": round(record.bubble, 4),
             "bubble_formula": round(self.schedule.bubble_fraction(p, m, self.chunks), 4),
-            "action_seconds": {k: round(record.mean(k), 6) for k in record.busy if record.counts[k]},
+            "action_seconds": {
+                k: round(record.mean(k), 6) for k in record.busy if record.counts[k]
+            },
             "p2p_latency": round(record.latency, 6) if record.latency != float("inf") else 0.0,
         }
         return loss_sum, pipeline

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
-from typing import Hashable, Iterator
+from collections.abc import Hashable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +40,13 @@ class WeightGradStore:
     def active(self) -> bool:
         return self._key is not None
 
-    def push(self, grad_out: torch.Tensor, inp: torch.Tensor, weight: nn.Parameter, bias: nn.Parameter | None) -> None:
+    def push(
+        self,
+        grad_out: torch.Tensor,
+        inp: torch.Tensor,
+        weight: nn.Parameter,
+        bias: nn.Parameter | None,
+    ) -> None:
         self._queue[self._key].append((grad_out, inp, weight, bias))
 
     @torch.no_grad()
@@ -95,8 +101,9 @@ class _DeferrableLinearFn(torch.autograd.Function):
         return grad_in, grad_w, (g2.sum(0) if ctx.bias is not None else None), None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-           store: WeightGradStore | None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, store: WeightGradStore | None
+) -> torch.Tensor:
     """``F.linear``, or with a store its deferrable form (the same result and gradients)."""
     if store is None:
         return F.linear(x, weight, bias)

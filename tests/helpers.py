@@ -25,12 +25,20 @@ def small_corpus() -> TokenCorpus:
 
 
 def train_config(
-    dp: int = 1, micro_batch: int = 4, grad_accum: int = 1, steps: int = 5, tp: int = 1, sp: bool = False, **kw
+    dp: int = 1,
+    micro_batch: int = 4,
+    grad_accum: int = 1,
+    steps: int = 5,
+    tp: int = 1,
+    sp: bool = False,
+    **kw,
 ) -> TrainConfig:
     model: ModelConfig = kw.pop("model", preset("nano", seq_len=SEQ))
     return TrainConfig(
         model=model,
-        parallel=ParallelConfig(dp=dp, tp=tp, sequence_parallel=sp, bucket_mb=kw.pop("bucket_mb", 0.1)),
+        parallel=ParallelConfig(
+            dp=dp, tp=tp, sequence_parallel=sp, bucket_mb=kw.pop("bucket_mb", 0.1)
+        ),
         steps=steps,
         micro_batch=micro_batch,
         grad_accum=grad_accum,
@@ -40,7 +48,9 @@ def train_config(
     )
 
 
-def serial_reference(cfg: TrainConfig, corpus: TokenCorpus) -> tuple[list[float], dict[str, torch.Tensor]]:
+def serial_reference(
+    cfg: TrainConfig, corpus: TokenCorpus
+) -> tuple[list[float], dict[str, torch.Tensor]]:
     """The ground truth: one process, the whole global batch in one forward and backward.
 
     Returns the loss of every step and the parameters after the last step.
@@ -64,12 +74,16 @@ def serial_reference(cfg: TrainConfig, corpus: TokenCorpus) -> tuple[list[float]
     return losses, {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
-@functools.lru_cache(maxsize=None)
-def serial_cached(global_batch: int, steps: int, model: ModelConfig | None = None, dtype=torch.float32):
+@functools.cache
+def serial_cached(
+    global_batch: int, steps: int, model: ModelConfig | None = None, dtype=torch.float32
+):
     """:func:`serial_reference` on :func:`small_corpus`, memoised per (batch, steps, model, dtype)."""
     kw = {"model": model} if model is not None else {}
     with default_dtype(dtype):
-        return serial_reference(train_config(dp=1, micro_batch=global_batch, steps=steps, **kw), small_corpus())
+        return serial_reference(
+            train_config(dp=1, micro_batch=global_batch, steps=steps, **kw), small_corpus()
+        )
 
 
 @contextlib.contextmanager
@@ -105,7 +119,9 @@ def zero_gradient_section(name: str, tensors: dict) -> slice | None:
     return slice(hidden, hidden + kv)
 
 
-def split_zero_gradient(name: str, t: torch.Tensor, tensors: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+def split_zero_gradient(
+    name: str, t: torch.Tensor, tensors: dict
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(the part with a real gradient, the zero-gradient part or None)."""
     k = zero_gradient_section(name, tensors)
     if k is None:
@@ -130,10 +146,14 @@ def assert_params_close(got: dict, want: dict, tol: float = 1e-5, tensor_tol: fl
         g, g_noise = split_zero_gradient(k, got[k], got)
         w, w_noise = split_zero_gradient(k, want[k], want)
         if w_noise is not None:
-            assert g_noise.norm() < 1e-3 and w_noise.norm() < 1e-3, f"k part of {k} should stay at noise level"
+            assert g_noise.norm() < 1e-3 and w_noise.norm() < 1e-3, (
+                f"k part of {k} should stay at noise level"
+            )
         errors.append((rel_err(g, w), k))
     worst = max(errors, key=lambda t: t[0])
-    assert worst[0] <= tensor_tol, f"parameter {worst[1]} differs from serial: relative error {worst[0]:.2e}"
+    assert worst[0] <= tensor_tol, (
+        f"parameter {worst[1]} differs from serial: relative error {worst[0]:.2e}"
+    )
 
 
 def assert_losses_close(got: list[float], want: list[float], tol: float = 1e-5) -> None:

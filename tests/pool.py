@@ -18,7 +18,8 @@ import os
 import queue
 import tempfile
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def _dumps(obj) -> bytes:
@@ -36,7 +37,9 @@ def _loads(data: bytes):
 
 
 def _worker(rank: int, world: int, init_file: str, tasks, results) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1"
+    )
     from datetime import timedelta
 
     import torch
@@ -44,7 +47,11 @@ def _worker(rank: int, world: int, init_file: str, tasks, results) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=60),
     )
     while True:
         task = tasks.get()
@@ -70,7 +77,11 @@ class WorkerPool:
         self._tasks = [ctx.Queue() for _ in range(world)]
         self._results = ctx.Queue()
         self._procs = [
-            ctx.Process(target=_worker, args=(r, world, self._init_file, self._tasks[r], self._results), daemon=True)
+            ctx.Process(
+                target=_worker,
+                args=(r, world, self._init_file, self._tasks[r], self._results),
+                daemon=True,
+            )
             for r in range(world)
         ]
         for p in self._procs:
@@ -96,7 +107,9 @@ class WorkerPool:
         except queue.Empty:
             self.close(force=True)
             missing = sorted(set(range(self.world)) - set(got))
-            raise TimeoutError(f"{fn.__name__} did not finish within {timeout}s on ranks {missing}") from None
+            raise TimeoutError(
+                f"{fn.__name__} did not finish within {timeout}s on ranks {missing}"
+            ) from None
         if errors:
             raise AssertionError(f"{fn.__name__} failed:\n" + "\n".join(errors))
         return [got[r] for r in range(self.world)]

@@ -17,12 +17,22 @@ from tests.helpers import assert_losses_close, serial_reference
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_cli(*args: str, timeout: float = 240, env_extra: dict | None = None, module: tuple = ("-m", "paracube")):
+def run_cli(
+    *args: str,
+    timeout: float = 240,
+    env_extra: dict | None = None,
+    module: tuple = ("-m", "paracube"),
+):
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
     return subprocess.run(
-        [sys.executable, *module, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, *module, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -41,16 +51,27 @@ def error_line(capsys, argv: list[str]) -> str:
         (["--dp", "0"], "--dp must be a positive integer, got 0"),
         (["--tp", "-1"], "--tp must be a positive integer, got -1"),
         (["--pp", "0"], "--pp must be a positive integer, got 0"),
-        (["--dp", "2", "--micro-batch", "3", "--global-batch", "10"], "--global-batch 10 is not divisible"),
+        (
+            ["--dp", "2", "--micro-batch", "3", "--global-batch", "10"],
+            "--global-batch 10 is not divisible",
+        ),
         (["--model", "gpt5"], "unknown model preset 'gpt5'"),
         (["--data", "/no/such/file.txt"], "--data /no/such/file.txt: no such file or folder"),
         (["--tp", "3"], "attention heads (n_heads=4) is not divisible by --tp 3"),
-        (["--tp", "8", "--dp", "2", "--gpus-per-node", "4"], "--tp 8 is larger than a node (4 ranks per node)"),
+        (
+            ["--tp", "8", "--dp", "2", "--gpus-per-node", "4"],
+            "--tp 8 is larger than a node (4 ranks per node)",
+        ),
         (["--sequence-parallel"], "--sequence-parallel needs --tp > 1"),
-        (["--pp", "2"], "1f1b needs at least as many micro-batches as stages: --microbatches 1 < --pp 2"),
+        (
+            ["--pp", "2"],
+            "1f1b needs at least as many micro-batches as stages: --microbatches 1 < --pp 2",
+        ),
         (["--pp", "2", "--microbatches", "4", "--schedule", "zigzag"], "unknown schedule 'zigzag'"),
-        (["--pp", "4", "--microbatches", "6", "--schedule", "interleaved-1f1b", "--chunks", "2"],
-         "6 is not a multiple of 4"),
+        (
+            ["--pp", "4", "--microbatches", "6", "--schedule", "interleaved-1f1b", "--chunks", "2"],
+            "6 is not a multiple of 4",
+        ),
         (["--pp", "8", "--microbatches", "8", "--model", "nano"], "5 pipeline layers"),
         (["--steps", "0"], "--steps must be a positive integer"),
         (["--threads", "0"], "--threads must be a positive integer"),
@@ -58,14 +79,26 @@ def error_line(capsys, argv: list[str]) -> str:
         (["--zero", "two"], "unknown --zero 'two'"),
         (["--precision", "fp8"], "unknown --precision 'fp8'"),
         (["--recompute", "some"], "unknown --recompute 'some'"),
-        (["--recompute", "full", "--recompute-blocks", "9"], "--recompute-blocks 9 is more than the model's"),
+        (
+            ["--recompute", "full", "--recompute-blocks", "9"],
+            "--recompute-blocks 9 is more than the model's",
+        ),
         (["--recompute-blocks", "1"], "--recompute-blocks needs --recompute selective or full"),
         (["--grad-reduce", "int8", "--precision", "bf16"], "unknown --grad-reduce 'int8'"),
-        (["--zero", "3", "--pp", "2", "--microbatches", "2"], "--zero 3 with --pp > 1 is not supported"),
+        (
+            ["--zero", "3", "--pp", "2", "--microbatches", "2"],
+            "--zero 3 with --pp > 1 is not supported",
+        ),
         (["--precision", "fp16", "--loss-scale", "none"], "--precision fp16 without loss scaling"),
-        (["--precision", "fp16", "--loss-scale", "-3"], "--loss-scale must be 'dynamic' or a positive number"),
+        (
+            ["--precision", "fp16", "--loss-scale", "-3"],
+            "--loss-scale must be 'dynamic' or a positive number",
+        ),
         (["--precision", "bf16", "--loss-scale", "1024"], "--loss-scale is for --precision fp16"),
-        (["--count-activations-every", "0"], "--count-activations-every must be a positive integer"),
+        (
+            ["--count-activations-every", "0"],
+            "--count-activations-every must be a positive integer",
+        ),
     ],
 )
 def test_bad_input_one_line_exit_2(capsys, argv, match):
@@ -98,15 +131,34 @@ def test_world_size_mismatch_under_torchrun_env(capsys, monkeypatch):
 def test_real_exit_status_of_a_bad_command():
     proc = run_cli("train", "--dp", "0")
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "paracube: error: --dp must be a positive integer, got 0 (use 1 to switch this axis off)"
+    assert (
+        proc.stderr.strip()
+        == "paracube: error: --dp must be a positive integer, got 0 (use 1 to switch this axis off)"
+    )
 
 
 def test_train_dp2_matches_serial_and_writes_metrics(tmp_path):
     """End to end: two local ranks through the elastic launcher, grad accumulation 2;
     the metrics file's losses equal a serial run on the same global batches."""
     metrics = tmp_path / "m.jsonl"
-    argv = ["train", "--dp", "2", "--model", "nano", "--steps", "4", "--micro-batch", "2", "--grad-accum", "2",
-            "--eval-every", "2", "--metrics", str(metrics), "--no-progress"]
+    argv = [
+        "train",
+        "--dp",
+        "2",
+        "--model",
+        "nano",
+        "--steps",
+        "4",
+        "--micro-batch",
+        "2",
+        "--grad-accum",
+        "2",
+        "--eval-every",
+        "2",
+        "--metrics",
+        str(metrics),
+        "--no-progress",
+    ]
     proc = run_cli(*argv)
     assert proc.returncode == 0, proc.stderr
     assert "validation loss" in proc.stdout and "time split" in proc.stdout
@@ -125,23 +177,57 @@ def test_train_dp2_matches_serial_and_writes_metrics(tmp_path):
 def test_train_dp2_tp2_sequence_parallel_matches_serial(tmp_path):
     """Four local ranks, dp × tp = 2 × 2 with sequence parallelism, from the command line."""
     metrics = tmp_path / "m.jsonl"
-    argv = ["train", "--dp", "2", "--tp", "2", "--sequence-parallel", "--model", "nano", "--steps", "4",
-            "--micro-batch", "2", "--metrics", str(metrics), "--no-progress"]
+    argv = [
+        "train",
+        "--dp",
+        "2",
+        "--tp",
+        "2",
+        "--sequence-parallel",
+        "--model",
+        "nano",
+        "--steps",
+        "4",
+        "--micro-batch",
+        "2",
+        "--metrics",
+        str(metrics),
+        "--no-progress",
+    ]
     proc = run_cli(*argv)
     assert proc.returncode == 0, proc.stderr
     records = read_metrics(str(metrics))
-    assert {"all_gather/tp", "reduce_scatter/tp", "all_reduce/grad", "all_reduce/sp_grad"} <= set(records[0]["comm"])
+    assert {"all_gather/tp", "reduce_scatter/tp", "all_reduce/grad", "all_reduce/sp_grad"} <= set(
+        records[0]["comm"]
+    )
     cfg = config_from_args(build_parser().parse_args(argv))
     want, _ = serial_reference(cfg, build_corpus(None, cfg.model.seq_len, cfg.val_fraction))
     assert_losses_close([r["loss"] for r in records], want)
 
 
-@pytest.mark.parametrize("extra", [["--schedule", "zb-h1"], ["--balance", "time", "--schedule", "gpipe"]])
+@pytest.mark.parametrize(
+    "extra", [["--schedule", "zb-h1"], ["--balance", "time", "--schedule", "gpipe"]]
+)
 def test_train_pipeline_matches_serial(tmp_path, extra):
     """Two pipeline stages from the command line: per-step losses equal the serial run's."""
     metrics = tmp_path / "m.jsonl"
-    argv = ["train", "--pp", "2", "--model", "nano", "--steps", "3", "--micro-batch", "2", "--microbatches", "4",
-            "--metrics", str(metrics), "--no-progress", *extra]
+    argv = [
+        "train",
+        "--pp",
+        "2",
+        "--model",
+        "nano",
+        "--steps",
+        "3",
+        "--micro-batch",
+        "2",
+        "--microbatches",
+        "4",
+        "--metrics",
+        str(metrics),
+        "--no-progress",
+        *extra,
+    ]
     proc = run_cli(*argv)
     assert proc.returncode == 0, proc.stderr
     assert "pipeline split by" in proc.stdout and "stage 1 (rank pp=1" in proc.stdout
@@ -156,8 +242,21 @@ def test_train_pipeline_matches_serial(tmp_path, extra):
 def test_runs_unchanged_under_torchrun(tmp_path):
     metrics = tmp_path / "m.jsonl"
     proc = run_cli(
-        "--standalone", "--nproc-per-node", "2", "-m", "paracube", "train", "--dp", "2", "--model", "nano",
-        "--steps", "2", "--metrics", str(metrics), "--no-progress",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "paracube",
+        "train",
+        "--dp",
+        "2",
+        "--model",
+        "nano",
+        "--steps",
+        "2",
+        "--metrics",
+        str(metrics),
+        "--no-progress",
         module=("-m", "torch.distributed.run"),
     )
     assert proc.returncode == 0, proc.stderr
@@ -167,11 +266,18 @@ def test_runs_unchanged_under_torchrun(tmp_path):
 def test_readme_example_matches_serial():
     """examples/data_parallel_any_module.py under torchrun prints the serial run's losses."""
     proc = run_cli(
-        "--standalone", "--nproc-per-node", "2", "examples/data_parallel_any_module.py",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "examples/data_parallel_any_module.py",
         module=("-m", "torch.distributed.run"),
     )
     assert proc.returncode == 0, proc.stderr
-    got = [float(line.split("loss ")[1]) for line in proc.stdout.splitlines() if line.startswith("step ")]
+    got = [
+        float(line.split("loss ")[1])
+        for line in proc.stdout.splitlines()
+        if line.startswith("step ")
+    ]
     import torch
     from torch import nn
 
@@ -194,21 +300,33 @@ def test_readme_example_matches_serial():
 def test_zero3_example_matches_serial():
     """examples/zero3_any_module.py prints its ZeRO-3 losses beside a single process's."""
     proc = run_cli(
-        "--standalone", "--nproc-per-node", "2", "examples/zero3_any_module.py",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "examples/zero3_any_module.py",
         module=("-m", "torch.distributed.run"),
     )
     assert proc.returncode == 0, proc.stderr
-    pairs = [line.split("loss ")[1].split(" (serial ") for line in proc.stdout.splitlines() if line.startswith("step ")]
+    pairs = [
+        line.split("loss ")[1].split(" (serial ")
+        for line in proc.stdout.splitlines()
+        if line.startswith("step ")
+    ]
     assert len(pairs) == 5
     for got, want in pairs:
         want = float(want.rstrip(")"))
         assert abs(float(got) - want) <= 1e-5 * want + 1e-6  # printed with 6 decimals
-    assert "parameter bytes held per rank: 36612 of 73220" in proc.stdout  # half of each unit (padded)
+    assert (
+        "parameter bytes held per rank: 36612 of 73220" in proc.stdout
+    )  # half of each unit (padded)
 
 
 def test_readme_tensor_parallel_example():
     proc = run_cli(
-        "--standalone", "--nproc-per-node", "2", "examples/tensor_parallel_gpt.py",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "examples/tensor_parallel_gpt.py",
         module=("-m", "torch.distributed.run"),
     )
     assert proc.returncode == 0, proc.stderr
@@ -220,21 +338,69 @@ def test_readme_tensor_parallel_example():
 
 def test_schedule_command_draws_and_reports(capsys, tmp_path):
     out = tmp_path / "t.png"
-    assert main(["schedule", "--pp", "4", "--microbatches", "8", "--schedule", "1f1b", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "schedule",
+                "--pp",
+                "4",
+                "--microbatches",
+                "8",
+                "--schedule",
+                "1f1b",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "bubble fraction 0.2727 (formula 0.2727, Narayanan et al. 2021)" in text
     assert "peak in-flight micro-batches per rank: 4, 3, 2, 1" in text
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     svg = tmp_path / "t.svg"
-    assert main(["schedule", "--pp", "2", "--microbatches", "4", "--schedule", "interleaved-1f1b", "--chunks", "2",
-                 "--out", str(svg)]) == 0
+    assert (
+        main(
+            [
+                "schedule",
+                "--pp",
+                "2",
+                "--microbatches",
+                "4",
+                "--schedule",
+                "interleaved-1f1b",
+                "--chunks",
+                "2",
+                "--out",
+                str(svg),
+            ]
+        )
+        == 0
+    )
     assert "(formula 0.1111," in capsys.readouterr().out and b"<svg" in svg.read_bytes()
 
 
 def test_schedule_costs_from_a_run(capsys, tmp_path):
     metrics = tmp_path / "m.jsonl"
-    metrics.write_text('{"step": 0, "pipeline": {"action_seconds": {"F": 0.01, "I": 0.012, "W": 0.008}}}\n')
-    assert main(["schedule", "--pp", "2", "--microbatches", "4", "--schedule", "zb-h1", "--costs", str(metrics)]) == 0
+    metrics.write_text(
+        '{"step": 0, "pipeline": {"action_seconds": {"F": 0.01, "I": 0.012, "W": 0.008}}}\n'
+    )
+    assert (
+        main(
+            [
+                "schedule",
+                "--pp",
+                "2",
+                "--microbatches",
+                "4",
+                "--schedule",
+                "zb-h1",
+                "--costs",
+                str(metrics),
+            ]
+        )
+        == 0
+    )
     assert "measured costs" in capsys.readouterr().out
 
 
@@ -242,8 +408,14 @@ def test_schedule_costs_from_a_run(capsys, tmp_path):
     "argv,match",
     [
         (["--pp", "0", "--microbatches", "4"], "--pp must be a positive integer, got 0"),
-        (["--pp", "4", "--microbatches", "2"], "1f1b needs at least as many micro-batches as stages"),
-        (["--pp", "2", "--microbatches", "4", "--costs", "1,x"], "--costs '1,x': give F,B or F,I,W"),
+        (
+            ["--pp", "4", "--microbatches", "2"],
+            "1f1b needs at least as many micro-batches as stages",
+        ),
+        (
+            ["--pp", "2", "--microbatches", "4", "--costs", "1,x"],
+            "--costs '1,x': give F,B or F,I,W",
+        ),
         (["--pp", "2", "--microbatches", "4", "--out", "t.pdf"], "must be a .png or .svg file"),
         (["--pp", "2", "--microbatches", "4", "--schedule", "magic"], "unknown schedule 'magic'"),
     ],
@@ -255,9 +427,16 @@ def test_schedule_bad_input(capsys, argv, match):
 def test_plan_calibrate_is_the_calibrate_command(capsys, monkeypatch):
     import paracube.calibrate
 
-    fake = dict(matmul_flops_per_thread=1e9, attention_flops_per_thread=1e9, memory_bandwidth=1e9,
-                link_bandwidth=1e9, link_latency=1e-6, allreduce_bandwidth=1e9, allreduce_latency=1e-6,
-                gather_scatter_pair_ratio=1.0)
+    fake = dict(
+        matmul_flops_per_thread=1e9,
+        attention_flops_per_thread=1e9,
+        memory_bandwidth=1e9,
+        link_bandwidth=1e9,
+        link_latency=1e-6,
+        allreduce_bandwidth=1e9,
+        allreduce_latency=1e-6,
+        gather_scatter_pair_ratio=1.0,
+    )
     monkeypatch.setattr(paracube.calibrate, "calibrate", lambda: fake)
     assert main(["plan", "--calibrate"]) == 0
     assert "matmul 1.0 GFLOP/s per thread" in capsys.readouterr().out
@@ -270,12 +449,28 @@ def test_calibrate_then_predict(tmp_path):
     proc = run_cli("calibrate", env_extra=env)
     assert proc.returncode == 0, proc.stderr
     assert "GFLOP/s per thread" in proc.stdout and (tmp_path / "cal.json").exists()
-    proc = run_cli("train", "--dp", "2", "--model", "nano", "--steps", "3", "--no-progress", "--predict", env_extra=env)
+    proc = run_cli(
+        "train",
+        "--dp",
+        "2",
+        "--model",
+        "nano",
+        "--steps",
+        "3",
+        "--no-progress",
+        "--predict",
+        env_extra=env,
+    )
     assert proc.returncode == 0, proc.stderr
     line = next(x for x in proc.stdout.splitlines() if "predicted step" in x)
     import re
 
-    states = re.search(r"model states on rank 0: predicted ([\d.]+) MiB, counted ([\d.]+) MiB", line)
+    states = re.search(
+        r"model states on rank 0: predicted ([\d.]+) MiB, counted ([\d.]+) MiB", line
+    )
     assert states and states[1] == states[2]
-    saved = re.search(r"saved activations per micro-batch: predicted ([\d.]+) MiB, counted peak ([\d.]+) MiB", line)
+    saved = re.search(
+        r"saved activations per micro-batch: predicted ([\d.]+) MiB, counted peak ([\d.]+) MiB",
+        line,
+    )
     assert saved and saved[1] == saved[2]

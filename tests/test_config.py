@@ -11,19 +11,27 @@ from paracube.validate import validate
 
 
 def test_defaults_derive_global_batch():
-    cfg = TrainConfig(model=preset("nano"), parallel=ParallelConfig(dp=4), micro_batch=2, grad_accum=3)
+    cfg = TrainConfig(
+        model=preset("nano"), parallel=ParallelConfig(dp=4), micro_batch=2, grad_accum=3
+    )
     assert cfg.global_batch == 24
     assert cfg.tokens_per_step == 24 * 64
 
 
 def test_global_batch_sets_accumulation():
-    cfg = TrainConfig(model=preset("nano"), parallel=ParallelConfig(dp=2), micro_batch=4, global_batch=32)
+    cfg = TrainConfig(
+        model=preset("nano"), parallel=ParallelConfig(dp=2), micro_batch=4, global_batch=32
+    )
     assert cfg.grad_accum == 4
 
 
 def test_global_batch_not_divisible():
-    with pytest.raises(ConfigError, match=r"--global-batch 30 is not divisible by dp×micro-batch = 2×4 = 8"):
-        TrainConfig(model=preset("nano"), parallel=ParallelConfig(dp=2), micro_batch=4, global_batch=30)
+    with pytest.raises(
+        ConfigError, match=r"--global-batch 30 is not divisible by dp×micro-batch = 2×4 = 8"
+    ):
+        TrainConfig(
+            model=preset("nano"), parallel=ParallelConfig(dp=2), micro_batch=4, global_batch=30
+        )
 
 
 @pytest.mark.parametrize("axis", ["dp", "tp", "pp"])
@@ -75,11 +83,26 @@ def test_configs_are_keyword_only_and_frozen():
 @pytest.mark.parametrize(
     "model,parallel,match",
     [
-        (dict(n_heads=6, hidden=96), dict(tp=4), r"attention heads \(n_heads=6\) is not divisible by --tp 4"),
-        (dict(n_kv_heads=2), dict(tp=4), r"key/value heads \(n_kv_heads=2\) is not divisible by --tp 4"),
-        (dict(n_heads=8, ffn_hidden=100), dict(tp=8), r"MLP size \(ffn_hidden=100\) is not divisible by --tp 8"),
-        (dict(hidden=72, n_heads=8, seq_len=66), dict(tp=4, sequence_parallel=True),
-         r"sequence length \(seq_len=66\) is not divisible by --tp 4"),
+        (
+            dict(n_heads=6, hidden=96),
+            dict(tp=4),
+            r"attention heads \(n_heads=6\) is not divisible by --tp 4",
+        ),
+        (
+            dict(n_kv_heads=2),
+            dict(tp=4),
+            r"key/value heads \(n_kv_heads=2\) is not divisible by --tp 4",
+        ),
+        (
+            dict(n_heads=8, ffn_hidden=100),
+            dict(tp=8),
+            r"MLP size \(ffn_hidden=100\) is not divisible by --tp 8",
+        ),
+        (
+            dict(hidden=72, n_heads=8, seq_len=66),
+            dict(tp=4, sequence_parallel=True),
+            r"sequence length \(seq_len=66\) is not divisible by --tp 4",
+        ),
     ],
 )
 def test_tensor_parallel_divisibility(model, parallel, match):
@@ -89,7 +112,9 @@ def test_tensor_parallel_divisibility(model, parallel, match):
 
 def test_vocabulary_need_not_divide_by_tp():
     """Padded to a multiple of tp, as Megatron does (GPT-2's 50,257 with tp = 4)."""
-    validate(TrainConfig(model=preset("gpt3-125m"), parallel=ParallelConfig(tp=4)), data=False)  # 50,257 rows, 12 heads
+    validate(
+        TrainConfig(model=preset("gpt3-125m"), parallel=ParallelConfig(tp=4)), data=False
+    )  # 50,257 rows, 12 heads
 
 
 def test_tensor_parallel_within_a_node():

@@ -15,7 +15,18 @@ def test_train_on_gpus_with_nccl(tmp_path):
 
     n = min(torch.cuda.device_count(), 4)
     metrics = tmp_path / "m.jsonl"
-    proc = run_cli("train", "--dp", str(n), "--model", "tiny", "--steps", "20", "--metrics", str(metrics), "--no-progress")
+    proc = run_cli(
+        "train",
+        "--dp",
+        str(n),
+        "--model",
+        "tiny",
+        "--steps",
+        "20",
+        "--metrics",
+        str(metrics),
+        "--no-progress",
+    )
     assert proc.returncode == 0, proc.stderr
     records = read_metrics(str(metrics))
     assert records[-1]["loss"] < records[0]["loss"]
@@ -34,7 +45,9 @@ def test_model_matches_on_cpu_and_gpu():
     gpu.load_state_dict(cpu.state_dict())
     x = torch.randint(0, 256, (2, 64))
     torch.backends.cuda.matmul.allow_tf32 = False
-    torch.testing.assert_close(lm_loss(gpu(x.cuda()), x.cuda()).cpu(), lm_loss(cpu(x), x), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        lm_loss(gpu(x.cuda()), x.cuda()).cpu(), lm_loss(cpu(x), x), rtol=1e-4, atol=1e-5
+    )
 
 
 @pytest.mark.cuda
@@ -46,8 +59,24 @@ def test_zero_bf16_on_gpu_reports_cuda_memory(tmp_path, zero):
 
     n = min(torch.cuda.device_count(), 2)
     metrics = tmp_path / "m.jsonl"
-    proc = run_cli("train", "--dp", str(n), "--zero", str(zero), "--precision", "bf16", "--recompute", "full",
-                   "--model", "tiny", "--steps", "10", "--metrics", str(metrics), "--no-progress")
+    proc = run_cli(
+        "train",
+        "--dp",
+        str(n),
+        "--zero",
+        str(zero),
+        "--precision",
+        "bf16",
+        "--recompute",
+        "full",
+        "--model",
+        "tiny",
+        "--steps",
+        "10",
+        "--metrics",
+        str(metrics),
+        "--no-progress",
+    )
     assert proc.returncode == 0, proc.stderr
     records = read_metrics(str(metrics))
     assert records[-1]["loss"] < records[0]["loss"]

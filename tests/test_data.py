@@ -36,10 +36,16 @@ def test_user_file_and_folder(tmp_path):
     "make,match",
     [
         (lambda p: p / "missing.txt", "no such file or folder"),
-        (lambda p: (p / "empty.txt").write_text("") and None or p / "empty.txt", r"no text in it \(empty\)"),
+        (
+            lambda p: (p / "empty.txt").write_text("") and None or p / "empty.txt",
+            r"no text in it \(empty\)",
+        ),
         (lambda p: (p / "d").mkdir() or p / "d", "the folder holds no files"),
         (lambda p: (p / "x.bin").write_bytes(b"\0" * 500) and None or p / "x.bin", "looks binary"),
-        (lambda p: (p / "short.txt").write_text("abc") and None or p / "short.txt", "too short for sequence length"),
+        (
+            lambda p: (p / "short.txt").write_text("abc") and None or p / "short.txt",
+            "too short for sequence length",
+        ),
     ],
     ids=["missing", "empty", "empty-folder", "binary", "too-short"],
 )

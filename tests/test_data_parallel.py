@@ -10,7 +10,15 @@ import torch
 from torch import nn
 
 from paracube.config import ParallelConfig
-from tests.helpers import default_dtype, assert_losses_close, assert_params_close, rel_err, serial_cached, small_corpus, train_config
+from tests.helpers import (
+    assert_losses_close,
+    assert_params_close,
+    default_dtype,
+    rel_err,
+    serial_cached,
+    small_corpus,
+    train_config,
+)
 
 # -- functions shipped to the worker pools (module level so they pickle) -----------------
 
@@ -248,6 +256,8 @@ def stalled_peer():
 
 def test_stalled_peer_fails_with_rank_and_step(pools):
     (msg0, waited0), (msg1, _) = pools(2).run(stalled_peer)
-    assert msg0 is not None and msg0.startswith("rank 0 (pp=0 dp=0 tp=0) failed in step 1, phase backward:")
+    assert msg0 is not None and msg0.startswith(
+        "rank 0 (pp=0 dp=0 tp=0) failed in step 1, phase backward:"
+    )
     assert msg1 is not None and msg1.startswith("rank 1 ")
     assert waited0 < 30  # the 2 s mesh timeout applied, not gloo's 30-minute default

@@ -12,7 +12,14 @@ from paracube.models.shapes import parameter_count
 VARIANTS = [
     {},
     dict(tie_embeddings=True),
-    dict(norm="rmsnorm", activation="swiglu", position="rope", bias=False, n_kv_heads=2, ffn_hidden=96),
+    dict(
+        norm="rmsnorm",
+        activation="swiglu",
+        position="rope",
+        bias=False,
+        n_kv_heads=2,
+        ffn_hidden=96,
+    ),
 ]
 
 

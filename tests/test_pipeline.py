@@ -13,7 +13,14 @@ from paracube.pipeline.balance import gpt_layer_loads
 from paracube.pipeline.partition import partition
 from paracube.pipeline.schedules import SCHEDULES
 from paracube.validate import validate
-from tests.helpers import SEQ, assert_losses_close, assert_params_close, default_dtype, serial_cached, small_corpus
+from tests.helpers import (
+    SEQ,
+    assert_losses_close,
+    assert_params_close,
+    default_dtype,
+    serial_cached,
+    small_corpus,
+)
 
 DEEP = preset("nano", seq_len=SEQ, n_layers=6)  # 9 pipeline layers: room for 4 × 2 chunks
 
@@ -21,8 +28,20 @@ DEEP = preset("nano", seq_len=SEQ, n_layers=6)  # 9 pipeline layers: room for 4 
 def pp_config(pp, schedule="1f1b", dp=1, tp=1, chunks=1, sp=False, model=None, steps=10, m=4):
     return TrainConfig(
         model=model or preset("nano", seq_len=SEQ),
-        parallel=ParallelConfig(pp=pp, dp=dp, tp=tp, schedule=schedule, chunks=chunks, sequence_parallel=sp, bucket_mb=0.1),
-        steps=steps, micro_batch=8 // (dp * m), grad_accum=m, warmup_steps=2, progress=False,
+        parallel=ParallelConfig(
+            pp=pp,
+            dp=dp,
+            tp=tp,
+            schedule=schedule,
+            chunks=chunks,
+            sequence_parallel=sp,
+            bucket_mb=0.1,
+        ),
+        steps=steps,
+        micro_batch=8 // (dp * m),
+        grad_accum=m,
+        warmup_steps=2,
+        progress=False,
     )
 
 
@@ -34,7 +53,9 @@ def run_pipeline(cfg, dtype=torch.float32):
     with default_dtype(dtype):
         trainer = Trainer(cfg, ProcessMesh(cfg.parallel), small_corpus())
         metrics = [trainer.train_step() for _ in range(cfg.steps)]
-        params = {n: full_tensor(p, p, trainer.tp_group) for n, p in trainer.serial_named_parameters()}
+        params = {
+            n: full_tensor(p, p, trainer.tp_group) for n, p in trainer.serial_named_parameters()
+        }
         return [m.loss for m in metrics], params, metrics[-1].pipeline
 
 
@@ -54,8 +75,16 @@ def _every_schedule(pp: int) -> dict:
     schedule is trained against the serial run without touching this file."""
     cases = {}
     for name, sched in SCHEDULES.items():
-        chunked = dict(chunks=2, model=DEEP) if sched.chunked and pp > 2 else dict(chunks=2) if sched.chunked else {}
-        cases[f"pp{pp}-{'interleaved' if sched.chunked else name}"] = dict(pp=pp, schedule=name, **chunked)
+        chunked = (
+            dict(chunks=2, model=DEEP)
+            if sched.chunked and pp > 2
+            else dict(chunks=2)
+            if sched.chunked
+            else {}
+        )
+        cases[f"pp{pp}-{'interleaved' if sched.chunked else name}"] = dict(
+            pp=pp, schedule=name, **chunked
+        )
     return cases
 
 
@@ -76,7 +105,9 @@ def test_training_matches_serial(pools, case):
     (tolerances as for tensor parallelism, see test_tensor_parallel)."""
     cfg = pp_config(**CASES[case])
     par = cfg.parallel
-    want_losses, want_params = serial_cached(cfg.global_batch, cfg.steps, cfg.model if "model" in CASES[case] else None)
+    want_losses, want_params = serial_cached(
+        cfg.global_batch, cfg.steps, cfg.model if "model" in CASES[case] else None
+    )
     results = pools(par.pp * par.dp * par.tp).run(run_pipeline, cfg)
     for losses, _, pipeline in results:
         assert_losses_close(losses, want_losses)
@@ -115,11 +146,17 @@ def test_partition_is_contiguous_and_optimal(n, parts):
     weights = [((i * 7919) % 13) + 1.0 for i in range(n)]
     bounds = partition(n, parts, lambda part, layer: weights[layer])
     assert bounds[0][0] == 0 and bounds[-1][1] == n
-    assert all(a < b for a, b in bounds) and all(bounds[i][1] == bounds[i + 1][0] for i in range(parts - 1))
-    best = min(  # brute force over all cut positions
-        max(sum(weights[a:b]) for a, b in zip((0, *cuts), (*cuts, n)))
-        for cuts in itertools.combinations(range(1, n), parts - 1)
-    ) if n <= 12 else None
+    assert all(a < b for a, b in bounds) and all(
+        bounds[i][1] == bounds[i + 1][0] for i in range(parts - 1)
+    )
+    best = (
+        min(  # brute force over all cut positions
+            max(sum(weights[a:b]) for a, b in zip((0, *cuts), (*cuts, n)))
+            for cuts in itertools.combinations(range(1, n), parts - 1)
+        )
+        if n <= 12
+        else None
+    )
     got = max(sum(weights[a:b]) for a, b in bounds)
     if best is not None:
         assert got == best
@@ -148,21 +185,33 @@ def test_memory_balance_gives_first_stage_fewer_layers():
 def test_bad_pipeline_configs(kw, match):
     m = kw.pop("m", 4)
     with pytest.raises(ConfigError, match=match):
-        validate(TrainConfig(model=preset("tiny"), parallel=ParallelConfig(**kw), micro_batch=1, grad_accum=m))
+        validate(
+            TrainConfig(
+                model=preset("tiny"), parallel=ParallelConfig(**kw), micro_batch=1, grad_accum=m
+            )
+        )
 
 
 def measured_bubble_run(schedule):
     from paracube.engine import Trainer
     from paracube.mesh.mesh import ProcessMesh
 
-    cfg = TrainConfig(model=preset("tiny", n_layers=4), parallel=ParallelConfig(pp=2, schedule=schedule),
-                      steps=8, micro_batch=16, grad_accum=4, progress=False)
+    cfg = TrainConfig(
+        model=preset("tiny", n_layers=4),
+        parallel=ParallelConfig(pp=2, schedule=schedule),
+        steps=8,
+        micro_batch=16,
+        grad_accum=4,
+        progress=False,
+    )
     trainer = Trainer(cfg, ProcessMesh(cfg.parallel), small_corpus())
     steps = [trainer.train_step().pipeline for _ in range(cfg.steps)][2:]  # after warm-up
     kinds = steps[0]["action_seconds"]
     return {  # averages over the measured steps
         "bubble_measured": sum(s["bubble_measured"] for s in steps) / len(steps),
-        "action_seconds": {k: sum(s["action_seconds"][k] for s in steps) / len(steps) for k in kinds},
+        "action_seconds": {
+            k: sum(s["action_seconds"][k] for s in steps) / len(steps) for k in kinds
+        },
         "latency": trainer.pipeline.measure_latency(),
     }
 
@@ -180,11 +229,16 @@ def test_measured_bubble_matches_simulator_fed_with_measured_costs(pools, schedu
         stats = pools(2).run(measured_bubble_run, schedule)
         latency = max(s["latency"] for s in stats)
         costs = [
-            Costs(F=t["F"], I=t["B"], W=0.0, comm=latency) if "B" in t else Costs(F=t["F"], I=t["I"], W=t["W"], comm=latency)
+            Costs(F=t["F"], I=t["B"], W=0.0, comm=latency)
+            if "B" in t
+            else Costs(F=t["F"], I=t["I"], W=t["W"], comm=latency)
             for t in (s["action_seconds"] for s in stats)
         ]
         timeline = simulate(build_schedule(schedule, 2, 4), costs)
-        gaps = [abs(s["bubble_measured"] - timeline.idle(r) / timeline.makespan) for r, s in enumerate(stats)]
+        gaps = [
+            abs(s["bubble_measured"] - timeline.idle(r) / timeline.makespan)
+            for r, s in enumerate(stats)
+        ]
         attempts.append(gaps)
         if max(gaps) <= 0.05:
             return
@@ -222,4 +276,7 @@ def stalled_stage():
 def test_stalled_stage_names_the_waiting_rank_stage_and_microbatch(pools):
     msg0, _ = pools(2).run(stalled_stage)
     assert msg0 is not None and msg0.startswith("rank 0 (pp=0 dp=0 tp=0) failed in step 1")
-    assert "pipeline stage 0 (pp rank 0) waited in vain for the gradient of micro-batch 1 from stage 1 (pp rank 1)" in msg0
+    assert (
+        "pipeline stage 0 (pp rank 0) waited in vain for the gradient of micro-batch 1 from stage 1 (pp rank 1)"
+        in msg0
+    )

@@ -28,7 +28,11 @@ def best(capsys, *argv) -> dict:
 def test_small_model_on_one_node_is_data_parallel(capsys):
     """4 × A100-80GB, a model under 3B parameters: plain data parallel."""
     layout = best(capsys, "--model", "gpt3-1.3b", "--gpus", "4", "--global-batch", "256")["layout"]
-    assert (layout["dp"], layout["tp"], layout["pp"]) == (4, 1, 1)  # with or without ZeRO's sharding
+    assert (layout["dp"], layout["tp"], layout["pp"]) == (
+        4,
+        1,
+        1,
+    )  # with or without ZeRO's sharding
 
 
 def test_7b_on_one_node_needs_sharding(capsys):
@@ -40,7 +44,9 @@ def test_7b_on_one_node_needs_sharding(capsys):
 
 
 def test_big_model_keeps_tensor_parallel_inside_the_node(capsys):
-    out = plan(capsys, "--model", "llama2-70b", "--gpus", "512", "--global-batch", "1024", "--explain")
+    out = plan(
+        capsys, "--model", "llama2-70b", "--gpus", "512", "--global-batch", "1024", "--explain"
+    )
     cand = best(capsys, "--model", "llama2-70b", "--gpus", "512", "--global-batch", "1024")
     assert 1 < cand["layout"]["tp"] <= 8 and cand["layout"]["tp"] * cand["layout"]["pp"] >= 8
     assert "stays inside a node" in out and "Pipeline" in out
@@ -48,20 +54,55 @@ def test_big_model_keeps_tensor_parallel_inside_the_node(capsys):
 
 
 def test_layout_flag_evaluates_that_layout(capsys):
-    cands = json.loads(plan(capsys, "--model", "gpt3-13b", "--gpus", "64", "--global-batch", "512",
-                            "--layout", "dp=4,tp=8,pp=2", "--json", "--top", "50"))["candidates"]
-    assert cands and all((c["layout"]["dp"], c["layout"]["tp"], c["layout"]["pp"]) == (4, 8, 2) for c in cands)
+    cands = json.loads(
+        plan(
+            capsys,
+            "--model",
+            "gpt3-13b",
+            "--gpus",
+            "64",
+            "--global-batch",
+            "512",
+            "--layout",
+            "dp=4,tp=8,pp=2",
+            "--json",
+            "--top",
+            "50",
+        )
+    )["candidates"]
+    assert cands and all(
+        (c["layout"]["dp"], c["layout"]["tp"], c["layout"]["pp"]) == (4, 8, 2) for c in cands
+    )
     c = cands[0]
     assert c["memory"]["total"] > c["memory"]["model_states"] > 0 and 0 < c["time"]["mfu"] < 1
 
 
 def test_custom_shape_and_emit_torchrun(capsys):
-    out = plan(capsys, "--layers", "24", "--hidden", "2048", "--heads", "16", "--vocab", "51200", "--seq", "2048",
-               "--gpus", "16", "--global-batch", "128", "--emit", "torchrun")
+    out = plan(
+        capsys,
+        "--layers",
+        "24",
+        "--hidden",
+        "2048",
+        "--heads",
+        "16",
+        "--vocab",
+        "51200",
+        "--seq",
+        "2048",
+        "--gpus",
+        "16",
+        "--global-batch",
+        "128",
+        "--emit",
+        "torchrun",
+    )
     assert "torchrun --nnodes 2 --nproc-per-node 8" in out and "-m paracube train" in out
 
 
-@pytest.mark.parametrize("model,gpus,batch", [("llama2-7b", 8, 64), ("gpt3-13b", 32, 256), ("llama2-70b", 64, 512)])
+@pytest.mark.parametrize(
+    "model,gpus,batch", [("llama2-7b", 8, 64), ("gpt3-13b", 32, 256), ("llama2-70b", 64, 512)]
+)
 def test_emitted_command_is_a_valid_train_job(capsys, model, gpus, batch):
     """The launch line the planner prints is accepted by `paracube train` as it stands:
     same layout, ZeRO stage, recomputation and precision, the product equal to the GPUs."""
@@ -70,30 +111,62 @@ def test_emitted_command_is_a_valid_train_job(capsys, model, gpus, batch):
     from paracube.cli import build_parser, config_from_args
     from paracube.validate import validate
 
-    out = plan(capsys, "--model", model, "--gpus", str(gpus), "--global-batch", str(batch), "--emit", "torchrun")
+    out = plan(
+        capsys,
+        "--model",
+        model,
+        "--gpus",
+        str(gpus),
+        "--global-batch",
+        str(batch),
+        "--emit",
+        "torchrun",
+    )
     line = next(x for x in out.splitlines() if x.startswith("torchrun "))
     argv = shlex.split(line.split(" -m paracube ", 1)[1])
     cfg = config_from_args(build_parser().parse_args(argv))
     validate(cfg, gpus, data=False)  # raises on anything the engine refuses
     assert cfg.parallel.world_size == gpus and cfg.global_batch == batch
     top = best(capsys, "--model", model, "--gpus", str(gpus), "--global-batch", str(batch))
-    assert (cfg.zero, cfg.recompute, cfg.parallel.pp) == (top["layout"]["zero"], top["layout"]["recompute"],
-                                                         top["layout"]["pp"])
+    assert (cfg.zero, cfg.recompute, cfg.parallel.pp) == (
+        top["layout"]["zero"],
+        top["layout"]["recompute"],
+        top["layout"]["pp"],
+    )
 
 
 @pytest.mark.parametrize(
     "argv,match",
     [
         (["--model", "gpt5", "--gpus", "8", "--global-batch", "8"], "unknown model preset 'gpt5'"),
-        (["--model", "tiny", "--gpu", "tpu-v4", "--gpus", "8", "--global-batch", "8"], "unknown GPU 'tpu-v4'"),
-        (["--model", "tiny", "--gpus", "0", "--global-batch", "8"], "--gpus must be a positive integer, got 0"),
-        (["--model", "tiny", "--gpus", "8", "--global-batch", "-4"], "--global-batch must be a positive integer"),
-        (["--model", "tiny", "--gpus", "8", "--global-batch", "8", "--layout", "dp=2,tp=2,pp=1"],
-         "dp×tp×pp = 4 but --gpus is 8"),
-        (["--layers", "4", "--gpus", "8", "--global-batch", "8"], "missing --hidden --heads --vocab --seq"),
-        (["--model", "llama2-70b", "--gpus", "8", "--global-batch", "64"], "fits no layout on 8 × A100 80GB"),
-        (["--model", "tiny", "--gpus", "8", "--global-batch", "8", "--attention", "paged"],
-         "unknown --attention 'paged': choose fused or unfused"),
+        (
+            ["--model", "tiny", "--gpu", "tpu-v4", "--gpus", "8", "--global-batch", "8"],
+            "unknown GPU 'tpu-v4'",
+        ),
+        (
+            ["--model", "tiny", "--gpus", "0", "--global-batch", "8"],
+            "--gpus must be a positive integer, got 0",
+        ),
+        (
+            ["--model", "tiny", "--gpus", "8", "--global-batch", "-4"],
+            "--global-batch must be a positive integer",
+        ),
+        (
+            ["--model", "tiny", "--gpus", "8", "--global-batch", "8", "--layout", "dp=2,tp=2,pp=1"],
+            "dp×tp×pp = 4 but --gpus is 8",
+        ),
+        (
+            ["--layers", "4", "--gpus", "8", "--global-batch", "8"],
+            "missing --hidden --heads --vocab --seq",
+        ),
+        (
+            ["--model", "llama2-70b", "--gpus", "8", "--global-batch", "64"],
+            "fits no layout on 8 × A100 80GB",
+        ),
+        (
+            ["--model", "tiny", "--gpus", "8", "--global-batch", "8", "--attention", "paged"],
+            "unknown --attention 'paged': choose fused or unfused",
+        ),
     ],
 )
 def test_bad_input(capsys, argv, match):
@@ -103,15 +176,34 @@ def test_bad_input(capsys, argv, match):
 def test_software_options_describe_the_run(capsys):
     """--attention, --no-sequence-parallel and --no-overlap-grad-reduce fix what the planner
     assumes about the training software (as for a published Megatron-LM 2021 run)."""
-    argv = ["--model", "gpt3-13b", "--gpus", "64", "--global-batch", "512", "--layout", "dp=8,tp=8,pp=1",
-            "--recompute", "full"]
+    argv = [
+        "--model",
+        "gpt3-13b",
+        "--gpus",
+        "64",
+        "--global-batch",
+        "512",
+        "--layout",
+        "dp=8,tp=8,pp=1",
+        "--recompute",
+        "full",
+    ]
     modern = best(capsys, *argv)
-    old = best(capsys, *argv, "--attention", "unfused", "--no-sequence-parallel", "--no-overlap-grad-reduce")
+    old = best(
+        capsys,
+        *argv,
+        "--attention",
+        "unfused",
+        "--no-sequence-parallel",
+        "--no-overlap-grad-reduce",
+    )
     assert modern["layout"]["sequence_parallel"] and modern["layout"]["attention"] == "fused"
     assert not old["layout"]["sequence_parallel"] and old["layout"]["attention"] == "unfused"
     assert old["time"]["dp_exposed"] > modern["time"]["dp_exposed"]
     assert old["time"]["step_time"] > modern["time"]["step_time"]
-    assert modern["time"]["hardware_tflops_per_gpu"] > modern["time"]["tflops_per_gpu"]  # recompute counted
+    assert (
+        modern["time"]["hardware_tflops_per_gpu"] > modern["time"]["tflops_per_gpu"]
+    )  # recompute counted
 
 
 def test_fits_nothing_says_by_how_much_and_what_would_fit(capsys):
@@ -124,6 +216,14 @@ def test_generic_model_is_planned_data_parallel(capsys):
     cand = best(capsys, "--model", "resnet50", "--gpus", "8", "--global-batch", "2048")
     assert (cand["layout"]["dp"], cand["layout"]["tp"], cand["layout"]["pp"]) == (8, 1, 1)
     assert cand["layout"]["micro_batch"] == 256 and cand["memory"]["total"] < 80e9
-    assert "data parallelism only" in error(capsys, "--model", "resnet50", "--gpus", "8", "--global-batch", "64",
-                                            "--layout", "dp=4,tp=2,pp=1")
-
+    assert "data parallelism only" in error(
+        capsys,
+        "--model",
+        "resnet50",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "64",
+        "--layout",
+        "dp=4,tp=2,pp=1",
+    )

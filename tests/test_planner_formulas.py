@@ -7,9 +7,14 @@ import pytest
 from paracube.errors import ConfigError
 from paracube.models.presets import preset
 from paracube.models.shapes import parameter_count
-from paracube.planner.flops import flops_with_full_recompute, model_flops, narayanan_params, training_days
-from paracube.planner.hardware import gpu
 from paracube.pipeline.schedules import SCHEDULES
+from paracube.planner.flops import (
+    flops_with_full_recompute,
+    model_flops,
+    narayanan_params,
+    training_days,
+)
+from paracube.planner.hardware import gpu
 from paracube.planner.memory import activation_bytes_per_layer, model_state_bytes
 
 
@@ -31,11 +36,15 @@ def test_korthikanti_selective_recompute_saves_70_percent_for_gpt3():
     recompute cuts activation memory by ~70 %, and SP+selective is 34·s·b·h/t."""
     s, b, h, a, t = 2048, 1, 12288, 96, 8
     tpsp = activation_bytes_per_layer(s, b, h, a, t=t, sequence_parallel=True)
-    selective = activation_bytes_per_layer(s, b, h, a, t=t, sequence_parallel=True, recompute="selective")
+    selective = activation_bytes_per_layer(
+        s, b, h, a, t=t, sequence_parallel=True, recompute="selective"
+    )
     assert selective == 34 * s * b * h / t
     assert 1 - selective / tpsp == pytest.approx(0.70, abs=0.01)
     assert activation_bytes_per_layer(s, b, h, a) == s * b * h * (34 + 5 * a * s / h)
-    assert activation_bytes_per_layer(s, b, h, a, t=t) == s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+    assert activation_bytes_per_layer(s, b, h, a, t=t) == s * b * h * (
+        10 + 24 / t + 5 * a * s / (h * t)
+    )
     assert activation_bytes_per_layer(s, b, h, a, recompute="full") == 2 * s * b * h
 
 
@@ -50,7 +59,8 @@ def test_parameter_formula_against_gpt3_175b():
     """SC21 Eq. 2 with GPT-3's shape gives the published 175B; our exact count agrees."""
     assert narayanan_params(96, 12288, 50257, 2048) / 1e9 == pytest.approx(175, rel=0.005)
     assert parameter_count(preset("gpt3-175b", tie_embeddings=True)) == pytest.approx(
-        narayanan_params(96, 12288, 50257, 2048), rel=1e-6)
+        narayanan_params(96, 12288, 50257, 2048), rel=1e-6
+    )
 
 
 def test_sc21_training_time_worked_example():
@@ -145,9 +155,16 @@ def test_sequence_parallel_pays_the_links_gather_scatter_pair_ratio():
     plain = estimate(cfg, Layout(tp=8, micro_batch=1, microbatches=8), node)
     sp = estimate(cfg, Layout(tp=8, micro_batch=1, microbatches=8, sequence_parallel=True), node)
     assert sp.tp_comm == pytest.approx(plain.tp_comm)
-    slow = Cluster(node.gpu, node.gpus_per_node, dataclasses.replace(node.intra, pair_cost_ratio=2.5), node.inter)
+    slow = Cluster(
+        node.gpu,
+        node.gpus_per_node,
+        dataclasses.replace(node.intra, pair_cost_ratio=2.5),
+        node.inter,
+    )
     plain_slow = estimate(cfg, Layout(tp=8, micro_batch=1, microbatches=8), slow)
-    sp_slow = estimate(cfg, Layout(tp=8, micro_batch=1, microbatches=8, sequence_parallel=True), slow)
+    sp_slow = estimate(
+        cfg, Layout(tp=8, micro_batch=1, microbatches=8, sequence_parallel=True), slow
+    )
     assert plain_slow.tp_comm == pytest.approx(plain.tp_comm)
     # the layers' all-reduces became pairs at 2.5× the price; the embedding/loss ones did not
     layer_part = plain.tp_comm - _extra(plain, cfg)
@@ -160,8 +177,12 @@ def _extra(est, cfg):
     from paracube.planner.layout import Layout
     from paracube.planner.time_model import estimate
 
-    one_layer = estimate(cfg.replace(n_layers=1), Layout(tp=8, micro_batch=1, microbatches=8), _a100_node(8))
-    two_layers = estimate(cfg.replace(n_layers=2), Layout(tp=8, micro_batch=1, microbatches=8), _a100_node(8))
+    one_layer = estimate(
+        cfg.replace(n_layers=1), Layout(tp=8, micro_batch=1, microbatches=8), _a100_node(8)
+    )
+    two_layers = estimate(
+        cfg.replace(n_layers=2), Layout(tp=8, micro_batch=1, microbatches=8), _a100_node(8)
+    )
     per_layer = two_layers.tp_comm - one_layer.tp_comm
     return est.tp_comm - cfg.n_layers * per_layer
 
@@ -201,15 +222,20 @@ def test_model_flops_follow_the_shapes():
 
     cfg = preset("gpt3-175b")
     B, s = 8, cfg.seq_len
-    assert B * s * model_flops_per_token(cfg) == pytest.approx(model_flops(B, s, 96, 12288, 50257), rel=1e-12)
+    assert B * s * model_flops_per_token(cfg) == pytest.approx(
+        model_flops(B, s, 96, 12288, 50257), rel=1e-12
+    )
     assert B * s * hardware_flops_per_token(cfg, "full") == pytest.approx(
-        flops_with_full_recompute(B, s, 96, 12288, 50257), rel=1e-12)
+        flops_with_full_recompute(B, s, 96, 12288, 50257), rel=1e-12
+    )
     llama = preset("llama3-70b")
     h, L, V = llama.hidden, llama.n_layers, llama.vocab_size
     norms = (2 * L + 1) * h
     assert L * layer_matmul_params(llama) == parameter_count(llama) - 2 * V * h - norms
     attention = 3 * L * 4 * llama.seq_len * h
-    assert model_flops_per_token(llama) == pytest.approx(6 * L * layer_matmul_params(llama) + 6 * V * h + attention)
+    assert model_flops_per_token(llama) == pytest.approx(
+        6 * L * layer_matmul_params(llama) + 6 * V * h + attention
+    )
 
 
 def test_wave_quantization():
@@ -219,7 +245,9 @@ def test_wave_quantization():
 
     assert wave_efficiency(128, 256 * 108, 108) == 1.0
     assert wave_efficiency(128, 256 * 109, 108) == pytest.approx(109 / (2 * 108))
-    assert wave_efficiency(100, 256, 108) == pytest.approx(100 / (108 * 128))  # one partial tile on 108 SMs
+    assert wave_efficiency(100, 256, 108) == pytest.approx(
+        100 / (108 * 128)
+    )  # one partial tile on 108 SMs
     assert wave_efficiency(123, 457, 0) == 1.0  # a calibrated CPU has no waves
 
 
@@ -233,7 +261,10 @@ def test_fused_attention_drops_the_score_tensors():
 
     cfg, node = preset("gpt3-13b"), _a100_node(8)
     s, b, h, a = cfg.seq_len, 1, cfg.hidden, cfg.n_heads
-    assert activation_bytes_per_layer(s, b, h, a, t=8, sequence_parallel=True, attention="fused") == 34 * s * b * h / 8
+    assert (
+        activation_bytes_per_layer(s, b, h, a, t=8, sequence_parallel=True, attention="fused")
+        == 34 * s * b * h / 8
+    )
     base = dict(tp=8, micro_batch=1, microbatches=8, sequence_parallel=True)
     fused, unfused = Layout(**base), Layout(**base, attention="unfused")
     assert stage_memory(cfg, fused)[0].activations < stage_memory(cfg, unfused)[0].activations
@@ -252,7 +283,9 @@ def test_gradient_reduction_after_backward_is_all_exposed():
 
     cfg, cluster = preset("gpt3-1.3b"), _a100_node(4)
     overlapped = estimate(cfg, Layout(dp=32, micro_batch=4, microbatches=1), cluster)
-    after = estimate(cfg, Layout(dp=32, micro_batch=4, microbatches=1, overlap_grad_reduce=False), cluster)
+    after = estimate(
+        cfg, Layout(dp=32, micro_batch=4, microbatches=1, overlap_grad_reduce=False), cluster
+    )
     full = _ring(2 * parameter_count(cfg), 32, cluster.inter)
     assert after.dp_exposed == pytest.approx(full) and overlapped.dp_exposed < full
 
@@ -276,9 +309,16 @@ def test_planner_memory_equals_counted_model_states(pools, dp, tp, pp):
     from paracube.planner.layout_memory import stage_memory
 
     model = preset("nano", seq_len=32, n_layers=2)
-    cfg = TrainConfig(model=model, parallel=ParallelConfig(dp=dp, tp=tp, pp=pp, sequence_parallel=tp > 1),
-                      micro_batch=8 // (dp * 2), grad_accum=2, progress=False)
+    cfg = TrainConfig(
+        model=model,
+        parallel=ParallelConfig(dp=dp, tp=tp, pp=pp, sequence_parallel=tp > 1),
+        micro_batch=8 // (dp * 2),
+        grad_accum=2,
+        progress=False,
+    )
     counted = pools(dp * tp * pp).run(model_states_of, cfg)[0]
-    layout = Layout(dp=dp, tp=tp, pp=pp, micro_batch=cfg.micro_batch, microbatches=2, sequence_parallel=tp > 1)
+    layout = Layout(
+        dp=dp, tp=tp, pp=pp, micro_batch=cfg.micro_batch, microbatches=2, sequence_parallel=tp > 1
+    )
     predicted = stage_memory(model, layout, "fp32")[0]
     assert sum(counted.values()) == predicted.model_states

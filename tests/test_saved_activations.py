@@ -14,8 +14,17 @@ from paracube.models.shapes import block_saved_bytes, model_saved_bytes
 BASE = dict(n_layers=2, hidden=64, n_heads=4, vocab_size=256, seq_len=32)
 VARIANTS = {
     "gpt": {},
-    "llama-mha": dict(norm="rmsnorm", activation="swiglu", position="rope", ffn_hidden=96, bias=False),
-    "llama-gqa": dict(norm="rmsnorm", activation="swiglu", position="rope", ffn_hidden=96, bias=False, n_kv_heads=2),
+    "llama-mha": dict(
+        norm="rmsnorm", activation="swiglu", position="rope", ffn_hidden=96, bias=False
+    ),
+    "llama-gqa": dict(
+        norm="rmsnorm",
+        activation="swiglu",
+        position="rope",
+        ffn_hidden=96,
+        bias=False,
+        n_kv_heads=2,
+    ),
 }
 B = 2
 

@@ -39,9 +39,13 @@ def test_every_registered_schedule_meets_its_own_formulas(name, p, m):
             t = simulate(lists, costs, v=v)
             idle = sched.idle_per_rank(p, m, v, costs.F, costs.I, costs.W)
             assert [t.idle(r) for r in range(p)] == pytest.approx([idle] * p)
-            assert t.bubble_fraction == pytest.approx(sched.bubble_fraction(p, m, v, costs.F, costs.I, costs.W))
+            assert t.bubble_fraction == pytest.approx(
+                sched.bubble_fraction(p, m, v, costs.F, costs.I, costs.W)
+            )
         peaks = [t.peak_in_flight(r) for r in range(p)]
-        assert all(peak <= sched.in_flight(p, m, v, stage=r) + 1e-12 for r, peak in enumerate(peaks))
+        assert all(
+            peak <= sched.in_flight(p, m, v, stage=r) + 1e-12 for r, peak in enumerate(peaks)
+        )
         assert peaks[0] == pytest.approx(sched.in_flight(p, m, v, stage=0))
     if not sched.needs_m_at_least_p and not sched.chunked:
         assert tried  # a schedule without constraints runs at every shape
@@ -63,7 +67,9 @@ def test_gpipe_and_1f1b_bubble_is_the_formula(name, p, m):
         assert peaks == [min(p - r, m) for r in range(p)]
 
 
-@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (2, 4, 3), (4, 8, 2), (4, 8, 4), (3, 9, 2), (4, 4, 2)])
+@pytest.mark.parametrize(
+    "p,m,v", [(2, 4, 2), (2, 4, 3), (4, 8, 2), (4, 8, 4), (3, 9, 2), (4, 4, 2)]
+)
 def test_interleaved_bubble_is_the_formula(p, m, v):
     """(p−1)/(v·m + p−1): v chunks shrink the bubble by v (Narayanan et al. 2021, §2.2)."""
     lists = build_schedule("interleaved-1f1b", p, m, v)
@@ -93,7 +99,10 @@ def test_communication_latency_delays_but_does_not_deadlock():
 
 
 def test_deadlock_is_detected():
-    lists = [[Action("B", 0), Action("F", 0)], [Action("F", 0), Action("B", 0)]]  # rank 0 backward first
+    lists = [
+        [Action("B", 0), Action("F", 0)],
+        [Action("F", 0), Action("B", 0)],
+    ]  # rank 0 backward first
     with pytest.raises(RuntimeError, match="deadlocks: rank 0 at B0"):
         simulate(lists)
 
@@ -102,7 +111,10 @@ def test_deadlock_is_detected():
     "args,match",
     [
         (("pipedream", 2, 4), "unknown schedule 'pipedream'"),
-        (("1f1b", 4, 3), r"1f1b needs at least as many micro-batches as stages: --microbatches 3 < --pp 4"),
+        (
+            ("1f1b", 4, 3),
+            r"1f1b needs at least as many micro-batches as stages: --microbatches 3 < --pp 4",
+        ),
         (("zb-h1", 4, 2), "zb-h1 needs at least as many micro-batches"),
         (("interleaved-1f1b", 4, 6, 2), "6 is not a multiple of 4"),
         (("interleaved-1f1b", 2, 4, 1), r"needs --chunks ≥ 2"),

@@ -9,7 +9,17 @@ import torch
 
 from paracube.models.presets import preset
 from paracube.planner.volumes import total_wire_bytes, tp_layer_payload
-from tests.helpers import SEQ, default_dtype, split_zero_gradient, assert_losses_close, assert_params_close, rel_err, serial_cached, small_corpus, train_config
+from tests.helpers import (
+    SEQ,
+    assert_losses_close,
+    assert_params_close,
+    default_dtype,
+    rel_err,
+    serial_cached,
+    small_corpus,
+    split_zero_gradient,
+    train_config,
+)
 
 B = 2
 
@@ -49,15 +59,22 @@ def block_parity(sp: bool):
 
     from paracube.comm.ledger import CommLedger
     from paracube.models.gpt import Block
-    from paracube.tensor_parallel import TPContext, apply_plan, gpt_plan, sequence_parallel_params
-    from paracube.tensor_parallel import sync_sequence_parallel_grads
+    from paracube.tensor_parallel import (
+        TPContext,
+        apply_plan,
+        gpt_plan,
+        sequence_parallel_params,
+        sync_sequence_parallel_grads,
+    )
 
     cfg = preset("nano", seq_len=SEQ)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     serial = Block(cfg)
     parallel = copy.deepcopy(serial)
-    block_plan = {k[len("blocks.*.") :]: v for k, v in gpt_plan(cfg).items() if k.startswith("blocks.*.")}
+    block_plan = {
+        k[len("blocks.*.") :]: v for k, v in gpt_plan(cfg).items() if k.startswith("blocks.*.")
+    }
     ledger = CommLedger()
     apply_plan(parallel, block_plan, TPContext(None, ledger, sp))
     x = torch.randn(B, SEQ, cfg.hidden, requires_grad=True)
@@ -75,7 +92,15 @@ def block_parity(sp: bool):
     if sp:
         out = _gather(out.detach(), 1)
         dist.all_reduce(x_par.grad)  # each rank holds the gradient of its own tokens
-    return out.detach(), serial(x).detach(), x_par.grad, x.grad, _full_grads(parallel), _full_grads(serial), counted
+    return (
+        out.detach(),
+        serial(x).detach(),
+        x_par.grad,
+        x.grad,
+        _full_grads(parallel),
+        _full_grads(serial),
+        counted,
+    )
 
 
 def vocab_pieces():
@@ -83,7 +108,11 @@ def vocab_pieces():
     import torch.nn.functional as F
 
     from paracube.comm.ledger import CommLedger
-    from paracube.tensor_parallel import ColumnParallelLinear, VocabParallelEmbedding, vocab_parallel_cross_entropy
+    from paracube.tensor_parallel import (
+        ColumnParallelLinear,
+        VocabParallelEmbedding,
+        vocab_parallel_cross_entropy,
+    )
 
     torch.manual_seed(0)
     emb, head = torch.nn.Embedding(256, 32), torch.nn.Linear(32, 256, bias=False)
@@ -96,8 +125,12 @@ def vocab_pieces():
     got = vocab_parallel_cross_entropy(phead(pemb(tokens)), targets, None, ledger)
     got.backward()
     return (
-        got.detach(), want.detach(),
-        _gather(pemb.weight.grad, 0), emb.weight.grad, _gather(phead.weight.grad, 0), head.weight.grad,
+        got.detach(),
+        want.detach(),
+        _gather(pemb.weight.grad, 0),
+        emb.weight.grad,
+        _gather(phead.weight.grad, 0),
+        head.weight.grad,
         ledger.snapshot(),
     )
 
@@ -126,7 +159,9 @@ def test_worked_example_1024_in_4_shards(pools):
 @pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp+sp"])
 def test_block_matches_serial_and_bytes_match_formula(pools, world, sp):
     cfg = preset("nano", seq_len=SEQ)
-    for out, want_out, dx, want_dx, grads, want_grads, counted in pools(world).run(block_parity, sp):
+    for out, want_out, dx, want_dx, grads, want_grads, counted in pools(world).run(
+        block_parity, sp
+    ):
         assert rel_err(out, want_out) <= 1e-5
         assert rel_err(dx, want_dx) <= 1e-5
         for name in want_grads:
@@ -135,11 +170,17 @@ def test_block_matches_serial_and_bytes_match_formula(pools, world, sp):
             if want_noise is not None:  # true gradient exactly 0: both must be rounding noise
                 assert got_noise.norm() < 1e-5 and want_noise.norm() < 1e-5
             assert rel_err(got, want) <= 1e-5, name
-        expected = tp_layer_payload(B, SEQ, cfg.hidden, world, bytes_per_element=4, sequence_parallel=sp)
+        expected = tp_layer_payload(
+            B, SEQ, cfg.hidden, world, bytes_per_element=4, sequence_parallel=sp
+        )
         measured = {k.split("/")[0]: v["bytes"] for k, v in counted.items()}
         assert measured == expected
-    plain = tp_layer_payload(B, SEQ, cfg.hidden, world, bytes_per_element=4, sequence_parallel=False)
-    assert total_wire_bytes(expected, world) == total_wire_bytes(plain, world)  # SP moves the same bytes
+    plain = tp_layer_payload(
+        B, SEQ, cfg.hidden, world, bytes_per_element=4, sequence_parallel=False
+    )
+    assert total_wire_bytes(expected, world) == total_wire_bytes(
+        plain, world
+    )  # SP moves the same bytes
 
 
 def test_vocab_parallel_embedding_and_loss(pools):
@@ -147,23 +188,50 @@ def test_vocab_parallel_embedding_and_loss(pools):
         assert rel_err(got, want) <= 1e-6
         assert rel_err(demb, want_demb) <= 1e-5 and rel_err(dhead, want_dhead) <= 1e-5
         # the loss never gathers logits: two all-reduces of (B, T) floats (max, then [target, sum-exp])
-        assert counted["all_reduce/tp_loss"] == {"calls": 2, "bytes": 3 * B * SEQ * 4, "seconds": counted["all_reduce/tp_loss"]["seconds"]}
+        assert counted["all_reduce/tp_loss"] == {
+            "calls": 2,
+            "bytes": 3 * B * SEQ * 4,
+            "seconds": counted["all_reduce/tp_loss"]["seconds"],
+        }
 
 
-LLAMA_NANO = preset("nano", seq_len=SEQ, norm="rmsnorm", activation="swiglu", position="rope", bias=False,
-                    n_kv_heads=2, ffn_hidden=96)
+LLAMA_NANO = preset(
+    "nano",
+    seq_len=SEQ,
+    norm="rmsnorm",
+    activation="swiglu",
+    position="rope",
+    bias=False,
+    n_kv_heads=2,
+    ffn_hidden=96,
+)
 
 
 CASES = [
-    (1, 2, False, None), (1, 2, True, None), (1, 4, False, None), (1, 4, True, None),
-    (2, 2, False, None), (2, 2, True, None), (1, 2, True, LLAMA_NANO),
+    (1, 2, False, None),
+    (1, 2, True, None),
+    (1, 4, False, None),
+    (1, 4, True, None),
+    (2, 2, False, None),
+    (2, 2, True, None),
+    (1, 2, True, LLAMA_NANO),
     (1, 2, False, preset("nano", seq_len=SEQ, tie_embeddings=True)),
     # a vocabulary that tp does not divide (GPT-2's 50,257 in miniature): padded, masked
     (1, 4, True, preset("nano", seq_len=SEQ, vocab_size=259)),
     (1, 2, False, preset("nano", seq_len=SEQ, vocab_size=257, tie_embeddings=True)),
 ]
-IDS = ["tp2", "tp2-sp", "tp4", "tp4-sp", "dp2xtp2", "dp2xtp2-sp", "tp2-sp-llama", "tp2-tied", "tp4-sp-vocab259",
-       "tp2-tied-vocab257"]
+IDS = [
+    "tp2",
+    "tp2-sp",
+    "tp4",
+    "tp4-sp",
+    "dp2xtp2",
+    "dp2xtp2-sp",
+    "tp2-sp-llama",
+    "tp2-tied",
+    "tp4-sp-vocab259",
+    "tp2-tied-vocab257",
+]
 
 
 @pytest.mark.parametrize("dp,tp,sp,model", CASES, ids=IDS)
@@ -183,7 +251,9 @@ def test_training_matches_serial(pools, dp, tp, sp, model):
         assert_params_close(params, want_params, tol=3e-5, tensor_tol=3e-4)
 
 
-@pytest.mark.parametrize("dp,tp,sp,model", [CASES[3], CASES[5], CASES[6]], ids=[IDS[3], IDS[5], IDS[6]])
+@pytest.mark.parametrize(
+    "dp,tp,sp,model", [CASES[3], CASES[5], CASES[6]], ids=[IDS[3], IDS[5], IDS[6]]
+)
 def test_training_is_exact_in_float64(pools, dp, tp, sp, model):
     """In float64 the tensor-parallel run equals the serial one to ~1e-14: no error in
     the engine hides under float32 rounding."""

@@ -12,7 +12,14 @@ import torch
 from paracube.config import ParallelConfig, TrainConfig
 from paracube.models.presets import preset
 from paracube.planner.memory import model_state_bytes
-from tests.helpers import SEQ, assert_losses_close, assert_params_close, serial_reference, small_corpus, train_config
+from tests.helpers import (
+    SEQ,
+    assert_losses_close,
+    assert_params_close,
+    serial_reference,
+    small_corpus,
+    train_config,
+)
 
 NANO = preset("nano", seq_len=SEQ)
 TIED = preset("nano", seq_len=SEQ, tie_embeddings=True)
@@ -21,18 +28,42 @@ GLOBAL = 8  # sequences per step in every case below
 CLIP = 0.5  # below the nano model's early gradient norms (~1–3), so clipping is exercised
 
 
-def zcfg(zero=0, dp=2, tp=1, pp=1, sp=False, accum=2, steps=10, model=NANO, schedule="1f1b", chunks=1,
-         **kw) -> TrainConfig:
+def zcfg(
+    zero=0,
+    dp=2,
+    tp=1,
+    pp=1,
+    sp=False,
+    accum=2,
+    steps=10,
+    model=NANO,
+    schedule="1f1b",
+    chunks=1,
+    **kw,
+) -> TrainConfig:
     return TrainConfig(
         model=model,
-        parallel=ParallelConfig(dp=dp, tp=tp, pp=pp, sequence_parallel=sp, bucket_mb=0.1, schedule=schedule,
-                                chunks=chunks),
-        steps=steps, micro_batch=GLOBAL // (dp * accum), grad_accum=accum, warmup_steps=2, progress=False,
-        grad_clip=CLIP, zero=zero, **kw,
+        parallel=ParallelConfig(
+            dp=dp,
+            tp=tp,
+            pp=pp,
+            sequence_parallel=sp,
+            bucket_mb=0.1,
+            schedule=schedule,
+            chunks=chunks,
+        ),
+        steps=steps,
+        micro_batch=GLOBAL // (dp * accum),
+        grad_accum=accum,
+        warmup_steps=2,
+        progress=False,
+        grad_clip=CLIP,
+        zero=zero,
+        **kw,
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def serial(steps: int, model=NANO):
     cfg = train_config(dp=1, micro_batch=GLOBAL, steps=steps, grad_clip=CLIP, model=model)
     return serial_reference(cfg, small_corpus())
@@ -47,20 +78,22 @@ def run_engine(cfg):
     trainer = Trainer(cfg, ProcessMesh(cfg.parallel), small_corpus())
     metrics = [trainer.train_step() for _ in range(cfg.steps)]
     with trainer.gathered_parameters():
-        params = {n: full_tensor(p, p, trainer.tp_group).to(torch.promote_types(p.dtype, torch.float32))
-                  for n, p in trainer.serial_named_parameters()}
+        params = {
+            n: full_tensor(p, p, trainer.tp_group).to(torch.promote_types(p.dtype, torch.float32))
+            for n, p in trainer.serial_named_parameters()
+        }
     return [m.loss for m in metrics], params, metrics
 
 
 def _check_parity(results, steps, model=NANO):
     want_losses, want_params = serial(steps, model)
     merged = {}
-    for losses, params, metrics in results:
+    for losses, params, _ in results:
         assert_losses_close(losses, want_losses)
         merged.update(params)
     if "head.weight" in merged and "head.weight" not in want_params:  # tied, split over stages
         assert torch.equal(merged.pop("head.weight"), merged["embed.tok.weight"])
-    for losses, params, metrics in results:
+    for _, _, metrics in results:
         assert max(m.grad_norm for m in metrics) > CLIP  # clipping really happened
     assert_params_close(merged, want_params, tol=1e-5, tensor_tol=3e-4)
 
@@ -85,9 +118,18 @@ CASES = {
     "zero1-dp2-tp2-pp2-sp": dict(zero=1, tp=2, pp=2, sp=True, accum=4),
     "zero3-tied": dict(zero=3, model=TIED),
     "zero2-pp2-tied": dict(zero=2, pp=2, accum=4, model=TIED),
-    "zero1-pp2-zb-h1-full-recompute": dict(zero=1, pp=2, accum=4, schedule="zb-h1", recompute="full"),
-    "zero2-pp2-interleaved-selective": dict(zero=2, pp=2, accum=4, schedule="interleaved-1f1b", chunks=2,
-                                            recompute="selective", model=DEEP),
+    "zero1-pp2-zb-h1-full-recompute": dict(
+        zero=1, pp=2, accum=4, schedule="zb-h1", recompute="full"
+    ),
+    "zero2-pp2-interleaved-selective": dict(
+        zero=2,
+        pp=2,
+        accum=4,
+        schedule="interleaved-1f1b",
+        chunks=2,
+        recompute="selective",
+        model=DEEP,
+    ),
 }
 
 
@@ -127,7 +169,11 @@ def test_model_state_bytes_equal_zero_formula(pools, zero, dp):
     want = model_state_bytes(psi, zero, dp, weight_bytes=4, grad_bytes=4, optimizer_bytes=8)
     for _, _, metrics in pools(dp).run(run_engine, cfg):
         mem = metrics[-1].memory
-        assert (mem["weights"], mem["gradients"], mem["optimizer"]) == (want.weights, want.gradients, want.optimizer)
+        assert (mem["weights"], mem["gradients"], mem["optimizer"]) == (
+            want.weights,
+            want.gradients,
+            want.optimizer,
+        )
 
 
 def test_bf16_model_states_equal_mixed_precision_formula(pools):
@@ -138,7 +184,11 @@ def test_bf16_model_states_equal_mixed_precision_formula(pools):
     want = model_state_bytes(psi, 2, 2, weight_bytes=2, grad_bytes=4, optimizer_bytes=12)
     for _, _, metrics in pools(2).run(run_engine, cfg):
         mem = metrics[-1].memory
-        assert (mem["weights"], mem["gradients"], mem["optimizer"]) == (want.weights, want.gradients, want.optimizer)
+        assert (mem["weights"], mem["gradients"], mem["optimizer"]) == (
+            want.weights,
+            want.gradients,
+            want.optimizer,
+        )
 
 
 def test_zero3_peak_parameters_are_a_shard_plus_gathered_units(pools):
@@ -167,7 +217,10 @@ def test_full_recompute_saves_over_half_the_activations(pools):
         cfg = zcfg(0, dp=2, steps=1, accum=1, recompute=mode, model=DEEP)
         results[mode] = pools(2).run(run_engine, cfg)[0][2][-1].memory["activations_peak"]
         # + 8·b: the token ids are a view of the sampler's (b, T + 1) window, one column wider
-        assert results[mode] == model_saved_bytes(DEEP, cfg.micro_batch, recompute=mode) + 8 * cfg.micro_batch
+        assert (
+            results[mode]
+            == model_saved_bytes(DEEP, cfg.micro_batch, recompute=mode) + 8 * cfg.micro_batch
+        )
     assert results["full"] <= 0.5 * results["none"]
     assert results["selective"] < results["none"]
 
@@ -179,8 +232,12 @@ def test_bf16_tracks_the_fp32_loss_curve(pools):
     """bf16 compute with fp32 master weights follows the fp32 run: every step's loss
     within 2 % over 20 steps (bf16 keeps 8 mantissa bits: ~0.4 % per rounding)."""
     fp32 = pools(2).run(run_engine, zcfg(1, dp=2, steps=20))[0][0]
-    variants = [dict(zero=1, precision="bf16"), dict(zero=1, precision="fp16"),
-                dict(zero=2, precision="bf16", grad_reduce="compute"), dict(zero=3, precision="bf16")]
+    variants = [
+        dict(zero=1, precision="bf16"),
+        dict(zero=1, precision="fp16"),
+        dict(zero=2, precision="bf16", grad_reduce="compute"),
+        dict(zero=3, precision="bf16"),
+    ]
     for kw in variants:
         low = pools(2).run(run_engine, zcfg(dp=2, steps=20, **kw))[0][0]
         for step, (a, b) in enumerate(zip(low, fp32)):
@@ -194,7 +251,7 @@ def run_fp16_overflow(cfg):
     from paracube.mesh.mesh import ProcessMesh
 
     trainer = Trainer(cfg, ProcessMesh(cfg.parallel), small_corpus())
-    trainer.scaler.scale = 2.0 ** 40
+    trainer.scaler.scale = 2.0**40
     before = [p.detach().clone() for p in trainer.module.parameters()]
     m = trainer.train_step()
     same = all(torch.equal(a, b) for a, b in zip(before, trainer.module.parameters()))
@@ -202,8 +259,10 @@ def run_fp16_overflow(cfg):
 
 
 def test_fp16_overflow_skips_the_step_and_halves_the_scale(pools):
-    for skipped, unchanged, scale, loss in pools(2).run(run_fp16_overflow, zcfg(2, dp=2, steps=1, precision="fp16")):
-        assert skipped and unchanged and scale == 2.0 ** 39
+    for skipped, unchanged, scale, loss in pools(2).run(
+        run_fp16_overflow, zcfg(2, dp=2, steps=1, precision="fp16")
+    ):
+        assert skipped and unchanged and scale == 2.0**39
         assert 4 < loss < 7  # the reported loss is unscaled
 
 
@@ -222,8 +281,15 @@ def test_pipeline_activation_peak_follows_the_schedule(pools):
     micro-batch under 1F1B."""
     peaks = {}
     for schedule in ("gpipe", "1f1b"):
-        cfg = TrainConfig(model=NANO, parallel=ParallelConfig(pp=2, schedule=schedule), micro_batch=2, grad_accum=4,
-                          steps=1, warmup_steps=1, progress=False)
+        cfg = TrainConfig(
+            model=NANO,
+            parallel=ParallelConfig(pp=2, schedule=schedule),
+            micro_batch=2,
+            grad_accum=4,
+            steps=1,
+            warmup_steps=1,
+            progress=False,
+        )
         peaks[schedule] = dict(pools(2).run(run_stage_peaks, cfg))
     assert peaks["gpipe"][0] == 2 * peaks["1f1b"][0]
     assert peaks["gpipe"][1] == 4 * peaks["1f1b"][1]
@@ -240,16 +306,23 @@ def run_engine_float64(cfg):
 def test_zero_is_exact_in_float64(pools, case):
     """In float64 the sharded runs equal the serial one to ~1e-10: the float32 differences
     above are summation order, not an error in the sharding."""
-    kw = {"zero3-dp2": dict(zero=3), "zero2-pp2": dict(zero=2, pp=2, accum=4),
-          "zero1-tp2-sp": dict(zero=1, tp=2, sp=True)}[case]
+    kw = {
+        "zero3-dp2": dict(zero=3),
+        "zero2-pp2": dict(zero=2, pp=2, accum=4),
+        "zero1-tp2-sp": dict(zero=1, tp=2, sp=True),
+    }[case]
     cfg = zcfg(**{"dp": 2, **kw}, steps=6)
     from tests.helpers import default_dtype
 
     with default_dtype(torch.float64):
         want_losses, want_params = serial_reference(
-            train_config(dp=1, micro_batch=GLOBAL, steps=cfg.steps, grad_clip=CLIP, model=NANO), small_corpus())
+            train_config(dp=1, micro_batch=GLOBAL, steps=cfg.steps, grad_clip=CLIP, model=NANO),
+            small_corpus(),
+        )
     merged = {}
     for losses, params, _ in pools(cfg.parallel.world_size).run(run_engine_float64, cfg):
         assert_losses_close(losses, want_losses, tol=1e-12)
         merged.update(params)
-    assert_params_close({k: v.double() for k, v in merged.items()}, want_params, tol=1e-10, tensor_tol=1e-9)
+    assert_params_close(
+        {k: v.double() for k, v in merged.items()}, want_params, tol=1e-10, tensor_tol=1e-9
+    )

@@ -21,7 +21,9 @@ COMMANDS = (train, schedule, plan, calibrate)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="paracube", description="Distributed training on PyTorch.")
+    parser = argparse.ArgumentParser(
+        prog="paracube", description="Distributed training on PyTorch."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(sub)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from paracube.config import ModelConfig
 from paracube.errors import ParacubeError
 
 
@@ -37,21 +38,35 @@ def add_parser(sub) -> None:
     t.add_argument("--chunks", type=int, default=None)
     t.add_argument("--zero", type=int, default=None)
     t.add_argument("--recompute", default=None, help="none, selective or full")
-    t.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
-                   help="fix sequence parallelism on or off (default: on wherever tp > 1)")
-    t.add_argument("--attention", default=None,
-                   help="fused (FlashAttention / PyTorch SDPA, paracube's default) or unfused (s×s scores "
-                        "materialized, as Megatron-LM before 2022)")
-    t.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction, default=None,
-                   help="data-parallel gradients reduced during the last backward (default, as paracube does) "
-                        "or only after it (--no-overlap-grad-reduce: Megatron-LM 2021, DeepSpeed's pipeline engine)")
+    t.add_argument(
+        "--sequence-parallel",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="fix sequence parallelism on or off (default: on wherever tp > 1)",
+    )
+    t.add_argument(
+        "--attention",
+        default=None,
+        help="fused (FlashAttention / PyTorch SDPA, paracube's default) or unfused (s×s scores "
+        "materialized, as Megatron-LM before 2022)",
+    )
+    t.add_argument(
+        "--overlap-grad-reduce",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="data-parallel gradients reduced during the last backward (default, as paracube does) "
+        "or only after it (--no-overlap-grad-reduce: Megatron-LM 2021, DeepSpeed's pipeline engine)",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--top", type=int, default=5)
     o.add_argument("--explain", action="store_true", help="the reasoning, in plain language")
     o.add_argument("--json", action="store_true", help="every figure as JSON")
     o.add_argument("--emit", choices=["torchrun"], default=None, help="print the launch command")
-    o.add_argument("--calibrate", action="store_true",
-                   help="measure this machine (matmul rate, memory and gloo bandwidth) for `train --predict`")
+    o.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="measure this machine (matmul rate, memory and gloo bandwidth) for `train --predict`",
+    )
     p.set_defaults(func=cmd_plan)
 
 
@@ -59,31 +74,55 @@ def _plan_model(args):
     from paracube.config import ModelConfig
     from paracube.models.presets import preset
 
-    custom = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "vocab", "seq", "ffn", "kv_heads")}
+    custom = {
+        k: getattr(args, k)
+        for k in ("layers", "hidden", "heads", "vocab", "seq", "ffn", "kv_heads")
+    }
     if args.model:
         return preset(args.model)
     missing = [f"--{k}" for k in ("layers", "hidden", "heads", "vocab", "seq") if custom[k] is None]
     if missing:
         raise ParacubeError(f"give --model PRESET or a custom shape; missing {' '.join(missing)}")
-    return ModelConfig(n_layers=custom["layers"], hidden=custom["hidden"], n_heads=custom["heads"],
-                       vocab_size=custom["vocab"], seq_len=custom["seq"], ffn_hidden=custom["ffn"],
-                       n_kv_heads=custom["kv_heads"], name="custom")
+    return ModelConfig(
+        n_layers=custom["layers"],
+        hidden=custom["hidden"],
+        n_heads=custom["heads"],
+        vocab_size=custom["vocab"],
+        seq_len=custom["seq"],
+        ffn_hidden=custom["ffn"],
+        n_kv_heads=custom["kv_heads"],
+        name="custom",
+    )
 
 
 def _plan_fixed(args, gpus: int) -> dict:
     fixed = {}
     if args.layout:
         try:
-            fixed = {k.strip(): int(v) for k, v in (part.split("=") for part in args.layout.split(","))}
+            fixed = {
+                k.strip(): int(v) for k, v in (part.split("=") for part in args.layout.split(","))
+            }
         except ValueError:
             raise ParacubeError(f"--layout {args.layout!r}: write it as dp=N,tp=N,pp=N") from None
         if set(fixed) - {"dp", "tp", "pp"} or any(v <= 0 for v in fixed.values()):
-            raise ParacubeError(f"--layout {args.layout!r}: only dp, tp and pp, each a positive integer")
+            raise ParacubeError(
+                f"--layout {args.layout!r}: only dp, tp and pp, each a positive integer"
+            )
         product = fixed.get("dp", 1) * fixed.get("tp", 1) * fixed.get("pp", 1)
         if len(fixed) == 3 and product != gpus:
-            raise ParacubeError(f"--layout {args.layout}: dp×tp×pp = {product} but --gpus is {gpus}; make them equal")
-    for name in ("micro_batch", "schedule", "chunks", "zero", "recompute", "sequence_parallel", "attention",
-                 "overlap_grad_reduce"):
+            raise ParacubeError(
+                f"--layout {args.layout}: dp×tp×pp = {product} but --gpus is {gpus}; make them equal"
+            )
+    for name in (
+        "micro_batch",
+        "schedule",
+        "chunks",
+        "zero",
+        "recompute",
+        "sequence_parallel",
+        "attention",
+        "overlap_grad_reduce",
+    ):
         if getattr(args, name) is not None:
             fixed[name] = getattr(args, name)
     return fixed
@@ -92,8 +131,8 @@ def _plan_fixed(args, gpus: int) -> dict:
 def cmd_plan(args) -> int:
     import json
 
-    from paracube.planner import hardware as hw
     from paracube.choices import ATTENTION, PRECISIONS
+    from paracube.planner import hardware as hw
     from paracube.planner.report import explain, table, to_json, torchrun_command
     from paracube.planner.search import search
     from paracube.planner.time_model import Cluster
@@ -107,7 +146,9 @@ def cmd_plan(args) -> int:
             raise ParacubeError(f"--{name.replace('_', '-')} is required (or --calibrate)")
     for name in ("gpus", "gpus_per_node", "global_batch", "top"):
         if getattr(args, name) <= 0:
-            raise ParacubeError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+            raise ParacubeError(
+                f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}"
+            )
     if args.attention is not None and args.attention not in ATTENTION:
         raise ParacubeError(f"unknown --attention {args.attention!r}: choose fused or unfused")
     if args.precision not in PRECISIONS:
@@ -115,39 +156,77 @@ def cmd_plan(args) -> int:
     from paracube.planner.generic import generic, search_generic
 
     other = generic(args.model) if args.model else None
-    cfg = other or _plan_model(args)
+    cfg = other or _plan_model(args)  # a transformer (ModelConfig) or a generic model
+    transformer = cfg if isinstance(cfg, ModelConfig) else None
     g = hw.gpu(args.gpu)
     key = args.gpu.lower()
-    cluster = Cluster(g, min(args.gpus_per_node, args.gpus), hw.interconnect(args.intra or hw.DEFAULT_INTRA[key]),
-                      hw.interconnect(args.inter or hw.DEFAULT_INTER[key]))
+    cluster = Cluster(
+        g,
+        min(args.gpus_per_node, args.gpus),
+        hw.interconnect(args.intra or hw.DEFAULT_INTRA[key]),
+        hw.interconnect(args.inter or hw.DEFAULT_INTER[key]),
+    )
     fixed = _plan_fixed(args, args.gpus)
     if other is not None:
         if fixed.get("tp", 1) != 1 or fixed.get("pp", 1) != 1:
-            raise ParacubeError(f"{other.name} is planned for data parallelism only: use --layout dp={args.gpus}")
-        result = search_generic(other, cluster, args.gpus, args.global_batch, args.precision,
-                                {k: v for k, v in fixed.items() if k not in ("dp", "tp", "pp")})
+            raise ParacubeError(
+                f"{other.name} is planned for data parallelism only: use --layout dp={args.gpus}"
+            )
+        result = search_generic(
+            other,
+            cluster,
+            args.gpus,
+            args.global_batch,
+            args.precision,
+            {k: v for k, v in fixed.items() if k not in ("dp", "tp", "pp")},
+        )
     else:
-        result = search(cfg, cluster, args.gpus, args.global_batch, precision=args.precision, fixed=fixed, top=args.top)
+        assert transformer is not None
+        result = search(
+            transformer,
+            cluster,
+            args.gpus,
+            args.global_batch,
+            precision=args.precision,
+            fixed=fixed,
+            top=args.top,
+        )
     if not result.ranked:
         return _nothing_fits(result, cfg, g, args)
     if args.json:
-        print(json.dumps({"model": cfg.name, "gpus": args.gpus, "gpu": g.name, "candidates": to_json(result)[: args.top]}))
+        print(
+            json.dumps(
+                {
+                    "model": cfg.name,
+                    "gpus": args.gpus,
+                    "gpu": g.name,
+                    "candidates": to_json(result)[: args.top],
+                }
+            )
+        )
         return 0
-    unit = "samples" if other is not None else f"× {cfg.seq_len} tokens"
-    print(f"{cfg.name}: {args.gpus} × {g.name} ({cluster.gpus_per_node} per node), global batch {args.global_batch} "
-          f"{unit}, {args.precision}; {result.evaluated} layouts evaluated, {len(result.ranked)} fit\n")
+    unit = f"× {transformer.seq_len} tokens" if transformer is not None else "samples"
+    print(
+        f"{cfg.name}: {args.gpus} × {g.name} ({cluster.gpus_per_node} per node), global batch {args.global_batch} "
+        f"{unit}, {args.precision}; {result.evaluated} layouts evaluated, {len(result.ranked)} fit\n"
+    )
     print(table(result.ranked[: args.top], cluster))
-    if args.explain and other is None:
-        print("\n" + explain(result, cfg, cluster, args.gpus))
+    if args.explain and transformer is not None:
+        print("\n" + explain(result, transformer, cluster, args.gpus))
     if args.emit == "torchrun":
-        print("\n" + torchrun_command(result.ranked[0], args.model, cluster.gpus_per_node, args.precision))
+        print(
+            "\n"
+            + torchrun_command(result.ranked[0], args.model, cluster.gpus_per_node, args.precision)
+        )
     return 0
 
 
 def _nothing_fits(result, cfg, g, args) -> int:
     if result.smallest_misfit is None:
-        raise ParacubeError("no layout satisfies the constraints (divisibility, tp within a node, the fixed choices): "
-                            "relax --layout or the fixed options")
+        raise ParacubeError(
+            "no layout satisfies the constraints (divisibility, tp within a node, the fixed choices): "
+            "relax --layout or the fixed options"
+        )
     need = result.smallest_misfit.memory.total
     from paracube.planner.report import describe
 

@@ -18,40 +18,94 @@ def add_parser(sub) -> None:
     g.add_argument("--dp", type=int, default=1, help="data-parallel size (default 1)")
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     g.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (default 1)")
-    g.add_argument("--sequence-parallel", action="store_true",
-                   help="with --tp: shard norms and the residual stream along the sequence")
-    g.add_argument("--gpus-per-node", type=int, default=None,
-                   help="ranks per node; tp must fit in one (default: not checked)")
-    g.add_argument("--schedule", default="1f1b", help="pipeline schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1")
-    g.add_argument("--microbatches", type=int, default=None, help="micro-batches per step (pipeline's m; sets --grad-accum)")
-    g.add_argument("--chunks", type=int, default=1, help="virtual pipeline chunks per rank (interleaved-1f1b)")
-    g.add_argument("--balance", default="params", help="stage balancing: params, flops, memory, time")
-    g.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket size in MiB (default 25)")
+    g.add_argument(
+        "--sequence-parallel",
+        action="store_true",
+        help="with --tp: shard norms and the residual stream along the sequence",
+    )
+    g.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=None,
+        help="ranks per node; tp must fit in one (default: not checked)",
+    )
+    g.add_argument(
+        "--schedule", default="1f1b", help="pipeline schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1"
+    )
+    g.add_argument(
+        "--microbatches",
+        type=int,
+        default=None,
+        help="micro-batches per step (pipeline's m; sets --grad-accum)",
+    )
+    g.add_argument(
+        "--chunks", type=int, default=1, help="virtual pipeline chunks per rank (interleaved-1f1b)"
+    )
+    g.add_argument(
+        "--balance", default="params", help="stage balancing: params, flops, memory, time"
+    )
+    g.add_argument(
+        "--bucket-mb", type=float, default=25.0, help="gradient bucket size in MiB (default 25)"
+    )
     z = p.add_argument_group("memory: ZeRO, recomputation, precision")
-    z.add_argument("--zero", default="0",
-                   help="ZeRO stage over the data-parallel ranks: 0 (off), 1 (optimizer states), "
-                        "2 (+ gradients), 3 (+ parameters) (default 0)")
-    z.add_argument("--recompute", default="none",
-                   help="activation recomputation: none, selective (attention core), full (whole blocks)")
-    z.add_argument("--recompute-blocks", type=int, default=None,
-                   help="recompute only the first N blocks (default: all)")
-    z.add_argument("--precision", default="fp32", help="fp32, bf16 or fp16 (fp32 master weights) (default fp32)")
-    z.add_argument("--grad-reduce", default="fp32",
-                   help="under bf16/fp16: accumulate and reduce gradients in fp32 (default) or in the compute dtype")
-    z.add_argument("--loss-scale", default=None,
-                   help="fp16 loss scaling: dynamic (default for fp16) or a fixed number")
-    z.add_argument("--count-activations-every", type=int, default=10,
-                   help="count saved activation bytes on every N-th step (default 10; 1: every step)")
+    z.add_argument(
+        "--zero",
+        default="0",
+        help="ZeRO stage over the data-parallel ranks: 0 (off), 1 (optimizer states), "
+        "2 (+ gradients), 3 (+ parameters) (default 0)",
+    )
+    z.add_argument(
+        "--recompute",
+        default="none",
+        help="activation recomputation: none, selective (attention core), full (whole blocks)",
+    )
+    z.add_argument(
+        "--recompute-blocks",
+        type=int,
+        default=None,
+        help="recompute only the first N blocks (default: all)",
+    )
+    z.add_argument(
+        "--precision",
+        default="fp32",
+        help="fp32, bf16 or fp16 (fp32 master weights) (default fp32)",
+    )
+    z.add_argument(
+        "--grad-reduce",
+        default="fp32",
+        help="under bf16/fp16: accumulate and reduce gradients in fp32 (default) or in the compute dtype",
+    )
+    z.add_argument(
+        "--loss-scale",
+        default=None,
+        help="fp16 loss scaling: dynamic (default for fp16) or a fixed number",
+    )
+    z.add_argument(
+        "--count-activations-every",
+        type=int,
+        default=10,
+        help="count saved activation bytes on every N-th step (default 10; 1: every step)",
+    )
     m = p.add_argument_group("model and data")
-    m.add_argument("--model", default="tiny", help="model preset (default tiny); see paracube.models.PRESETS")
-    m.add_argument("--seq-len", type=int, default=None, help="override the preset's sequence length")
-    m.add_argument("--data", default=None, help="text file or folder (default: embedded stdlib corpus)")
-    m.add_argument("--val-fraction", type=float, default=0.05, help="validation split (default 0.05)")
+    m.add_argument(
+        "--model", default="tiny", help="model preset (default tiny); see paracube.models.PRESETS"
+    )
+    m.add_argument(
+        "--seq-len", type=int, default=None, help="override the preset's sequence length"
+    )
+    m.add_argument(
+        "--data", default=None, help="text file or folder (default: embedded stdlib corpus)"
+    )
+    m.add_argument(
+        "--val-fraction", type=float, default=0.05, help="validation split (default 0.05)"
+    )
     t = p.add_argument_group("optimisation")
     t.add_argument("--steps", type=int, default=100)
     t.add_argument("--micro-batch", type=int, default=8, help="sequences per rank per micro-step")
     t.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step")
-    t.add_argument("--global-batch", type=int, default=None, help="sequences per step; sets --grad-accum")
+    t.add_argument(
+        "--global-batch", type=int, default=None, help="sequences per step; sets --grad-accum"
+    )
     t.add_argument("--lr", type=float, default=3e-3)
     t.add_argument("--min-lr", type=float, default=3e-4)
     t.add_argument("--warmup-steps", type=int, default=10)
@@ -62,11 +116,18 @@ def add_parser(sub) -> None:
     r.add_argument("--eval-every", type=int, default=0, help="validation every N steps (0: never)")
     r.add_argument("--eval-batches", type=int, default=4)
     r.add_argument("--metrics", default=None, help="write one JSON object per step to this file")
-    r.add_argument("--threads", type=int, default=None, help="torch threads per rank (default cores/ranks)")
-    r.add_argument("--timeout", type=float, default=300.0, help="seconds before a stalled collective fails")
+    r.add_argument(
+        "--threads", type=int, default=None, help="torch threads per rank (default cores/ranks)"
+    )
+    r.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds before a stalled collective fails"
+    )
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
-    r.add_argument("--predict", action="store_true",
-                   help="print the planner's predicted step time and memory next to the measured ones")
+    r.add_argument(
+        "--predict",
+        action="store_true",
+        help="print the planner's predicted step time and memory next to the measured ones",
+    )
     p.set_defaults(func=cmd_train)
 
 
@@ -77,9 +138,15 @@ def config_from_args(args) -> TrainConfig:
     return TrainConfig(
         model=preset(args.model, **overrides),
         parallel=ParallelConfig(
-            dp=args.dp, tp=args.tp, pp=args.pp, bucket_mb=args.bucket_mb,
-            sequence_parallel=args.sequence_parallel, gpus_per_node=args.gpus_per_node,
-            schedule=args.schedule, chunks=args.chunks, balance=args.balance,
+            dp=args.dp,
+            tp=args.tp,
+            pp=args.pp,
+            bucket_mb=args.bucket_mb,
+            sequence_parallel=args.sequence_parallel,
+            gpus_per_node=args.gpus_per_node,
+            schedule=args.schedule,
+            chunks=args.chunks,
+            balance=args.balance,
         ),
         steps=args.steps,
         micro_batch=args.micro_batch,
@@ -101,7 +168,9 @@ def config_from_args(args) -> TrainConfig:
         recompute=args.recompute,
         recompute_blocks=args.recompute_blocks,
         precision=args.precision,
-        grad_reduce="compute" if args.grad_reduce in ("compute", "bf16", "fp16") else args.grad_reduce,
+        grad_reduce="compute"
+        if args.grad_reduce in ("compute", "bf16", "fp16")
+        else args.grad_reduce,
         loss_scale=args.loss_scale,
         count_activations_every=args.count_activations_every,
     )
@@ -128,8 +197,12 @@ def cmd_train(args) -> int:
         from paracube.mesh.mesh import shutdown
 
         threads = args.threads or default_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-        return shutdown(run_rank(train_rank, cfg, threads, args.timeout, args.predict))  # see shutdown: torch teardown race
+        return shutdown(
+            run_rank(train_rank, cfg, threads, args.timeout, args.predict)
+        )  # see shutdown: torch teardown race
     validate(cfg, cfg.parallel.world_size)  # fail here, before starting any process
     threads = args.threads or default_threads(cfg.parallel.world_size)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    return launch_local(cfg.parallel.world_size, run_rank, train_rank, cfg, threads, args.timeout, args.predict)
+    return launch_local(
+        cfg.parallel.world_size, run_rank, train_rank, cfg, threads, args.timeout, args.predict
+    )

@@ -30,7 +30,9 @@ class CommLedger:
     def __init__(self) -> None:
         self._counts: dict[tuple[str, str], CommCount] = defaultdict(CommCount)
 
-    def record(self, kind: str, tag: str, nbytes: int, seconds: float = 0.0, calls: int = 1) -> None:
+    def record(
+        self, kind: str, tag: str, nbytes: int, seconds: float = 0.0, calls: int = 1
+    ) -> None:
         c = self._counts[(kind, tag)]
         c.calls += calls
         c.bytes += nbytes

@@ -43,8 +43,15 @@ class PendingCollective:
         return self.result
 
 
-def _launch(kind: str, tag: str, counted_bytes: int, ledger: CommLedger | None, start, result: torch.Tensor,
-            async_op: bool) -> PendingCollective:
+def _launch(
+    kind: str,
+    tag: str,
+    counted_bytes: int,
+    ledger: CommLedger | None,
+    start,
+    result: torch.Tensor,
+    async_op: bool,
+) -> PendingCollective:
     """Count, start (``start()`` returns the async work), and wait unless ``async_op``: the
     one path every collective below takes, so calls, bytes and exposed seconds are
     recorded alike. With ``async_op`` the launch itself is charged as caller-visible time."""
@@ -71,11 +78,20 @@ def all_reduce(
     """In-place all-reduce of ``tensor`` over ``group``."""
     if group_size(group) == 1:
         return PendingCollective(None, None, "all_reduce", tag, tensor)
-    return _launch("all_reduce", tag, nbytes(tensor), ledger,
-                   lambda: dist.all_reduce(tensor, op=op, group=group, async_op=True), tensor, async_op)
+    return _launch(
+        "all_reduce",
+        tag,
+        nbytes(tensor),
+        ledger,
+        lambda: dist.all_reduce(tensor, op=op, group=group, async_op=True),
+        tensor,
+        async_op,
+    )
 
 
-def all_reduce_coalesced(tensors: list[torch.Tensor], group, ledger: CommLedger | None = None, *, tag: str = "") -> None:
+def all_reduce_coalesced(
+    tensors: list[torch.Tensor], group, ledger: CommLedger | None = None, *, tag: str = ""
+) -> None:
     """Sum several tensors over ``group`` with one all-reduce of their concatenation, and
     write the sums back in place (e.g. the small gradients of sequence-parallel norms)."""
     if not tensors or group_size(group) == 1:
@@ -88,7 +104,14 @@ def all_reduce_coalesced(tensors: list[torch.Tensor], group, ledger: CommLedger 
         offset += t.numel()
 
 
-def broadcast(tensor: torch.Tensor, src_group_rank: int, group, ledger: CommLedger | None = None, *, tag: str = "") -> None:
+def broadcast(
+    tensor: torch.Tensor,
+    src_group_rank: int,
+    group,
+    ledger: CommLedger | None = None,
+    *,
+    tag: str = "",
+) -> None:
     """In-place broadcast from the group-local rank ``src_group_rank``."""
     if group_size(group) == 1:
         return
@@ -98,7 +121,9 @@ def broadcast(tensor: torch.Tensor, src_group_rank: int, group, ledger: CommLedg
         ledger.record("broadcast", tag, nbytes(tensor), time.perf_counter() - start)
 
 
-def all_gather(tensor: torch.Tensor, group, ledger: CommLedger | None = None, *, tag: str = "") -> torch.Tensor:
+def all_gather(
+    tensor: torch.Tensor, group, ledger: CommLedger | None = None, *, tag: str = ""
+) -> torch.Tensor:
     """Concatenate every rank's ``tensor`` along dim 0: (n, ...) → (world·n, ...).
 
     Counted as the *gathered* size, the volume convention under which an all-gather plus
@@ -107,12 +132,19 @@ def all_gather(tensor: torch.Tensor, group, ledger: CommLedger | None = None, *,
     if world == 1:
         return tensor
     tensor = tensor.contiguous()
-    out = torch.empty((world * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    out = torch.empty(
+        (world * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device
+    )
     return all_gather_into(out, tensor, group, ledger, tag=tag).result
 
 
 def reduce_scatter(
-    tensor: torch.Tensor, group, ledger: CommLedger | None = None, *, tag: str = "", async_op: bool = False
+    tensor: torch.Tensor,
+    group,
+    ledger: CommLedger | None = None,
+    *,
+    tag: str = "",
+    async_op: bool = False,
 ):
     """Sum across ranks and keep this rank's 1/world slice of dim 0: (world·n, ...) → (n, ...).
 
@@ -122,13 +154,20 @@ def reduce_scatter(
     if world == 1:
         return PendingCollective(None, None, "reduce_scatter", tag, tensor) if async_op else tensor
     tensor = tensor.contiguous()
-    out = torch.empty((tensor.shape[0] // world, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    out = torch.empty(
+        (tensor.shape[0] // world, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device
+    )
     pending = reduce_scatter_into(out, tensor, group, ledger, tag=tag, async_op=async_op)
     return pending if async_op else pending.result
 
 
 def all_gather_into(
-    out: torch.Tensor, shard: torch.Tensor, group, ledger: CommLedger | None = None, *, tag: str = "",
+    out: torch.Tensor,
+    shard: torch.Tensor,
+    group,
+    ledger: CommLedger | None = None,
+    *,
+    tag: str = "",
     async_op: bool = False,
 ) -> PendingCollective:
     """Gather every rank's equal-sized ``shard`` into ``out`` (world·n, ...), in rank order,
@@ -136,12 +175,24 @@ def all_gather_into(
     if group_size(group) == 1:
         out.copy_(shard)
         return PendingCollective(None, None, "all_gather", tag, out)
-    return _launch("all_gather", tag, nbytes(out), ledger,
-                   lambda: dist.all_gather_single(out, shard, group=group, async_op=True), out, async_op)
+    return _launch(
+        "all_gather",
+        tag,
+        nbytes(out),
+        ledger,
+        lambda: dist.all_gather_single(out, shard, group=group, async_op=True),
+        out,
+        async_op,
+    )
 
 
 def reduce_scatter_into(
-    out: torch.Tensor, tensor: torch.Tensor, group, ledger: CommLedger | None = None, *, tag: str = "",
+    out: torch.Tensor,
+    tensor: torch.Tensor,
+    group,
+    ledger: CommLedger | None = None,
+    *,
+    tag: str = "",
     async_op: bool = False,
 ) -> PendingCollective:
     """Sum ``tensor`` (world·n, ...) across ranks and write this rank's n-slice into
@@ -149,31 +200,80 @@ def reduce_scatter_into(
     if group_size(group) == 1:
         out.copy_(tensor)
         return PendingCollective(None, None, "reduce_scatter", tag, out)
-    return _launch("reduce_scatter", tag, nbytes(tensor), ledger,
-                   lambda: dist.reduce_scatter_single(out, tensor, group=group, async_op=True), out, async_op)
+    return _launch(
+        "reduce_scatter",
+        tag,
+        nbytes(tensor),
+        ledger,
+        lambda: dist.reduce_scatter_single(out, tensor, group=group, async_op=True),
+        out,
+        async_op,
+    )
 
 
-def isend(tensor: torch.Tensor, peer: int, group, ledger: CommLedger | None = None, *, tag: str = "",
-          message: int = 0) -> PendingCollective:
+def isend(
+    tensor: torch.Tensor,
+    peer: int,
+    group,
+    ledger: CommLedger | None = None,
+    *,
+    tag: str = "",
+    message: int = 0,
+) -> PendingCollective:
     """Start sending ``tensor`` to the group-local rank ``peer``; ``message`` is the
     transport tag that tells transfers between the same two ranks apart."""
-    return _launch("send", tag, nbytes(tensor), ledger,
-                   lambda: dist.isend(tensor, group=group, group_dst=peer, tag=message), tensor, async_op=True)
+    return _launch(
+        "send",
+        tag,
+        nbytes(tensor),
+        ledger,
+        lambda: dist.isend(tensor, group=group, group_dst=peer, tag=message),
+        tensor,
+        async_op=True,
+    )
 
 
-def irecv(tensor: torch.Tensor, peer: int, group, ledger: CommLedger | None = None, *, tag: str = "",
-          message: int = 0) -> PendingCollective:
+def irecv(
+    tensor: torch.Tensor,
+    peer: int,
+    group,
+    ledger: CommLedger | None = None,
+    *,
+    tag: str = "",
+    message: int = 0,
+) -> PendingCollective:
     """Start receiving into ``tensor`` from the group-local rank ``peer``; ``wait()``
     returns it, and the wait is the exposed time charged to the ledger."""
-    return _launch("recv", tag, nbytes(tensor), ledger,
-                   lambda: dist.irecv(tensor, group=group, group_src=peer, tag=message), tensor, async_op=True)
+    return _launch(
+        "recv",
+        tag,
+        nbytes(tensor),
+        ledger,
+        lambda: dist.irecv(tensor, group=group, group_src=peer, tag=message),
+        tensor,
+        async_op=True,
+    )
 
 
-def send(tensor: torch.Tensor, peer: int, group, ledger: CommLedger | None = None, *, tag: str = "",
-         message: int = 0) -> None:
+def send(
+    tensor: torch.Tensor,
+    peer: int,
+    group,
+    ledger: CommLedger | None = None,
+    *,
+    tag: str = "",
+    message: int = 0,
+) -> None:
     isend(tensor, peer, group, ledger, tag=tag, message=message).wait()
 
 
-def recv(tensor: torch.Tensor, peer: int, group, ledger: CommLedger | None = None, *, tag: str = "",
-         message: int = 0) -> torch.Tensor:
+def recv(
+    tensor: torch.Tensor,
+    peer: int,
+    group,
+    ledger: CommLedger | None = None,
+    *,
+    tag: str = "",
+    message: int = 0,
+) -> torch.Tensor:
     return irecv(tensor, peer, group, ledger, tag=tag, message=message).wait()

@@ -17,8 +17,9 @@ class RankBatches:
 
     def micro_batch(self, step: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and targets, (b, T) each, of micro-step ``k`` of ``step``."""
-        x, y = self.sampler.micro_batch(step, dp_rank=self.dp_rank, dp_size=self.dp_size, micro_step=k,
-                                        accum=self.accum)
+        x, y = self.sampler.micro_batch(
+            step, dp_rank=self.dp_rank, dp_size=self.dp_size, micro_step=k, accum=self.accum
+        )
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
     def step(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -12,10 +12,23 @@ from dataclasses import dataclass
 
 import torch
 
-from paracube.data.source import BYTE_VOCABULARY, DEFAULT_MAX_BYTES, check_length, stdlib_files, text_files
+from paracube.data.source import (
+    BYTE_VOCABULARY,
+    DEFAULT_MAX_BYTES,
+    check_length,
+    stdlib_files,
+    text_files,
+)
 from paracube.errors import DataError
 
-__all__ = ["TokenCorpus", "VOCAB_SIZE", "build_corpus", "read_user_text", "stdlib_files", "stdlib_text"]
+__all__ = [
+    "TokenCorpus",
+    "VOCAB_SIZE",
+    "build_corpus",
+    "read_user_text",
+    "stdlib_files",
+    "stdlib_text",
+]
 
 VOCAB_SIZE = BYTE_VOCABULARY
 
@@ -29,7 +42,9 @@ class TokenCorpus:
     source: str
 
     def describe(self) -> str:
-        return f"{self.source}: {self.train.numel():,} train / {self.val.numel():,} validation bytes"
+        return (
+            f"{self.source}: {self.train.numel():,} train / {self.val.numel():,} validation bytes"
+        )
 
 
 def stdlib_text(max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
@@ -45,7 +60,9 @@ def stdlib_text(max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
         if total >= max_bytes:
             break
     if not chunks:
-        raise DataError("found no Python standard-library sources for the default corpus: pass --data PATH")
+        raise DataError(
+            "found no Python standard-library sources for the default corpus: pass --data PATH"
+        )
     return b"".join(chunks)[:max_bytes]
 
 
@@ -56,7 +73,9 @@ def read_user_text(path: str) -> bytes:
         try:
             chunks.append(f.read_bytes())
         except OSError as e:
-            raise DataError(f"--data {path}: cannot read {f} ({e.strerror}); fix its permissions or remove it") from None
+            raise DataError(
+                f"--data {path}: cannot read {f} ({e.strerror}); fix its permissions or remove it"
+            ) from None
     text = b"".join(chunks)
     if not text:
         raise DataError(f"--data {path}: no text in it (empty); give a non-empty text file")
@@ -75,4 +94,6 @@ def build_corpus(
     check_length(len(tokens), data, seq_len, val_fraction)
     n_val = int(len(tokens) * val_fraction)
     source = "stdlib sources" if data is None else str(data)
-    return TokenCorpus(train=tokens[: len(tokens) - n_val], val=tokens[len(tokens) - n_val :], source=source)
+    return TokenCorpus(
+        train=tokens[: len(tokens) - n_val], val=tokens[len(tokens) - n_val :], source=source
+    )

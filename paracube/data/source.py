@@ -23,7 +23,7 @@ _SKIP_DIRS = {"site-packages", "test", "tests", "idlelib", "__pycache__", "lib2t
 def stdlib_files(root: str | None = None) -> list[Path]:
     """The standard library's ``.py`` files in sorted order (tests and vendored packages skipped)."""
     base = Path(root or sysconfig.get_paths()["stdlib"])
-    found = []
+    found: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(base):
         dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
         found.extend(Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py"))
@@ -34,7 +34,9 @@ def text_files(path: str) -> list[Path]:
     """The text file ``path``, or every non-binary file under the folder ``path`` (sorted)."""
     p = Path(path)
     if not p.exists():
-        raise DataError(f"--data {path}: no such file or folder; give an existing text file or folder")
+        raise DataError(
+            f"--data {path}: no such file or folder; give an existing text file or folder"
+        )
     if not (p.is_file() or p.is_dir()):
         raise DataError(f"--data {path}: not a regular file or folder; give a text file or folder")
     files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
@@ -46,10 +48,14 @@ def text_files(path: str) -> list[Path]:
             with f.open("rb") as fh:
                 head = fh.read(SNIFF_BYTES)
         except OSError as e:
-            raise DataError(f"--data {path}: cannot read {f} ({e.strerror}); fix its permissions or remove it") from None
+            raise DataError(
+                f"--data {path}: cannot read {f} ({e.strerror}); fix its permissions or remove it"
+            ) from None
         if b"\0" in head:
             if p.is_file():
-                raise DataError(f"--data {path}: looks binary (NUL bytes), not text; give a text file")
+                raise DataError(
+                    f"--data {path}: looks binary (NUL bytes), not text; give a text file"
+                )
             continue  # a binary file inside a folder is skipped, not trained on
         text.append(f)
     return text
@@ -69,12 +75,16 @@ def check_length(n_bytes: int, data: str | None, seq_len: int, val_fraction: flo
         )
 
 
-def check_source(data: str | None, seq_len: int, val_fraction: float, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+def check_source(
+    data: str | None, seq_len: int, val_fraction: float, max_bytes: int = DEFAULT_MAX_BYTES
+) -> None:
     """Refuse a missing, unreadable, binary, empty or too short source, from file sizes."""
     if data is None:
         files = stdlib_files()
         if not files:
-            raise DataError("found no Python standard-library sources for the default corpus: pass --data PATH")
+            raise DataError(
+                "found no Python standard-library sources for the default corpus: pass --data PATH"
+            )
         total = 0
         for f in files:
             total += f.stat().st_size

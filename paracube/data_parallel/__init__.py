@@ -14,6 +14,15 @@ from paracube.data_parallel.shards import FlatShard, Segment
 from paracube.data_parallel.zero3 import ShardedDataParallel
 
 __all__ = [
-    "AllReduce", "DataParallel", "FlatDataParallel", "FlatShard", "FlatUnit", "MainParamOptimizer", "ReduceScatter",
-    "Reducer", "Segment", "ShardedDataParallel", "build_buckets",
+    "AllReduce",
+    "DataParallel",
+    "FlatDataParallel",
+    "FlatShard",
+    "FlatUnit",
+    "MainParamOptimizer",
+    "ReduceScatter",
+    "Reducer",
+    "Segment",
+    "ShardedDataParallel",
+    "build_buckets",
 ]

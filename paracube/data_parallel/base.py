@@ -27,7 +27,7 @@ for every reduction and starts a new window.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -50,8 +50,16 @@ class FlatDataParallel(nn.Module):
     binds_grads = True  # after absorbing, param.grad is the buffer's view (False: None)
     accumulates_locally = True  # no_sync can accumulate full gradients (ZeRO-0/1)
 
-    def __init__(self, module: nn.Module, group, ledger: CommLedger | None, *, reducer: Reducer,
-                 average: bool, pre_reduce: PreReduce | None):
+    def __init__(
+        self,
+        module: nn.Module,
+        group,
+        ledger: CommLedger | None,
+        *,
+        reducer: Reducer,
+        average: bool,
+        pre_reduce: PreReduce | None,
+    ):
         super().__init__()
         self.module, self.group, self.ledger = module, group, ledger
         self.world = ops.group_size(group)
@@ -65,10 +73,10 @@ class FlatDataParallel(nn.Module):
         self._next_launch = 0
         self._inflight: list[Waitable] = []
 
-    def _attach(self, units: list[FlatUnit], hooks: bool) -> None:
+    def _attach(self, units: Sequence[FlatUnit], hooks: bool) -> None:
         """Take ``units`` as the launch order; with ``hooks``, absorb and launch during
         backward (without, :meth:`sync_gradients` does everything after it)."""
-        self.units = units
+        self.units = list(units)
         self._where = {p: (u, i) for u in units for i, p in enumerate(u.params)}
         if self.reducer.sharded:
             for u in units:
@@ -151,7 +159,9 @@ class FlatDataParallel(nn.Module):
         if param.grad is None:  # an undefined gradient (a zero-bubble I pass defers dW)
             return
         unit, i = self._where[param]
-        unit.absorb(i, bind=self.binds_grads)  # the gradient now lives in the unit, also under no_sync
+        unit.absorb(
+            i, bind=self.binds_grads
+        )  # the gradient now lives in the unit, also under no_sync
         self._synced = False
         if not self._sync:
             return

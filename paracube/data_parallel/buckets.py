@@ -8,7 +8,7 @@ al. 2020, PyTorch DDP, §3.2.3).
 
 from __future__ import annotations
 
-from typing import Callable, Hashable
+from collections.abc import Callable, Hashable
 
 import torch
 from torch import nn
@@ -47,8 +47,17 @@ def build_buckets(
         sizes.pop(kind, None)
         if members:
             i = len(buckets)
-            buckets.append(FlatUnit(i, members, world=world, rank=rank, grad_dtype=dtype, key=kind[2],
-                                    name=f"bucket{i}"))
+            buckets.append(
+                FlatUnit(
+                    i,
+                    members,
+                    world=world,
+                    rank=rank,
+                    grad_dtype=dtype,
+                    key=kind[2],
+                    name=f"bucket{i}",
+                )
+            )
 
     for p in reversed(params):
         kind = (p.dtype, p.device, key(p))

@@ -17,6 +17,8 @@ all-gathered back into the (full, replicated) parameters.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -80,13 +82,23 @@ class DataParallel(FlatDataParallel):
         pre_reduce: PreReduce | None = None,
     ):
         if zero_stage not in (0, 1, 2):
-            raise ValueError(f"DataParallel handles ZeRO stages 0, 1, 2, got {zero_stage} (stage 3: ShardedDataParallel)")
+            raise ValueError(
+                f"DataParallel handles ZeRO stages 0, 1, 2, got {zero_stage} (stage 3: ShardedDataParallel)"
+            )
         if not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be > 0, got {bucket_mb!r}")
-        super().__init__(module, group, ledger, reducer=reducer or (ReduceScatter() if zero_stage == 2 else AllReduce()),
-                         average=average, pre_reduce=pre_reduce)
+        super().__init__(
+            module,
+            group,
+            ledger,
+            reducer=reducer or (ReduceScatter() if zero_stage == 2 else AllReduce()),
+            average=average,
+            pre_reduce=pre_reduce,
+        )
         self.zero_stage = zero_stage
-        self.accumulates_locally = zero_stage < 2  # ZeRO-2 keeps no full gradients between micro-batches
+        self.accumulates_locally = (
+            zero_stage < 2
+        )  # ZeRO-2 keeps no full gradients between micro-batches
         self._group_key = group_key or (lambda p: None)
         params = [p for p in module.parameters() if p.requires_grad]
         first = None if first_bucket_mb is None else int(first_bucket_mb * MIB)
@@ -94,8 +106,15 @@ class DataParallel(FlatDataParallel):
         # (flat, fused), where fp32 gradients of a bf16 model accumulate, and where
         # pre-reduce sums (sequence parallel, tied weights) happen.
         sliced = zero_stage > 0
-        buckets = build_buckets(params, int(bucket_mb * MIB), first, group_key, world=self.world if sliced else 1,
-                                rank=self.rank if sliced else 0, dtype=grad_dtype)
+        buckets = build_buckets(
+            params,
+            int(bucket_mb * MIB),
+            first,
+            group_key,
+            world=self.world if sliced else 1,
+            rank=self.rank if sliced else 0,
+            dtype=grad_dtype,
+        )
         self._broadcast_state()
         self.flat_params: list[nn.Parameter | None] = []
         for b in buckets:
@@ -142,7 +161,7 @@ class DataParallel(FlatDataParallel):
         """
         if any(flat is None for flat in self.flat_params):
             raise RuntimeError("flat_parameters() needs DataParallel(..., contiguous_params=True)")
-        return [(b.key, flat) for b, flat in zip(self.units, self.flat_params)]
+        return [(b.key, flat) for b, flat in zip(self.units, self.flat_params) if flat is not None]
 
     def shards(self) -> list[FlatShard]:
         """What this rank's optimizer steps, one :class:`FlatShard` per bucket: the whole
@@ -151,12 +170,28 @@ class DataParallel(FlatDataParallel):
         shards = []
         for b, flat in zip(self.units, self.flat_params):
             if flat is None:
-                raise RuntimeError("shards() needs DataParallel(..., contiguous_params=True) or a ZeRO stage")
+                raise RuntimeError(
+                    "shards() needs DataParallel(..., contiguous_params=True) or a ZeRO stage"
+                )
             values = flat.data[b.lo : b.hi]
-            gather = (lambda b=b, v=values: ops.all_gather_into(b.flat, v.clone(), self.group, self.ledger,
-                                                                tag="param", async_op=True)) if sharded else None
-            shards.append(b.shard(values, lambda b=b: reduced_gradient(b, self.reducer), self._group_key,
-                                  sharded=sharded, gather=gather))
+            gather = (
+                (
+                    lambda b=b, v=values: ops.all_gather_into(
+                        b.flat, v.clone(), self.group, self.ledger, tag="param", async_op=True
+                    )
+                )
+                if sharded
+                else None
+            )
+            shards.append(
+                b.shard(
+                    values,
+                    functools.partial(reduced_gradient, b, self.reducer),
+                    self._group_key,
+                    sharded=sharded,
+                    gather=gather,
+                )
+            )
         return shards
 
     @property
@@ -174,7 +209,9 @@ class DataParallel(FlatDataParallel):
         """Start every replica from data-parallel rank 0's parameters and buffers."""
         if self.world == 1:
             return
-        tensors = [t for t in list(self.module.parameters()) + list(self.module.buffers()) if t.numel()]
+        tensors = [
+            t for t in list(self.module.parameters()) + list(self.module.buffers()) if t.numel()
+        ]
         by_dtype: dict[tuple, list[torch.Tensor]] = {}
         for t in tensors:
             by_dtype.setdefault((t.dtype, t.device), []).append(t)

@@ -16,13 +16,19 @@ the wrapper's injected reducer (:mod:`paracube.data_parallel.reducers`).
 
 from __future__ import annotations
 
-from typing import Callable, Hashable
+from collections.abc import Callable, Hashable
 
 import torch
 from torch import nn
 
 from paracube.data_parallel.shards import (
-    FlatShard, alloc_storage, free_storage, is_allocated, shard_bounds, slice_layout,
+    FlatShard,
+    Waitable,
+    alloc_storage,
+    free_storage,
+    is_allocated,
+    shard_bounds,
+    slice_layout,
 )
 
 
@@ -36,8 +42,17 @@ class FlatUnit:
     the parameters' (fp32 gradient reduction under bf16).
     """
 
-    def __init__(self, index: int, params: list[nn.Parameter], *, world: int = 1, rank: int = 0,
-                 grad_dtype: torch.dtype | None = None, key: Hashable = None, name: str = ""):
+    def __init__(
+        self,
+        index: int,
+        params: list[nn.Parameter],
+        *,
+        world: int = 1,
+        rank: int = 0,
+        grad_dtype: torch.dtype | None = None,
+        key: Hashable = None,
+        name: str = "",
+    ):
         self.index, self.params, self.key = index, list(params), key
         self.name = name or f"unit{index}"
         self.offsets, total = [], 0
@@ -49,7 +64,9 @@ class FlatUnit:
         self.lo, self.hi = shard_bounds(padded, world, rank)
         first = self.params[0]
         self.buffer = torch.zeros(padded, dtype=grad_dtype or first.dtype, device=first.device)
-        self.views = [self.buffer[o : o + p.numel()].view_as(p) for o, p in zip(self.offsets, self.params)]
+        self.views = [
+            self.buffer[o : o + p.numel()].view_as(p) for o, p in zip(self.offsets, self.params)
+        ]
         self.stale = [True] * len(self.params)  # slice not written since the window began
         self.pending = len(self.params)  # gradients still to come in this backward
         self.flat: torch.Tensor | None = None  # the parameters' flat storage (make_contiguous)
@@ -104,20 +121,23 @@ class FlatUnit:
     def absorb(self, i: int, bind: bool = True) -> None:
         """Make sure ``params[i]``'s gradient lives in its slice; afterwards ``.grad`` is
         the view (``bind`` and dtypes agree) or None (the buffer holds it)."""
-        p, view = self.params[i], self.views[i]
+        p, view, grad = self.params[i], self.views[i], self.params[i].grad
+        assert grad is not None, "absorb() needs a gradient"
         self.allocate()
-        if p.grad.data_ptr() != view.data_ptr():
+        if grad.data_ptr() != view.data_ptr():
             if self.stale[i]:
-                view.copy_(p.grad)
+                view.copy_(grad)
             else:
-                view.add_(p.grad)
+                view.add_(grad)
             p.grad = view if bind and self.bindable else None
         self.stale[i] = False
 
     def has_stray_grad(self, i: int) -> bool:
         """A gradient written outside the hooks (one-rank groups, zero-bubble W passes)."""
         g = self.params[i].grad
-        return g is not None and (not self.bindable or not self.allocated or g.data_ptr() != self.views[i].data_ptr())
+        return g is not None and (
+            not self.bindable or not self.allocated or g.data_ptr() != self.views[i].data_ptr()
+        )
 
     def prepare_reduce(self) -> None:
         """Before the reduction: the buffer allocated, slices that got no gradient in this
@@ -136,7 +156,15 @@ class FlatUnit:
 
     def make_grad_shard(self) -> None:
         """Keep a persistent slice for a sharded (reduce-scatter) reduction."""
-        self.grad_shard = torch.zeros(self.hi - self.lo, dtype=self.buffer.dtype, device=self.buffer.device)
+        self.grad_shard = torch.zeros(
+            self.hi - self.lo, dtype=self.buffer.dtype, device=self.buffer.device
+        )
+
+    @property
+    def sharded_grad(self) -> torch.Tensor:
+        """The persistent reduced slice (after :meth:`make_grad_shard`)."""
+        assert self.grad_shard is not None, "this unit has no gradient slice (no sharded reducer)"
+        return self.grad_shard
 
     # -- the parameters -----------------------------------------------------------------
 
@@ -146,7 +174,9 @@ class FlatUnit:
         return it: each ``param.data`` becomes a view of it, so stepping the flat tensor
         (one fused kernel per unit instead of one launch per tensor) updates the module in
         place — the contiguous parameter buffers of Megatron-Core's distributed optimizer."""
-        flat = torch.zeros(self.buffer.numel(), dtype=self.params[0].dtype, device=self.buffer.device)
+        flat = torch.zeros(
+            self.buffer.numel(), dtype=self.params[0].dtype, device=self.buffer.device
+        )
         for p, o in zip(self.params, self.offsets):
             view = flat[o : o + p.numel()].view_as(p)
             view.copy_(p)
@@ -154,9 +184,18 @@ class FlatUnit:
         self.flat = flat
         return flat
 
-    def shard(self, values: torch.Tensor, grad: Callable[[], torch.Tensor], key: Callable[[nn.Parameter], Hashable],
-              *, sharded: bool, gather: Callable[[], object] | None = None) -> FlatShard:
+    def shard(
+        self,
+        values: torch.Tensor,
+        grad: Callable[[], torch.Tensor],
+        key: Callable[[nn.Parameter], Hashable],
+        *,
+        sharded: bool,
+        gather: Callable[[], Waitable] | None = None,
+    ) -> FlatShard:
         """This rank's slice described for the optimizer and for checkpoints."""
         hi = max(self.lo, min(self.hi, self.numel))
         ranges, segments = slice_layout(self.params, self.offsets, self.lo, hi, key)
-        return FlatShard(values, grad, ranges, segments, sharded=sharded, gather=gather, name=self.name)
+        return FlatShard(
+            values, grad, ranges, segments, sharded=sharded, gather=gather, name=self.name
+        )

@@ -20,7 +20,7 @@ Adam's two moments).
 
 from __future__ import annotations
 
-from typing import Callable, Hashable
+from collections.abc import Callable, Hashable
 
 import torch
 from torch import nn
@@ -41,7 +41,9 @@ class MainParamOptimizer:
         self.master_dtype = master_dtype
         self._main: list[torch.Tensor] = []  # per shard: its (hi−lo,) main values
         self._main_grad: list[torch.Tensor | None] = []  # fp32 gradient slice when converted
-        self._entries: list[list[tuple[nn.Parameter, int, int]]] = []  # per shard: (main param, a, b)
+        self._entries: list[
+            list[tuple[nn.Parameter, int, int]]
+        ] = []  # per shard: (main param, a, b)
         groups: dict[Hashable, list[nn.Parameter]] = {}
         for sh in shards:
             copy = sh.values.dtype != master_dtype
@@ -72,9 +74,10 @@ class MainParamOptimizer:
         for i, sh in enumerate(self.shards):
             g = sh.grad()
             if g.dtype != self.master_dtype:
-                if self._main_grad[i] is None:
-                    self._main_grad[i] = torch.empty_like(self._main[i])
-                g = self._main_grad[i].copy_(g)
+                converted = self._main_grad[i]
+                if converted is None:
+                    converted = self._main_grad[i] = torch.empty_like(self._main[i])
+                g = converted.copy_(g)
             grads.append(g)
             for p, a, b in self._entries[i]:
                 p.grad = g[a:b]
@@ -100,8 +103,12 @@ class MainParamOptimizer:
         """Σ g² over the local slices of the parameters for which ``counts(param)`` holds
         (the caller sums it over the data-parallel group when the slices are shards, and
         over the tensor- and pipeline-parallel groups by Megatron's rules)."""
-        views = [g[seg.start : seg.stop] for g, sh in zip(self._grads, self.shards) for seg in sh.segments
-                 if counts(seg.param)]
+        views = [
+            g[seg.start : seg.stop]
+            for g, sh in zip(self._grads, self.shards)
+            for seg in sh.segments
+            if counts(seg.param)
+        ]
         if not views:
             return torch.zeros((), dtype=self.master_dtype, device=self._device())
         return torch.stack(torch._foreach_norm(views)).to(self.master_dtype).square().sum()
@@ -127,17 +134,27 @@ class MainParamOptimizer:
 
     def state_bytes(self) -> dict[str, int]:
         """Bytes held by the optimizer: its states (Adam's m and v) and fp32 master copies."""
-        states = sum(t.numel() * t.element_size() for st in self.optimizer.state.values()
-                     for t in st.values() if torch.is_tensor(t) and t.dim() > 0)
-        master = sum(m.numel() * m.element_size() for m, sh in zip(self._main, self.shards) if m is not sh.values)
+        states = sum(
+            t.numel() * t.element_size()
+            for st in self.optimizer.state.values()
+            for t in st.values()
+            if torch.is_tensor(t) and t.dim() > 0
+        )
+        master = sum(
+            m.numel() * m.element_size()
+            for m, sh in zip(self._main, self.shards)
+            if m is not sh.values
+        )
         return {"optimizer_states": states, "master_weights": master}
 
     def memory_bytes(self) -> dict[str, int]:
         """This rank's bytes as the step's memory record counts them: ``optimizer`` (states
         and master weights) and ``gradients`` (fp32 copies of reduced gradient slices)."""
         states = self.state_bytes()
-        return {"optimizer": states["optimizer_states"] + states["master_weights"],
-                "gradients": sum(storage_bytes(g) for g in self._main_grad)}
+        return {
+            "optimizer": states["optimizer_states"] + states["master_weights"],
+            "gradients": sum(storage_bytes(g) for g in self._main_grad),
+        }
 
     def _device(self):
         return self._main[0].device if self._main else torch.device("cpu")

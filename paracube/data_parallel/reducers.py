@@ -18,11 +18,7 @@ import torch
 from paracube.comm import ops
 from paracube.comm.ledger import CommLedger
 from paracube.data_parallel.flat import FlatUnit
-from paracube.data_parallel.shards import alloc_storage
-
-
-class Waitable(Protocol):
-    def wait(self) -> object: ...
+from paracube.data_parallel.shards import Waitable, alloc_storage
 
 
 class Reducer(Protocol):
@@ -33,7 +29,7 @@ class Reducer(Protocol):
 
 def reduced_gradient(unit: FlatUnit, reducer: Reducer) -> torch.Tensor:
     """This rank's (hi−lo,) reduced gradient slice of ``unit`` after the reduction."""
-    return unit.grad_shard if reducer.sharded else unit.buffer[unit.lo : unit.hi]
+    return unit.sharded_grad if reducer.sharded else unit.buffer[unit.lo : unit.hi]
 
 
 class AllReduce:
@@ -53,10 +49,13 @@ class ReduceScatter:
     sharded = True
 
     def __call__(self, unit: FlatUnit, group, ledger: CommLedger | None) -> Waitable:
-        alloc_storage(unit.grad_shard)  # released after the previous step
+        shard = unit.sharded_grad
+        alloc_storage(shard)  # released after the previous step
         # The first reduction of an accumulation window writes the slice in place.
-        out = unit.grad_shard if unit.shard_fresh else torch.empty_like(unit.grad_shard)
-        pending = ops.reduce_scatter_into(out, unit.buffer, group, ledger, tag="grad", async_op=True)
+        out = shard if unit.shard_fresh else torch.empty_like(shard)
+        pending = ops.reduce_scatter_into(
+            out, unit.buffer, group, ledger, tag="grad", async_op=True
+        )
         return _AfterReduceScatter(pending, unit, out)
 
 
@@ -66,8 +65,9 @@ class _AfterReduceScatter:
 
     def wait(self) -> torch.Tensor:
         self.pending.wait()
-        if self.out is not self.unit.grad_shard:
-            self.unit.grad_shard.add_(self.out)
+        shard = self.unit.sharded_grad
+        if self.out is not shard:
+            shard.add_(self.out)
         self.unit.shard_fresh = False
         self.unit.free()
-        return self.unit.grad_shard
+        return shard

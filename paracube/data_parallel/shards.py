@@ -19,11 +19,18 @@ and how to rebuild the full parameters after the step.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import nn
+
+
+class Waitable(Protocol):
+    """A started communication: ``wait()`` finishes it."""
+
+    def wait(self) -> object: ...
 
 
 class Segment(NamedTuple):
@@ -54,12 +61,16 @@ class FlatShard:
     ranges: list[tuple[Hashable, int, int]]
     segments: list[Segment]
     sharded: bool
-    gather: Callable[[], object] | None = None
+    gather: Callable[[], Waitable] | None = None
     name: str = field(default="")
 
 
 def slice_layout(
-    params: list[nn.Parameter], offsets: list[int], lo: int, hi: int, key: Callable[[nn.Parameter], Hashable]
+    params: list[nn.Parameter],
+    offsets: list[int],
+    lo: int,
+    hi: int,
+    key: Callable[[nn.Parameter], Hashable],
 ) -> tuple[list[tuple[Hashable, int, int]], list[Segment]]:
     """``ranges`` and ``segments`` (see :class:`FlatShard`) of the slice ``[lo, hi)`` of a
     flat buffer holding ``params`` at ``offsets``."""

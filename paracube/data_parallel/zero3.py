@@ -24,7 +24,8 @@ autograd's saved references to it remain valid across the free/gather cycle.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+import functools
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -41,14 +42,25 @@ class ShardedUnit(FlatUnit):
     """A flat unit whose parameters are kept as this rank's slice only (``shard``) and
     gathered into the full flat buffer (``flat``) around each use."""
 
-    def __init__(self, index: int, name: str, params: list[nn.Parameter], owner: "ShardedDataParallel"):
+    def __init__(
+        self, index: int, name: str, params: list[nn.Parameter], owner: ShardedDataParallel
+    ):
         key = owner.group_key
         # Decayed parameters first, so each optimizer group is one run in most slices.
         params = sorted(params, key=lambda p: not key(p))
-        super().__init__(index, params, world=owner.world, rank=owner.rank, grad_dtype=owner.grad_dtype, name=name)
+        super().__init__(
+            index,
+            params,
+            world=owner.world,
+            rank=owner.rank,
+            grad_dtype=owner.grad_dtype,
+            name=name,
+        )
         self.owner = owner
-        full = self.make_contiguous()
-        ops.broadcast(full, 0, owner.group, owner.ledger, tag="init")  # every replica starts as rank 0
+        full = self.full = self.make_contiguous()  # (padded numel,), gathered around each use
+        ops.broadcast(
+            full, 0, owner.group, owner.ledger, tag="init"
+        )  # every replica starts as rank 0
         self.param_shard = full[self.lo : self.hi].clone()  # persistent: this rank's parameters
         self.pending_gather: ops.PendingCollective | None = None
         self.in_backward = False
@@ -57,7 +69,7 @@ class ShardedUnit(FlatUnit):
 
     @property
     def gathered(self) -> bool:
-        return is_allocated(self.flat)
+        return is_allocated(self.full)
 
     def gather(self, async_op: bool = False) -> None:
         """Rebuild the full parameters from every rank's slice (no-op if already there)."""
@@ -65,9 +77,14 @@ class ShardedUnit(FlatUnit):
             if not async_op:
                 self.wait_gather()
             return
-        alloc_storage(self.flat)
+        alloc_storage(self.full)
         self.pending_gather = ops.all_gather_into(
-            self.flat, self.param_shard, self.owner.group, self.owner.ledger, tag="param", async_op=True
+            self.full,
+            self.param_shard,
+            self.owner.group,
+            self.owner.ledger,
+            tag="param",
+            async_op=True,
         )
         self.owner.note_param_memory()
         if not async_op:
@@ -81,7 +98,7 @@ class ShardedUnit(FlatUnit):
     def release(self) -> None:
         """Free the gathered parameters (this rank's slice stays)."""
         self.wait_gather()
-        free_storage(self.flat)
+        free_storage(self.full)
 
 
 class ShardedDataParallel(FlatDataParallel):
@@ -106,13 +123,26 @@ class ShardedDataParallel(FlatDataParallel):
     binds_grads = False  # gradients are copied into the unit's buffer, param.grad released
     accumulates_locally = False
 
-    def __init__(self, module: nn.Module, units: list[nn.Module], group=None, ledger: CommLedger | None = None,
-                 *, group_key=None, grad_dtype: torch.dtype | None = None, reducer: Reducer | None = None,
-                 pre_reduce: PreReduce | None = None):
+    def __init__(
+        self,
+        module: nn.Module,
+        units: list[nn.Module],
+        group=None,
+        ledger: CommLedger | None = None,
+        *,
+        group_key=None,
+        grad_dtype: torch.dtype | None = None,
+        reducer: Reducer | None = None,
+        pre_reduce: PreReduce | None = None,
+    ):
         reducer = reducer or ReduceScatter()
         if not reducer.sharded:
-            raise ValueError("ZeRO-3 keeps only gradient slices: its reducer must be sharded (reduce-scatter)")
-        super().__init__(module, group, ledger, reducer=reducer, average=False, pre_reduce=pre_reduce)
+            raise ValueError(
+                "ZeRO-3 keeps only gradient slices: its reducer must be sharded (reduce-scatter)"
+            )
+        super().__init__(
+            module, group, ledger, reducer=reducer, average=False, pre_reduce=pre_reduce
+        )
         self.group_key, self.grad_dtype = group_key or (lambda p: None), grad_dtype
         self.peak_param_bytes = 0
         inner_ids: set[int] = set()
@@ -125,7 +155,9 @@ class ShardedDataParallel(FlatDataParallel):
         self.root = ShardedUnit(len(self.block_units), "root", root, self) if root else None
         self.all_units = self.block_units + ([self.root] if self.root else [])
         # Reductions are launched in this fixed order on every rank: last block first.
-        self._attach(list(reversed(self.block_units)) + ([self.root] if self.root else []), hooks=True)
+        self._attach(
+            list(reversed(self.block_units)) + ([self.root] if self.root else []), hooks=True
+        )
         for i, m in enumerate(units):
             m.register_forward_pre_hook(self._make_pre_forward(i))
             m.register_forward_hook(self._make_post_forward(i))
@@ -136,18 +168,29 @@ class ShardedDataParallel(FlatDataParallel):
         if self.root is not None:
             self.root.gather()
         out = self.module(*args, **kwargs)
-        if not torch.is_grad_enabled() and self.root is not None:  # evaluation: nothing stays gathered
+        if (
+            not torch.is_grad_enabled() and self.root is not None
+        ):  # evaluation: nothing stays gathered
             self.root.release()
         return out
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
-        raise RuntimeError("ZeRO-3 reduce-scatters every backward (it keeps no full gradients to accumulate into)")
+        raise RuntimeError(
+            "ZeRO-3 reduce-scatters every backward (it keeps no full gradients to accumulate into)"
+        )
         yield  # pragma: no cover
 
     def shards(self) -> list[FlatShard]:
-        return [u.shard(u.param_shard, lambda u=u: reduced_gradient(u, self.reducer), self.group_key,
-                        sharded=self.world > 1) for u in self.all_units]
+        return [
+            u.shard(
+                u.param_shard,
+                functools.partial(reduced_gradient, u, self.reducer),
+                self.group_key,
+                sharded=self.world > 1,
+            )
+            for u in self.all_units
+        ]
 
     def memory_bytes(self) -> dict[str, int]:
         return {**super().memory_bytes(), "params_peak": self.peak_param_bytes}
@@ -163,7 +206,7 @@ class ShardedDataParallel(FlatDataParallel):
                 u.release()
 
     def gathered_param_bytes(self) -> int:
-        return sum(u.flat.untyped_storage().nbytes() for u in self.all_units)
+        return sum(u.full.untyped_storage().nbytes() for u in self.all_units)
 
     def note_param_memory(self) -> None:
         shards = sum(u.param_shard.numel() * u.param_shard.element_size() for u in self.all_units)
@@ -182,6 +225,7 @@ class ShardedDataParallel(FlatDataParallel):
             unit.gather()
             if i + 1 < len(self.block_units):  # prefetch the next unit behind this one's compute
                 self.block_units[i + 1].gather(async_op=True)
+
         return hook
 
     def _make_post_forward(self, i: int):
@@ -190,9 +234,14 @@ class ShardedDataParallel(FlatDataParallel):
             if unit.in_backward:
                 return output
             unit.release()
-            if torch.is_grad_enabled() and isinstance(output, torch.Tensor) and output.requires_grad:
+            if (
+                torch.is_grad_enabled()
+                and isinstance(output, torch.Tensor)
+                and output.requires_grad
+            ):
                 output.register_hook(self._make_pre_backward(i))
             return output
+
         return hook
 
     def _make_pre_backward(self, i: int):
@@ -204,10 +253,11 @@ class ShardedDataParallel(FlatDataParallel):
             if i > 0:  # prefetch the unit whose backward comes next
                 self.block_units[i - 1].gather(async_op=True)
             return grad
+
         return hook
 
     def _unit_complete(self, unit: FlatUnit) -> None:
-        if unit is not self.root:
+        if unit is not self.root and isinstance(unit, ShardedUnit):
             unit.release()  # its backward is over: every parameter has its gradient
 
     def _after_backward(self) -> None:

@@ -19,7 +19,7 @@ import contextlib
 
 import torch
 
-_ACTIVE: list["ActivationCounter"] = []
+_ACTIVE: list[ActivationCounter] = []
 
 
 def _is_parameter(t: torch.Tensor) -> bool:
@@ -33,7 +33,7 @@ class _Saved:
 
     __slots__ = ("tensor", "counter", "key", "__weakref__")
 
-    def __init__(self, counter: "ActivationCounter", tensor: torch.Tensor):
+    def __init__(self, counter: ActivationCounter, tensor: torch.Tensor):
         self.tensor, self.counter, self.key = tensor, counter, None
         if not _is_parameter(tensor) and tensor.device.type != "meta":
             storage = tensor.untyped_storage()
@@ -56,7 +56,7 @@ class ActivationCounter:
         self.live = 0
         self.peak = 0
         self._refs: dict[tuple, list[int]] = {}  # storage key -> [references, bytes]
-        self._hooks = None
+        self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._depth = 0
 
     def _acquire(self, key, nbytes: int) -> None:
@@ -83,10 +83,11 @@ class ActivationCounter:
     def reset_peak(self) -> None:
         self.peak = self.live
 
-    def __enter__(self) -> "ActivationCounter":
+    def __enter__(self) -> ActivationCounter:
         if self._depth == 0:
-            self._hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda s: s.tensor)
-            self._hooks.__enter__()
+            hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda s: s.tensor)
+            hooks.__enter__()
+            self._hooks = hooks
             _ACTIVE.append(self)
         self._depth += 1
         return self
@@ -95,7 +96,8 @@ class ActivationCounter:
         self._depth -= 1
         if self._depth == 0:
             _ACTIVE.remove(self)
-            self._hooks.__exit__(*exc)
+            if self._hooks is not None:
+                self._hooks.__exit__(*exc)
             self._hooks = None
 
 
@@ -110,7 +112,7 @@ def note_saved(*tensors: torch.Tensor) -> tuple:
 
 
 @contextlib.contextmanager
-def counting(counter: "ActivationCounter | None"):
+def counting(counter: ActivationCounter | None):
     """``with counting(c):`` — a no-op when ``c`` is None."""
     if counter is None:
         yield

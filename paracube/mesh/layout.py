@@ -98,7 +98,9 @@ class MeshLayout:
 
     def _check_rank(self, rank: int) -> None:
         if not 0 <= rank < self.world_size:
-            raise ConfigError(f"rank {rank} is outside 0..{self.world_size - 1} for {self.describe()}")
+            raise ConfigError(
+                f"rank {rank} is outside 0..{self.world_size - 1} for {self.describe()}"
+            )
 
 
 def _check_axis(axis: str) -> str:

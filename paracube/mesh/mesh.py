@@ -58,7 +58,7 @@ def _timeout_override(device: torch.device, timeout_s: float | None) -> dict | N
     if device.type == "cuda":
         backend, options = "nccl", dist.ProcessGroupNCCL.Options()
     else:
-        backend, options = "gloo", dist.ProcessGroupGloo._Options()
+        backend, options = "gloo", dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
     options._timeout = timedelta(seconds=timeout_s)
     return {axis: (backend, options) for axis in AXES}
 
@@ -70,12 +70,19 @@ class ProcessMesh:
     >>> mesh.rank("tp"), mesh.size("dp"), mesh.group("dp")
     """
 
-    def __init__(self, parallel: ParallelConfig, device: torch.device | None = None, timeout_s: float | None = None):
+    def __init__(
+        self,
+        parallel: ParallelConfig,
+        device: torch.device | None = None,
+        timeout_s: float | None = None,
+    ):
         self.layout = MeshLayout(pp=parallel.pp, dp=parallel.dp, tp=parallel.tp)
         self.device = device if device is not None else torch.device("cpu")
         self.global_rank = dist.get_rank()
         self.device_mesh: DeviceMesh = init_device_mesh(
-            self.device.type, self.layout.shape, mesh_dim_names=AXES,
+            self.device.type,
+            self.layout.shape,
+            mesh_dim_names=AXES,
             backend_override=_timeout_override(self.device, timeout_s),
         )
         self.ledger = CommLedger()
@@ -107,7 +114,10 @@ class ProcessMesh:
             mine = None
             for dp in range(self.layout.dp):
                 for tp in range(self.layout.tp):
-                    ranks = [self.layout.rank(pp=0, dp=dp, tp=tp), self.layout.rank(pp=self.layout.pp - 1, dp=dp, tp=tp)]
+                    ranks = [
+                        self.layout.rank(pp=0, dp=dp, tp=tp),
+                        self.layout.rank(pp=self.layout.pp - 1, dp=dp, tp=tp),
+                    ]
                     group = dist.new_group(ranks)
                     if self.global_rank in ranks:
                         mine = group
@@ -120,12 +130,18 @@ class ProcessMesh:
             expected = self.layout.group_of(self.global_rank, axis)
             actual = self.group_ranks(axis)
             if actual != expected:
-                raise RuntimeError(f"{axis} group of rank {self.global_rank} is {actual}, layout says {expected}")
+                raise RuntimeError(
+                    f"{axis} group of rank {self.global_rank} is {actual}, layout says {expected}"
+                )
             if self.device_mesh.get_local_rank(axis) != self._coords[axis]:
-                raise RuntimeError(f"{axis} coordinate of rank {self.global_rank} disagrees with DeviceMesh")
+                raise RuntimeError(
+                    f"{axis} coordinate of rank {self.global_rank} disagrees with DeviceMesh"
+                )
 
     def __repr__(self) -> str:
-        return f"ProcessMesh({self.layout.describe()}, rank={self.global_rank}, coords={self._coords})"
+        return (
+            f"ProcessMesh({self.layout.describe()}, rank={self.global_rank}, coords={self._coords})"
+        )
 
 
 def shutdown(code: int = 0) -> int:

@@ -34,7 +34,9 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps, bias=cfg.bias)
 
 
-def rotary_tables(seq_len: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_tables(
+    seq_len: int, head_dim: int, base: float = 10000.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables of RoFormer (Su et al. 2021), each (T, d/2)."""
     inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
@@ -54,6 +56,8 @@ def _attention_core(q, k, v, gqa: bool, kept=()) -> torch.Tensor:
 
 
 class CausalSelfAttention(nn.Module):
+    cos: torch.Tensor  # (T, d/2) rotary tables, buffers when positions are rotary
+    sin: torch.Tensor
     """Multi-head (or grouped-query) causal self-attention with one fused q/k/v projection,
     as Megatron's GPT: one matmul for the three, and under tensor parallelism one input
     collective for the three."""
@@ -81,12 +85,17 @@ class CausalSelfAttention(nn.Module):
         heads = qkv.shape[-1] // self.head_dim
         q_heads = heads * self.n_heads // (self.n_heads + 2 * self.n_kv_heads)
         kv_heads = (heads - q_heads) // 2
-        q, k, v = qkv.split([q_heads * self.head_dim, kv_heads * self.head_dim, kv_heads * self.head_dim], dim=-1)
+        q, k, v = qkv.split(
+            [q_heads * self.head_dim, kv_heads * self.head_dim, kv_heads * self.head_dim], dim=-1
+        )
         q = q.view(B, T, q_heads, self.head_dim).transpose(1, 2)  # (B, n, T, d)
         k = k.view(B, T, kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv, T, d)
         v = v.view(B, T, kv_heads, self.head_dim).transpose(1, 2)
         if self.rotary:
-            q, k = apply_rotary(q, self.cos[:T], self.sin[:T]), apply_rotary(k, self.cos[:T], self.sin[:T])
+            q, k = (
+                apply_rotary(q, self.cos[:T], self.sin[:T]),
+                apply_rotary(k, self.cos[:T], self.sin[:T]),
+            )
         if self.recompute_core and torch.is_grad_enabled():
             # Selective recomputation (Korthikanti et al. 2022, §4.2): keep only q, k, v and
             # recompute the attention core in backward instead of saving its outputs.
@@ -197,8 +206,9 @@ def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Next-token cross-entropy; logits (B, T, V), targets (B, T)."""
-    return F.cross_entropy(at_least_fp32(logits.flatten(0, 1)), targets.flatten(), reduction=reduction)
-
+    return F.cross_entropy(
+        at_least_fp32(logits.flatten(0, 1)), targets.flatten(), reduction=reduction
+    )
 
 
 def apply_recompute(model: nn.Module, mode: str, blocks: int | None = None) -> int:

@@ -16,7 +16,9 @@ from __future__ import annotations
 from paracube.config import ModelConfig
 from paracube.errors import ConfigError
 
-_LLAMA = dict(norm="rmsnorm", activation="swiglu", position="rope", bias=False, tie_embeddings=False)
+_LLAMA = dict(
+    norm="rmsnorm", activation="swiglu", position="rope", bias=False, tie_embeddings=False
+)
 
 PRESETS: dict[str, dict] = {
     # Byte-level models for this machine (2 CPU cores).
@@ -34,13 +36,65 @@ PRESETS: dict[str, dict] = {
     "gpt3-13b": dict(n_layers=40, hidden=5120, n_heads=40, vocab_size=50257, seq_len=2048),
     "gpt3-175b": dict(n_layers=96, hidden=12288, n_heads=96, vocab_size=50257, seq_len=2048),
     # LLaMA-2 (Touvron et al. 2023).
-    "llama2-7b": dict(n_layers=32, hidden=4096, n_heads=32, ffn_hidden=11008, vocab_size=32000, seq_len=4096, **_LLAMA),
-    "llama2-13b": dict(n_layers=40, hidden=5120, n_heads=40, ffn_hidden=13824, vocab_size=32000, seq_len=4096, **_LLAMA),
-    "llama2-70b": dict(n_layers=80, hidden=8192, n_heads=64, n_kv_heads=8, ffn_hidden=28672, vocab_size=32000, seq_len=4096, **_LLAMA),
+    "llama2-7b": dict(
+        n_layers=32,
+        hidden=4096,
+        n_heads=32,
+        ffn_hidden=11008,
+        vocab_size=32000,
+        seq_len=4096,
+        **_LLAMA,
+    ),
+    "llama2-13b": dict(
+        n_layers=40,
+        hidden=5120,
+        n_heads=40,
+        ffn_hidden=13824,
+        vocab_size=32000,
+        seq_len=4096,
+        **_LLAMA,
+    ),
+    "llama2-70b": dict(
+        n_layers=80,
+        hidden=8192,
+        n_heads=64,
+        n_kv_heads=8,
+        ffn_hidden=28672,
+        vocab_size=32000,
+        seq_len=4096,
+        **_LLAMA,
+    ),
     # LLaMA-3 / 3.1 (Dubey et al. 2024, Table 3).
-    "llama3-8b": dict(n_layers=32, hidden=4096, n_heads=32, n_kv_heads=8, ffn_hidden=14336, vocab_size=128256, seq_len=8192, **_LLAMA),
-    "llama3-70b": dict(n_layers=80, hidden=8192, n_heads=64, n_kv_heads=8, ffn_hidden=28672, vocab_size=128256, seq_len=8192, **_LLAMA),
-    "llama3-405b": dict(n_layers=126, hidden=16384, n_heads=128, n_kv_heads=8, ffn_hidden=53248, vocab_size=128256, seq_len=8192, **_LLAMA),
+    "llama3-8b": dict(
+        n_layers=32,
+        hidden=4096,
+        n_heads=32,
+        n_kv_heads=8,
+        ffn_hidden=14336,
+        vocab_size=128256,
+        seq_len=8192,
+        **_LLAMA,
+    ),
+    "llama3-70b": dict(
+        n_layers=80,
+        hidden=8192,
+        n_heads=64,
+        n_kv_heads=8,
+        ffn_hidden=28672,
+        vocab_size=128256,
+        seq_len=8192,
+        **_LLAMA,
+    ),
+    "llama3-405b": dict(
+        n_layers=126,
+        hidden=16384,
+        n_heads=128,
+        n_kv_heads=8,
+        ffn_hidden=53248,
+        vocab_size=128256,
+        seq_len=8192,
+        **_LLAMA,
+    ),
 }
 
 

@@ -62,12 +62,18 @@ def block_params(cfg: ModelConfig, tp: int = 1) -> float:
     column_bias = sum(lin.out_features for lin in block_linears(cfg) if lin.split == "column")
     row_bias = sum(lin.out_features for lin in block_linears(cfg) if lin.split == "row")
     bias = 1 if cfg.bias else 0
-    return (block_matrix_params(cfg) + bias * column_bias) / tp + 2 * norm_params(cfg) + bias * row_bias
+    return (
+        (block_matrix_params(cfg) + bias * column_bias) / tp
+        + 2 * norm_params(cfg)
+        + bias * row_bias
+    )
 
 
 def embed_params(cfg: ModelConfig, tp: int = 1) -> float:
     """Token table split by vocabulary rows; learned positions replicated."""
-    return cfg.vocab_size * cfg.hidden / tp + (cfg.seq_len * cfg.hidden if cfg.position == "learned" else 0)
+    return cfg.vocab_size * cfg.hidden / tp + (
+        cfg.seq_len * cfg.hidden if cfg.position == "learned" else 0
+    )
 
 
 def head_params(cfg: ModelConfig, tp: int = 1) -> float:
@@ -87,7 +93,8 @@ def block_gemms(cfg: ModelConfig, tokens: int, tp: int = 1) -> list[tuple[float,
     (tokens × k)·(k × n) products, column-parallel ones with n/tp outputs, row-parallel
     ones with k/tp inputs."""
     return [
-        (tokens, lin.out_features / tp, lin.in_features) if lin.split == "column"
+        (tokens, lin.out_features / tp, lin.in_features)
+        if lin.split == "column"
         else (tokens, lin.out_features, lin.in_features / tp)
         for lin in block_linears(cfg)
     ]
@@ -110,7 +117,12 @@ def chain_names(cfg: ModelConfig) -> list[str]:
 
 def chain_params(cfg: ModelConfig) -> list[float]:
     """Parameters of each chain layer (the head counted even when tied: its stage holds a copy)."""
-    return [embed_params(cfg), *([block_params(cfg)] * cfg.n_layers), norm_params(cfg), head_params(cfg)]
+    return [
+        embed_params(cfg),
+        *([block_params(cfg)] * cfg.n_layers),
+        norm_params(cfg),
+        head_params(cfg),
+    ]
 
 
 def chain_train_flops(cfg: ModelConfig, b: int) -> list[float]:
@@ -127,7 +139,12 @@ def chain_saved_bytes(cfg: ModelConfig, b: int, elem: int = 4) -> list[int]:
     n, s = b * cfg.seq_len, cfg.seq_len
     embed = 8 * n + (8 * s if cfg.position == "learned" else 0)  # int64 token and position indices
     head = n * cfg.hidden * elem + _loss_bytes(cfg, n, elem)
-    return [embed, *([block_saved_bytes(cfg, b, elem=elem)] * cfg.n_layers), _norm_bytes(cfg, n, elem), head]
+    return [
+        embed,
+        *([block_saved_bytes(cfg, b, elem=elem)] * cfg.n_layers),
+        _norm_bytes(cfg, n, elem),
+        head,
+    ]
 
 
 # -- activation bytes kept for backward -------------------------------------------------
@@ -154,8 +171,14 @@ def chain_saved_bytes(cfg: ModelConfig, b: int, elem: int = 4) -> list[int]:
 
 
 def block_saved_bytes(
-    cfg: ModelConfig, b: int, *, elem: int = 4, tp: int = 1, sequence_parallel: bool = False,
-    recompute: str = "none", seq: int | None = None,
+    cfg: ModelConfig,
+    b: int,
+    *,
+    elem: int = 4,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+    seq: int | None = None,
 ) -> int:
     """Bytes one block keeps for backward per micro-batch of ``b`` sequences of ``seq``
     (default ``cfg.seq_len``) tokens."""
@@ -181,8 +204,14 @@ def block_saved_bytes(
     return norms + norm_outputs + attention + mlp
 
 
-def model_saved_bytes(cfg: ModelConfig, b: int, *, elem: int = 4, recompute: str = "none",
-                      recompute_blocks: int | None = None) -> int:
+def model_saved_bytes(
+    cfg: ModelConfig,
+    b: int,
+    *,
+    elem: int = 4,
+    recompute: str = "none",
+    recompute_blocks: int | None = None,
+) -> int:
     """The whole single-stage, tp = 1 model per micro-batch: the blocks (the first
     ``recompute_blocks`` of them recomputed), token indices (int64), the final norm and
     the head's input, and what the loss keeps."""

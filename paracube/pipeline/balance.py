@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from paracube.choices import BALANCE
 from paracube.config import ModelConfig
@@ -26,8 +26,9 @@ from paracube.pipeline.schedules import get_schedule
 ADAM_FP32_BYTES = 16  # fp32 weight, gradient, and Adam's two moments
 
 
-def gpt_layer_loads(cfg: ModelConfig, balance: str, *, micro_batch: int, p: int, schedule: str = "1f1b",
-                    m: int = 1) -> Callable[[int, int], float]:
+def gpt_layer_loads(
+    cfg: ModelConfig, balance: str, *, micro_batch: int, p: int, schedule: str = "1f1b", m: int = 1
+) -> Callable[[int, int], float]:
     if balance not in BALANCE:
         raise ConfigError(f"unknown --balance {balance!r}: choose one of {', '.join(BALANCE)}")
     params = shapes.chain_params(cfg)

@@ -27,8 +27,13 @@ class PipelinePlan:
     description: str  # the split and each stage's estimated load
 
 
-def build_pipeline(model, cfg: TrainConfig, pp_rank: int, sample: torch.Tensor | None = None,
-                   ledger: CommLedger | None = None) -> PipelinePlan:
+def build_pipeline(
+    model,
+    cfg: TrainConfig,
+    pp_rank: int,
+    sample: torch.Tensor | None = None,
+    ledger: CommLedger | None = None,
+) -> PipelinePlan:
     """Split ``model``'s chain of layers into ``pp × chunks`` stages and keep this rank's.
 
     With ``balance="time"`` every rank measures each layer on ``sample`` and the slowest
@@ -38,11 +43,14 @@ def build_pipeline(model, cfg: TrainConfig, pp_rank: int, sample: torch.Tensor |
     p, v, m = par.pp, par.chunks, cfg.grad_accum
     names, layers = chain_names(cfg.model), model.layers()
     if par.balance == "time":
+        assert sample is not None, "the time balance measures layers on a sample micro-batch"
         times = torch.tensor(measure_layer_times(layers, sample), dtype=torch.float64)
         ops.all_reduce(times, None, ledger, tag="balance", op=dist.ReduceOp.MAX)
         load = lambda part, layer: float(times[layer])  # noqa: E731
     else:
-        load = gpt_layer_loads(cfg.model, par.balance, micro_batch=cfg.micro_batch, p=p, schedule=par.schedule, m=m)
+        load = gpt_layer_loads(
+            cfg.model, par.balance, micro_batch=cfg.micro_batch, p=p, schedule=par.schedule, m=m
+        )
     bounds = partition(len(layers), p * v, load)
     chunks = split_chain(layers, names, bounds, p, pp_rank)
     store = None
@@ -52,5 +60,8 @@ def build_pipeline(model, cfg: TrainConfig, pp_rank: int, sample: torch.Tensor |
         for chunk in chunks:
             make_deferrable(chunk, store)
     actions = schedule.build(p, m, v)[pp_rank]
-    text = f"pipeline split by {par.balance} ({par.schedule}, {m} micro-batches):\n" + describe_split(names, bounds, load, p)
+    text = (
+        f"pipeline split by {par.balance} ({par.schedule}, {m} micro-batches):\n"
+        + describe_split(names, bounds, load, p)
+    )
     return PipelinePlan(chunks, actions, store, text)

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import torch
 
 from paracube.comm import ops
-from paracube.memory.activations import note_saved
 from paracube.comm.ledger import CommLedger
+from paracube.memory.activations import note_saved
 from paracube.pipeline.schedules import Action
 from paracube.weight_grad import WeightGradStore
 
@@ -68,17 +68,39 @@ class PipelineExecutor:
         store: the zero-bubble weight-gradient store, for schedules with I/W actions.
     """
 
-    def __init__(self, chunks, actions: list[Action], *, p: int, rank: int, act_shape, dtype, device,
-                 loss_fn, loss_weight=lambda: 1.0, group=None, ledger: CommLedger | None = None,
-                 store: WeightGradStore | None = None):
+    def __init__(
+        self,
+        chunks,
+        actions: list[Action],
+        *,
+        p: int,
+        rank: int,
+        act_shape,
+        dtype,
+        device,
+        loss_fn,
+        loss_weight=lambda: 1.0,
+        group=None,
+        ledger: CommLedger | None = None,
+        store: WeightGradStore | None = None,
+    ):
         self.chunks, self.actions, self.p, self.rank = chunks, actions, p, rank
         self.v = len(chunks)
         self.last_stage = self.p * self.v - 1
         self.act_shape, self.dtype, self.device = tuple(act_shape), dtype, device
-        self.loss_fn, self.loss_weight, self.ledger, self.store, self.group = loss_fn, loss_weight, ledger, store, group
-        self.loss_dtype = torch.promote_types(torch.float32, dtype)  # fp32 at least, fp64 in fp64 runs
+        self.loss_fn, self.loss_weight, self.ledger, self.store, self.group = (
+            loss_fn,
+            loss_weight,
+            ledger,
+            store,
+            group,
+        )
+        self.loss_dtype = torch.promote_types(
+            torch.float32, dtype
+        )  # fp32 at least, fp64 in fp64 runs
         # _ahead[i]: the receive needed by the first action after i that needs one.
-        self._ahead, following = [], None
+        self._ahead: list[tuple[int, int] | None] = []
+        following: tuple[int, int] | None = None
         for a in reversed(actions):
             self._ahead.append(following)
             following = self._needs(a) or following
@@ -107,6 +129,12 @@ class PipelineExecutor:
         ops.all_reduce(torch.zeros(1), self.group)  # both rounds done everywhere
         return sum(times) / len(times) if times else 0.0
 
+    @property
+    def _store(self) -> WeightGradStore:
+        """The zero-bubble store (only schedules that split the backward have I/W actions)."""
+        assert self.store is not None, "an I or W action needs a weight-gradient store"
+        return self.store
+
     def _stage(self, a: Action) -> int:
         return a.chunk * self.p + self.rank
 
@@ -115,7 +143,9 @@ class PipelineExecutor:
 
     def _send(self, t: torch.Tensor, to_stage: int, tag: int, pending: list) -> None:
         t = t.detach().contiguous()
-        pending.append(ops.isend(t, to_stage % self.p, self.group, self.ledger, tag="pp", message=tag))
+        pending.append(
+            ops.isend(t, to_stage % self.p, self.group, self.ledger, tag="pp", message=tag)
+        )
 
     def _post_recv(self, from_stage: int, tag: int):
         t = torch.empty(self.act_shape, dtype=self.dtype, device=self.device)
@@ -130,7 +160,13 @@ class PipelineExecutor:
             return s + 1, self._tag(1, s + 1, a.mb)
         return None
 
-    def _recv(self, from_stage: int, tag: int, record: StepRecord | None = None, posted: dict | None = None):
+    def _recv(
+        self,
+        from_stage: int,
+        tag: int,
+        record: StepRecord | None = None,
+        posted: dict | None = None,
+    ):
         """The message ``tag`` — from a receive posted ahead of time (see :meth:`run`) or now."""
         work, t = posted.pop(tag) if posted and tag in posted else self._post_recv(from_stage, tag)
         start = time.perf_counter()
@@ -151,16 +187,21 @@ class PipelineExecutor:
     def run(self, inputs: list, targets: list) -> tuple[torch.Tensor, StepRecord]:
         """Run the step's actions. ``inputs[mb]`` are used on stage 0, ``targets[mb]`` on
         the last stage. Returns the raw summed loss (on every stage) and the record."""
-        record, pending = StepRecord(), []
+        record = StepRecord()
+        pending: list[ops.PendingCollective] = []  # started sends
         saved: dict[tuple, tuple] = {}  # (mb, chunk) -> (input, output or loss)
         loss_sum = torch.zeros((), device=self.device, dtype=self.loss_dtype)
         # Start all stages together, so that what a rank waits for below is the schedule's
         # bubble, not the previous step's optimizer finishing at different times.
         try:
-            ops.all_reduce(torch.zeros(1, device=self.device), self.group, self.ledger, tag="pp_sync")
+            ops.all_reduce(
+                torch.zeros(1, device=self.device), self.group, self.ledger, tag="pp_sync"
+            )
         except RuntimeError as e:
-            raise RuntimeError(f"pipeline stage {self.rank} (pp rank {self.rank}) waited in vain for the other "
-                               f"stages to start the step: {str(e).strip().splitlines()[0]}") from e
+            raise RuntimeError(
+                f"pipeline stage {self.rank} (pp rank {self.rank}) waited in vain for the other "
+                f"stages to start the step: {str(e).strip().splitlines()[0]}"
+            ) from e
         start_step = time.perf_counter()
         posted: dict[int, tuple] = {}
         weight = self.loss_weight()
@@ -171,7 +212,13 @@ class PipelineExecutor:
             if ahead is not None and ahead[1] not in posted:
                 posted[ahead[1]] = self._post_recv(*ahead)
             if a.kind == "F":
-                x = inputs[a.mb] if s == 0 else self._recv(s - 1, self._tag(0, s - 1, a.mb), record, posted).requires_grad_()
+                x = (
+                    inputs[a.mb]
+                    if s == 0
+                    else self._recv(
+                        s - 1, self._tag(0, s - 1, a.mb), record, posted
+                    ).requires_grad_()
+                )
                 t0 = time.perf_counter()
                 out = self.chunks[a.chunk](x)
                 if s == self.last_stage:
@@ -185,9 +232,17 @@ class PipelineExecutor:
                 saved[(a.mb, a.chunk)] = (x, out, note_saved(x) if s > 0 else ())
             elif a.kind in ("B", "I"):
                 x, out, _ = saved[(a.mb, a.chunk)]
-                grad = None if s == self.last_stage else self._recv(s + 1, self._tag(1, s + 1, a.mb), record, posted)
+                grad = (
+                    None
+                    if s == self.last_stage
+                    else self._recv(s + 1, self._tag(1, s + 1, a.mb), record, posted)
+                )
                 t0 = time.perf_counter()
-                with self.store.deferring((a.mb, a.chunk)) if a.kind == "I" else contextlib.nullcontext():
+                with (
+                    self._store.deferring((a.mb, a.chunk))
+                    if a.kind == "I"
+                    else contextlib.nullcontext()
+                ):
                     torch.autograd.backward(out, grad)
                 if s > 0:
                     self._send(x.grad, s - 1, self._tag(1, s, a.mb), pending)
@@ -195,7 +250,7 @@ class PipelineExecutor:
                     del saved[(a.mb, a.chunk)]
             else:  # W
                 t0 = time.perf_counter()
-                self.store.flush((a.mb, a.chunk))
+                self._store.flush((a.mb, a.chunk))
                 del saved[(a.mb, a.chunk)]
             record.busy[a.kind] += time.perf_counter() - t0
             record.counts[a.kind] += 1

@@ -14,12 +14,14 @@ any ``nn.Sequential`` works the same way.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from paracube.errors import ConfigError
 
 
-def partition(n_layers: int, parts: int, load: Callable[[int, int], float]) -> list[tuple[int, int]]:
+def partition(
+    n_layers: int, parts: int, load: Callable[[int, int], float]
+) -> list[tuple[int, int]]:
     """Contiguous ``[start, end)`` ranges, one per part, every layer exactly once, each part
     non-empty, minimising ``max_part Σ load(part, layer)``."""
     if parts > n_layers:
@@ -47,11 +49,15 @@ def partition(n_layers: int, parts: int, load: Callable[[int, int], float]) -> l
     return bounds[::-1]
 
 
-def describe_split(names: list[str], bounds: list[tuple[int, int]], load: Callable[[int, int], float], p: int) -> str:
+def describe_split(
+    names: list[str], bounds: list[tuple[int, int]], load: Callable[[int, int], float], p: int
+) -> str:
     """One line per part: its rank, layers and estimated load (printed by ``paracube train``)."""
     lines = []
     for k, (a, b) in enumerate(bounds):
         total = sum(load(k, i) for i in range(a, b))
         span = names[a] if b - a == 1 else f"{names[a]} … {names[b - 1]}"
-        lines.append(f"  stage {k} (rank pp={k % p}, chunk {k // p}): {b - a} layers [{span}], load {total:,.3g}")
+        lines.append(
+            f"  stage {k} (rank pp={k % p}, chunk {k // p}): {b - a} layers [{span}], load {total:,.3g}"
+        )
     return "\n".join(lines)

@@ -49,8 +49,9 @@ class Schedule:
     def rank_actions(self, p: int, m: int, v: int, rank: int) -> list[Action]:
         raise NotImplementedError
 
-    def idle_per_rank(self, p: int, m: int, v: int = 1, F: float = 1.0, I: float = 1.0,  # noqa: E741
-                      W: float = 1.0) -> float:
+    def idle_per_rank(
+        self, p: int, m: int, v: int = 1, F: float = 1.0, I: float = 1.0, W: float = 1.0
+    ) -> float:
         """Seconds each rank waits in one step when every stage is equally loaded."""
         raise NotImplementedError
 
@@ -69,20 +70,27 @@ class Schedule:
             if v < 2:
                 raise ConfigError(f"{self.name} needs --chunks ≥ 2 (virtual stages per rank)")
             if m % p:
-                raise ConfigError(f"{self.name} needs --microbatches a multiple of --pp: {m} is not a multiple of {p}")
+                raise ConfigError(
+                    f"{self.name} needs --microbatches a multiple of --pp: {m} is not a multiple of {p}"
+                )
         elif v != 1:
             chunked = ", ".join(n for n, s in SCHEDULES.items() if s.chunked)
-            raise ConfigError(f"--chunks {v} needs --schedule {chunked} ({self.name} runs one chunk per rank)")
+            raise ConfigError(
+                f"--chunks {v} needs --schedule {chunked} ({self.name} runs one chunk per rank)"
+            )
         if self.needs_m_at_least_p and m < p:
-            raise ConfigError(f"{self.name} needs at least as many micro-batches as stages: --microbatches {m} < --pp {p}")
+            raise ConfigError(
+                f"{self.name} needs at least as many micro-batches as stages: --microbatches {m} < --pp {p}"
+            )
 
     def build(self, p: int, m: int, v: int = 1) -> list[list[Action]]:
         """The action list of every rank, ``[rank][i]``."""
         self.check(p, m, v)
         return [self.rank_actions(p, m, v, r) for r in range(p)]
 
-    def bubble_fraction(self, p: int, m: int, v: int = 1, F: float = 1.0, I: float = 1.0,  # noqa: E741
-                        W: float = 1.0) -> float:
+    def bubble_fraction(
+        self, p: int, m: int, v: int = 1, F: float = 1.0, I: float = 1.0, W: float = 1.0
+    ) -> float:
         """Idle over total rank-time, the published formula (unit costs by default)."""
         idle = self.idle_per_rank(p, m, v, F, I, W)
         return idle / (idle + m * (F + I + W))
@@ -96,12 +104,12 @@ class GPipe(Schedule):
     """All forwards, then all backwards; every stage holds all m micro-batches."""
 
     name, reference = "gpipe", "Huang et al. 2019"
-    dominated_by = "1f1b"
+    dominated_by: str | None = "1f1b"
 
     def rank_actions(self, p, m, v, rank):
         return [Action("F", i) for i in range(m)] + [Action("B", i) for i in range(m)]
 
-    def idle_per_rank(self, p, m, v=1, F=1.0, I=1.0, W=1.0):  # noqa: E741
+    def idle_per_rank(self, p, m, v=1, F=1.0, I=1.0, W=1.0):
         return (p - 1) * (F + I + W)  # bubble (p−1)/(m+p−1)
 
     def in_flight(self, p, m, v=1, stage=0):
@@ -151,7 +159,7 @@ class Interleaved(Schedule):
             acts += [fwd(warmup + i), bwd(i)]
         return acts + [bwd(k) for k in range(total - warmup, total)]
 
-    def idle_per_rank(self, p, m, v=1, F=1.0, I=1.0, W=1.0):  # noqa: E741
+    def idle_per_rank(self, p, m, v=1, F=1.0, I=1.0, W=1.0):
         return (p - 1) * (F + I + W) / v
 
     def in_flight(self, p, m, v=1, stage=0):
@@ -187,14 +195,16 @@ class ZeroBubbleH1(Schedule):
                 next_f += 1
         return acts + [Action("W", i) for i in range(next_w, m)]
 
-    def idle_per_rank(self, p, m, v=1, F=1.0, I=1.0, W=1.0):  # noqa: E741
+    def idle_per_rank(self, p, m, v=1, F=1.0, I=1.0, W=1.0):
         return (p - 1) * (F + I - W)
 
     def in_flight(self, p, m, v=1, stage=0):
         return float(min(p, m)) if p > 1 else 1.0
 
 
-SCHEDULES: dict[str, Schedule] = {s.name: s for s in (GPipe(), OneFOneB(), Interleaved(), ZeroBubbleH1())}
+SCHEDULES: dict[str, Schedule] = {
+    s.name: s for s in (GPipe(), OneFOneB(), Interleaved(), ZeroBubbleH1())
+}
 
 
 def get_schedule(name: str) -> Schedule:

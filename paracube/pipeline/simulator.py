@@ -21,7 +21,7 @@ class Costs:
     """Duration of one action on a whole stage (a chunk costs 1/v of it). ``B = I + W``."""
 
     F: float = 1.0
-    I: float = 1.0  # noqa: E741 - the paper's name for the input-gradient pass
+    I: float = 1.0
     W: float = 1.0
     comm: float = 0.0
 
@@ -87,10 +87,18 @@ def _deps(a: Action, rank: int, p: int, v: int) -> list[tuple]:
 
 def _produces(a: Action, rank: int, p: int) -> tuple:
     s = stage_of(a, rank, p)
-    return ("F", a.mb, s) if a.kind == "F" else ("G", a.mb, s) if a.kind in ("B", "I") else ("W", a.mb, s)
+    return (
+        ("F", a.mb, s)
+        if a.kind == "F"
+        else ("G", a.mb, s)
+        if a.kind in ("B", "I")
+        else ("W", a.mb, s)
+    )
 
 
-def simulate(lists: list[list[Action]], costs: Costs | list[Costs] = Costs(), v: int = 1) -> Timeline:
+def simulate(
+    lists: list[list[Action]], costs: Costs | list[Costs] = Costs(), v: int = 1
+) -> Timeline:
     """``costs``: one :class:`Costs` for every stage, or one per virtual stage (e.g. the
     per-action times a real run measured on each stage)."""
     p = len(lists)
@@ -111,7 +119,9 @@ def simulate(lists: list[list[Action]], costs: Costs | list[Costs] = Costs(), v:
                 if any(d not in finished for d in deps):
                     break
                 c = per_stage[stage_of(a, r, p)]
-                ready = [t + (c.comm if src != r else 0.0) for t, src in (finished[d] for d in deps)]
+                ready = [
+                    t + (c.comm if src != r else 0.0) for t, src in (finished[d] for d in deps)
+                ]
                 start = max([free[r], *ready])
                 end = start + c.of(a, v)
                 finished[_produces(a, r, p)] = (end, r)

@@ -29,10 +29,14 @@ class PipelineChunk(nn.Module):
                 yield f"{name}.{pname}", p
 
 
-def split_chain(layers: list[nn.Module], names: list[str], bounds: list[tuple[int, int]], p: int, rank: int):
+def split_chain(
+    layers: list[nn.Module], names: list[str], bounds: list[tuple[int, int]], p: int, rank: int
+):
     """This rank's chunks: parts ``rank, rank + p, rank + 2p, …`` of the split chain."""
     return [
-        PipelineChunk(layers[a:b], names[a:b], stage=k) for k, (a, b) in enumerate(bounds) if k % p == rank
+        PipelineChunk(layers[a:b], names[a:b], stage=k)
+        for k, (a, b) in enumerate(bounds)
+        if k % p == rank
     ]
 
 

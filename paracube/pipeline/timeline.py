@@ -24,17 +24,33 @@ def draw(timeline: Timeline, title: str, out: str) -> None:
         y = p - 1 - rank
         for a, start, end in events:
             shade = 1.0 if a.chunk % 2 == 0 else 0.6  # interleaved chunks alternate shade
-            ax.barh(y, end - start, left=start, height=0.8, color=COLOURS[a.kind], alpha=shade, edgecolor="white")
+            ax.barh(
+                y,
+                end - start,
+                left=start,
+                height=0.8,
+                color=COLOURS[a.kind],
+                alpha=shade,
+                edgecolor="white",
+            )
             if end - start >= 0.3:
                 label = f"{a.mb}" if timeline.v == 1 else f"{a.mb}.{a.chunk}"
-                ax.text((start + end) / 2, y, label, ha="center", va="center", fontsize=7, color="white")
+                ax.text(
+                    (start + end) / 2, y, label, ha="center", va="center", fontsize=7, color="white"
+                )
     ax.set_yticks(range(p), [f"rank {p - 1 - y}" for y in range(p)])
     ax.set_xlabel("time (action cost units)" if timeline.makespan < 1e3 else "time")
     ax.set_xlim(0, timeline.makespan)
     ax.set_title(title, fontsize=10)
     kinds = sorted({a.kind for ev in timeline.events for a, _, _ in ev}, key="FBIW".index)
-    ax.legend(handles=[Patch(color=COLOURS[k], label=LABELS[k]) for k in kinds], loc="upper center",
-              bbox_to_anchor=(0.5, -0.25 if p < 4 else -0.12), ncol=len(kinds), fontsize=8, frameon=False)
+    ax.legend(
+        handles=[Patch(color=COLOURS[k], label=LABELS[k]) for k in kinds],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.25 if p < 4 else -0.12),
+        ncol=len(kinds),
+        fontsize=8,
+        frameon=False,
+    )
     fig.tight_layout()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)

@@ -5,12 +5,12 @@ from __future__ import annotations
 from paracube.models import shapes
 
 
-def narayanan_params(l: int, h: int, V: int, s: int) -> float:  # noqa: E741
+def narayanan_params(l: int, h: int, V: int, s: int) -> float:
     """Narayanan et al. 2021 (SC21), Eq. 2: P = 12·l·h²·(1 + 13/(12h) + (V+s)/(12·l·h))."""
     return 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
 
 
-def flops_with_full_recompute(B: int, s: int, l: int, h: int, V: int) -> float:  # noqa: E741
+def flops_with_full_recompute(B: int, s: int, l: int, h: int, V: int) -> float:
     """SC21 Eq. 3, FLOPs per iteration with full activation recomputation:
     F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))."""
     return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
@@ -33,7 +33,9 @@ def forward_flops_per_token(cfg, *, layers: bool = True, head: bool = True) -> f
     s×s as the published formulas do), the head 2·h·V. For GPT shapes (4h MLP, MHA) three
     times this is Korthikanti's Eq. 7 per token exactly (tested)."""
     per_layer = shapes.block_forward_flops_per_token(cfg)
-    return (cfg.n_layers * per_layer if layers else 0.0) + (2 * cfg.hidden * cfg.vocab_size if head else 0.0)
+    return (cfg.n_layers * per_layer if layers else 0.0) + (
+        2 * cfg.hidden * cfg.vocab_size if head else 0.0
+    )
 
 
 def model_flops_per_token(cfg) -> float:
@@ -45,8 +47,11 @@ def hardware_flops_per_token(cfg, recompute: str) -> float:
     """FLOPs the GPUs execute per token: the model FLOPs plus the recomputed forward — every
     block under full recomputation (SC21 Eq. 3 for GPT shapes), the attention core under
     selective recomputation. HFU's numerator."""
-    extra = {"none": 0.0, "full": forward_flops_per_token(cfg, head=False),
-             "selective": cfg.n_layers * 4 * cfg.seq_len * cfg.n_heads * cfg.head_dim}[recompute]
+    extra = {
+        "none": 0.0,
+        "full": forward_flops_per_token(cfg, head=False),
+        "selective": cfg.n_layers * 4 * cfg.seq_len * cfg.n_heads * cfg.head_dim,
+    }[recompute]
     return model_flops_per_token(cfg) + extra
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paracube.errors import ConfigError
 from paracube.choices import state_bytes_per_parameter
+from paracube.errors import ConfigError
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import CONTEXT_BYTES, FRAGMENTATION, StageMemory
 from paracube.planner.memory import model_state_bytes
@@ -53,12 +53,18 @@ def generic(name: str) -> GenericModel | None:
     return GENERIC.get(name.lower())
 
 
-def evaluate(model: GenericModel, layout: Layout, cluster: Cluster, precision: str = "bf16") -> tuple[StageMemory, StepEstimate]:
+def evaluate(
+    model: GenericModel, layout: Layout, cluster: Cluster, precision: str = "bf16"
+) -> tuple[StageMemory, StepEstimate]:
     if layout.tp != 1 or layout.pp != 1:
-        raise ConfigError(f"{model.name} is described without layers: data parallel only (tp = pp = 1)")
+        raise ConfigError(
+            f"{model.name} is described without layers: data parallel only (tp = pp = 1)"
+        )
     g, dp, b, m = cluster.gpu, layout.dp, layout.micro_batch, layout.microbatches
     w, gr, o = state_bytes_per_parameter(precision)
-    states = model_state_bytes(model.params, layout.zero, dp, weight_bytes=w, grad_bytes=gr, optimizer_bytes=o).total
+    states = model_state_bytes(
+        model.params, layout.zero, dp, weight_bytes=w, grad_bytes=gr, optimizer_bytes=o
+    ).total
     acts = model.activation_values_per_sample * w * b
     memory = StageMemory("all", states, acts, CONTEXT_BYTES + FRAGMENTATION * (states + acts))
     # compute: all FLOPs at the sustained tensor-core rate, plus the element-wise passes
@@ -72,13 +78,25 @@ def evaluate(model: GenericModel, layout: Layout, cluster: Cluster, precision: s
     step = m * per_mb + exposed + optimizer
     samples = dp * b * m
     tflops = 3 * model.forward_flops_per_sample * samples / (step * dp) / 1e12
-    est = StepEstimate(compute=m * per_mb, recompute=0.0, tp_comm=0.0, pp_comm=0.0, bubble=0.0, dp_exposed=exposed,
-                       optimizer=optimizer, tokens_per_s=samples / step, tflops_per_gpu=tflops,
-                       mfu=tflops * 1e12 / g.peak_flops, achievable_fraction=g.sustained_fraction)
+    est = StepEstimate(
+        compute=m * per_mb,
+        recompute=0.0,
+        tp_comm=0.0,
+        pp_comm=0.0,
+        bubble=0.0,
+        dp_exposed=exposed,
+        optimizer=optimizer,
+        tokens_per_s=samples / step,
+        tflops_per_gpu=tflops,
+        mfu=tflops * 1e12 / g.peak_flops,
+        achievable_fraction=g.sustained_fraction,
+    )
     return memory, est
 
 
-def search_generic(model: GenericModel, cluster: Cluster, gpus: int, global_batch: int, precision: str, fixed: dict):
+def search_generic(
+    model: GenericModel, cluster: Cluster, gpus: int, global_batch: int, precision: str, fixed: dict
+):
     """Data-parallel layouts over all ``gpus``: micro-batch and ZeRO stage."""
     from paracube.planner.search import Candidate, SearchResult, rank
 
@@ -89,18 +107,23 @@ def search_generic(model: GenericModel, cluster: Cluster, gpus: int, global_batc
     per_gpu = global_batch // gpus
     for b in sorted({per_gpu // 2**k for k in range(12) if per_gpu % 2**k == 0}):
         for zero in (0, 1, 2, 3) if gpus > 1 else (0,):
-            layout = Layout(dp=gpus, micro_batch=b, microbatches=global_batch // (gpus * b), zero=zero)
+            layout = Layout(
+                dp=gpus, micro_batch=b, microbatches=global_batch // (gpus * b), zero=zero
+            )
             if any(getattr(layout, k) != v for k, v in fixed.items()):
                 continue
             result.evaluated += 1
             mem, est = evaluate(model, layout, cluster, precision)
             if mem.total > cluster.gpu.memory_bytes:
-                result.rejected["does not fit in GPU memory"] = result.rejected.get("does not fit in GPU memory", 0) + 1
-                if result.smallest_misfit is None or mem.total < result.smallest_misfit.memory.total:
+                result.rejected["does not fit in GPU memory"] = (
+                    result.rejected.get("does not fit in GPU memory", 0) + 1
+                )
+                if (
+                    result.smallest_misfit is None
+                    or mem.total < result.smallest_misfit.memory.total
+                ):
                     result.smallest_misfit = Candidate(layout, mem, est)
                 continue
             result.ranked.append(Candidate(layout, mem, est))
     rank(result.ranked)
     return result
-
-

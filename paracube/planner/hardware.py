@@ -32,7 +32,9 @@ class GPU:
     # elements/s of the MLP nonlinearity (forward, backward) where it is compute-bound (measured
     # on a CPU; (0, 0): a GPU's fused kernel, memory-bound, counted with the element-wise traffic)
     activation_rates: tuple[float, float] = (0.0, 0.0)
-    sms: int = 0  # streaming multiprocessors: a GEMM runs in waves of one output tile per SM (0: no waves)
+    sms: int = (
+        0  # streaming multiprocessors: a GEMM runs in waves of one output tile per SM (0: no waves)
+    )
 
     @property
     def sustained_fraction(self) -> float:
@@ -74,8 +76,20 @@ INTERCONNECTS: dict[str, Interconnect] = {
     "ethernet-100g": Interconnect("Ethernet 100 Gb/s per node", 12.5 * GB / 8, 20e-6),
 }
 
-DEFAULT_INTRA = {"v100": "nvlink2", "a100-40gb": "nvlink3", "a100-80gb": "nvlink3", "h100": "nvlink4", "h200": "nvlink4"}
-DEFAULT_INTER = {"v100": "ib-hdr", "a100-40gb": "ib-hdr", "a100-80gb": "ib-hdr", "h100": "ib-ndr", "h200": "ib-ndr"}
+DEFAULT_INTRA = {
+    "v100": "nvlink2",
+    "a100-40gb": "nvlink3",
+    "a100-80gb": "nvlink3",
+    "h100": "nvlink4",
+    "h200": "nvlink4",
+}
+DEFAULT_INTER = {
+    "v100": "ib-hdr",
+    "a100-40gb": "ib-hdr",
+    "a100-80gb": "ib-hdr",
+    "h100": "ib-ndr",
+    "h200": "ib-ndr",
+}
 
 
 def gpu(name: str) -> GPU:
@@ -88,5 +102,7 @@ def gpu(name: str) -> GPU:
 def interconnect(name: str) -> Interconnect:
     key = name.lower()
     if key not in INTERCONNECTS:
-        raise ConfigError(f"unknown interconnect {name!r}: choose one of {', '.join(INTERCONNECTS)}")
+        raise ConfigError(
+            f"unknown interconnect {name!r}: choose one of {', '.join(INTERCONNECTS)}"
+        )
     return INTERCONNECTS[key]

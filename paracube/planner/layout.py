@@ -46,22 +46,39 @@ class Layout:
         return self.dp * self.tp * self.pp
 
     @classmethod
-    def from_config(cls, cfg: TrainConfig) -> "Layout":
+    def from_config(cls, cfg: TrainConfig) -> Layout:
         """The layout a ``paracube train`` job runs (paracube: fused attention, overlapped
         gradient reduction)."""
         par = cfg.parallel
-        return cls(dp=par.dp, tp=par.tp, pp=par.pp, micro_batch=cfg.micro_batch, microbatches=cfg.grad_accum,
-                   schedule=par.schedule, chunks=par.chunks, sequence_parallel=par.sequence_parallel,
-                   zero=cfg.zero, recompute=cfg.recompute)
+        return cls(
+            dp=par.dp,
+            tp=par.tp,
+            pp=par.pp,
+            micro_batch=cfg.micro_batch,
+            microbatches=cfg.grad_accum,
+            schedule=par.schedule,
+            chunks=par.chunks,
+            sequence_parallel=par.sequence_parallel,
+            zero=cfg.zero,
+            recompute=cfg.recompute,
+        )
 
     def to_args(self, precision: str = "bf16", gpus_per_node: int | None = None) -> list[str]:
         """The ``paracube train`` flags that run this layout."""
-        args = [f"--dp {self.dp}", f"--tp {self.tp}", f"--pp {self.pp}", f"--micro-batch {self.micro_batch}",
-                f"--microbatches {self.microbatches}"]
+        args = [
+            f"--dp {self.dp}",
+            f"--tp {self.tp}",
+            f"--pp {self.pp}",
+            f"--micro-batch {self.micro_batch}",
+            f"--microbatches {self.microbatches}",
+        ]
         if gpus_per_node is not None:
             args.append(f"--gpus-per-node {gpus_per_node}")
         if self.pp > 1:
-            args.append(f"--schedule {self.schedule}" + (f" --chunks {self.chunks}" if self.chunks > 1 else ""))
+            args.append(
+                f"--schedule {self.schedule}"
+                + (f" --chunks {self.chunks}" if self.chunks > 1 else "")
+            )
         if self.sequence_parallel:
             args.append("--sequence-parallel")
         if self.zero:

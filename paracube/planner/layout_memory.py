@@ -51,17 +51,30 @@ def stage_memory(cfg: ModelConfig, layout: Layout, precision: str = "bf16") -> l
     head = (0 if (cfg.tie_embeddings and p == 1) else shapes.head_params(cfg, tp=t)) + norm
     w, g, o = state_bytes_per_parameter(precision)
     act_layer = activation_bytes_per_layer(
-        s, layout.micro_batch, h, cfg.n_heads, t=t, sequence_parallel=layout.sequence_parallel,
-        recompute=layout.recompute, attention=layout.attention,
+        s,
+        layout.micro_batch,
+        h,
+        cfg.n_heads,
+        t=t,
+        sequence_parallel=layout.sequence_parallel,
+        recompute=layout.recompute,
+        attention=layout.attention,
     ) * (w / 2)  # Korthikanti's constants are for 16-bit activations
     bsh = layout.micro_batch * s * h
     stages = []
-    for name, index, extra_params in (("first", 0, embed + (head if p == 1 else 0)), ("last", p - 1, head)):
+    for name, index, extra_params in (
+        ("first", 0, embed + (head if p == 1 else 0)),
+        ("last", p - 1, head),
+    ):
         if name == "last" and p == 1:
             break
         params = layers_per_stage * block + extra_params
-        states = model_state_bytes(params, layout.zero, layout.dp, weight_bytes=w, grad_bytes=g, optimizer_bytes=o).total
-        in_flight = get_schedule(layout.schedule).in_flight(p, layout.microbatches, layout.chunks, stage=index)
+        states = model_state_bytes(
+            params, layout.zero, layout.dp, weight_bytes=w, grad_bytes=g, optimizer_bytes=o
+        ).total
+        in_flight = get_schedule(layout.schedule).in_flight(
+            p, layout.microbatches, layout.chunks, stage=index
+        )
         acts = act_layer * layers_per_stage * in_flight
         if index == 0:
             acts += bsh * w * in_flight  # the embedding output

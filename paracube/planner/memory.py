@@ -40,7 +40,13 @@ class ModelStates:
 
 
 def model_state_bytes(
-    params: float, zero: int, dp: int, *, weight_bytes: int = 2, grad_bytes: int = 2, optimizer_bytes: int = 12
+    params: float,
+    zero: int,
+    dp: int,
+    *,
+    weight_bytes: int = 2,
+    grad_bytes: int = 2,
+    optimizer_bytes: int = 12,
 ) -> ModelStates:
     """ZeRO's per-device model states for ``params`` parameters (Ψ) at stage ``zero``.
 
@@ -60,7 +66,14 @@ def model_state_bytes(
 
 
 def activation_bytes_per_layer(
-    s: int, b: int, h: int, a: int, *, t: int = 1, sequence_parallel: bool = False, recompute: str = "none",
+    s: int,
+    b: int,
+    h: int,
+    a: int,
+    *,
+    t: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
     attention: str = "unfused",
 ) -> float:
     """Korthikanti et al. 2022, Table 2 (16-bit activations, with dropout masks).
@@ -78,7 +91,7 @@ def activation_bytes_per_layer(
         return 2.0 * sbh / (t if sequence_parallel else 1)
     if attention == "fused":
         recompute = "selective"
-    attention = 5 * a * s / h  # the s×s score, softmax and dropout tensors
+    scores = 5 * a * s / h  # the s×s score, softmax and dropout tensors
     if sequence_parallel:
-        return sbh / t * (34 + (0 if recompute == "selective" else attention))
-    return sbh * (10 + 24 / t + (0 if recompute == "selective" else attention / t))
+        return sbh / t * (34 + (0 if recompute == "selective" else scores))
+    return sbh * (10 + 24 / t + (0 if recompute == "selective" else scores / t))

@@ -38,8 +38,14 @@ MEGATRON_2021 = dict(attention="unfused", sequence_parallel=False, overlap_grad_
 
 
 def gpt(heads: int, hidden: int, layers: int) -> ModelConfig:
-    return ModelConfig(n_layers=layers, hidden=hidden, n_heads=heads, vocab_size=51200, seq_len=2048,
-                       name=f"GPT h={hidden} L={layers}")
+    return ModelConfig(
+        n_layers=layers,
+        hidden=hidden,
+        n_heads=heads,
+        vocab_size=51200,
+        seq_len=2048,
+        name=f"GPT h={hidden} L={layers}",
+    )
 
 
 def runs() -> list[dict]:
@@ -47,63 +53,184 @@ def runs() -> list[dict]:
     out = []
     # SC21 Table 1: heads, hidden, layers, tp, pp, GPUs, global batch, achieved TFLOP/s per GPU
     for a, h, L, tp, pp, n, B, tflops in [
-        (24, 2304, 24, 1, 1, 32, 512, 137), (32, 3072, 30, 2, 1, 64, 512, 138),
-        (32, 4096, 36, 4, 1, 128, 512, 142), (48, 6144, 40, 8, 1, 256, 1024, 135),
-        (64, 8192, 48, 8, 2, 512, 1536, 138), (80, 10240, 60, 8, 4, 1024, 1792, 140),
-        (96, 12288, 80, 8, 8, 1536, 2304, 148), (128, 16384, 96, 8, 16, 1920, 2160, 155),
-        (128, 20480, 105, 8, 35, 2520, 2520, 163), (160, 25600, 128, 8, 64, 3072, 3072, 163),
+        (24, 2304, 24, 1, 1, 32, 512, 137),
+        (32, 3072, 30, 2, 1, 64, 512, 138),
+        (32, 4096, 36, 4, 1, 128, 512, 142),
+        (48, 6144, 40, 8, 1, 256, 1024, 135),
+        (64, 8192, 48, 8, 2, 512, 1536, 138),
+        (80, 10240, 60, 8, 4, 1024, 1792, 140),
+        (96, 12288, 80, 8, 8, 1536, 2304, 148),
+        (128, 16384, 96, 8, 16, 1920, 2160, 155),
+        (128, 20480, 105, 8, 35, 2520, 2520, 163),
+        (160, 25600, 128, 8, 64, 3072, 3072, 163),
     ]:
-        out.append(dict(source="SC21", cfg=gpt(a, h, L), gpu="a100-80gb", gpus=n, batch=B, precision="fp16",
-                        fixed=dict(dp=n // (tp * pp), tp=tp, pp=pp, schedule="1f1b", recompute="full", **MEGATRON_2021),
-                        counting="hardware", published=tflops))
+        out.append(
+            dict(
+                source="SC21",
+                cfg=gpt(a, h, L),
+                gpu="a100-80gb",
+                gpus=n,
+                batch=B,
+                precision="fp16",
+                fixed=dict(
+                    dp=n // (tp * pp),
+                    tp=tp,
+                    pp=pp,
+                    schedule="1f1b",
+                    recompute="full",
+                    **MEGATRON_2021,
+                ),
+                counting="hardware",
+                published=tflops,
+            )
+        )
     # Korthikanti Tables 3 and 5: heads, hidden, layers, pp, GPUs (= batch), seconds full / SP + selective
     for a, h, L, pp, n, B, full_s, sel_s in [
-        (64, 6144, 48, 1, 8, 4, 1.42, 1.10), (96, 12288, 96, 8, 64, 64, 18.13, 13.75),
-        (128, 20480, 105, 35, 280, 280, 49.05, 37.83), (160, 25600, 128, 64, 512, 512, 94.42, 71.49),
+        (64, 6144, 48, 1, 8, 4, 1.42, 1.10),
+        (96, 12288, 96, 8, 64, 64, 18.13, 13.75),
+        (128, 20480, 105, 35, 280, 280, 49.05, 37.83),
+        (160, 25600, 128, 64, 512, 512, 94.42, 71.49),
     ]:
         cfg = gpt(a, h, L)
         flops = B * cfg.seq_len * model_flops_per_token(cfg)
-        base = dict(dp=1, tp=8, pp=pp, micro_batch=1, schedule="1f1b", attention="unfused", overlap_grad_reduce=False)
-        out.append(dict(source="Korthikanti (full)", cfg=cfg, gpu="a100-80gb", gpus=n, batch=B, precision="fp16",
-                        fixed=dict(base, recompute="full", sequence_parallel=False), counting="model",
-                        published=round(flops / full_s / n / 1e12, 1)))
-        out.append(dict(source="Korthikanti (SP+sel.)", cfg=cfg, gpu="a100-80gb", gpus=n, batch=B, precision="fp16",
-                        fixed=dict(base, recompute="selective", sequence_parallel=True), counting="model",
-                        published=round(flops / sel_s / n / 1e12, 1)))
+        base = dict(
+            dp=1,
+            tp=8,
+            pp=pp,
+            micro_batch=1,
+            schedule="1f1b",
+            attention="unfused",
+            overlap_grad_reduce=False,
+        )
+        out.append(
+            dict(
+                source="Korthikanti (full)",
+                cfg=cfg,
+                gpu="a100-80gb",
+                gpus=n,
+                batch=B,
+                precision="fp16",
+                fixed=dict(base, recompute="full", sequence_parallel=False),
+                counting="model",
+                published=round(flops / full_s / n / 1e12, 1),
+            )
+        )
+        out.append(
+            dict(
+                source="Korthikanti (SP+sel.)",
+                cfg=cfg,
+                gpu="a100-80gb",
+                gpus=n,
+                batch=B,
+                precision="fp16",
+                fixed=dict(base, recompute="selective", sequence_parallel=True),
+                counting="model",
+                published=round(flops / sel_s / n / 1e12, 1),
+            )
+        )
     # MT-NLG 530B: data-parallel size, achieved TFLOP/s per GPU
     for dp, tflops in [(8, 126), (10, 121), (12, 113)]:
-        out.append(dict(source="MT-NLG", cfg=gpt(128, 20480, 105), gpu="a100-80gb", gpus=280 * dp, batch=1920,
-                        precision="bf16", fixed=dict(dp=dp, tp=8, pp=35, micro_batch=1, schedule="1f1b",
-                                                     recompute="full", **MEGATRON_2021),
-                        counting="hardware", published=tflops))
+        out.append(
+            dict(
+                source="MT-NLG",
+                cfg=gpt(128, 20480, 105),
+                gpu="a100-80gb",
+                gpus=280 * dp,
+                batch=1920,
+                precision="bf16",
+                fixed=dict(
+                    dp=dp,
+                    tp=8,
+                    pp=35,
+                    micro_batch=1,
+                    schedule="1f1b",
+                    recompute="full",
+                    **MEGATRON_2021,
+                ),
+                counting="hardware",
+                published=tflops,
+            )
+        )
     # Llama 3 405B: data-parallel size, BF16 model TFLOP/s per GPU
     for dp, tflops in [(64, 430), (128, 400)]:
-        out.append(dict(source="Llama 3", cfg=preset("llama3-405b"), gpu="h100", gpus=128 * dp, batch=2048,
-                        precision="bf16", fixed=dict(dp=dp, tp=8, pp=16, micro_batch=1, schedule="interleaved-1f1b",
-                                                     recompute="none", sequence_parallel=True, attention="fused"),
-                        counting="model", published=tflops))
+        out.append(
+            dict(
+                source="Llama 3",
+                cfg=preset("llama3-405b"),
+                gpu="h100",
+                gpus=128 * dp,
+                batch=2048,
+                precision="bf16",
+                fixed=dict(
+                    dp=dp,
+                    tp=8,
+                    pp=16,
+                    micro_batch=1,
+                    schedule="interleaved-1f1b",
+                    recompute="none",
+                    sequence_parallel=True,
+                    attention="fused",
+                ),
+                counting="model",
+                published=tflops,
+            )
+        )
     return out
 
 
 def evaluate(row: dict) -> dict:
     key = row["gpu"]
-    cluster = Cluster(hw.gpu(key), 8, hw.interconnect(hw.DEFAULT_INTRA[key]), hw.interconnect(hw.DEFAULT_INTER[key]))
-    result = search(row["cfg"], cluster, row["gpus"], row["batch"], precision=row["precision"], fixed=row["fixed"], top=1)
+    cluster = Cluster(
+        hw.gpu(key),
+        8,
+        hw.interconnect(hw.DEFAULT_INTRA[key]),
+        hw.interconnect(hw.DEFAULT_INTER[key]),
+    )
+    result = search(
+        row["cfg"],
+        cluster,
+        row["gpus"],
+        row["batch"],
+        precision=row["precision"],
+        fixed=row["fixed"],
+        top=1,
+    )
     note = ""
     if result.ranked:
         best = result.ranked[0]
     elif result.smallest_misfit is not None:  # the run happened, so time it anyway and say so
         misfit = result.smallest_misfit
-        best = Candidate(misfit.layout, misfit.memory, estimate(row["cfg"], misfit.layout, cluster, row["precision"]))
+        best = Candidate(
+            misfit.layout,
+            misfit.memory,
+            estimate(row["cfg"], misfit.layout, cluster, row["precision"]),
+        )
         note = f"memory model: {misfit.memory.total / 1e9:.0f} GB > {cluster.gpu.memory_bytes / 1e9:.0f} GB"
     else:
-        raise ValueError(f"{row['source']} {row['cfg'].name}: the planner finds no layout ({result.rejected})")
+        raise ValueError(
+            f"{row['source']} {row['cfg'].name}: the planner finds no layout ({result.rejected})"
+        )
     cfg, L = row["cfg"], best.layout
-    per_token = (hardware_flops_per_token(cfg, L.recompute) if row["counting"] == "hardware"
-                 else model_flops_per_token(cfg))
+    per_token = (
+        hardware_flops_per_token(cfg, L.recompute)
+        if row["counting"] == "hardware"
+        else model_flops_per_token(cfg)
+    )
     predicted = row["batch"] * cfg.seq_len * per_token / best.time.step_time / row["gpus"] / 1e12
-    return {"source": row["source"], "model": cfg.name, "gpu": row["gpu"], "gpus": row["gpus"], "batch": row["batch"],
-            "layout": f"{L.tp}×{L.pp}×{L.dp}", "micro_batch": L.micro_batch, "schedule": L.schedule, "chunks": L.chunks,
-            "counting": row["counting"], "published_tflops": row["published"],
-            "predicted_tflops": round(predicted, 1), "ratio": round(predicted / row["published"], 3),
-            "bubble_share": round(best.time.bubble / best.time.step_time, 3), "note": note}
+    return {
+        "source": row["source"],
+        "model": cfg.name,
+        "gpu": row["gpu"],
+        "gpus": row["gpus"],
+        "batch": row["batch"],
+        "layout": f"{L.tp}×{L.pp}×{L.dp}",
+        "micro_batch": L.micro_batch,
+        "schedule": L.schedule,
+        "chunks": L.chunks,
+        "counting": row["counting"],
+        "published_tflops": row["published"],
+        "predicted_tflops": round(predicted, 1),
+        "ratio": round(predicted / row["published"], 3),
+        "bubble_share": round(best.time.bubble / best.time.step_time, 3),
+        "note": note,
+    }

@@ -10,6 +10,11 @@ from paracube.planner.search import Candidate, SearchResult
 from paracube.planner.time_model import Cluster
 
 GB = 1e9
+SHARDED_STATES = {
+    1: "optimizer states",
+    2: "optimizer states and gradients",
+    3: "optimizer states, gradients and parameters",
+}
 
 
 def describe(layout) -> str:
@@ -26,8 +31,10 @@ def describe(layout) -> str:
 
 
 def table(cands: list[Candidate], cluster: Cluster) -> str:
-    rows = ["| # | layout | memory/GPU | step | tokens (samples)/s | TFLOP/s/GPU | MFU | bubble |",
-            "|---|---|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| # | layout | memory/GPU | step | tokens (samples)/s | TFLOP/s/GPU | MFU | bubble |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for i, c in enumerate(cands, 1):
         t = c.time
         rows.append(
@@ -44,47 +51,74 @@ def explain(result: SearchResult, cfg: ModelConfig, cluster: Cluster, gpus: int)
     L, t = best.layout, best.time
     lines = [f"Why {describe(L)}:"]
     if L.tp == 1 and L.pp == 1:
-        lines.append("- The model's states fit on one GPU (with ZeRO where shown), so every GPU holds a replica and "
-                     "only gradients cross the network, once per step, overlapped with the last backward: "
-                     f"{t.dp_exposed:.3g} s exposed of a {t.step_time:.3g} s step.")
+        lines.append(
+            "- The model's states fit on one GPU (with ZeRO where shown), so every GPU holds a replica and "
+            "only gradients cross the network, once per step, overlapped with the last backward: "
+            f"{t.dp_exposed:.3g} s exposed of a {t.step_time:.3g} s step."
+        )
     if L.tp > 1:
-        lines.append(f"- Tensor parallel {L.tp} splits every layer's matrices; it needs four collectives per layer "
-                     f"and micro-batch ({t.tp_comm:.3g} s per step here), so it stays inside a node on "
-                     f"{cluster.intra.name} ({cluster.intra.bandwidth / GB:.0f} GB/s) — across nodes "
-                     f"({cluster.inter.bandwidth / GB:.0f} GB/s) the same traffic would take "
-                     f"{cluster.intra.bandwidth / cluster.inter.bandwidth:.0f}× longer.")
+        lines.append(
+            f"- Tensor parallel {L.tp} splits every layer's matrices; it needs four collectives per layer "
+            f"and micro-batch ({t.tp_comm:.3g} s per step here), so it stays inside a node on "
+            f"{cluster.intra.name} ({cluster.intra.bandwidth / GB:.0f} GB/s) — across nodes "
+            f"({cluster.inter.bandwidth / GB:.0f} GB/s) the same traffic would take "
+            f"{cluster.intra.bandwidth / cluster.inter.bandwidth:.0f}× longer."
+        )
     if L.pp > 1:
-        lines.append(f"- Pipeline {L.pp} splits the {cfg.n_layers} layers into stages; only activations cross stage "
-                     f"boundaries. Its bubble costs {t.bubble:.3g} s ({t.bubble / t.step_time:.1%} of the step) with "
-                     f"{L.microbatches} micro-batches under {L.schedule}" + (f" with {L.chunks} chunks" if L.chunks > 1 else "")
-                     + "; more micro-batches shrink it as (p−1)/m.")
+        lines.append(
+            f"- Pipeline {L.pp} splits the {cfg.n_layers} layers into stages; only activations cross stage "
+            f"boundaries. Its bubble costs {t.bubble:.3g} s ({t.bubble / t.step_time:.1%} of the step) with "
+            f"{L.microbatches} micro-batches under {L.schedule}"
+            + (f" with {L.chunks} chunks" if L.chunks > 1 else "")
+            + "; more micro-batches shrink it as (p−1)/m."
+        )
     if L.zero:
-        lines.append(f"- ZeRO-{L.zero} shards {'optimizer states' if L.zero == 1 else 'optimizer states and gradients' if L.zero == 2 else 'optimizer states, gradients and parameters'} "
-                     f"over the {L.dp} data-parallel ranks to fit: {best.memory.model_states / GB:.1f} GB of model states per GPU.")
+        lines.append(
+            f"- ZeRO-{L.zero} shards {SHARDED_STATES[L.zero]} over the {L.dp} data-parallel ranks to fit: "
+            f"{best.memory.model_states / GB:.1f} GB of model states per GPU."
+        )
     if L.recompute != "none":
-        lines.append(f"- {L.recompute.capitalize()} recomputation trades {t.recompute:.3g} s of extra compute for "
-                     f"activation memory ({best.memory.activations / GB:.1f} GB per GPU at the peak).")
+        lines.append(
+            f"- {L.recompute.capitalize()} recomputation trades {t.recompute:.3g} s of extra compute for "
+            f"activation memory ({best.memory.activations / GB:.1f} GB per GPU at the peak)."
+        )
     if L.tp > 1 or L.pp > 1:
-        lines.append("- Data parallel over the rest of the GPUs replicates this model-parallel group.")
+        lines.append(
+            "- Data parallel over the rest of the GPUs replicates this model-parallel group."
+        )
     lines.append(recompute_tradeoff(cfg, L, cluster))
-    executed = (f" ({t.hardware_tflops_per_gpu:.0f} TFLOP/s executed, the recomputation included)"
-                if L.recompute != "none" else "")
-    lines.append(f"- Predicted: {t.tokens_per_s:,.0f} tokens/s, {t.tflops_per_gpu:.0f} TFLOP/s per GPU{executed}, "
-                 f"MFU {t.mfu:.0%} "
-                 f"(the compute model reaches {t.achievable_fraction:.0%} of peak on this layer shape: tensor cores at the "
-                 f"base clock, {cluster.gpu.sustained_fraction:.0%} of the boost-clock peak, roofline of each matmul "
-                 f"with tile and wave quantization over {cluster.gpu.sms or 'no'} SMs, memory-bound element-wise "
-                 f"work, {L.attention} attention; see paracube.planner.time_model).")
+    executed = (
+        f" ({t.hardware_tflops_per_gpu:.0f} TFLOP/s executed, the recomputation included)"
+        if L.recompute != "none"
+        else ""
+    )
+    lines.append(
+        f"- Predicted: {t.tokens_per_s:,.0f} tokens/s, {t.tflops_per_gpu:.0f} TFLOP/s per GPU{executed}, "
+        f"MFU {t.mfu:.0%} "
+        f"(the compute model reaches {t.achievable_fraction:.0%} of peak on this layer shape: tensor cores at the "
+        f"base clock, {cluster.gpu.sustained_fraction:.0%} of the boost-clock peak, roofline of each matmul "
+        f"with tile and wave quantization over {cluster.gpu.sms or 'no'} SMs, memory-bound element-wise "
+        f"work, {L.attention} attention; see paracube.planner.time_model)."
+    )
     if result.rejected:
-        why = "; ".join(f"{n} {reason}" for reason, n in sorted(result.rejected.items(), key=lambda x: -x[1]))
+        why = "; ".join(
+            f"{n} {reason}" for reason, n in sorted(result.rejected.items(), key=lambda x: -x[1])
+        )
         lines.append(f"- Not considered or lost: {why}.")
     if len(result.ranked) > 1:
-        other = next((c for c in result.ranked[1:] if (c.layout.tp, c.layout.pp) != (L.tp, L.pp)), None)
+        other = next(
+            (c for c in result.ranked[1:] if (c.layout.tp, c.layout.pp) != (L.tp, L.pp)), None
+        )
         if other is not None:
             ratio = best.time.tokens_per_s / other.time.tokens_per_s
-            verdict = (f"{ratio:.2f}× slower" if ratio >= 1.005 else
-                       "as fast within the model's 1 % resolution, and ranked lower for having more moving parts")
-            lines.append(f"- The best layout with another model-parallel shape, {describe(other.layout)}, is {verdict}.")
+            verdict = (
+                f"{ratio:.2f}× slower"
+                if ratio >= 1.005
+                else "as fast within the model's 1 % resolution, and ranked lower for having more moving parts"
+            )
+            lines.append(
+                f"- The best layout with another model-parallel shape, {describe(other.layout)}, is {verdict}."
+            )
     return "\n".join(lines)
 
 
@@ -104,23 +138,32 @@ def recompute_tradeoff(cfg: ModelConfig, layout, cluster: Cluster) -> str:
         other = replace(layout, recompute=how)
         mem = stage_memory(cfg, other)[0].activations
         t = estimate(cfg, other, cluster)
-        parts.append(f"{how} recompute cuts activation memory by {1 - mem / mem0:.0%} for "
-                     f"{t.recompute / t0.compute:.0%} more compute")
+        parts.append(
+            f"{how} recompute cuts activation memory by {1 - mem / mem0:.0%} for "
+            f"{t.recompute / t0.compute:.0%} more compute"
+        )
     return "- Activation checkpointing here: " + "; ".join(parts) + "."
 
 
 def to_json(result: SearchResult) -> list[dict]:
     return [
-        {"layout": asdict(c.layout), "memory": {**asdict(c.memory), "total": c.memory.total},
-         "time": {**asdict(c.time), "step_time": c.time.step_time}}
+        {
+            "layout": asdict(c.layout),
+            "memory": {**asdict(c.memory), "total": c.memory.total},
+            "time": {**asdict(c.time), "step_time": c.time.step_time},
+        }
         for c in result.ranked
     ]
 
 
-def torchrun_command(best: Candidate, preset_name: str | None, gpus_per_node: int, precision: str = "bf16") -> str:
+def torchrun_command(
+    best: Candidate, preset_name: str | None, gpus_per_node: int, precision: str = "bf16"
+) -> str:
     L = best.layout
     nodes = math.ceil(L.gpus / gpus_per_node)
     per_node = min(L.gpus, gpus_per_node)
     model = f"--model {preset_name}" if preset_name else "--model <preset>"
-    return (f"torchrun --nnodes {nodes} --nproc-per-node {per_node} --rdzv-backend c10d --rdzv-endpoint $MASTER:29500 "
-            f"-m paracube train {model} {' '.join(L.to_args(precision, gpus_per_node))}")
+    return (
+        f"torchrun --nnodes {nodes} --nproc-per-node {per_node} --rdzv-backend c10d --rdzv-endpoint $MASTER:29500 "
+        f"-m paracube train {model} {' '.join(L.to_args(precision, gpus_per_node))}"
+    )

@@ -57,7 +57,9 @@ def _schedules(p: int, m: int, layers: int):
             yield name, v
 
 
-def candidate_layouts(cfg: ModelConfig, gpus: int, gpus_per_node: int, global_batch: int, fixed: dict, rejected: dict):
+def candidate_layouts(
+    cfg: ModelConfig, gpus: int, gpus_per_node: int, global_batch: int, fixed: dict, rejected: dict
+):
     """Every layout the engines can run: tp within a node and dividing the heads (the
     vocabulary is padded to a multiple of tp, as Megatron does), pp ≤ layers, the global
     batch divisible into dp × micro-batch × m, schedules whose constraints hold."""
@@ -88,24 +90,45 @@ def candidate_layouts(cfg: ModelConfig, gpus: int, gpus_per_node: int, global_ba
                 ):
                     if zero == 3 and pp > 1:
                         continue  # ZeRO-3 composes with tensor parallel, not with pipelines
-                    layout = Layout(dp=dp, tp=tp, pp=pp, micro_batch=b, microbatches=m, schedule=schedule, chunks=v,
-                                    zero=zero, recompute=recompute,
-                                    sequence_parallel=fixed.get("sequence_parallel", True) and tp > 1,
-                                    attention=fixed.get("attention", "fused"),
-                                    overlap_grad_reduce=fixed.get("overlap_grad_reduce", True))
+                    layout = Layout(
+                        dp=dp,
+                        tp=tp,
+                        pp=pp,
+                        micro_batch=b,
+                        microbatches=m,
+                        schedule=schedule,
+                        chunks=v,
+                        zero=zero,
+                        recompute=recompute,
+                        sequence_parallel=fixed.get("sequence_parallel", True) and tp > 1,
+                        attention=fixed.get("attention", "fused"),
+                        overlap_grad_reduce=fixed.get("overlap_grad_reduce", True),
+                    )
                     if all(getattr(layout, k) == val for k, val in fixed.items()):
                         yield layout
 
 
-def search(cfg: ModelConfig, cluster: Cluster, gpus: int, global_batch: int, *, precision: str = "bf16",
-           fixed: dict | None = None, top: int = 10) -> SearchResult:
+def search(
+    cfg: ModelConfig,
+    cluster: Cluster,
+    gpus: int,
+    global_batch: int,
+    *,
+    precision: str = "bf16",
+    fixed: dict | None = None,
+    top: int = 10,
+) -> SearchResult:
     result = SearchResult(ranked=[])
     capacity = cluster.gpu.memory_bytes
-    for layout in candidate_layouts(cfg, gpus, cluster.gpus_per_node, global_batch, fixed or {}, result.rejected):
+    for layout in candidate_layouts(
+        cfg, gpus, cluster.gpus_per_node, global_batch, fixed or {}, result.rejected
+    ):
         result.evaluated += 1
         mem = peak_memory(cfg, layout, precision)
         if mem.total > capacity:
-            result.rejected["does not fit in GPU memory"] = result.rejected.get("does not fit in GPU memory", 0) + 1
+            result.rejected["does not fit in GPU memory"] = (
+                result.rejected.get("does not fit in GPU memory", 0) + 1
+            )
             if result.smallest_misfit is None or mem.total < result.smallest_misfit.memory.total:
                 result.smallest_misfit = Candidate(layout, mem, None)  # type: ignore[arg-type]
             continue
@@ -118,8 +141,14 @@ def search(cfg: ModelConfig, cluster: Cluster, gpus: int, global_batch: int, *, 
 def simplicity(layout: Layout) -> tuple:
     """Fewer moving parts first: no ZeRO, no recompute, less model parallelism, fewer
     (larger) micro-batches."""
-    return (layout.zero, ("none", "selective", "full").index(layout.recompute), layout.pp, layout.tp, layout.chunks,
-            layout.microbatches)
+    return (
+        layout.zero,
+        ("none", "selective", "full").index(layout.recompute),
+        layout.pp,
+        layout.tp,
+        layout.chunks,
+        layout.microbatches,
+    )
 
 
 def rank(cands: list[Candidate]) -> None:
@@ -128,4 +157,6 @@ def rank(cands: list[Candidate]) -> None:
     if not cands:
         return
     best = max(c.time.tokens_per_s for c in cands)
-    cands.sort(key=lambda c: (int((best - c.time.tokens_per_s) / (0.01 * best)), simplicity(c.layout)))
+    cands.sort(
+        key=lambda c: (int((best - c.time.tokens_per_s) / (0.01 * best)), simplicity(c.layout))
+    )

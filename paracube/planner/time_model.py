@@ -66,8 +66,15 @@ class StepEstimate:
 
     @property
     def step_time(self) -> float:
-        return (self.compute + self.recompute + self.tp_comm + self.pp_comm + self.bubble + self.dp_exposed
-                + self.optimizer)
+        return (
+            self.compute
+            + self.recompute
+            + self.tp_comm
+            + self.pp_comm
+            + self.bubble
+            + self.dp_exposed
+            + self.optimizer
+        )
 
 
 TILE = (128, 256)  # the largest CTA output tile of cuBLAS/CUTLASS bf16 kernels on Ampere and Hopper
@@ -126,7 +133,9 @@ def attention_core(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> t
     return matmuls + passes, flops
 
 
-def layer_time(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> tuple[float, float, float]:
+def layer_time(
+    cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2
+) -> tuple[float, float, float]:
     """(forward seconds, backward seconds, forward FLOPs executed) of one transformer layer
     on one GPU for one micro-batch."""
     b, s, h, t = layout.micro_batch, cfg.seq_len, cfg.hidden, layout.tp
@@ -141,26 +150,35 @@ def layer_time(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> tuple
     # element-wise work outside the core (norms, GELU, dropout, residuals): read and write
     # the layer's other activations (Korthikanti's 34·s·b·h, /t under sequence parallelism)
     # in forward; backward reads them and the incoming gradient and writes one: twice that
-    acts = activation_bytes_per_layer(s, b, h, cfg.n_heads, t=t, sequence_parallel=layout.sequence_parallel,
-                                      attention="fused")
+    acts = activation_bytes_per_layer(
+        s, b, h, cfg.n_heads, t=t, sequence_parallel=layout.sequence_parallel, attention="fused"
+    )
     elementwise = 2 * acts * (elem / 2) / g.hbm_bandwidth
     core_bwd = (2.5 if layout.attention == "fused" else 2.0) * core_time
-    if all(g.activation_rates) and cfg.activation != "swiglu":  # a compute-bound GELU (calibrated CPU)
+    if (
+        all(g.activation_rates) and cfg.activation != "swiglu"
+    ):  # a compute-bound GELU (calibrated CPU)
         elements = M * cfg.ffn_hidden / t
         fwd, bwd = fwd + elements / g.activation_rates[0], bwd + elements / g.activation_rates[1]
     return fwd + core_time + elementwise, bwd + core_bwd + 2 * elementwise, flops + core_flops
 
 
-def estimate(cfg: ModelConfig, layout: Layout, cluster: Cluster, precision: str = "bf16") -> StepEstimate:
+def estimate(
+    cfg: ModelConfig, layout: Layout, cluster: Cluster, precision: str = "bf16"
+) -> StepEstimate:
     g, p, t, dp, m = cluster.gpu, layout.pp, layout.tp, layout.dp, layout.microbatches
     elem = ELEMENT_BYTES[precision]
     # blocks on the busiest rank: its v chunks of at most ⌈L/(p·v)⌉ blocks each
     layers = math.ceil(cfg.n_layers / (p * layout.chunks)) * layout.chunks
     fwd, bwd, flops = layer_time(cfg, layout, g, elem)
-    head_fwd, head_bwd = _gemm_fwd_bwd(layout.micro_batch * cfg.seq_len, cfg.vocab_size / t, cfg.hidden, g, elem)
+    head_fwd, head_bwd = _gemm_fwd_bwd(
+        layout.micro_batch * cfg.seq_len, cfg.vocab_size / t, cfg.hidden, g, elem
+    )
     # the loss: softmax over the logits in fp32 — written, read, and its gradient written
     loss = 3 * layout.micro_batch * cfg.seq_len * cfg.vocab_size / t * 4 / g.hbm_bandwidth
-    per_mb = layers * (fwd + bwd) + head_fwd + head_bwd + loss  # forward + backward of the busiest stage
+    per_mb = (
+        layers * (fwd + bwd) + head_fwd + head_bwd + loss
+    )  # forward + backward of the busiest stage
     compute = m * per_mb
     # selective recomputation re-runs the attention core (fused attention keeps nothing it
     # could drop, so the planner never gains from it there)
@@ -173,9 +191,15 @@ def estimate(cfg: ModelConfig, layout: Layout, cluster: Cluster, precision: str 
         tp_comm *= tp_link.pair_cost_ratio
     if t > 1:  # the vocabulary-parallel embedding's all-reduce and the head's input gradient,
         # and the loss's two all-reduces of (b, s) statistics
-        tp_comm += m * (2 * _ring(n, t, tp_link) + 2 * _ring(layout.micro_batch * cfg.seq_len * 4, t, tp_link))
+        tp_comm += m * (
+            2 * _ring(n, t, tp_link) + 2 * _ring(layout.micro_batch * cfg.seq_len * 4, t, tp_link)
+        )
     pp_link = cluster.intra if t * dp * p <= cluster.gpus_per_node else cluster.inter
-    pp_comm = 2 * m * (n / (t if layout.sequence_parallel else 1) / pp_link.bandwidth + pp_link.latency) if p > 1 else 0.0
+    pp_comm = (
+        2 * m * (n / (t if layout.sequence_parallel else 1) / pp_link.bandwidth + pp_link.latency)
+        if p > 1
+        else 0.0
+    )
     overhead = get_schedule(layout.schedule).idle_over_busy(p, m, layout.chunks)
     bubble = overhead * (compute + recompute + tp_comm) if p > 1 else 0.0
     shard = shapes.parameter_count(cfg) / (t * p)
@@ -187,18 +211,29 @@ def estimate(cfg: ModelConfig, layout: Layout, cluster: Cluster, precision: str 
     dp_exposed = max(0.0, allreduce - hidden)
     if layout.zero == 3:  # parameters re-gathered for every micro-batch's forward and backward,
         gather = _ring(grad_bytes, dp, dp_link) / 2  # prefetched behind that micro-batch's compute
-        dp_exposed += (m - 1) * 2 * max(0.0, gather - (per_mb / 3 if g.overlaps_communication else 0.0))
+        dp_exposed += (
+            (m - 1) * 2 * max(0.0, gather - (per_mb / 3 if g.overlaps_communication else 0.0))
+        )
     # AdamW is memory-bound: it reads weights, gradients, m and v and writes weights, m and v
     # (fp32 master copies: 7 × 4 bytes per parameter), on this rank's share of the states.
     optimizer = 7 * 4 * shard / (dp if layout.zero >= 1 else 1) / g.hbm_bandwidth
     step = compute + recompute + tp_comm + pp_comm + bubble + dp_exposed + optimizer
     tokens = dp * layout.micro_batch * m * cfg.seq_len
     tflops = tokens * model_flops_per_token(cfg) / (step * layout.gpus) / 1e12
-    hardware = tokens * hardware_flops_per_token(cfg, layout.recompute) / (step * layout.gpus) / 1e12
-    return StepEstimate(
-        compute=compute, recompute=recompute, tp_comm=tp_comm, pp_comm=pp_comm, bubble=bubble, dp_exposed=dp_exposed,
-        optimizer=optimizer,
-        tokens_per_s=tokens / step, tflops_per_gpu=tflops, mfu=tflops * 1e12 / g.peak_flops,
-        achievable_fraction=3 * flops / (fwd + bwd) / g.peak_flops, hardware_tflops_per_gpu=hardware,
+    hardware = (
+        tokens * hardware_flops_per_token(cfg, layout.recompute) / (step * layout.gpus) / 1e12
     )
-
+    return StepEstimate(
+        compute=compute,
+        recompute=recompute,
+        tp_comm=tp_comm,
+        pp_comm=pp_comm,
+        bubble=bubble,
+        dp_exposed=dp_exposed,
+        optimizer=optimizer,
+        tokens_per_s=tokens / step,
+        tflops_per_gpu=tflops,
+        mfu=tflops * 1e12 / g.peak_flops,
+        achievable_fraction=3 * flops / (fwd + bwd) / g.peak_flops,
+        hardware_tflops_per_gpu=hardware,
+    )

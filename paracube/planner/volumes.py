@@ -20,7 +20,9 @@ def wire_bytes(kind: str, payload: float, ranks: int) -> float:
     return WIRE_FACTOR[kind] * (ranks - 1) / ranks * payload
 
 
-def tp_layer_payload(b: int, s: int, h: int, t: int, *, bytes_per_element: int, sequence_parallel: bool) -> dict[str, int]:
+def tp_layer_payload(
+    b: int, s: int, h: int, t: int, *, bytes_per_element: int, sequence_parallel: bool
+) -> dict[str, int]:
     """Tensor-parallel payload bytes of one transformer layer, one micro-batch, forward
     plus backward, per rank (Shoeybi et al. 2019 §3; Korthikanti et al. 2022 §4.2.2).
 

@@ -1,6 +1,10 @@
 """Tensor parallelism (Megatron-style) with optional sequence parallelism."""
 
-from paracube.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from paracube.tensor_parallel.layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
 from paracube.tensor_parallel.loss import vocab_parallel_cross_entropy
 from paracube.tensor_parallel.plan import (
     TPContext,

@@ -25,7 +25,9 @@ INPUT_MODES = (None, "copy", "gather_sp")
 OUTPUT_MODES = ("reduce", "reduce_scatter_sp")
 
 
-def _shard(t: torch.Tensor, dim: int, group, sections: tuple[int, ...] | None = None) -> nn.Parameter:
+def _shard(
+    t: torch.Tensor, dim: int, group, sections: tuple[int, ...] | None = None
+) -> nn.Parameter:
     """This rank's shard of ``t`` along ``dim``. A fused tensor made of ``sections`` (e.g.
     q | k | v) is split section by section, so the shard is [q_i | k_i | v_i]."""
     rank, world = dist.get_rank(group), ops.group_size(group)
@@ -34,9 +36,17 @@ def _shard(t: torch.Tensor, dim: int, group, sections: tuple[int, ...] | None = 
         raise ValueError(f"cannot split sections {sections} of dim {dim} into {world} equal shards")
     parts = [part.chunk(world, dim=dim)[rank] for part in t.detach().split(list(sections), dim=dim)]
     p = nn.Parameter(torch.cat(parts, dim=dim).clone())
-    p.tp_dim = dim
-    p.tp_sections = tuple(s // world for s in sections)
+    mark(p, tp_dim=dim, tp_sections=tuple(s // world for s in sections))
     return p
+
+
+def mark(p: nn.Parameter, **facts: object) -> None:
+    """Record how tensor parallelism treats ``p`` on the parameter itself, where norms,
+    checkpoints and parity tests read it: ``tp_dim`` (split along), ``tp_sections`` (of a
+    fused projection), ``tp_vocab`` (true rows before padding), ``sequence_parallel``
+    (replicated but fed T/tp tokens: its gradient is partial)."""
+    for name, value in facts.items():
+        setattr(p, name, value)
 
 
 def pad_vocab(t: torch.Tensor, world: int) -> torch.Tensor:
@@ -54,14 +64,16 @@ def pad_vocab(t: torch.Tensor, world: int) -> torch.Tensor:
 def _vocab_shard(t: torch.Tensor, group) -> nn.Parameter:
     """This rank's rows of the (padded) vocabulary; remembers the true size for unsharding."""
     p = _shard(pad_vocab(t, ops.group_size(group)), 0, group)
-    p.tp_vocab = t.shape[0]
+    mark(p, tp_vocab=t.shape[0])
     return p
 
 
 def unshard(parts: list[torch.Tensor], dim: int, sections: tuple[int, ...]) -> torch.Tensor:
     """Inverse of :func:`_shard`: every rank's shard (in rank order) → the full tensor."""
     split = [part.split(list(sections), dim=dim) for part in parts]  # [rank][section]
-    return torch.cat([torch.cat([s[j] for s in split], dim=dim) for j in range(len(sections))], dim=dim)
+    return torch.cat(
+        [torch.cat([s[j] for s in split], dim=dim) for j in range(len(sections))], dim=dim
+    )
 
 
 def _replicated(t: torch.Tensor) -> nn.Parameter:
@@ -126,7 +138,7 @@ class _ParallelLinear(_TPModule, DefersWeightGrad):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group, ledger=None, **kw):
-        return cls(linear.weight, linear.bias, group, ledger, **kw)
+        return cls(linear.weight, linear.bias, group, ledger, **kw)  # type: ignore[call-arg, arg-type]
 
 
 class ColumnParallelLinear(_ParallelLinear):
@@ -139,8 +151,18 @@ class ColumnParallelLinear(_ParallelLinear):
     prepared the input.
     """
 
-    def __init__(self, weight, bias, group, ledger=None, *, gather_output=False, input_mode="copy", sections=None,
-                 vocab: bool = False):
+    def __init__(
+        self,
+        weight,
+        bias,
+        group,
+        ledger=None,
+        *,
+        gather_output=False,
+        input_mode="copy",
+        sections=None,
+        vocab: bool = False,
+    ):
         super().__init__(group, ledger)
         assert input_mode in INPUT_MODES
         # (O/tp, H); an LM head (``vocab``) is padded to a multiple of tp rows first
@@ -153,12 +175,19 @@ class ColumnParallelLinear(_ParallelLinear):
             y = linear(x, self.weight, self.bias, self.weight_grad_store)
         else:
             y = _LinearWithInputCollective.apply(
-                x, self.weight, self.bias, self.input_mode, self.group, self.ledger, self.weight_grad_store
+                x,
+                self.weight,
+                self.bias,
+                self.input_mode,
+                self.group,
+                self.ledger,
+                self.weight_grad_store,
             )
         return C.gather_from_tp(y, self.group, self.ledger) if self.gather_output else y
 
     def extra_repr(self) -> str:
-        return f"shard={tuple(self.weight.shape)}, tp={self.tp_size}, input={self.input_mode}, gather={self.gather_output}"
+        shard = tuple(self.weight.shape)
+        return f"shard={shard}, tp={self.tp_size}, input={self.input_mode}, gather={self.gather_output}"
 
 
 class RowParallelLinear(_ParallelLinear):
@@ -170,19 +199,23 @@ class RowParallelLinear(_ParallelLinear):
     parallelism (output (B, T/tp, O)); the bias is added once, after the sum.
     """
 
-    def __init__(self, weight, bias, group, ledger=None, *, input_is_parallel=True, output_mode="reduce"):
+    def __init__(
+        self, weight, bias, group, ledger=None, *, input_is_parallel=True, output_mode="reduce"
+    ):
         super().__init__(group, ledger)
         assert output_mode in OUTPUT_MODES
         self.weight = _shard(weight, 1, group)  # (O, H/tp)
         self.bias = _replicated(bias) if bias is not None else None  # (O,)
         if self.bias is not None and output_mode == "reduce_scatter_sp":
-            self.bias.sequence_parallel = True  # sees only this rank's tokens: grads are partial
+            mark(self.bias, sequence_parallel=True)  # sees only this rank's tokens: partial grads
         self.input_is_parallel, self.output_mode = input_is_parallel, output_mode
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
             x = C.scatter_to_tp(x, self.group, self.ledger)
-        partial = linear(x, self.weight, None, self.weight_grad_store)  # (B, T, O), this rank's share
+        partial = linear(
+            x, self.weight, None, self.weight_grad_store
+        )  # (B, T, O), this rank's share
         if self.output_mode == "reduce_scatter_sp":
             y = C.reduce_scatter_to_sp(partial, self.group, self.ledger)  # (B, T/tp, O)
         else:
@@ -207,7 +240,7 @@ class VocabParallelEmbedding(_TPModule):
         self.vocab_start = self.tp_rank * self.weight.shape[0]
 
     @classmethod
-    def from_embedding(cls, emb: nn.Embedding, group, ledger=None) -> "VocabParallelEmbedding":
+    def from_embedding(cls, emb: nn.Embedding, group, ledger=None) -> VocabParallelEmbedding:
         return cls(emb.weight, group, ledger)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -218,4 +251,6 @@ class VocabParallelEmbedding(_TPModule):
         return C.reduce_from_tp(rows, self.group, self.ledger)
 
     def extra_repr(self) -> str:
-        return f"shard={tuple(self.weight.shape)}, vocab_start={self.vocab_start}, tp={self.tp_size}"
+        return (
+            f"shard={tuple(self.weight.shape)}, vocab_start={self.vocab_start}, tp={self.tp_size}"
+        )

@@ -49,8 +49,9 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return grad * grad_loss.unsqueeze(-1), None, None, None, None
 
 
-def vocab_parallel_cross_entropy(logits, targets, group, ledger=None, reduction: str = "mean",
-                                 vocab_size: int | None = None) -> torch.Tensor:
+def vocab_parallel_cross_entropy(
+    logits, targets, group, ledger=None, reduction: str = "mean", vocab_size: int | None = None
+) -> torch.Tensor:
     """Cross-entropy of vocabulary-sharded ``logits`` (B, T, V/tp) against ``targets`` (B, T).
     ``vocab_size``: the true vocabulary when the shards are padded (columns ≥ it are masked)."""
     if ops.group_size(group) == 1:

@@ -27,7 +27,14 @@ from paracube.comm import autograd as C
 from paracube.comm import ops
 from paracube.comm.ledger import CommLedger
 from paracube.config import ModelConfig
-from paracube.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, unshard
+from paracube.models.gpt import GPT
+from paracube.tensor_parallel.layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    mark,
+    unshard,
+)
 
 
 @dataclass(frozen=True)
@@ -58,7 +65,12 @@ class Colwise(Style):
     def apply(self, module, ctx):
         mode = ("gather_sp" if ctx.sequence_parallel else "copy") if self.prepare_input else None
         return ColumnParallelLinear.from_linear(
-            module, ctx.group, ctx.ledger, gather_output=self.gather_output, input_mode=mode, sections=self.sections,
+            module,
+            ctx.group,
+            ctx.ledger,
+            gather_output=self.gather_output,
+            input_mode=mode,
+            sections=self.sections,
             vocab=self.vocab,
         )
 
@@ -85,7 +97,9 @@ class PrepareInput(Style):
 
     def apply(self, module, ctx):
         fn = C.gather_from_sp if ctx.sequence_parallel else C.copy_to_tp
-        module.register_forward_pre_hook(lambda _m, args: (fn(args[0], ctx.group, ctx.ledger), *args[1:]))
+        module.register_forward_pre_hook(
+            lambda _m, args: (fn(args[0], ctx.group, ctx.ledger), *args[1:])
+        )
         return module
 
 
@@ -95,7 +109,9 @@ class ScatterOutputSP(Style):
 
     def apply(self, module, ctx):
         if ctx.sequence_parallel:
-            module.register_forward_hook(lambda _m, _args, out: C.scatter_to_sp(out, ctx.group, ctx.ledger))
+            module.register_forward_hook(
+                lambda _m, _args, out: C.scatter_to_sp(out, ctx.group, ctx.ledger)
+            )
         return module
 
 
@@ -106,7 +122,7 @@ class SequenceSharded(Style):
     def apply(self, module, ctx):
         if ctx.sequence_parallel:
             for p in module.parameters():
-                p.sequence_parallel = True
+                mark(p, sequence_parallel=True)
         return module
 
 
@@ -145,7 +161,7 @@ def apply_plan(model: nn.Module, plan: dict[str, Style], ctx: TPContext) -> nn.M
     return model
 
 
-def parallelize_gpt(model: nn.Module, ctx: TPContext) -> nn.Module:
+def parallelize_gpt(model: GPT, ctx: TPContext) -> GPT:
     """Shard a full (seeded) GPT for this rank's place in the tensor-parallel group."""
     if ops.group_size(ctx.group) == 1:
         return model
@@ -164,7 +180,9 @@ def sequence_parallel_params(model: nn.Module) -> list[nn.Parameter]:
 def sync_sequence_parallel_grads(params: list[nn.Parameter], group, ledger=None) -> None:
     """Sum the partial gradients of sequence-sharded replicated parameters over the group
     (one flat all-reduce)."""
-    ops.all_reduce_coalesced([p.grad for p in params if p.grad is not None], group, ledger, tag="sp_grad")
+    ops.all_reduce_coalesced(
+        [p.grad for p in params if p.grad is not None], group, ledger, tag="sp_grad"
+    )
 
 
 @torch.no_grad()
@@ -176,9 +194,14 @@ def full_tensor(local: torch.Tensor, param: nn.Parameter, group) -> torch.Tensor
     if dim is None or world == 1:
         return local.detach().clone()
     gathered = ops.all_gather(local.detach().movedim(dim, 0).contiguous(), group).movedim(0, dim)
-    full = unshard(list(gathered.chunk(world, dim=dim)), dim, param.tp_sections)
-    if getattr(param, "tp_vocab", None) is not None:  # drop the vocabulary padding
-        full = full.narrow(0, 0, param.tp_vocab)
+    full = unshard(
+        list(gathered.chunk(world, dim=dim)),
+        dim,
+        getattr(param, "tp_sections", (param.shape[dim],)),
+    )
+    vocab = getattr(param, "tp_vocab", None)
+    if vocab is not None:  # drop the vocabulary padding
+        full = full.narrow(0, 0, vocab)
     return full.contiguous()
 
 
