@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,10 +19,16 @@ demo: $(STAMP)
 	$(VENV)/bin/paracube train --dp 2 --tp 2 --pp 2 --sequence-parallel --schedule 1f1b \
 		--model tiny --steps 150 --micro-batch 4 --microbatches 4 --eval-every 50 --metrics runs/demo.jsonl
 
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest -q
 
-# Benchmarks run in their own environment with the optional peers (shared/peers.md);
+# ruff (lint + format check) and mypy over the package; configured in pyproject.toml.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+# Benchmarks run in their own environment with the optional peers (docs/peers.md);
 # the test environment never gets them. torch stays at the pinned 2.13.0.
 BENCH := .venv-bench
 $(BENCH)/.installed: pyproject.toml
@@ -38,7 +44,7 @@ bench: $(BENCH)/.installed
 	DS_ACCELERATOR=cpu $(BENCH)/bin/python benchmarks/bench_pipeline.py --out benchmarks/results/pipeline.json
 	DS_ACCELERATOR=cpu $(BENCH)/bin/python benchmarks/bench_zero.py --out benchmarks/results/zero.json
 	$(BENCH)/bin/python benchmarks/bench_recompute.py --out benchmarks/results/recompute.json
-	$(BENCH)/bin/python benchmarks/bench_planner_published.py --out benchmarks/results/planner_published.json
+	$(BENCH)/bin/python benchmarks/bench_planner.py --out benchmarks/results/planner.json
 	$(BENCH)/bin/python benchmarks/bench_planner_published.py --out benchmarks/results/planner_published.json
 
 clean:

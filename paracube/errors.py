@@ -19,10 +19,6 @@ class DataError(ParacubeError):
     """Training data that is missing, unreadable, empty or too short."""
 
 
-class NotAvailableError(ParacubeError):
-    """A requested capability that paracube does not provide yet."""
-
-
 class CollectiveTimeout(ParacubeError):
     """A collective waited longer than the configured timeout (names rank and step)."""
 

@@ -15,8 +15,6 @@ region's *inputs* alive instead of what it would save; :func:`note_saved` charge
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 _ACTIVE: list[ActivationCounter] = []
@@ -109,13 +107,3 @@ def note_saved(*tensors: torch.Tensor) -> tuple:
         return ()
     counter = _ACTIVE[-1]
     return tuple(counter.pack(t) for t in tensors)
-
-
-@contextlib.contextmanager
-def counting(counter: ActivationCounter | None):
-    """``with counting(c):`` — a no-op when ``c`` is None."""
-    if counter is None:
-        yield
-    else:
-        with counter:
-            yield

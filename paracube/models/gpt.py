@@ -51,7 +51,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 def _attention_core(q, k, v, gqa: bool, kept=()) -> torch.Tensor:
-    """softmax(q·kᵀ/√d + causal mask)·v: (B, n, T, d) each → (B, n, T, d)."""
+    """softmax(q·kᵀ/√d + causal mask)·v: (B, n, T, d) each → (B, n, T, d).
+
+    ``kept`` is unused by the computation: under recomputation it carries the
+    ``note_saved`` tokens, so that ``checkpoint`` holds them exactly as long as it holds
+    q, k, v — the activation counter then sees the kept inputs freed when they are."""
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
 
 
@@ -142,6 +146,8 @@ class Block(nn.Module):
         return self._forward(x)
 
     def _forward(self, x: torch.Tensor, kept=()) -> torch.Tensor:
+        # ``kept``: the note_saved token of x, held by checkpoint as long as x (see
+        # _attention_core); unused by the computation.
         x = x + self.attn(self.attn_norm(x))
         return x + self.mlp(self.mlp_norm(x))
 
