@@ -1,7 +1,7 @@
 """paracube data parallel vs torch DistributedDataParallel, side by side, 2 ranks × 1 thread.
 
 Both train the same GPT (preset ``small``: 4 layers, hidden 256, seq 128 — the model of
-shared/peers.md) with AdamW, the same batches (8 sequences per rank), gradient clipping and
+docs/peers.md) with AdamW, the same batches (8 sequences per rank), gradient clipping and
 a global-loss all-reduce per step. paracube runs its real engine step
 (:meth:`paracube.engine.Trainer.train_step`); the peer runs the same work in a plain loop.
 Also measured: the single-process step (dp=1, batch 8) for dp=2's weak-scaling efficiency.

@@ -94,7 +94,7 @@ def torch_pipelining_step(cfg: TrainConfig, schedule: str, chunks: int, trainer:
 
 def deepspeed_step(cfg: TrainConfig, trainer: Trainer):
     """DeepSpeed's PipelineEngine (its own 1F1B-style TrainSchedule) on the same layers,
-    split by parameters, with the same fused AdamW and clipping (peers.md: DS_ACCELERATOR=cpu)."""
+    split by parameters, with the same fused AdamW and clipping (docs/peers.md: DS_ACCELERATOR=cpu)."""
     import os
 
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -164,7 +164,7 @@ def worker(rank: int, world: int, args, out: str) -> None:
             one, Trainer(one, ProcessMesh(one.parallel), corpus)
         )
     except ImportError as e:
-        skipped["DeepSpeed PipelineEngine"] = f"not installed ({e.name}); see shared/peers.md"
+        skipped["DeepSpeed PipelineEngine"] = f"not installed ({e.name}); see docs/peers.md"
     times = interleaved(variants, reps=args.reps, steps=args.steps)
     if rank != 0:
         return

@@ -249,7 +249,7 @@ def worker(rank: int, world: int, args, out: str) -> None:
     try:
         variants["megatron-core layers"] = megatron_step(cfg, batches(ours))
     except ImportError as e:
-        skipped["megatron-core layers"] = f"not installed ({e.name}); see shared/peers.md"
+        skipped["megatron-core layers"] = f"not installed ({e.name}); see docs/peers.md"
     times = interleaved(variants, reps=args.reps, steps=args.steps)
     if rank != 0:
         return

@@ -1,6 +1,6 @@
 """paracube ZeRO-1/2/3 vs torch's ZeroRedundancyOptimizer, FSDP2 and DeepSpeed ZeRO, side by side.
 
-2 ranks × 1 thread, the GPT preset ``small`` (shared/peers.md's model), fp32, AdamW, 8
+2 ranks × 1 thread, the GPT preset ``small`` (docs/peers.md's model), fp32, AdamW, 8
 sequences per rank, gradient clipping and a global-loss all-reduce per step. paracube runs
 its engine step (:meth:`paracube.engine.Trainer.train_step`); each peer runs the same work:
 
@@ -205,7 +205,7 @@ def worker(rank: int, world: int, args, out: str) -> None:
         try:
             variants[name], holders[name] = make()
         except ImportError as e:
-            skipped[name] = f"not installed ({e.name}); see shared/peers.md"
+            skipped[name] = f"not installed ({e.name}); see docs/peers.md"
     times = interleaved(variants, reps=args.reps, steps=args.steps)
     states = {name: state_bytes(*objs) for name, objs in holders.items()}
     gathered = [None] * world

@@ -1,6 +1,6 @@
 """Shared benchmark plumbing: a local gloo world, interleaved timing, ratio tables.
 
-Method (design.md, "Benchmarks"): paracube and the torch-native peer run side by side in
+Method (docs/ARCHITECTURE.md, "Contributing"): paracube and the torch-native peer run side by side in
 one run, same model, data, world size and threads, repetitions interleaved (A B B A …)
 so that machine noise hits both alike; we report medians and their ratio.
 """

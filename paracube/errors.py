@@ -1,7 +1,7 @@
 """Errors that reach the user as one line and exit status 2.
 
 A bad configuration must be rejected before any collective, on every rank, with a
-message that names the bad value and says how to fix it (design.md, "Errors").
+message that names the bad value and says how to fix it (docs/ARCHITECTURE.md, "Conventions").
 """
 
 

@@ -68,9 +68,8 @@ def parallelize(
 ) -> ParallelModel:
     """This rank's model, wrapped in the fixed order (module docstring)."""
     torch.manual_seed(cfg.seed)
-    model = GPT(
-        cfg.model
-    )  # initialised in fp32 from the seed: every precision and layout starts alike
+    # Initialised in fp32 from the seed: every precision and layout starts alike.
+    model = GPT(cfg.model)
     parallelize_gpt(model, TPContext(mesh.group("tp"), mesh.ledger, cfg.parallel.sequence_parallel))
     apply_recompute(model, cfg.recompute, cfg.recompute_blocks)
     if cfg.precision != "fp32":  # fp32 = the default dtype (float64 in the exactness tests)

@@ -129,18 +129,26 @@ def _plan_fixed(args, gpus: int) -> dict:
 
 
 def cmd_plan(args) -> int:
-    import json
-
-    from paracube.choices import ATTENTION, PRECISIONS
-    from paracube.planner import hardware as hw
-    from paracube.planner.report import explain, table, to_json, torchrun_command
-    from paracube.planner.search import search
-    from paracube.planner.time_model import Cluster
-
     if args.calibrate:  # the same as `paracube calibrate`
         from paracube.cli.calibrate import cmd_calibrate
 
         return cmd_calibrate(args)
+    _check_args(args)
+    from paracube.planner.generic import generic
+
+    other = generic(args.model) if args.model else None
+    cfg = other or _plan_model(args)  # a transformer (ModelConfig) or a generic model
+    cluster = _cluster(args)
+    result = _search(args, cfg, cluster, _plan_fixed(args, args.gpus))
+    if not result.ranked:
+        return _nothing_fits(result, cfg, cluster.gpu, args)
+    _print(args, cfg, cluster, result)
+    return 0
+
+
+def _check_args(args) -> None:
+    from paracube.choices import ATTENTION, PRECISIONS
+
     for name in ("gpus", "global_batch"):
         if getattr(args, name) is None:
             raise ParacubeError(f"--{name.replace('_', '-')} is required (or --calibrate)")
@@ -153,37 +161,29 @@ def cmd_plan(args) -> int:
         raise ParacubeError(f"unknown --attention {args.attention!r}: choose fused or unfused")
     if args.precision not in PRECISIONS:
         raise ParacubeError(f"unknown --precision {args.precision!r}: choose bf16, fp16 or fp32")
-    from paracube.planner.generic import generic, search_generic
 
-    other = generic(args.model) if args.model else None
-    cfg = other or _plan_model(args)  # a transformer (ModelConfig) or a generic model
-    transformer = cfg if isinstance(cfg, ModelConfig) else None
-    g = hw.gpu(args.gpu)
+
+def _cluster(args):
+    from paracube.planner import hardware as hw
+    from paracube.planner.time_model import Cluster
+
     key = args.gpu.lower()
-    cluster = Cluster(
-        g,
+    return Cluster(
+        hw.gpu(args.gpu),
         min(args.gpus_per_node, args.gpus),
         hw.interconnect(args.intra or hw.DEFAULT_INTRA[key]),
         hw.interconnect(args.inter or hw.DEFAULT_INTER[key]),
     )
-    fixed = _plan_fixed(args, args.gpus)
-    if other is not None:
-        if fixed.get("tp", 1) != 1 or fixed.get("pp", 1) != 1:
-            raise ParacubeError(
-                f"{other.name} is planned for data parallelism only: use --layout dp={args.gpus}"
-            )
-        result = search_generic(
-            other,
-            cluster,
-            args.gpus,
-            args.global_batch,
-            args.precision,
-            {k: v for k, v in fixed.items() if k not in ("dp", "tp", "pp")},
-        )
-    else:
-        assert transformer is not None
-        result = search(
-            transformer,
+
+
+def _search(args, cfg, cluster, fixed: dict):
+    """Rank the layouts: every 3D layout of a transformer, data parallel only otherwise."""
+    from paracube.planner.generic import search_generic
+    from paracube.planner.search import search
+
+    if isinstance(cfg, ModelConfig):
+        return search(
+            cfg,
             cluster,
             args.gpus,
             args.global_batch,
@@ -191,20 +191,29 @@ def cmd_plan(args) -> int:
             fixed=fixed,
             top=args.top,
         )
-    if not result.ranked:
-        return _nothing_fits(result, cfg, g, args)
+    if fixed.get("tp", 1) != 1 or fixed.get("pp", 1) != 1:
+        raise ParacubeError(
+            f"{cfg.name} is planned for data parallelism only: use --layout dp={args.gpus}"
+        )
+    per_model = {k: v for k, v in fixed.items() if k not in ("dp", "tp", "pp")}
+    return search_generic(cfg, cluster, args.gpus, args.global_batch, args.precision, per_model)
+
+
+def _print(args, cfg, cluster, result) -> None:
+    import json
+
+    from paracube.planner.report import explain, table, to_json, torchrun_command
+
+    g = cluster.gpu
     if args.json:
+        candidates = to_json(result)[: args.top]
         print(
             json.dumps(
-                {
-                    "model": cfg.name,
-                    "gpus": args.gpus,
-                    "gpu": g.name,
-                    "candidates": to_json(result)[: args.top],
-                }
+                {"model": cfg.name, "gpus": args.gpus, "gpu": g.name, "candidates": candidates}
             )
         )
-        return 0
+        return
+    transformer = cfg if isinstance(cfg, ModelConfig) else None
     unit = f"× {transformer.seq_len} tokens" if transformer is not None else "samples"
     print(
         f"{cfg.name}: {args.gpus} × {g.name} ({cluster.gpus_per_node} per node), global batch {args.global_batch} "
@@ -214,11 +223,10 @@ def cmd_plan(args) -> int:
     if args.explain and transformer is not None:
         print("\n" + explain(result, transformer, cluster, args.gpus))
     if args.emit == "torchrun":
-        print(
-            "\n"
-            + torchrun_command(result.ranked[0], args.model, cluster.gpus_per_node, args.precision)
+        command = torchrun_command(
+            result.ranked[0], args.model, cluster.gpus_per_node, args.precision
         )
-    return 0
+        print("\n" + command)
 
 
 def _nothing_fits(result, cfg, g, args) -> int:

@@ -197,9 +197,8 @@ def cmd_train(args) -> int:
         from paracube.mesh.mesh import shutdown
 
         threads = args.threads or default_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-        return shutdown(
-            run_rank(train_rank, cfg, threads, args.timeout, args.predict)
-        )  # see shutdown: torch teardown race
+        # shutdown(): see its docstring (a torch teardown race).
+        return shutdown(run_rank(train_rank, cfg, threads, args.timeout, args.predict))
     validate(cfg, cfg.parallel.world_size)  # fail here, before starting any process
     threads = args.threads or default_threads(cfg.parallel.world_size)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))

@@ -66,9 +66,8 @@ def gather_sequence(x: torch.Tensor, group, ledger=None, tag: str = "tp") -> tor
 
 def reduce_scatter_sequence_async(x: torch.Tensor, group, ledger=None, tag: str = "tp"):
     """Start summing (B, T, H) and keeping this rank's (B, T/tp, H); ``wait()`` returns it."""
-    pending = ops.reduce_scatter(
-        x.movedim(1, 0), group, ledger, tag=tag, async_op=True
-    )  # (T/tp, B, H)
+    # Scatter along dim 0: (T, B, H) in, (T/tp, B, H) out.
+    pending = ops.reduce_scatter(x.movedim(1, 0), group, ledger, tag=tag, async_op=True)
     return _Moved(pending)
 
 

@@ -2,7 +2,7 @@
 
 Bytes are the payload of the tensor handed to the collective (``numel × element size``),
 the quantity the planner's formulas are written in; the wire traffic of a ring algorithm
-is ``2(p−1)/p`` of it for all-reduce (formulas.md, "Communication volume"). Time is the
+is ``2(p−1)/p`` of it for all-reduce (docs/formulas.md, "Communication volume"). Time is the
 time the caller *waited*: for an asynchronous collective that is only the exposed part,
 the rest was hidden behind computation.
 """

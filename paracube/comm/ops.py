@@ -127,7 +127,7 @@ def all_gather(
     """Concatenate every rank's ``tensor`` along dim 0: (n, ...) → (world·n, ...).
 
     Counted as the *gathered* size, the volume convention under which an all-gather plus
-    a reduce-scatter move the same bytes as one all-reduce (formulas.md)."""
+    a reduce-scatter move the same bytes as one all-reduce (docs/formulas.md)."""
     world = group_size(group)
     if world == 1:
         return tensor

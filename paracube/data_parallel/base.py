@@ -159,9 +159,8 @@ class FlatDataParallel(nn.Module):
         if param.grad is None:  # an undefined gradient (a zero-bubble I pass defers dW)
             return
         unit, i = self._where[param]
-        unit.absorb(
-            i, bind=self.binds_grads
-        )  # the gradient now lives in the unit, also under no_sync
+        # The gradient now lives in the unit, also under no_sync.
+        unit.absorb(i, bind=self.binds_grads)
         self._synced = False
         if not self._sync:
             return

@@ -96,41 +96,45 @@ class DataParallel(FlatDataParallel):
             pre_reduce=pre_reduce,
         )
         self.zero_stage = zero_stage
-        self.accumulates_locally = (
-            zero_stage < 2
-        )  # ZeRO-2 keeps no full gradients between micro-batches
+        # ZeRO-2 keeps no full gradients between micro-batches.
+        self.accumulates_locally = zero_stage < 2
         self._group_key = group_key or (lambda p: None)
-        params = [p for p in module.parameters() if p.requires_grad]
-        first = None if first_bucket_mb is None else int(first_bucket_mb * MIB)
         # Every rank keeps buckets, also a group of one: they are what the optimizer steps
         # (flat, fused), where fp32 gradients of a bf16 model accumulate, and where
         # pre-reduce sums (sequence parallel, tied weights) happen.
         sliced = zero_stage > 0
         buckets = build_buckets(
-            params,
+            [p for p in module.parameters() if p.requires_grad],
             int(bucket_mb * MIB),
-            first,
+            None if first_bucket_mb is None else int(first_bucket_mb * MIB),
             group_key,
             world=self.world if sliced else 1,
             rank=self.rank if sliced else 0,
             dtype=grad_dtype,
         )
         self._broadcast_state()
-        self.flat_params: list[nn.Parameter | None] = []
-        for b in buckets:
-            flat = None
-            if contiguous_params or zero_stage:
-                flat = nn.Parameter(b.make_contiguous())
-                if b.bindable:
-                    flat.grad = b.buffer
-            self.flat_params.append(flat)
-            b.bind_grads()
+        self.flat_params = self._bind(buckets, contiguous=contiguous_params or zero_stage > 0)
         # With nobody to reduce with there is no communication to overlap: no per-gradient
         # hooks; sync_gradients() after the last backward does the work.
         self._attach(buckets, hooks=self.world > 1)
         if zero_stage == 2:
             for b in buckets:
                 b.free()  # allocated again when its first gradient arrives
+
+    @staticmethod
+    def _bind(buckets: list[FlatUnit], contiguous: bool) -> list[nn.Parameter | None]:
+        """Point every parameter's ``.grad`` into its bucket buffer; with ``contiguous``
+        also store each bucket's parameters in one flat parameter (returned, else None)."""
+        flat_params: list[nn.Parameter | None] = []
+        for b in buckets:
+            flat = None
+            if contiguous:
+                flat = nn.Parameter(b.make_contiguous())
+                if b.bindable:
+                    flat.grad = b.buffer
+            flat_params.append(flat)
+            b.bind_grads()
+        return flat_params
 
     @property
     def buckets(self) -> list[FlatUnit]:

@@ -58,9 +58,8 @@ class ShardedUnit(FlatUnit):
         )
         self.owner = owner
         full = self.full = self.make_contiguous()  # (padded numel,), gathered around each use
-        ops.broadcast(
-            full, 0, owner.group, owner.ledger, tag="init"
-        )  # every replica starts as rank 0
+        # Every replica starts as rank 0.
+        ops.broadcast(full, 0, owner.group, owner.ledger, tag="init")
         self.param_shard = full[self.lo : self.hi].clone()  # persistent: this rank's parameters
         self.pending_gather: ops.PendingCollective | None = None
         self.in_backward = False

@@ -1,6 +1,6 @@
 """Counting the bytes autograd keeps for backward — the activation memory — on any device.
 
-CPU has no allocator statistics, so activation memory is *counted* (design.md): a
+CPU has no allocator statistics, so activation memory is *counted* (docs/ARCHITECTURE.md): a
 ``saved_tensors_hooks`` pair sees every tensor an operation saves for its backward; the
 counter charges the tensor's *storage* the first time it is saved (views of one storage
 — q, k and v cut from one fused projection — are one allocation) and releases it when the

@@ -29,7 +29,16 @@ from paracube.errors import ConfigError
 
 @dataclass(frozen=True)
 class MeshLayout:
-    """Sizes of the three axes; every method is plain arithmetic on them."""
+    """Sizes of the three axes; every method is plain arithmetic on them.
+
+    >>> mesh = MeshLayout(pp=2, dp=2, tp=2)
+    >>> mesh.coords(6)
+    {'pp': 1, 'dp': 1, 'tp': 0}
+    >>> mesh.groups("dp")
+    [[0, 2], [1, 3], [4, 6], [5, 7]]
+    >>> mesh.group_of(5, "pp")
+    [1, 5]
+    """
 
     pp: int = 1
     dp: int = 1

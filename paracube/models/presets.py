@@ -16,15 +16,38 @@ from __future__ import annotations
 from paracube.config import ModelConfig
 from paracube.errors import ConfigError
 
-_LLAMA = dict(
-    norm="rmsnorm", activation="swiglu", position="rope", bias=False, tie_embeddings=False
-)
+
+def _llama(
+    n_layers: int,
+    hidden: int,
+    n_heads: int,
+    n_kv_heads: int,
+    ffn_hidden: int,
+    vocab_size: int,
+    seq_len: int,
+) -> dict:
+    """A LLaMA-style shape: RMSNorm, SwiGLU, rotary positions, no biases, separate head."""
+    return dict(
+        n_layers=n_layers,
+        hidden=hidden,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        ffn_hidden=ffn_hidden,
+        vocab_size=vocab_size,
+        seq_len=seq_len,
+        norm="rmsnorm",
+        activation="swiglu",
+        position="rope",
+        bias=False,
+        tie_embeddings=False,
+    )
+
 
 PRESETS: dict[str, dict] = {
     # Byte-level models for this machine (2 CPU cores).
     "nano": dict(n_layers=2, hidden=64, n_heads=4, vocab_size=256, seq_len=64),
     "tiny": dict(n_layers=4, hidden=128, n_heads=4, vocab_size=256, seq_len=128),
-    # The peers' benchmark model (shared/peers.md): 4 layers, hidden 256, seq 128.
+    # The peers' benchmark model (docs/peers.md): 4 layers, hidden 256, seq 128.
     "small": dict(n_layers=4, hidden=256, n_heads=8, vocab_size=256, seq_len=128),
     # GPT-3 family (Brown et al. 2020, Table 2.1).
     "gpt3-125m": dict(n_layers=12, hidden=768, n_heads=12, vocab_size=50257, seq_len=2048),
@@ -35,66 +58,14 @@ PRESETS: dict[str, dict] = {
     "gpt3-6.7b": dict(n_layers=32, hidden=4096, n_heads=32, vocab_size=50257, seq_len=2048),
     "gpt3-13b": dict(n_layers=40, hidden=5120, n_heads=40, vocab_size=50257, seq_len=2048),
     "gpt3-175b": dict(n_layers=96, hidden=12288, n_heads=96, vocab_size=50257, seq_len=2048),
-    # LLaMA-2 (Touvron et al. 2023).
-    "llama2-7b": dict(
-        n_layers=32,
-        hidden=4096,
-        n_heads=32,
-        ffn_hidden=11008,
-        vocab_size=32000,
-        seq_len=4096,
-        **_LLAMA,
-    ),
-    "llama2-13b": dict(
-        n_layers=40,
-        hidden=5120,
-        n_heads=40,
-        ffn_hidden=13824,
-        vocab_size=32000,
-        seq_len=4096,
-        **_LLAMA,
-    ),
-    "llama2-70b": dict(
-        n_layers=80,
-        hidden=8192,
-        n_heads=64,
-        n_kv_heads=8,
-        ffn_hidden=28672,
-        vocab_size=32000,
-        seq_len=4096,
-        **_LLAMA,
-    ),
-    # LLaMA-3 / 3.1 (Dubey et al. 2024, Table 3).
-    "llama3-8b": dict(
-        n_layers=32,
-        hidden=4096,
-        n_heads=32,
-        n_kv_heads=8,
-        ffn_hidden=14336,
-        vocab_size=128256,
-        seq_len=8192,
-        **_LLAMA,
-    ),
-    "llama3-70b": dict(
-        n_layers=80,
-        hidden=8192,
-        n_heads=64,
-        n_kv_heads=8,
-        ffn_hidden=28672,
-        vocab_size=128256,
-        seq_len=8192,
-        **_LLAMA,
-    ),
-    "llama3-405b": dict(
-        n_layers=126,
-        hidden=16384,
-        n_heads=128,
-        n_kv_heads=8,
-        ffn_hidden=53248,
-        vocab_size=128256,
-        seq_len=8192,
-        **_LLAMA,
-    ),
+    # LLaMA-2 (Touvron et al. 2023):  layers, hidden, heads, kv heads, ffn, vocab, context
+    "llama2-7b": _llama(32, 4096, 32, 32, 11008, 32000, 4096),
+    "llama2-13b": _llama(40, 5120, 40, 40, 13824, 32000, 4096),
+    "llama2-70b": _llama(80, 8192, 64, 8, 28672, 32000, 4096),
+    # LLaMA-3 / 3.1 (Dubey et al. 2024, Table 3)
+    "llama3-8b": _llama(32, 4096, 32, 8, 14336, 128256, 8192),
+    "llama3-70b": _llama(80, 8192, 64, 8, 28672, 128256, 8192),
+    "llama3-405b": _llama(126, 16384, 128, 8, 53248, 128256, 8192),
 }
 
 

@@ -53,6 +53,17 @@ class StepRecord:
         return self.busy[kind] / self.counts[kind] if self.counts[kind] else 0.0
 
 
+@dataclass
+class _Step:
+    """The state of one step in flight on this rank."""
+
+    loss_sum: torch.Tensor  # the raw loss summed over the micro-batches (last stage)
+    record: StepRecord = field(default_factory=StepRecord)
+    pending: list = field(default_factory=list)  # started sends, waited at the end
+    saved: dict[tuple, tuple] = field(default_factory=dict)  # (mb, chunk) -> (input, output)
+    posted: dict[int, tuple] = field(default_factory=dict)  # receives posted ahead, by tag
+
+
 class PipelineExecutor:
     """One rank of a ``p``-stage pipeline with ``v`` chunks per rank.
 
@@ -95,9 +106,8 @@ class PipelineExecutor:
             store,
             group,
         )
-        self.loss_dtype = torch.promote_types(
-            torch.float32, dtype
-        )  # fp32 at least, fp64 in fp64 runs
+        # fp32 at least, fp64 in fp64 runs.
+        self.loss_dtype = torch.promote_types(torch.float32, dtype)
         # _ahead[i]: the receive needed by the first action after i that needs one.
         self._ahead: list[tuple[int, int] | None] = []
         following: tuple[int, int] | None = None
@@ -187,12 +197,39 @@ class PipelineExecutor:
     def run(self, inputs: list, targets: list) -> tuple[torch.Tensor, StepRecord]:
         """Run the step's actions. ``inputs[mb]`` are used on stage 0, ``targets[mb]`` on
         the last stage. Returns the raw summed loss (on every stage) and the record."""
-        record = StepRecord()
-        pending: list[ops.PendingCollective] = []  # started sends
-        saved: dict[tuple, tuple] = {}  # (mb, chunk) -> (input, output or loss)
-        loss_sum = torch.zeros((), device=self.device, dtype=self.loss_dtype)
-        # Start all stages together, so that what a rank waits for below is the schedule's
-        # bubble, not the previous step's optimizer finishing at different times.
+        step = _Step(torch.zeros((), device=self.device, dtype=self.loss_dtype))
+        self._start_together()
+        start_step = time.perf_counter()
+        weight = self.loss_weight()
+        for a, ahead in zip(self.actions, self._ahead):
+            # Post the receive of the next action that needs one now, so its transfer
+            # overlaps this action's compute instead of starting when it is needed.
+            if ahead is not None and ahead[1] not in step.posted:
+                step.posted[ahead[1]] = self._post_recv(*ahead)
+            if a.kind == "F":
+                busy = self._forward(a, step, inputs, targets[a.mb], weight)
+            elif a.kind in ("B", "I"):
+                busy = self._backward(a, step)
+            else:  # W: the deferred weight gradients of a finished I
+                t0 = time.perf_counter()
+                self._store.flush((a.mb, a.chunk))
+                del step.saved[(a.mb, a.chunk)]
+                busy = time.perf_counter() - t0
+            step.record.busy[a.kind] += busy
+            step.record.counts[a.kind] += 1
+        # The loss lives on the last stage; summing it over the pipeline group is also the
+        # moment all stages are done, so every rank's wall time is the pipeline's makespan.
+        end_wait = time.perf_counter()
+        for handle in step.pending:
+            handle.wait()
+        ops.all_reduce(step.loss_sum, self.group, self.ledger, tag="loss")
+        step.record.waiting += time.perf_counter() - end_wait
+        step.record.wall = time.perf_counter() - start_step
+        return step.loss_sum, step.record
+
+    def _start_together(self) -> None:
+        """Start all stages together, so that what a rank waits for in the step is the
+        schedule's bubble, not the previous step's optimizer finishing at different times."""
         try:
             ops.all_reduce(
                 torch.zeros(1, device=self.device), self.group, self.ledger, tag="pp_sync"
@@ -202,67 +239,44 @@ class PipelineExecutor:
                 f"pipeline stage {self.rank} (pp rank {self.rank}) waited in vain for the other "
                 f"stages to start the step: {str(e).strip().splitlines()[0]}"
             ) from e
-        start_step = time.perf_counter()
-        posted: dict[int, tuple] = {}
-        weight = self.loss_weight()
-        for a, ahead in zip(self.actions, self._ahead):
-            s = self._stage(a)
-            # Post the receive of the next action that needs one now, so its transfer
-            # overlaps this action's compute instead of starting when it is needed.
-            if ahead is not None and ahead[1] not in posted:
-                posted[ahead[1]] = self._post_recv(*ahead)
-            if a.kind == "F":
-                x = (
-                    inputs[a.mb]
-                    if s == 0
-                    else self._recv(
-                        s - 1, self._tag(0, s - 1, a.mb), record, posted
-                    ).requires_grad_()
-                )
-                t0 = time.perf_counter()
-                out = self.chunks[a.chunk](x)
-                if s == self.last_stage:
-                    raw = self.loss_fn(out, targets[a.mb])
-                    loss_sum += raw.detach()
-                    out = raw * weight
-                else:
-                    self._send(out, s + 1, self._tag(0, s, a.mb), pending)
-                # A received activation is a leaf that requires grad, which the activation
-                # counter takes for a parameter: charge it explicitly while it is kept.
-                saved[(a.mb, a.chunk)] = (x, out, note_saved(x) if s > 0 else ())
-            elif a.kind in ("B", "I"):
-                x, out, _ = saved[(a.mb, a.chunk)]
-                grad = (
-                    None
-                    if s == self.last_stage
-                    else self._recv(s + 1, self._tag(1, s + 1, a.mb), record, posted)
-                )
-                t0 = time.perf_counter()
-                with (
-                    self._store.deferring((a.mb, a.chunk))
-                    if a.kind == "I"
-                    else contextlib.nullcontext()
-                ):
-                    torch.autograd.backward(out, grad)
-                if s > 0:
-                    self._send(x.grad, s - 1, self._tag(1, s, a.mb), pending)
-                if a.kind == "B":
-                    del saved[(a.mb, a.chunk)]
-            else:  # W
-                t0 = time.perf_counter()
-                self._store.flush((a.mb, a.chunk))
-                del saved[(a.mb, a.chunk)]
-            record.busy[a.kind] += time.perf_counter() - t0
-            record.counts[a.kind] += 1
-        # The loss lives on the last stage; summing it over the pipeline group is also the
-        # moment all stages are done, so every rank's wall time is the pipeline's makespan.
-        end_wait = time.perf_counter()
-        for handle in pending:
-            handle.wait()
-        ops.all_reduce(loss_sum, self.group, self.ledger, tag="loss")
-        record.waiting += time.perf_counter() - end_wait
-        record.wall = time.perf_counter() - start_step
-        return loss_sum, record
+
+    def _forward(self, a: Action, step: _Step, inputs: list, target, weight) -> float:
+        """Forward of micro-batch ``a.mb`` on chunk ``a.chunk``; returns the busy seconds."""
+        s = self._stage(a)
+        if s == 0:
+            x = inputs[a.mb]
+        else:
+            tag = self._tag(0, s - 1, a.mb)
+            x = self._recv(s - 1, tag, step.record, step.posted).requires_grad_()
+        t0 = time.perf_counter()
+        out = self.chunks[a.chunk](x)
+        if s == self.last_stage:
+            raw = self.loss_fn(out, target)
+            step.loss_sum += raw.detach()
+            out = raw * weight
+        else:
+            self._send(out, s + 1, self._tag(0, s, a.mb), step.pending)
+        # A received activation is a leaf that requires grad, which the activation counter
+        # takes for a parameter: charge it explicitly while it is kept.
+        step.saved[(a.mb, a.chunk)] = (x, out, note_saved(x) if s > 0 else ())
+        return time.perf_counter() - t0
+
+    def _backward(self, a: Action, step: _Step) -> float:
+        """Backward (B), or its input-gradient half (I, weight gradients deferred to W)."""
+        s = self._stage(a)
+        x, out, _ = step.saved[(a.mb, a.chunk)]
+        grad = None
+        if s < self.last_stage:
+            grad = self._recv(s + 1, self._tag(1, s + 1, a.mb), step.record, step.posted)
+        t0 = time.perf_counter()
+        deferring = a.kind == "I"
+        with self._store.deferring((a.mb, a.chunk)) if deferring else contextlib.nullcontext():
+            torch.autograd.backward(out, grad)
+        if s > 0:
+            self._send(x.grad, s - 1, self._tag(1, s, a.mb), step.pending)
+        if not deferring:
+            del step.saved[(a.mb, a.chunk)]
+        return time.perf_counter() - t0
 
     @torch.no_grad()
     def forward_only(self, inputs: list, targets: list) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Hardware catalog: GPUs and interconnects, from vendor datasheets (formulas.md, "Hardware").
+"""Hardware catalog: GPUs and interconnects, from vendor datasheets (docs/formulas.md, "Hardware").
 
 Bandwidths are bytes per second. NVLink figures are a GPU's total NVLink bandwidth (both
 directions), as NVIDIA quotes them; an InfiniBand port's figure is its signalling rate per
@@ -51,7 +51,7 @@ class Interconnect:
     latency: float  # seconds per message (α of the α-β model)
     # What an all-gather + reduce-scatter pair costs relative to the all-reduce it replaces
     # (sequence parallelism). 1 for NCCL, whose ring all-reduce is exactly that pair
-    # (formulas.md); measured by `paracube plan --calibrate` for gloo on this machine.
+    # (docs/formulas.md); measured by `paracube plan --calibrate` for gloo on this machine.
     pair_cost_ratio: float = 1.0
 
 

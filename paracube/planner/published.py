@@ -50,8 +50,23 @@ def gpt(heads: int, hidden: int, layers: int) -> ModelConfig:
 
 def runs() -> list[dict]:
     """Every published run, with the planner options that describe its software."""
+    return _sc21() + _korthikanti() + _mt_nlg() + _llama3()
+
+
+# Run tables are laid out as tables, not by the formatter.
+# fmt: off
+def _run(source: str, cfg: ModelConfig, gpu: str, gpus: int, batch: int, precision: str,
+         fixed: dict, counting: str, published: float) -> dict:
+    """One published run: its model, cluster, global batch, layout (``fixed``: what the paper
+    states), FLOP counting (``hardware`` or ``model``) and achieved TFLOP/s per GPU."""
+    return dict(source=source, cfg=cfg, gpu=gpu, gpus=gpus, batch=batch, precision=precision,
+                fixed=fixed, counting=counting, published=published)
+
+
+def _sc21() -> list[dict]:
+    """SC21 Table 1: fp16, full recomputation, 1F1B, micro-batch left to the planner."""
     out = []
-    # SC21 Table 1: heads, hidden, layers, tp, pp, GPUs, global batch, achieved TFLOP/s per GPU
+    # heads, hidden, layers, tp, pp, GPUs, global batch, achieved TFLOP/s per GPU
     for a, h, L, tp, pp, n, B, tflops in [
         (24, 2304, 24, 1, 1, 32, 512, 137),
         (32, 3072, 30, 2, 1, 64, 512, 138),
@@ -64,27 +79,19 @@ def runs() -> list[dict]:
         (128, 20480, 105, 8, 35, 2520, 2520, 163),
         (160, 25600, 128, 8, 64, 3072, 3072, 163),
     ]:
+        layout = dict(dp=n // (tp * pp), tp=tp, pp=pp, schedule="1f1b", recompute="full")
         out.append(
-            dict(
-                source="SC21",
-                cfg=gpt(a, h, L),
-                gpu="a100-80gb",
-                gpus=n,
-                batch=B,
-                precision="fp16",
-                fixed=dict(
-                    dp=n // (tp * pp),
-                    tp=tp,
-                    pp=pp,
-                    schedule="1f1b",
-                    recompute="full",
-                    **MEGATRON_2021,
-                ),
-                counting="hardware",
-                published=tflops,
-            )
+            _run("SC21", gpt(a, h, L), "a100-80gb", n, B, "fp16",
+                 dict(layout, **MEGATRON_2021), "hardware", tflops)
         )
-    # Korthikanti Tables 3 and 5: heads, hidden, layers, pp, GPUs (= batch), seconds full / SP + selective
+    return out
+
+
+def _korthikanti() -> list[dict]:
+    """Korthikanti Tables 3 and 5: each model's full-recompute baseline and its sequence
+    parallel + selective recompute run, TFLOP/s from the iteration times (model FLOPs)."""
+    out = []
+    # heads, hidden, layers, pp, GPUs (= batch), seconds full / SP + selective
     for a, h, L, pp, n, B, full_s, sel_s in [
         (64, 6144, 48, 1, 8, 4, 1.42, 1.10),
         (96, 12288, 96, 8, 64, 64, 18.13, 13.75),
@@ -93,89 +100,38 @@ def runs() -> list[dict]:
     ]:
         cfg = gpt(a, h, L)
         flops = B * cfg.seq_len * model_flops_per_token(cfg)
-        base = dict(
-            dp=1,
-            tp=8,
-            pp=pp,
-            micro_batch=1,
-            schedule="1f1b",
-            attention="unfused",
-            overlap_grad_reduce=False,
-        )
-        out.append(
-            dict(
-                source="Korthikanti (full)",
-                cfg=cfg,
-                gpu="a100-80gb",
-                gpus=n,
-                batch=B,
-                precision="fp16",
-                fixed=dict(base, recompute="full", sequence_parallel=False),
-                counting="model",
-                published=round(flops / full_s / n / 1e12, 1),
-            )
-        )
-        out.append(
-            dict(
-                source="Korthikanti (SP+sel.)",
-                cfg=cfg,
-                gpu="a100-80gb",
-                gpus=n,
-                batch=B,
-                precision="fp16",
-                fixed=dict(base, recompute="selective", sequence_parallel=True),
-                counting="model",
-                published=round(flops / sel_s / n / 1e12, 1),
-            )
-        )
-    # MT-NLG 530B: data-parallel size, achieved TFLOP/s per GPU
-    for dp, tflops in [(8, 126), (10, 121), (12, 113)]:
-        out.append(
-            dict(
-                source="MT-NLG",
-                cfg=gpt(128, 20480, 105),
-                gpu="a100-80gb",
-                gpus=280 * dp,
-                batch=1920,
-                precision="bf16",
-                fixed=dict(
-                    dp=dp,
-                    tp=8,
-                    pp=35,
-                    micro_batch=1,
-                    schedule="1f1b",
-                    recompute="full",
-                    **MEGATRON_2021,
-                ),
-                counting="hardware",
-                published=tflops,
-            )
-        )
-    # Llama 3 405B: data-parallel size, BF16 model TFLOP/s per GPU
-    for dp, tflops in [(64, 430), (128, 400)]:
-        out.append(
-            dict(
-                source="Llama 3",
-                cfg=preset("llama3-405b"),
-                gpu="h100",
-                gpus=128 * dp,
-                batch=2048,
-                precision="bf16",
-                fixed=dict(
-                    dp=dp,
-                    tp=8,
-                    pp=16,
-                    micro_batch=1,
-                    schedule="interleaved-1f1b",
-                    recompute="none",
-                    sequence_parallel=True,
-                    attention="fused",
-                ),
-                counting="model",
-                published=tflops,
-            )
-        )
+        base = dict(dp=1, tp=8, pp=pp, micro_batch=1, schedule="1f1b", attention="unfused",
+                    overlap_grad_reduce=False)
+        for source, seconds, recompute, sp in [
+            ("Korthikanti (full)", full_s, "full", False),
+            ("Korthikanti (SP+sel.)", sel_s, "selective", True),
+        ]:
+            fixed = dict(base, recompute=recompute, sequence_parallel=sp)
+            published = round(flops / seconds / n / 1e12, 1)
+            out.append(_run(source, cfg, "a100-80gb", n, B, "fp16", fixed, "model", published))
     return out
+
+
+def _mt_nlg() -> list[dict]:
+    """MT-NLG 530B on 280 × dp A100s: tp 8 × pp 35, bf16, full recompute."""
+    layout = dict(tp=8, pp=35, micro_batch=1, schedule="1f1b", recompute="full", **MEGATRON_2021)
+    return [
+        _run("MT-NLG", gpt(128, 20480, 105), "a100-80gb", 280 * dp, 1920, "bf16",
+             dict(layout, dp=dp), "hardware", tflops)
+        for dp, tflops in [(8, 126), (10, 121), (12, 113)]  # data-parallel size, TFLOP/s per GPU
+    ]
+
+
+def _llama3() -> list[dict]:
+    """Llama 3 405B on 128 × dp H100s: tp 8 × pp 16 interleaved, no recompute, BF16 MFU."""
+    layout = dict(tp=8, pp=16, micro_batch=1, schedule="interleaved-1f1b", recompute="none",
+                  sequence_parallel=True, attention="fused")
+    return [
+        _run("Llama 3", preset("llama3-405b"), "h100", 128 * dp, 2048, "bf16",
+             dict(layout, dp=dp), "model", tflops)
+        for dp, tflops in [(64, 430), (128, 400)]  # data-parallel size, model TFLOP/s per GPU
+    ]
+# fmt: on
 
 
 def evaluate(row: dict) -> dict:

@@ -48,8 +48,18 @@ def table(cands: list[Candidate], cluster: Cluster) -> str:
 def explain(result: SearchResult, cfg: ModelConfig, cluster: Cluster, gpus: int) -> str:
     """The reasoning behind the best layout, in plain language, with its numbers."""
     best = result.ranked[0]
+    lines = [f"Why {describe(best.layout)}:"]
+    lines += _layout_reasons(best, cfg, cluster)
+    lines.append(recompute_tradeoff(cfg, best.layout, cluster))
+    lines.append(_predicted(best, cluster))
+    lines += _alternatives(result)
+    return "\n".join(lines)
+
+
+def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster) -> list[str]:
+    """One line per parallel dimension the best layout uses: what it costs and buys."""
     L, t = best.layout, best.time
-    lines = [f"Why {describe(L)}:"]
+    lines = []
     if L.tp == 1 and L.pp == 1:
         lines.append(
             "- The model's states fit on one GPU (with ZeRO where shown), so every GPU holds a replica and "
@@ -86,13 +96,17 @@ def explain(result: SearchResult, cfg: ModelConfig, cluster: Cluster, gpus: int)
         lines.append(
             "- Data parallel over the rest of the GPUs replicates this model-parallel group."
         )
-    lines.append(recompute_tradeoff(cfg, L, cluster))
+    return lines
+
+
+def _predicted(best, cluster: Cluster) -> str:
+    L, t = best.layout, best.time
     executed = (
         f" ({t.hardware_tflops_per_gpu:.0f} TFLOP/s executed, the recomputation included)"
         if L.recompute != "none"
         else ""
     )
-    lines.append(
+    return (
         f"- Predicted: {t.tokens_per_s:,.0f} tokens/s, {t.tflops_per_gpu:.0f} TFLOP/s per GPU{executed}, "
         f"MFU {t.mfu:.0%} "
         f"(the compute model reaches {t.achievable_fraction:.0%} of peak on this layer shape: tensor cores at the "
@@ -100,26 +114,30 @@ def explain(result: SearchResult, cfg: ModelConfig, cluster: Cluster, gpus: int)
         f"with tile and wave quantization over {cluster.gpu.sms or 'no'} SMs, memory-bound element-wise "
         f"work, {L.attention} attention; see paracube.planner.time_model)."
     )
+
+
+def _alternatives(result: SearchResult) -> list[str]:
+    """What was rejected, and how the best layout of another model-parallel shape compares."""
+    best = result.ranked[0]
+    L = best.layout
+    lines = []
     if result.rejected:
         why = "; ".join(
             f"{n} {reason}" for reason, n in sorted(result.rejected.items(), key=lambda x: -x[1])
         )
         lines.append(f"- Not considered or lost: {why}.")
-    if len(result.ranked) > 1:
-        other = next(
-            (c for c in result.ranked[1:] if (c.layout.tp, c.layout.pp) != (L.tp, L.pp)), None
+    other = next((c for c in result.ranked[1:] if (c.layout.tp, c.layout.pp) != (L.tp, L.pp)), None)
+    if other is not None:
+        ratio = best.time.tokens_per_s / other.time.tokens_per_s
+        verdict = (
+            f"{ratio:.2f}× slower"
+            if ratio >= 1.005
+            else "as fast within the model's 1 % resolution, and ranked lower for having more moving parts"
         )
-        if other is not None:
-            ratio = best.time.tokens_per_s / other.time.tokens_per_s
-            verdict = (
-                f"{ratio:.2f}× slower"
-                if ratio >= 1.005
-                else "as fast within the model's 1 % resolution, and ranked lower for having more moving parts"
-            )
-            lines.append(
-                f"- The best layout with another model-parallel shape, {describe(other.layout)}, is {verdict}."
-            )
-    return "\n".join(lines)
+        lines.append(
+            f"- The best layout with another model-parallel shape, {describe(other.layout)}, is {verdict}."
+        )
+    return lines
 
 
 def recompute_tradeoff(cfg: ModelConfig, layout, cluster: Cluster) -> str:

@@ -118,6 +118,20 @@ def search(
     fixed: dict | None = None,
     top: int = 10,
 ) -> SearchResult:
+    """Every valid layout of ``cfg`` on ``gpus`` GPUs of ``cluster`` for ``global_batch``
+    sequences per step, those that fit in GPU memory ranked fastest first (ties within 1 %
+    go to the simpler layout). ``fixed`` pins choices (``{"tp": 8, "zero": 1}``); the result
+    also counts what was rejected and why, and keeps the leanest layout that did not fit.
+
+    >>> from paracube.models.presets import preset
+    >>> from paracube.planner import hardware as hw
+    >>> cluster = Cluster(hw.gpu("a100-80gb"), 8, hw.interconnect("nvlink3"),
+    ...                   hw.interconnect("ib-hdr"))
+    >>> result = search(preset("gpt3-1.3b"), cluster, gpus=8, global_batch=64)
+    >>> best = result.ranked[0]
+    >>> best.layout.gpus, best.memory.total < cluster.gpu.memory_bytes
+    (8, True)
+    """
     result = SearchResult(ranked=[])
     capacity = cluster.gpu.memory_bytes
     for layout in candidate_layouts(

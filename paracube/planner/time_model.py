@@ -14,7 +14,7 @@ fitted to a published result:
   attention core (selective).
 - **tensor parallel**: per layer and micro-batch, four all-reduces (or all-gather +
   reduce-scatter pairs) of b·s·h 16-bit values in a ring over t ranks on the intra-node
-  link: 2(t−1)/t·n/B + 2(t−1)·α each (formulas.md); not overlapped. A pair costs the
+  link: 2(t−1)/t·n/B + 2(t−1)·α each (docs/formulas.md); not overlapped. A pair costs the
   all-reduce on NCCL; on a calibrated gloo link, the measured pair ÷ all-reduce ratio.
 - **pipeline**: the bubble adds the schedule's idle ÷ busy time at unit costs (the schedule
   registry): (p−1)/m of the stage's work for GPipe and 1F1B, (p−1)/(v·m) interleaved,
@@ -43,6 +43,14 @@ from paracube.planner.memory import activation_bytes_per_layer
 
 @dataclass(frozen=True)
 class Cluster:
+    """The machines a layout runs on: one GPU type, ``gpus_per_node`` of them joined by
+    ``intra`` (NVLink), nodes joined by ``inter`` (InfiniBand), per GPU.
+
+    >>> from paracube.planner import hardware as hw
+    >>> Cluster(hw.gpu("h100"), 8, hw.interconnect("nvlink4"), hw.interconnect("ib-ndr")).gpu.name
+    'H100 SXM'
+    """
+
     gpu: GPU
     gpus_per_node: int
     intra: Interconnect
@@ -51,6 +59,8 @@ class Cluster:
 
 @dataclass(frozen=True)
 class StepEstimate:
+    """One predicted step, in seconds by part (their sum is :attr:`step_time`), and rates."""
+
     compute: float
     recompute: float
     tp_comm: float
@@ -166,7 +176,18 @@ def layer_time(
 def estimate(
     cfg: ModelConfig, layout: Layout, cluster: Cluster, precision: str = "bf16"
 ) -> StepEstimate:
-    g, p, t, dp, m = cluster.gpu, layout.pp, layout.tp, layout.dp, layout.microbatches
+    """Predict one optimizer step of ``layout`` on ``cluster``: its time by part, tokens/s,
+    TFLOP/s per GPU and MFU. The busiest pipeline rank sets the pace.
+
+    >>> from paracube.models.presets import preset
+    >>> from paracube.planner import hardware as hw
+    >>> cluster = Cluster(hw.gpu("a100-80gb"), 8, hw.interconnect("nvlink3"),
+    ...                   hw.interconnect("ib-hdr"))
+    >>> est = estimate(preset("gpt3-1.3b"), Layout(dp=8, micro_batch=4, microbatches=4), cluster)
+    >>> 0 < est.mfu < 1 and est.step_time > est.compute
+    True
+    """
+    g, p, t, m = cluster.gpu, layout.pp, layout.tp, layout.microbatches
     elem = ELEMENT_BYTES[precision]
     # blocks on the busiest rank: its v chunks of at most ⌈L/(p·v)⌉ blocks each
     layers = math.ceil(cfg.n_layers / (p * layout.chunks)) * layout.chunks
@@ -176,49 +197,23 @@ def estimate(
     )
     # the loss: softmax over the logits in fp32 — written, read, and its gradient written
     loss = 3 * layout.micro_batch * cfg.seq_len * cfg.vocab_size / t * 4 / g.hbm_bandwidth
-    per_mb = (
-        layers * (fwd + bwd) + head_fwd + head_bwd + loss
-    )  # forward + backward of the busiest stage
+    per_mb = layers * (fwd + bwd) + head_fwd + head_bwd + loss  # the busiest stage's F + B
     compute = m * per_mb
     # selective recomputation re-runs the attention core (fused attention keeps nothing it
     # could drop, so the planner never gains from it there)
     core = attention_core(cfg, layout, g, elem)[0]
     recompute = m * layers * {"none": 0.0, "full": fwd, "selective": core}[layout.recompute]
-    n = layout.micro_batch * cfg.seq_len * cfg.hidden * elem  # b·s·h values
-    tp_link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
-    tp_comm = m * layers * 4 * _ring(n, t, tp_link) * (1.5 if layout.recompute == "full" else 1.0)
-    if layout.sequence_parallel:  # each all-reduce became an all-gather + reduce-scatter pair
-        tp_comm *= tp_link.pair_cost_ratio
-    if t > 1:  # the vocabulary-parallel embedding's all-reduce and the head's input gradient,
-        # and the loss's two all-reduces of (b, s) statistics
-        tp_comm += m * (
-            2 * _ring(n, t, tp_link) + 2 * _ring(layout.micro_batch * cfg.seq_len * 4, t, tp_link)
-        )
-    pp_link = cluster.intra if t * dp * p <= cluster.gpus_per_node else cluster.inter
-    pp_comm = (
-        2 * m * (n / (t if layout.sequence_parallel else 1) / pp_link.bandwidth + pp_link.latency)
-        if p > 1
-        else 0.0
-    )
+    tp_comm = _tp_comm(cfg, layout, cluster, layers, elem)
+    pp_comm = _pp_comm(cfg, layout, cluster, elem)
     overhead = get_schedule(layout.schedule).idle_over_busy(p, m, layout.chunks)
     bubble = overhead * (compute + recompute + tp_comm) if p > 1 else 0.0
-    shard = shapes.parameter_count(cfg) / (t * p)
-    grad_bytes = elem * shard
-    dp_link = cluster.intra if t * dp <= cluster.gpus_per_node else cluster.inter
-    allreduce = _ring(grad_bytes, dp, dp_link) * (1.5 if layout.zero == 3 else 1.0)
-    # behind the last micro-batch's backward, when buckets are reduced as they fill
-    hidden = 2 / 3 * per_mb if g.overlaps_communication and layout.overlap_grad_reduce else 0.0
-    dp_exposed = max(0.0, allreduce - hidden)
-    if layout.zero == 3:  # parameters re-gathered for every micro-batch's forward and backward,
-        gather = _ring(grad_bytes, dp, dp_link) / 2  # prefetched behind that micro-batch's compute
-        dp_exposed += (
-            (m - 1) * 2 * max(0.0, gather - (per_mb / 3 if g.overlaps_communication else 0.0))
-        )
+    shard = shapes.parameter_count(cfg) / (t * p)  # parameters on one rank
+    dp_exposed = _dp_exposed(layout, cluster, elem * shard, per_mb)
     # AdamW is memory-bound: it reads weights, gradients, m and v and writes weights, m and v
     # (fp32 master copies: 7 × 4 bytes per parameter), on this rank's share of the states.
-    optimizer = 7 * 4 * shard / (dp if layout.zero >= 1 else 1) / g.hbm_bandwidth
+    optimizer = 7 * 4 * shard / (layout.dp if layout.zero >= 1 else 1) / g.hbm_bandwidth
     step = compute + recompute + tp_comm + pp_comm + bubble + dp_exposed + optimizer
-    tokens = dp * layout.micro_batch * m * cfg.seq_len
+    tokens = layout.dp * layout.micro_batch * m * cfg.seq_len
     tflops = tokens * model_flops_per_token(cfg) / (step * layout.gpus) / 1e12
     hardware = (
         tokens * hardware_flops_per_token(cfg, layout.recompute) / (step * layout.gpus) / 1e12
@@ -237,3 +232,49 @@ def estimate(
         achievable_fraction=3 * flops / (fwd + bwd) / g.peak_flops,
         hardware_tflops_per_gpu=hardware,
     )
+
+
+def _tp_comm(cfg: ModelConfig, layout: Layout, cluster: Cluster, layers: int, elem: int) -> float:
+    """Tensor-parallel collectives of one step on the busiest rank: four per block and
+    micro-batch of b·s·h values (Shoeybi et al. 2019), one more forward's worth under full
+    recomputation, plus the embedding's, the head's and the loss's."""
+    t, m = layout.tp, layout.microbatches
+    n = layout.micro_batch * cfg.seq_len * cfg.hidden * elem  # b·s·h values
+    link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
+    comm = m * layers * 4 * _ring(n, t, link) * (1.5 if layout.recompute == "full" else 1.0)
+    if layout.sequence_parallel:  # each all-reduce became an all-gather + reduce-scatter pair
+        comm *= link.pair_cost_ratio
+    if t > 1:  # the vocabulary-parallel embedding's all-reduce and the head's input gradient,
+        # and the loss's two all-reduces of (b, s) statistics
+        comm += m * (
+            2 * _ring(n, t, link) + 2 * _ring(layout.micro_batch * cfg.seq_len * 4, t, link)
+        )
+    return comm
+
+
+def _pp_comm(cfg: ModelConfig, layout: Layout, cluster: Cluster, elem: int) -> float:
+    """Stage-boundary transfers: one activation forward and one gradient back per micro-batch."""
+    if layout.pp == 1:
+        return 0.0
+    n = layout.micro_batch * cfg.seq_len * cfg.hidden * elem
+    link = cluster.intra if layout.gpus <= cluster.gpus_per_node else cluster.inter
+    per_message = n / (layout.tp if layout.sequence_parallel else 1) / link.bandwidth
+    return 2 * layout.microbatches * (per_message + link.latency)
+
+
+def _dp_exposed(layout: Layout, cluster: Cluster, grad_bytes: float, per_mb: float) -> float:
+    """The data-parallel communication the step waits for: the gradient reduction less what
+    hides behind the last backward, and under ZeRO-3 the parameter gathers of every
+    micro-batch less what hides behind its compute."""
+    g, dp, m = cluster.gpu, layout.dp, layout.microbatches
+    link = cluster.intra if layout.tp * dp <= cluster.gpus_per_node else cluster.inter
+    allreduce = _ring(grad_bytes, dp, link) * (1.5 if layout.zero == 3 else 1.0)
+    # behind the last micro-batch's backward, when buckets are reduced as they fill
+    hidden = 2 / 3 * per_mb if g.overlaps_communication and layout.overlap_grad_reduce else 0.0
+    exposed = max(0.0, allreduce - hidden)
+    if layout.zero == 3:  # parameters re-gathered for every micro-batch's forward and backward,
+        gather = _ring(grad_bytes, dp, link) / 2  # prefetched behind that micro-batch's compute
+        exposed += (
+            (m - 1) * 2 * max(0.0, gather - (per_mb / 3 if g.overlaps_communication else 0.0))
+        )
+    return exposed

@@ -3,7 +3,7 @@
 Payload convention (what :class:`paracube.comm.ledger.CommLedger` records): an
 all-reduce of an ``n``-byte tensor counts ``n``; an all-gather counts the gathered
 ``n``; a reduce-scatter counts its full ``n``-byte input. Wire bytes per rank for a ring
-over ``t`` ranks (formulas.md, "Communication volume"; NCCL's bus-bandwidth factors):
+over ``t`` ranks (docs/formulas.md, "Communication volume"; NCCL's bus-bandwidth factors):
 all-reduce ``2(t−1)/t·n``, all-gather and reduce-scatter ``(t−1)/t·n`` each — so an
 all-gather plus a reduce-scatter moves exactly what one all-reduce moves.
 """

@@ -213,9 +213,8 @@ class RowParallelLinear(_ParallelLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
             x = C.scatter_to_tp(x, self.group, self.ledger)
-        partial = linear(
-            x, self.weight, None, self.weight_grad_store
-        )  # (B, T, O), this rank's share
+        # (B, T, O): this rank's share of the sum over the input columns.
+        partial = linear(x, self.weight, None, self.weight_grad_store)
         if self.output_mode == "reduce_scatter_sp":
             y = C.reduce_scatter_to_sp(partial, self.group, self.ledger)  # (B, T/tp, O)
         else:

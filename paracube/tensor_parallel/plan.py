@@ -1,7 +1,7 @@
 """Declarative tensor-parallel plans: module path pattern → style, applied to an unchanged model.
 
 A plan names *where* to shard (``blocks.*.attn.qkv_proj``) and *how* (a style); the model
-code knows nothing about it (design.md; the same idea as torchtitan's
+code knows nothing about it (docs/ARCHITECTURE.md; the same idea as torchtitan's
 ``parallelize_module`` plans). For the reference GPT (Shoeybi et al. 2019, §3):
 
 - attention is split by heads: the fused q|k|v projection column-parallel (each rank n/tp
