@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from paracube.comm import ops
@@ -27,6 +28,7 @@ from paracube.metrics import PhaseTimer, StepMetrics
 from paracube.objective import Objective
 from paracube.optim import OptimizerStep, build_optimizer, lr_at, make_adamw, shard_optimizer
 from paracube.parallelize import parallelize
+from paracube.pipeline.executor import PipelineExecutor
 from paracube.precision import LossScaler
 from paracube.validate import validate
 
@@ -72,16 +74,18 @@ class Trainer:
         return self.grad_sync.module
 
     @property
-    def pipeline(self):
+    def pipeline(self) -> PipelineExecutor | None:
         """This rank's pipeline executor (None without pipeline parallelism)."""
         return self.parallel.pipeline
 
     @property
     def scaler(self) -> LossScaler | None:
+        """The fp16 loss scaler (None under fp32/bf16)."""
         return self.objective.scaler
 
     @property
-    def tp_group(self):
+    def tp_group(self) -> dist.ProcessGroup | None:
+        """This rank's tensor-parallel group."""
         return self.mesh.group("tp")
 
     def serial_named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
@@ -120,6 +124,8 @@ class Trainer:
     # -- training ---------------------------------------------------------------------------
 
     def train_step(self) -> StepMetrics:
+        """One optimizer step over this rank's micro-batches; a collective that fails
+        inside it is re-raised naming the rank, its coordinates, the step and the phase."""
         timer = PhaseTimer()
         with name_failures(
             self.mesh.global_rank, self.mesh.layout.coords(self.mesh.global_rank), self.step, timer

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -87,7 +88,8 @@ class FlatDataParallel(nn.Module):
 
     # -- the contract ---------------------------------------------------------------------
 
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the wrapped module; its gradients are reduced as backward produces them."""
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager
@@ -122,6 +124,7 @@ class FlatDataParallel(nn.Module):
             self._finish_backward()
 
     def sync_gradients(self) -> None:
+        """:meth:`start_grad_sync` then :meth:`finish_grad_sync`; a no-op when synced."""
         self.start_grad_sync()
         self.finish_grad_sync()
 

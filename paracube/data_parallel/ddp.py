@@ -138,6 +138,7 @@ class DataParallel(FlatDataParallel):
 
     @property
     def buckets(self) -> list[FlatUnit]:
+        """The gradient buckets, in launch order (the last layers' first)."""
         return self.units
 
     def zero_grad(self, set_to_none: bool = True) -> None:

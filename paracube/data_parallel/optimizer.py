@@ -59,11 +59,13 @@ class MainParamOptimizer:
         self.optimizer = make_optimizer(groups)
 
     @property
-    def param_groups(self):
+    def param_groups(self) -> list[dict]:
+        """The wrapped optimizer's groups (the lr schedule writes ``group["lr"]``)."""
         return self.optimizer.param_groups
 
     @property
     def main_params(self) -> list[nn.Parameter]:
+        """The parameters the optimizer steps: one per (shard, model parameter) slice."""
         return [p for entries in self._entries for p, _, _ in entries]
 
     @torch.no_grad()
@@ -115,6 +117,7 @@ class MainParamOptimizer:
 
     @property
     def sharded(self) -> bool:
+        """Whether any shard is a true slice (ZeRO ≥ 1 over more than one rank)."""
         return any(sh.sharded for sh in self.shards)
 
     @torch.no_grad()
@@ -125,6 +128,8 @@ class MainParamOptimizer:
 
     @torch.no_grad()
     def publish(self) -> None:
+        """Copy the stepped main values into the model's slices (casting to the model's
+        dtype), then all-gather full parameters where the model keeps them (ZeRO-1/2)."""
         for main, sh in zip(self._main, self.shards):
             if main is not sh.values:
                 sh.values.copy_(main)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -163,24 +164,26 @@ class ShardedDataParallel(FlatDataParallel):
 
     # -- the contract ---------------------------------------------------------------------
 
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the module, each unit gathered just before its forward and released after."""
         if self.root is not None:
             self.root.gather()
         out = self.module(*args, **kwargs)
-        if (
-            not torch.is_grad_enabled() and self.root is not None
-        ):  # evaluation: nothing stays gathered
-            self.root.release()
+        if not torch.is_grad_enabled() and self.root is not None:
+            self.root.release()  # evaluation: nothing stays gathered
         return out
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
+        """Refused: ZeRO-3 keeps no full gradients to accumulate into locally."""
         raise RuntimeError(
             "ZeRO-3 reduce-scatters every backward (it keeps no full gradients to accumulate into)"
         )
         yield  # pragma: no cover
 
     def shards(self) -> list[FlatShard]:
+        """One :class:`FlatShard` per unit: this rank's parameter slice and its reduced
+        gradient slice (with every parameter's offset, for a checkpoint)."""
         return [
             u.shard(
                 u.param_shard,
@@ -192,10 +195,13 @@ class ShardedDataParallel(FlatDataParallel):
         ]
 
     def memory_bytes(self) -> dict[str, int]:
+        """The base's counts plus ``params_peak``: the most parameter bytes held at once
+        (this rank's slices plus the units gathered at that moment)."""
         return {**super().memory_bytes(), "params_peak": self.peak_param_bytes}
 
     @contextlib.contextmanager
     def gathered_parameters(self) -> Iterator[None]:
+        """Inside, every unit is gathered: each parameter holds its full value."""
         for u in self.all_units:
             u.gather()
         try:
@@ -205,9 +211,11 @@ class ShardedDataParallel(FlatDataParallel):
                 u.release()
 
     def gathered_param_bytes(self) -> int:
+        """Bytes of full (gathered) parameter storage allocated now."""
         return sum(u.full.untyped_storage().nbytes() for u in self.all_units)
 
     def note_param_memory(self) -> None:
+        """Record the parameter bytes held now into the peak (called around each gather)."""
         shards = sum(u.param_shard.numel() * u.param_shard.element_size() for u in self.all_units)
         self.peak_param_bytes = max(self.peak_param_bytes, shards + self.gathered_param_bytes())
 

@@ -43,6 +43,7 @@ class Layout:
 
     @property
     def gpus(self) -> int:
+        """GPUs (ranks) the layout occupies: dp × tp × pp."""
         return self.dp * self.tp * self.pp
 
     @classmethod

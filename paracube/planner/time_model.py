@@ -76,6 +76,7 @@ class StepEstimate:
 
     @property
     def step_time(self) -> float:
+        """Seconds per optimizer step: the sum of the parts."""
         return (
             self.compute
             + self.recompute
