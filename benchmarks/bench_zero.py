@@ -192,7 +192,7 @@ def worker(rank: int, world: int, args, out: str) -> None:
         t = Trainer(base.replace(zero=stage), mesh, corpus)
         trainers[stage] = t
         variants[f"paracube ZeRO-{stage}"] = t.train_step
-        holders[f"paracube ZeRO-{stage}"] = (t.model, t.optimizer)
+        holders[f"paracube ZeRO-{stage}"] = (t.grad_sync, t.optimizer)
     batches = batch_stream(trainers[0])
     peers = {
         "torch ZeroRedundancyOptimizer + DDP": lambda: zero_redundancy(base, batches),
