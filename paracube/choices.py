@@ -19,6 +19,8 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 GRAD_REDUCE = ("fp32", "compute")  # dtype of gradient accumulation/reduction under bf16/fp16
 BALANCE = ("params", "flops", "memory", "time")  # how pipeline stages are cut
 ATTENTION = ("fused", "unfused")  # planner: FlashAttention/SDPA, or s×s scores materialized
+ON_NAN = ("stop", "skip", "continue")  # a non-finite loss or gradient norm: what then
+METRICS_MODES = ("new", "append", "overwrite")  # an existing --metrics file: refuse, add, replace
 
 # Bytes of one model / activation element in each precision.
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}

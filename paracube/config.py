@@ -19,7 +19,9 @@ from paracube.choices import (
     AXES,
     BALANCE,
     GRAD_REDUCE,
+    METRICS_MODES,
     NORMS,
+    ON_NAN,
     POSITIONS,
     PRECISIONS,
     RECOMPUTE,
@@ -27,12 +29,7 @@ from paracube.choices import (
 )
 from paracube.errors import ConfigError
 from paracube.pipeline.schedules import SCHEDULES
-
-
-def _positive(name: str, value, hint: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        extra = f" ({hint})" if hint else ""
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}{extra}")
+from paracube.values import MAX_SEED, MAX_TIMEOUT_S, check_loss_scale, number, positive
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,13 +58,15 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for f in ("n_layers", "hidden", "n_heads", "vocab_size", "seq_len"):
-            _positive(f, getattr(self, f))
+            positive(f, getattr(self, f))
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
-        _positive("n_kv_heads", self.n_kv_heads)
+        positive("n_kv_heads", self.n_kv_heads)
         if self.ffn_hidden is None:
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
-        _positive("ffn_hidden", self.ffn_hidden)
+        positive("ffn_hidden", self.ffn_hidden)
+        number("norm_eps", self.norm_eps, low=0, high=1, open_low=True)
+        number("init_std", self.init_std, low=0, high=1, open_low=True)
         if self.hidden % self.n_heads:
             raise ConfigError(
                 f"hidden={self.hidden} is not divisible by n_heads={self.n_heads}: "
@@ -114,11 +113,11 @@ class ParallelConfig:
 
     def __post_init__(self) -> None:
         for axis in AXES:
-            _positive(f"--{axis}", getattr(self, axis), "use 1 to switch this axis off")
+            positive(f"--{axis}", getattr(self, axis), "use 1 to switch this axis off")
         if not (isinstance(self.bucket_mb, (int, float)) and self.bucket_mb > 0):
             raise ConfigError(f"--bucket-mb must be > 0, got {self.bucket_mb!r}")
         if self.gpus_per_node is not None:
-            _positive("--gpus-per-node", self.gpus_per_node)
+            positive("--gpus-per-node", self.gpus_per_node)
             if self.tp > self.gpus_per_node:
                 raise ConfigError(
                     f"--tp {self.tp} is larger than a node ({self.gpus_per_node} ranks per node): tensor "
@@ -133,7 +132,7 @@ class ParallelConfig:
             raise ConfigError(
                 f"unknown --balance {self.balance!r}: choose one of {', '.join(BALANCE)}"
             )
-        _positive("--chunks", self.chunks)
+        positive("--chunks", self.chunks)
         if self.sequence_parallel and self.tp == 1:
             raise ConfigError(
                 "--sequence-parallel needs --tp > 1: it shards the sequence over the tensor-parallel ranks"
@@ -180,6 +179,10 @@ class TrainConfig:
     eval_every: int = 0
     eval_batches: int = 4
     metrics: str | None = None
+    metrics_mode: str = "new"  # an existing metrics file: refused (new), appended, overwritten
+    on_nan: str = (
+        "stop"  # a non-finite loss or gradient norm: stop (exit 3), skip the step, continue
+    )
     progress: bool = True
     zero: int = 0
     recompute: str = "none"
@@ -196,9 +199,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self._check_memory_options()
         for f in ("steps", "micro_batch", "grad_accum", "eval_batches", "count_activations_every"):
-            _positive(f"--{f.replace('_', '-')}", getattr(self, f))
+            positive(f"--{f.replace('_', '-')}", getattr(self, f))
         if self.global_batch is not None:
-            _positive("--global-batch", self.global_batch)
+            positive("--global-batch", self.global_batch)
             per_step = self.parallel.dp * self.micro_batch
             if self.global_batch % per_step:
                 raise ConfigError(
@@ -210,18 +213,31 @@ class TrainConfig:
             object.__setattr__(
                 self, "global_batch", self.parallel.dp * self.micro_batch * self.grad_accum
             )
-        if not self.lr > 0 or not 0 <= self.min_lr <= self.lr:
+        for f, allowed in (("metrics_mode", METRICS_MODES), ("on_nan", ON_NAN)):
+            if getattr(self, f) not in allowed:
+                raise ConfigError(
+                    f"unknown --{f.replace('_', '-')} {getattr(self, f)!r}: choose one of {', '.join(allowed)}"
+                )
+        number("--lr", self.lr, low=0, open_low=True)
+        number("--min-lr", self.min_lr, low=0)
+        if self.min_lr > self.lr:
             raise ConfigError(
-                f"need 0 <= min_lr <= lr and lr > 0, got lr={self.lr} min_lr={self.min_lr}"
+                f"--min-lr {self.min_lr:g} is above --lr {self.lr:g}: the cosine decay ends at "
+                "--min-lr, so choose --min-lr <= --lr"
             )
-        if self.warmup_steps < 0 or self.eval_every < 0 or self.weight_decay < 0:
-            raise ConfigError("--warmup-steps, --eval-every and --weight-decay must be >= 0")
-        if self.grad_clip is not None and not self.grad_clip > 0:
-            raise ConfigError(f"--grad-clip must be > 0 (or omitted), got {self.grad_clip}")
-        if not 0 < self.val_fraction < 1:
-            raise ConfigError(f"--val-fraction must be in (0, 1), got {self.val_fraction}")
-        if not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"--seed must be a non-negative integer, got {self.seed!r}")
+        number("--weight-decay", self.weight_decay, low=0)
+        for f in ("warmup_steps", "eval_every"):
+            value = getattr(self, f)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                flag = f"--{f.replace('_', '-')}"
+                raise ConfigError(f"{flag} must be a non-negative integer, got {value!r}")
+        if self.grad_clip is not None:
+            number("--grad-clip", self.grad_clip, low=0, open_low=True)
+        number("--val-fraction", self.val_fraction, low=0, high=0.5, open_low=True)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ConfigError(f"--seed must be an integer, got {self.seed!r}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"--seed must be in [0, 2**32 - 1], got {self.seed}")
 
     def _check_memory_options(self) -> None:
         """ZeRO stage, recomputation and precision: values and supported combinations."""
@@ -237,7 +253,7 @@ class TrainConfig:
                 f"unknown --recompute {self.recompute!r}: choose one of {', '.join(RECOMPUTE)}"
             )
         if self.recompute_blocks is not None:
-            _positive("--recompute-blocks", self.recompute_blocks)
+            positive("--recompute-blocks", self.recompute_blocks)
             if self.recompute == "none":
                 raise ConfigError("--recompute-blocks needs --recompute selective or full")
             if self.recompute_blocks > self.model.n_layers:
@@ -250,6 +266,11 @@ class TrainConfig:
             )
         if self.grad_reduce not in GRAD_REDUCE:
             raise ConfigError(f"unknown --grad-reduce {self.grad_reduce!r}: choose fp32 or compute")
+        if self.grad_reduce == "compute" and self.precision == "fp32":
+            raise ConfigError(
+                "--grad-reduce compute is for --precision bf16 or fp16: under fp32 gradients are "
+                "reduced in fp32 anyway; drop the flag or choose a lower precision"
+            )
         if self.precision == "fp16":
             if self.loss_scale is None:
                 object.__setattr__(self, "loss_scale", "dynamic")
@@ -259,14 +280,7 @@ class TrainConfig:
                     "use --loss-scale dynamic (default) or a fixed scale such as 1024, or --precision bf16"
                 )
             if self.loss_scale != "dynamic":
-                try:
-                    value = float(str(self.loss_scale))
-                except ValueError:
-                    value = 0.0
-                if not value > 0:
-                    raise ConfigError(
-                        f"--loss-scale must be 'dynamic' or a positive number, got {self.loss_scale!r}"
-                    )
+                check_loss_scale(self.loss_scale)
         elif self.loss_scale is not None:
             raise ConfigError(
                 f"--loss-scale is for --precision fp16 (got --precision {self.precision}): "
@@ -279,3 +293,23 @@ class TrainConfig:
 
     def replace(self, **changes) -> TrainConfig:
         return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """How this machine runs a job's ranks — not part of what is trained.
+
+    ``threads``: torch threads per rank (None: cores ÷ local ranks); ``timeout_s``: how
+    long a collective may wait before the job fails; ``oversubscribe``: allow more local
+    ranks (or threads) than this machine's limits (:mod:`paracube.resources`);
+    ``predict``: print the planner's prediction beside the measured step."""
+
+    threads: int | None = None
+    timeout_s: float = 300.0
+    oversubscribe: bool = False
+    predict: bool = False
+
+    def __post_init__(self) -> None:
+        if self.threads is not None:
+            positive("--threads", self.threads)
+        number("--timeout", self.timeout_s, low=0, high=MAX_TIMEOUT_S, open_low=True)

@@ -20,20 +20,28 @@ class LossScaler:
     """``"dynamic"`` (start 2¹⁶, ×0.5 on overflow, ×2 after ``growth_interval`` clean
     steps) or a fixed scale given as a number."""
 
+    floor = 1.0  # the dynamic scale never goes below 1 (no scaling)
+
     def __init__(self, spec: str | float, growth_interval: int = 1000, initial: float = 2.0**16):
+        from paracube.values import check_loss_scale  # torch-free; one owner of the bounds
+
         self.dynamic = spec == "dynamic"
-        self.scale = initial if self.dynamic else float(spec)
+        self.scale = initial if self.dynamic else check_loss_scale(spec)
+        if not (isinstance(growth_interval, int) and growth_interval > 0):
+            raise ValueError(f"growth_interval must be a positive integer, got {growth_interval!r}")
         self.growth_interval = growth_interval
         self._clean = 0
         self.skipped = 0  # steps skipped so far
+        self.consecutive = 0  # steps skipped in a row, up to the last one
 
     def update(self, overflow: bool) -> None:
+        self.consecutive = self.consecutive + 1 if overflow else 0
         if overflow:
             self.skipped += 1
         if not self.dynamic:
             return
         if overflow:
-            self.scale = max(self.scale / 2, 1.0)
+            self.scale = max(self.scale / 2, self.floor)
             self._clean = 0
         else:
             self._clean += 1

@@ -10,15 +10,27 @@ milliseconds. Torch-free.
 
 from __future__ import annotations
 
-from paracube.config import ModelConfig, ParallelConfig, TrainConfig
+import os
+
+from paracube.config import ModelConfig, ParallelConfig, RunOptions, TrainConfig
 from paracube.data.source import BYTE_VOCABULARY, check_source
 from paracube.errors import ConfigError
 from paracube.pipeline.schedules import check_schedule
 
 
-def validate(cfg: TrainConfig, world: int | None = None, *, data: bool = True) -> None:
+def validate(
+    cfg: TrainConfig,
+    world: int | None = None,
+    *,
+    data: bool = True,
+    run: RunOptions | None = None,
+    local_ranks: int | None = None,
+) -> None:
     """Refuse a job that cannot run as asked; ``world``: the ranks launched (if known);
-    ``data=False`` when the caller brings its own corpus."""
+    ``data=False`` when the caller brings its own corpus. With ``run`` (how this machine
+    runs it; ``local_ranks`` of the job on this machine, default ``LOCAL_WORLD_SIZE``)
+    also this machine's limits (:mod:`paracube.resources`) and, on the job's rank 0 (or
+    in the launcher), its output files and the calibration ``--predict`` reads."""
     if world is not None:
         cfg.parallel.check_world_size(world)
     check_tensor_parallel(cfg.model, cfg.parallel)
@@ -31,6 +43,28 @@ def validate(cfg: TrainConfig, world: int | None = None, *, data: bool = True) -
         )
     if data:
         check_source(cfg.data, cfg.model.seq_len, cfg.val_fraction)
+    if run is not None:
+        check_run(cfg, run, local_ranks)
+
+
+def check_run(cfg: TrainConfig, run: RunOptions, local_ranks: int | None = None) -> None:
+    """This machine's limits, and (where the run writes) its outputs, checked up front."""
+    from paracube.resources import Host, check_host
+
+    host = Host.here()
+    local = local_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    threads = run.threads or max(1, host.cores // local)  # as train.default_threads
+    check_host(cfg, local, threads, host, run.oversubscribe)
+    if os.environ.get("RANK", "0") != "0":
+        return
+    if cfg.metrics is not None:
+        from paracube.outputs import check_output
+
+        check_output(cfg.metrics, "--metrics", cfg.metrics_mode)
+    if run.predict:
+        from paracube.planner.local import load
+
+        load()  # a damaged calibration is refused now, not after the run
 
 
 def check_tensor_parallel(model: ModelConfig, parallel: ParallelConfig) -> None:

@@ -63,7 +63,7 @@ def test_training_value_checks():
         TrainConfig(model=preset("nano"), steps=0)
     with pytest.raises(ConfigError, match="--micro-batch must be a positive integer"):
         TrainConfig(model=preset("nano"), micro_batch=-1)
-    with pytest.raises(ConfigError, match="min_lr <= lr"):
+    with pytest.raises(ConfigError, match="--min-lr 0.01 is above --lr 0.001"):
         TrainConfig(model=preset("nano"), lr=1e-3, min_lr=1e-2)
 
 

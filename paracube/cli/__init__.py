@@ -20,10 +20,15 @@ __all__ = ["build_parser", "config_from_args", "main"]
 COMMANDS = (train, schedule, plan, calibrate)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors as paracube's one line (no usage dump) and exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"paracube: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="paracube", description="Distributed training on PyTorch."
-    )
+    parser = _Parser(prog="paracube", description="Distributed training on PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(sub)

@@ -83,6 +83,9 @@ def _plan_model(args):
     missing = [f"--{k}" for k in ("layers", "hidden", "heads", "vocab", "seq") if custom[k] is None]
     if missing:
         raise ParacubeError(f"give --model PRESET or a custom shape; missing {' '.join(missing)}")
+    for k, value in custom.items():
+        if value is not None and value <= 0:
+            raise ParacubeError(f"--{k.replace('_', '-')} must be a positive integer, got {value}")
     return ModelConfig(
         n_layers=custom["layers"],
         hidden=custom["hidden"],
@@ -107,6 +110,11 @@ def _plan_fixed(args, gpus: int) -> dict:
         if set(fixed) - {"dp", "tp", "pp"} or any(v <= 0 for v in fixed.values()):
             raise ParacubeError(
                 f"--layout {args.layout!r}: only dp, tp and pp, each a positive integer"
+            )
+        if fixed.get("tp", 1) > min(args.gpus_per_node, gpus):
+            raise ParacubeError(
+                f"--layout tp={fixed['tp']} is larger than a node ({min(args.gpus_per_node, gpus)} GPUs): "
+                "tensor parallelism needs the intra-node links; use pipeline or data parallelism across nodes"
             )
         product = fixed.get("dp", 1) * fixed.get("tp", 1) * fixed.get("pp", 1)
         if len(fixed) == 3 and product != gpus:
@@ -146,8 +154,13 @@ def cmd_plan(args) -> int:
     return 0
 
 
+# Beyond any cluster built (the largest are ~10⁵ GPUs); bounds the search's enumeration.
+MAX_GPUS = 2**20
+
+
 def _check_args(args) -> None:
-    from paracube.choices import ATTENTION, PRECISIONS
+    from paracube.choices import ATTENTION, PRECISIONS, RECOMPUTE, ZERO_STAGES
+    from paracube.pipeline.schedules import SCHEDULES
 
     for name in ("gpus", "global_batch"):
         if getattr(args, name) is None:
@@ -157,6 +170,24 @@ def _check_args(args) -> None:
             raise ParacubeError(
                 f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}"
             )
+    if args.gpus > MAX_GPUS:
+        raise ParacubeError(f"--gpus {args.gpus} is more than {MAX_GPUS:,}: plan a real cluster")
+    if args.gpus > args.gpus_per_node and args.gpus % args.gpus_per_node:
+        raise ParacubeError(
+            f"--gpus {args.gpus} is not a whole number of nodes of --gpus-per-node {args.gpus_per_node}: "
+            f"use a multiple of {args.gpus_per_node}"
+        )
+    for name in ("micro_batch", "chunks"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise ParacubeError(
+                f"--{name.replace('_', '-')} must be a positive integer, got {value}"
+            )
+    for name, allowed in (("zero", ZERO_STAGES), ("schedule", SCHEDULES), ("recompute", RECOMPUTE)):
+        value = getattr(args, name)
+        if value is not None and value not in allowed:
+            choices = ", ".join(str(a) for a in allowed)
+            raise ParacubeError(f"unknown --{name} {value!r}: choose one of {choices}")
     if args.attention is not None and args.attention not in ATTENTION:
         raise ParacubeError(f"unknown --attention {args.attention!r}: choose fused or unfused")
     if args.precision not in PRECISIONS:

@@ -25,7 +25,7 @@ __all__ = [
     "TokenCorpus",
     "VOCAB_SIZE",
     "build_corpus",
-    "read_user_text",
+    "read_user_tokens",
     "stdlib_files",
     "stdlib_text",
 ]
@@ -66,20 +66,33 @@ def stdlib_text(max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
     return b"".join(chunks)[:max_bytes]
 
 
-def read_user_text(path: str) -> bytes:
-    """A text file, or every non-binary file under a folder in sorted path order."""
-    chunks = []
-    for f in text_files(path):
-        try:
-            chunks.append(f.read_bytes())
-        except OSError as e:
-            raise DataError(
-                f"--data {path}: cannot read {f} ({e.strerror}); fix its permissions or remove it"
-            ) from None
-    text = b"".join(chunks)
-    if not text:
-        raise DataError(f"--data {path}: no text in it (empty); give a non-empty text file")
-    return text
+def read_user_tokens(path: str) -> torch.Tensor:
+    """A text file, or every text file under a folder in sorted path order, as uint8 tokens.
+
+    A single file is memory-mapped (private, read-only use): its pages are the page
+    cache's, shared by every rank on the machine instead of copied into each. A folder's
+    files are read once into one buffer."""
+    files = text_files(path)
+    try:
+        if len(files) == 1:
+            size = files[0].stat().st_size
+            if size == 0:
+                return torch.empty(0, dtype=torch.uint8)
+            return torch.from_file(str(files[0]), shared=False, size=size, dtype=torch.uint8)
+        buffer = bytearray(sum(f.stat().st_size for f in files))
+        view, at = memoryview(buffer), 0
+        for f in files:
+            with f.open("rb") as fh:
+                at += fh.readinto(view[at:])
+        return (
+            torch.frombuffer(buffer, dtype=torch.uint8)[:at]
+            if at
+            else torch.empty(0, dtype=torch.uint8)
+        )
+    except OSError as e:
+        raise DataError(
+            f"--data {path}: cannot read it ({e.strerror}); fix its permissions or remove it"
+        ) from None
 
 
 def build_corpus(
@@ -89,8 +102,10 @@ def build_corpus(
 
     Both splits must hold at least one training window of ``seq_len + 1`` bytes.
     """
-    text = stdlib_text(max_bytes) if data is None else read_user_text(data)
-    tokens = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+    if data is None:
+        tokens = torch.frombuffer(bytearray(stdlib_text(max_bytes)), dtype=torch.uint8)
+    else:
+        tokens = read_user_tokens(data)
     check_length(len(tokens), data, seq_len, val_fraction)
     n_val = int(len(tokens) * val_fraction)
     source = "stdlib sources" if data is None else str(data)

@@ -13,11 +13,22 @@ from __future__ import annotations
 
 import torch
 
+from paracube.errors import DataError
+
 
 class ShardedBatchSampler:
     """Draws windows ``tokens[s : s + T + 1]`` → (inputs, targets), each (b, T) int64."""
 
     def __init__(self, tokens: torch.Tensor, seq_len: int, global_batch: int, seed: int):
+        if seq_len <= 0 or global_batch <= 0:
+            raise ValueError(
+                f"seq_len and global_batch must be positive, got {seq_len} and {global_batch}"
+            )
+        if tokens.dim() != 1 or tokens.numel() < seq_len + 1:
+            raise DataError(
+                f"{tokens.numel():,} tokens hold no window of seq_len + 1 = {seq_len + 1}: "
+                "use more text or a shorter sequence length"
+            )
         self.tokens = tokens
         self.seq_len = seq_len
         self.global_batch = global_batch

@@ -30,8 +30,25 @@ def stdlib_files(root: str | None = None) -> list[Path]:
     return sorted(found)
 
 
+def _kind(head: bytes) -> str:
+    """ "text", "utf-16" (a byte-order mark, or NULs in every other byte) or "binary"."""
+    if head[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        return "utf-16"
+    if b"\0" not in head:
+        return "text"
+    # UTF-16 of mostly ASCII text: one byte of each pair is NUL, the other is not.
+    even, odd = head[0::2].count(0) / len(head[0::2]), head[1::2].count(0) / max(1, len(head[1::2]))
+    if len(head) >= 4 and ((even > 0.9 and odd < 0.1) or (odd > 0.9 and even < 0.1)):
+        return "utf-16"
+    return "binary"
+
+
 def text_files(path: str) -> list[Path]:
     """The text file ``path``, or every non-binary file under the folder ``path`` (sorted)."""
+    if not path.strip():
+        raise DataError(
+            "--data is empty: give a text file or folder (or leave --data out for the embedded corpus)"
+        )
     p = Path(path)
     if not p.exists():
         raise DataError(
@@ -42,7 +59,7 @@ def text_files(path: str) -> list[Path]:
     files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
     if not files:
         raise DataError(f"--data {path}: the folder holds no files; add text files or point at one")
-    text = []
+    text, skipped = [], {"binary": 0, "utf-16": 0}
     for f in files:
         try:
             with f.open("rb") as fh:
@@ -51,14 +68,25 @@ def text_files(path: str) -> list[Path]:
             raise DataError(
                 f"--data {path}: cannot read {f} ({e.strerror}); fix its permissions or remove it"
             ) from None
-        if b"\0" in head:
-            if p.is_file():
-                raise DataError(
-                    f"--data {path}: looks binary (NUL bytes), not text; give a text file"
-                )
-            continue  # a binary file inside a folder is skipped, not trained on
-        text.append(f)
+        kind = _kind(head)
+        if kind == "text":
+            text.append(f)
+        elif p.is_file():
+            raise DataError(f"--data {path}: {_NOT_TEXT[kind]}")
+        else:
+            skipped[kind] += 1  # a non-text file inside a folder is skipped, not trained on
+    if not text:
+        counts = ", ".join(f"{n} {kind}" for kind, n in skipped.items() if n)
+        raise DataError(
+            f"--data {path}: the folder holds no text files ({counts} skipped); add UTF-8 text files"
+        )
     return text
+
+
+_NOT_TEXT = {
+    "binary": "looks binary (NUL bytes), not text; give a text file",
+    "utf-16": "is UTF-16 text; convert it to UTF-8 (iconv -f UTF-16 -t UTF-8) — tokens are UTF-8 bytes",
+}
 
 
 def check_length(n_bytes: int, data: str | None, seq_len: int, val_fraction: float) -> None:

@@ -152,6 +152,26 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+def check_tokens(tokens: torch.Tensor, vocab_size: int, seq_len: int) -> None:
+    """Refuse what the embedding would fail on obscurely: not (B, T) integers, more than
+    ``seq_len`` positions (the position tables' size), or ids outside the vocabulary
+    (checked on CPU only: on a GPU the check would stall the stream every forward)."""
+    if tokens.dim() != 2 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise ValueError(
+            f"tokens must be a (batch, seq) integer tensor, got {tuple(tokens.shape)} {tokens.dtype}"
+        )
+    if tokens.shape[1] > seq_len:
+        raise ValueError(
+            f"{tokens.shape[1]} positions is more than the model's seq_len {seq_len}: "
+            "cut the input or build the model with a longer seq_len"
+        )
+    if tokens.device.type == "cpu" and tokens.numel():
+        low, high = int(tokens.min()), int(tokens.max())
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(f"token id {bad} is outside the vocabulary 0..{vocab_size - 1}")
+
+
 class Embedding(nn.Module):
     """Token embedding plus, for learned positions, a position embedding."""
 
@@ -159,8 +179,10 @@ class Embedding(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(cfg.vocab_size, cfg.hidden)
         self.pos = nn.Embedding(cfg.seq_len, cfg.hidden) if cfg.position == "learned" else None
+        self.vocab_size, self.seq_len = cfg.vocab_size, cfg.seq_len
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, T) int -> (B, T, H)
+        check_tokens(tokens, self.vocab_size, self.seq_len)
         x = self.tok(tokens)
         if self.pos is not None:
             x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))

@@ -21,6 +21,11 @@ from dataclasses import dataclass
 
 from paracube.errors import ConfigError
 
+# p·m·v (stage passes of a micro-batch per step) bounds one step's action lists — every
+# rank's is about 3·m·v long, and the simulator and the picture handle them all: beyond
+# this a step is a typo, not a pipeline.
+MAX_STAGE_PASSES = 100_000
+
 
 @dataclass(frozen=True)
 class Action:
@@ -66,6 +71,11 @@ class Schedule:
         for flag, value in (("--pp", p), ("--microbatches", m), ("--chunks", v)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{flag} must be ≥ 1, got {value!r}")
+        if p * m * v > MAX_STAGE_PASSES:
+            raise ConfigError(
+                f"--pp {p} × --microbatches {m} × --chunks {v} = {p * m * v:,} stage passes per step, "
+                f"over the limit of {MAX_STAGE_PASSES:,}: use fewer stages or micro-batches"
+            )
         if self.chunked:
             if v < 2:
                 raise ConfigError(f"{self.name} needs --chunks ≥ 2 (virtual stages per rank)")

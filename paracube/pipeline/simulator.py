@@ -11,6 +11,7 @@ list that can never finish is reported as a deadlock.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from paracube.pipeline.schedules import Action
@@ -24,6 +25,19 @@ class Costs:
     I: float = 1.0
     W: float = 1.0
     comm: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("F", "I", "W", "comm"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"cost {name} must be a number, got {value!r}")
+            if not 0 <= value < math.inf:
+                raise ValueError(f"cost {name} must be finite and >= 0, got {value!r}")
+        if self.F <= 0 or self.I + self.W <= 0:
+            raise ValueError(
+                f"a forward (F={self.F:g}) and a backward (I + W = {self.I + self.W:g}) must "
+                "each cost more than 0"
+            )
 
     @property
     def B(self) -> float:

@@ -6,6 +6,7 @@ Pure reading and arithmetic (the measuring is :mod:`paracube.calibrate`).
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -17,16 +18,40 @@ DEFAULT_PATH = Path(
 )
 
 
-def load(path: Path = DEFAULT_PATH) -> dict | None:
-    """The saved calibration, None if there is none; a damaged file is refused in one line."""
+# What local_hardware() reads; each a finite positive number.
+REQUIRED = (
+    "matmul_flops_per_thread",
+    "memory_bandwidth",
+    "link_bandwidth",
+    "allreduce_bandwidth",
+    "allreduce_latency",
+)
+
+
+def load(path: Path | None = None) -> dict | None:
+    """The saved calibration (default :data:`DEFAULT_PATH`), None if there is none; a
+    damaged file is refused in one line."""
+    path = path or DEFAULT_PATH
     if not path.exists():
         return None
+    fix = "run `paracube calibrate` again"
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise ConfigError(
-            f"calibration file {path} is unreadable ({e}): run `paracube plan --calibrate` again"
-        ) from None
+        raise ConfigError(f"calibration file {path} is unreadable ({e}): {fix}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"calibration file {path} holds no calibration (not an object): {fix}")
+    for key in REQUIRED:
+        value = data.get(key)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not 0 < value < math.inf
+        ):
+            raise ConfigError(
+                f"calibration file {path}: {key} is {value!r}, not a positive number: {fix}"
+            )
+    return data
 
 
 def local_hardware(
