@@ -22,6 +22,7 @@ from paracube.data.batches import RankBatches
 from paracube.data.corpus import TokenCorpus, build_corpus
 from paracube.data.sampler import ShardedBatchSampler
 from paracube.failures import name_failures
+from paracube.heartbeat import Heartbeat
 from paracube.memory.activations import ActivationCounter
 from paracube.mesh.mesh import ProcessMesh
 from paracube.metrics import PhaseTimer, StepMetrics
@@ -65,6 +66,8 @@ class Trainer:
         self.activations = ActivationCounter()
         self._activations_counted: tuple[int, int] | None = None  # (step, peak bytes) last counted
         self.step = 0
+        # Set by train_rank: lets a failing rank name the peer that stopped answering.
+        self.heartbeat: Heartbeat | None = None
 
     # -- views of the stack ---------------------------------------------------------------
 
@@ -127,10 +130,14 @@ class Trainer:
         """One optimizer step over this rank's micro-batches; a collective that fails
         inside it is re-raised naming the rank, its coordinates, the step and the phase."""
         timer = PhaseTimer()
-        with name_failures(
-            self.mesh.global_rank, self.mesh.layout.coords(self.mesh.global_rank), self.step, timer
-        ):
+        if self.heartbeat is not None:
+            self.heartbeat.at(self.step, timer)
+        with self._failures(timer):
             return self._train_step(timer)
+
+    def _failures(self, phase) -> contextlib.AbstractContextManager:
+        mesh = self.mesh
+        return name_failures(mesh.global_rank, mesh.layout.where, self.step, phase, self.heartbeat)
 
     def _train_step(self, timer: PhaseTimer) -> StepMetrics:
         cfg, ledger = self.cfg, self.mesh.ledger
@@ -178,6 +185,12 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> float:
         """Mean loss over ``eval_batches`` global batches of the validation split."""
+        if self.heartbeat is not None:
+            self.heartbeat.at(self.step, "evaluation")
+        with self._failures("evaluation"):
+            return self._evaluate()
+
+    def _evaluate(self) -> float:
         self.module.eval()
         total = torch.zeros((), device=self.mesh.device)
         for i in range(self.cfg.eval_batches):

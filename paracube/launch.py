@@ -1,20 +1,42 @@
-"""Starting the ranks: torch's elastic launcher locally, or nothing under torchrun.
+"""Starting the ranks, and ending the job as one: one line, one exit status, nothing left.
 
 ``paracube train --dp 4`` outside torchrun starts 4 local worker processes through
 ``torch.distributed.launcher.api.elastic_launch`` — the machinery behind ``torchrun
---standalone`` (c10d rendezvous on a free local port). Under ``torchrun`` (one or many
-nodes) the command runs as one rank of the job it finds in the environment.
+--standalone`` (c10d rendezvous on a free loopback port). With ``--nnodes N
+--rdzv-endpoint HOST:PORT`` the same command on each of N machines starts that machine's
+share of the ranks and meets the others there (torchrun's multi-node rendezvous), so a
+refused job is still one line. Under ``torchrun`` the command runs as one rank of the job
+it finds in the environment (torchrun then prints its own summary of a failed job).
+
+How a job ends (exit statuses in :mod:`paracube.errors`):
+
+- a refused configuration: every rank refuses it identically, rank 0 prints the line, the
+  ranks return 2 and the job exits 2;
+- a rank that fails (a collective timed out, a peer died, training diverged, the record
+  could not be written): it prints its line and *ends its process* with the status —
+  returning would leave the launcher waiting for the peers it can no longer reach — then
+  the launcher stops the others (:data:`SHUTDOWN_GRACE` s, then SIGKILL);
+- a signal (Ctrl-C, SIGTERM, SIGHUP) to the launcher: it stops the ranks, prints one line
+  and exits 128 + the signal; the ranks themselves exit quietly on it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
+import signal
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from paracube.errors import ParacubeError
+
+EXPLAINED_ENV = "PARACUBE_EXPLAINED"  # where a rank that explains the job's end says so
+SHUTDOWN_GRACE = 2  # seconds the launcher gives a rank to exit on SIGTERM before SIGKILL
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def inside_torchrun() -> bool:
@@ -26,50 +48,158 @@ def launched_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def launch_local(nprocs: int, entrypoint: Callable[..., int], *args) -> int:
-    """Run ``entrypoint(*args)`` on ``nprocs`` local ranks; return the worst exit code.
+@dataclass(frozen=True)
+class Nodes:
+    """The machines of a job: ``count`` nodes meeting at ``endpoint`` (HOST:PORT of one of
+    them, as torchrun's ``--rdzv-endpoint``); one node: this machine, a free loopback port.
+    ``join_timeout_s``: how long a node waits for the others to arrive."""
 
-    Entry points return an exit code (0, or 2 for a rejected configuration) rather than
-    raising, so a clean refusal on every rank is not reported as a crash.
-    """
+    count: int = 1
+    endpoint: str | None = None
+    join_timeout_s: float = 300.0
+
+    def rendezvous(self) -> dict:
+        if self.count == 1:
+            # as torchrun --standalone: a free port on loopback — a local job needs no other
+            return dict(rdzv_endpoint="127.0.0.1:0", run_id=f"paracube-{uuid.uuid4().hex[:8]}")
+        return dict(
+            rdzv_endpoint=self.endpoint,
+            run_id=f"paracube-{self.endpoint}",  # the same on every node
+            rdzv_configs={"join_timeout": int(self.join_timeout_s)},
+        )
+
+
+def launch_local(nprocs: int, entrypoint: Callable[..., int], *args, nodes: Nodes = Nodes()) -> int:
+    """Run ``entrypoint(*args)`` on ``nprocs`` ranks of this machine, one node of ``nodes``;
+    return the job's exit status."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    _quiet_torch_elastic()
+    logs = tempfile.mkdtemp(prefix="paracube-")  # the agent's per-run files; removed below
+    explained = os.path.join(logs, "explained")  # a rank that prints the job's end writes it
+    os.environ[EXPLAINED_ENV] = explained
     config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
+        min_nodes=nodes.count,
+        max_nodes=nodes.count,
         nproc_per_node=nprocs,
-        run_id=f"paracube-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",  # as torchrun --standalone: a free port on this host
+        **nodes.rendezvous(),
         max_restarts=0,
         monitor_interval=0.1,
         start_method="spawn",
+        logs_specs=DefaultLogsSpecs(log_dir=logs),
+        shutdown_timeout=SHUTDOWN_GRACE,
     )
     try:
         codes = elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as e:
-        rank, failure = e.get_first_failure()
-        print(
-            f"paracube: rank {rank} failed (exit {failure.exitcode}); see its traceback above",
-            file=sys.stderr,
-        )
-        return 1
+        return _failed(e, explained)
+    except SignalException as e:
+        return _interrupted(e.sigval, nprocs)
+    except KeyboardInterrupt:
+        return _interrupted(signal.SIGINT, nprocs)
+    finally:
+        os.environ.pop(EXPLAINED_ENV, None)
+        shutil.rmtree(logs, ignore_errors=True)
     return max((c or 0) for c in codes.values())
 
 
+def _quiet_torch_elastic() -> None:
+    """The agent's own log lines (its warnings on a signal or a failed worker) would come
+    before paracube's one line; every elastic logger sets its own level, so set each."""
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(("torch.distributed.elastic", "torch.multiprocessing")):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _failed(error, explained: str) -> int:
+    """The job's status after a rank failed. A rank that printed the line explaining the
+    job's end (naming any peer it found dead or stopped) left its status in ``explained``;
+    only when none did — every failure a signal from outside — is it said here."""
+    try:
+        with open(explained) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        pass
+    failures = sorted(error.failures.items(), key=lambda kv: kv[1].timestamp)
+    own = [f.exitcode for _, f in failures if 0 < f.exitcode < 128]  # paracube's statuses
+    if own:
+        return own[0]
+    killed = [(r, f) for r, f in failures if f.exitcode < 0]
+    if not killed:
+        return failures[0][1].exitcode
+    rank, failure = killed[0]
+    name = signal.Signals(-failure.exitcode).name
+    print(
+        f"paracube: error: rank {rank} was killed by {name}; the job was stopped",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 1
+
+
+def _interrupted(sig, nprocs: int) -> int:
+    sig = signal.Signals(sig)
+    print(
+        f"paracube: interrupted by {sig.name}: the {nprocs} ranks were stopped",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 128 + sig.value
+
+
 def run_rank(fn: Callable[..., None], *args) -> int:
-    """Run one rank's work; turn paracube's own errors into one line (rank 0) and exit 2."""
+    """Run one rank's work under the rules of the module docstring: returns 0 or 2; any
+    other ending leaves the process with its status."""
+    for sig in STOP_SIGNALS:  # the launcher is stopping the job: leave without a traceback
+        signal.signal(sig, _exit_quietly)
     try:
         fn(*args)
         return 0
     except ParacubeError as e:
-        if os.environ.get("RANK", "0") == "0" or e.exit_code != 2:
+        from paracube.failures import end_stalled_peers, first_to_fail
+
+        lead = os.environ.get("RANK", "0") == "0"
+        if (lead and e.symmetric) or (not e.symmetric and first_to_fail()):
+            if e.exit_code != 2 or not e.symmetric:
+                _say_explained(e.exit_code)
             print(f"paracube: error: {e}", file=sys.stderr, flush=True)
-        return e.exit_code
+        if e.exit_code == 2 and e.symmetric:  # refused before any collective, on every rank
+            return 2
+        end_stalled_peers(e)
+        _leave(e.exit_code)
+    except KeyboardInterrupt:
+        _leave(128 + signal.SIGINT)
     finally:
         import torch.distributed as dist
 
         if dist.is_initialized():
             dist.destroy_process_group()
+    return 1  # unreachable: _leave does not return
+
+
+def _say_explained(code: int) -> None:
+    """Tell the launcher this rank explains the job's end (written before the line is
+    printed, so the launcher never adds a second one)."""
+    path = os.environ.get(EXPLAINED_ENV)
+    if path:
+        try:
+            with open(path, "x") as f:
+                f.write(str(code))
+        except OSError:
+            pass  # another rank explained first
+
+
+def _exit_quietly(signum, frame) -> None:
+    _leave(128 + signum)
+
+
+def _leave(code: int) -> None:
+    """End this process now: a failed job's collectives cannot be torn down politely (the
+    peers they would wait for are gone or stalled)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

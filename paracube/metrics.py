@@ -1,4 +1,4 @@
-"""Step metrics: a phase timer, the per-step record, and the JSONL writer."""
+"""Step metrics: a phase timer and the per-step record (written by :mod:`paracube.outputs`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import json
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 PHASES = ("data", "forward", "backward", "comm_exposed", "optimizer")
 
@@ -27,6 +26,14 @@ class PhaseTimer:
             self.current = None  # on an exception it stays: the error names the phase
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    @contextmanager
+    def label(self, name: str):
+        """Name the phase running now (for error messages) without timing it: the pipeline
+        schedule, whose time the executor splits into forward, backward and bubble."""
+        self.current = name
+        yield
+        self.current = None
 
     def move(self, seconds: float, *, src: str, dst: str) -> None:
         """Re-attribute time, e.g. gradient waits that happened inside backward."""
@@ -63,26 +70,6 @@ class StepMetrics:
     def to_json(self) -> str:
         record = {k: v for k, v in asdict(self).items() if v is not None}
         return json.dumps(record, separators=(",", ":"))
-
-
-class MetricsWriter:
-    """Appends :class:`StepMetrics` as JSON lines; a no-op without a path."""
-
-    def __init__(self, path: str | None):
-        self._file = None
-        if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(path, "w", encoding="utf-8")
-
-    def write(self, metrics: StepMetrics) -> None:
-        if self._file:
-            self._file.write(metrics.to_json() + "\n")
-            self._file.flush()
-
-    def close(self) -> None:
-        if self._file:
-            self._file.close()
-            self._file = None
 
 
 def read_metrics(path: str) -> list[dict]:

@@ -70,7 +70,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 class StepOutcome(NamedTuple):
     lr: float
     grad_norm: float  # inf when an fp16 overflow skipped the step
-    overflow: bool
+    overflow: bool  # the step was skipped: fp16 overflow, or a non-finite norm (--on-nan)
     gradient_bytes: int  # gradients held once reduced, before the step frees any
 
 
@@ -114,7 +114,12 @@ class OptimizerStep:
         grad_norm = float("inf")
         if not overflow:
             grad_norm = self.clip()
-            self.optimizer.step()
+            # A non-finite global norm (the same on every rank) is not stepped with unless
+            # --on-nan continue: under stop the run ends after this step, under skip it goes on.
+            if math.isfinite(grad_norm) or self.cfg.on_nan == "continue":
+                self.optimizer.step()
+            else:
+                overflow = True
         if self.cfg.zero >= 1:  # gradients are consumed: hold none between steps
             self.grad_sync.release_gradient_memory()
         return StepOutcome(lr, grad_norm, overflow, gradient_bytes)

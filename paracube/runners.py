@@ -88,7 +88,7 @@ class PipelineRunner:
         """The schedule's actions over all micro-batches, then one gradient reduction."""
         with timer.phase("data"):
             batches = self.batches.step(step)
-        with self.grad_sync.no_sync():
+        with self.grad_sync.no_sync(), timer.label("pipeline schedule"):
             loss_sum, record = self.executor.run([x for x, _ in batches], [y for _, y in batches])
         timer.seconds["forward"] += record.busy["F"]
         timer.seconds["backward"] += record.busy["B"] + record.busy["I"] + record.busy["W"]

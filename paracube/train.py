@@ -6,61 +6,89 @@ import os
 import sys
 import time
 
-from paracube.config import TrainConfig
-from paracube.metrics import MetricsWriter, StepMetrics
+from paracube.config import RunOptions, TrainConfig
+from paracube.divergence import check_step
+from paracube.metrics import StepMetrics
+from paracube.outputs import MetricsWriter
 from paracube.validate import validate
 
 
-def train_rank(cfg: TrainConfig, threads: int, timeout_s: float, predict: bool = False) -> None:
+def train_rank(cfg: TrainConfig, run: RunOptions) -> None:
     """One rank of a training job: join the job the launcher started and train ``cfg``.
 
     Run by ``paracube train`` on every rank (locally through the elastic launcher, or as
-    a torchrun rank); rank 0 prints and writes the metrics.
+    a torchrun rank); rank 0 prints and writes the metrics. Raises a
+    :class:`~paracube.errors.ParacubeError` for a refused job (exit 2), a diverged run
+    (exit 3), a failed collective or an unwritable record (exit 1).
     """
     import torch
+    import torch.distributed as dist
 
-    from paracube import report
     from paracube.data.corpus import build_corpus
     from paracube.engine import Trainer
+    from paracube.failures import name_failures
+    from paracube.heartbeat import Heartbeat
     from paracube.launch import launched_world_size
+    from paracube.mesh.layout import MeshLayout
     from paracube.mesh.mesh import ProcessMesh, init_distributed
 
+    threads = run.threads or default_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     torch.set_num_threads(threads)
-    validate(cfg, launched_world_size())  # every rank, before any collective
+    validate(cfg, launched_world_size(), run=run)  # every rank, before any collective
     corpus = build_corpus(cfg.data, cfg.model.seq_len, cfg.val_fraction)
-    device = init_distributed(timeout_s)
-    mesh = ProcessMesh(cfg.parallel, device, timeout_s)
-    trainer = Trainer(cfg, mesh, corpus)
-    lead = mesh.global_rank == 0
-    writer = MetricsWriter(cfg.metrics if lead else None)
+    device = init_distributed(run.timeout_s)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    heartbeat = Heartbeat(dist.distributed_c10d._get_default_store(), rank, world)
+    try:
+        where = MeshLayout(pp=cfg.parallel.pp, dp=cfg.parallel.dp, tp=cfg.parallel.tp).where
+        with name_failures(rank, where, 0, "start-up", heartbeat):
+            mesh = ProcessMesh(cfg.parallel, device, run.timeout_s)
+            trainer = Trainer(cfg, mesh, corpus)
+        trainer.heartbeat = heartbeat
+        _train(trainer, cfg, run, threads)
+    finally:
+        heartbeat.close()
+
+
+def _train(trainer, cfg: TrainConfig, run: RunOptions, threads: int) -> None:
+    from paracube import report
+
+    lead = trainer.mesh.global_rank == 0
+    writer = MetricsWriter(cfg.metrics if lead else None, cfg.metrics_mode)
     history: list[StepMetrics] = []
-    first_val = trainer.evaluate() if cfg.eval_every else None
-    if lead:
-        print(report.banner(cfg, trainer, first_val), flush=True)
-    bar = report.progress_bar(cfg, lead)
-    start = time.perf_counter()
-    for _ in range(cfg.steps):
-        m = trainer.train_step()
-        if cfg.eval_every and (trainer.step % cfg.eval_every == 0 or trainer.step == cfg.steps):
-            m.val_loss = trainer.evaluate()
-            if lead:
-                line = f"paracube: step {trainer.step} loss {m.loss:.4f}, validation loss {m.val_loss:.4f}"
-                bar.write(line, file=sys.stdout) if bar is not None else print(line, flush=True)
-        history.append(m)
-        writer.write(m)
+    bar = None
+    try:
+        first_val = trainer.evaluate() if cfg.eval_every else None
+        if lead:
+            print(report.banner(cfg, trainer, first_val), flush=True)
+        bar = report.progress_bar(cfg, lead)
+        start = time.perf_counter()
+        for _ in range(cfg.steps):
+            m = trainer.train_step()
+            if cfg.eval_every and (trainer.step % cfg.eval_every == 0 or trainer.step == cfg.steps):
+                m.val_loss = trainer.evaluate()
+                if lead:
+                    line = f"paracube: step {trainer.step} loss {m.loss:.4f}, validation loss {m.val_loss:.4f}"
+                    bar.write(line, file=sys.stdout) if bar is not None else print(line, flush=True)
+            history.append(m)
+            writer.write_line(m.to_json(), m.step)
+            check_step(m, cfg, trainer.scaler)  # every rank: the values are global
+            if bar is not None:
+                bar.set_postfix(loss=f"{m.loss:.4f}", tok_s=f"{m.tokens_per_s:,.0f}", refresh=False)
+                bar.update(1)
+    finally:
         if bar is not None:
-            bar.set_postfix(loss=f"{m.loss:.4f}", tok_s=f"{m.tokens_per_s:,.0f}", refresh=False)
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-    writer.close()
+            bar.close()
+        writer.close()
     if lead:
         print(report.summary(history, first_val, time.perf_counter() - start), flush=True)
-        if predict:
+        if run.predict:
             local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
             print(report.prediction(cfg, history, threads, local_ranks), flush=True)
 
 
 def default_threads(local_ranks: int) -> int:
     """One rank per core: ``cores // local ranks`` threads each, at least 1."""
-    return max(1, (os.cpu_count() or 1) // max(1, local_ranks))
+    from paracube.resources import usable_cores
+
+    return max(1, usable_cores() // max(1, local_ranks))

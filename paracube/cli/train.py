@@ -24,13 +24,26 @@ def add_parser(sub) -> None:
         help="with --tp: shard norms and the residual stream along the sequence",
     )
     g.add_argument(
+        "--nnodes",
+        type=int,
+        default=1,
+        help="machines in the job: run the same command on each (needs --rdzv-endpoint)",
+    )
+    g.add_argument(
+        "--rdzv-endpoint",
+        default=None,
+        help="with --nnodes: HOST:PORT of one of the machines, where they meet",
+    )
+    g.add_argument(
         "--gpus-per-node",
         type=int,
         default=None,
         help="ranks per node; tp must fit in one (default: not checked)",
     )
     g.add_argument(
-        "--schedule", default="1f1b", help="pipeline schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1"
+        "--schedule",
+        default=None,
+        help="with --pp: pipeline schedule: gpipe, 1f1b (default), interleaved-1f1b, zb-h1",
     )
     g.add_argument(
         "--microbatches",
@@ -39,10 +52,15 @@ def add_parser(sub) -> None:
         help="micro-batches per step (pipeline's m; sets --grad-accum)",
     )
     g.add_argument(
-        "--chunks", type=int, default=1, help="virtual pipeline chunks per rank (interleaved-1f1b)"
+        "--chunks",
+        type=int,
+        default=None,
+        help="with --pp: virtual chunks per rank (interleaved-1f1b)",
     )
     g.add_argument(
-        "--balance", default="params", help="stage balancing: params, flops, memory, time"
+        "--balance",
+        default=None,
+        help="with --pp: stage balancing: params (default), flops, memory, time",
     )
     g.add_argument(
         "--bucket-mb", type=float, default=25.0, help="gradient bucket size in MiB (default 25)"
@@ -102,7 +120,9 @@ def add_parser(sub) -> None:
     t = p.add_argument_group("optimisation")
     t.add_argument("--steps", type=int, default=100)
     t.add_argument("--micro-batch", type=int, default=8, help="sequences per rank per micro-step")
-    t.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step")
+    t.add_argument(
+        "--grad-accum", type=int, default=None, help="micro-steps per optimizer step (default 1)"
+    )
     t.add_argument(
         "--global-batch", type=int, default=None, help="sequences per step; sets --grad-accum"
     )
@@ -116,6 +136,21 @@ def add_parser(sub) -> None:
     r.add_argument("--eval-every", type=int, default=0, help="validation every N steps (0: never)")
     r.add_argument("--eval-batches", type=int, default=4)
     r.add_argument("--metrics", default=None, help="write one JSON object per step to this file")
+    r.add_argument(
+        "--metrics-mode",
+        default="new",
+        help="if the --metrics file exists: new (refuse, default), append, overwrite",
+    )
+    r.add_argument(
+        "--on-nan",
+        default="stop",
+        help="a non-finite loss or gradient norm: stop (default, exit 3), skip the step, continue",
+    )
+    r.add_argument(
+        "--oversubscribe",
+        action="store_true",
+        help="allow more local ranks or threads than this machine's cores sensibly run",
+    )
     r.add_argument(
         "--threads", type=int, default=None, help="torch threads per rank (default cores/ranks)"
     )
@@ -132,9 +167,18 @@ def add_parser(sub) -> None:
 
 
 def config_from_args(args) -> TrainConfig:
+    """The job the arguments describe; flags that contradict each other or do nothing in
+    this layout are refused, each named."""
     from paracube.models.presets import preset
 
+    _check_flags(args)
     overrides = {"seq_len": args.seq_len} if args.seq_len is not None else {}
+    pipeline = {
+        name: getattr(args, name)
+        for name in ("schedule", "chunks", "balance")
+        if getattr(args, name) is not None
+    }
+    steps_per_batch = args.microbatches if args.microbatches is not None else args.grad_accum
     return TrainConfig(
         model=preset(args.model, **overrides),
         parallel=ParallelConfig(
@@ -144,13 +188,11 @@ def config_from_args(args) -> TrainConfig:
             bucket_mb=args.bucket_mb,
             sequence_parallel=args.sequence_parallel,
             gpus_per_node=args.gpus_per_node,
-            schedule=args.schedule,
-            chunks=args.chunks,
-            balance=args.balance,
+            **pipeline,
         ),
         steps=args.steps,
         micro_batch=args.micro_batch,
-        grad_accum=args.microbatches if args.microbatches is not None else args.grad_accum,
+        grad_accum=steps_per_batch or 1,
         global_batch=args.global_batch,
         lr=args.lr,
         min_lr=args.min_lr,
@@ -163,6 +205,8 @@ def config_from_args(args) -> TrainConfig:
         eval_every=args.eval_every,
         eval_batches=args.eval_batches,
         metrics=args.metrics,
+        metrics_mode=args.metrics_mode,
+        on_nan=args.on_nan,
         progress=not args.no_progress,
         zero=_zero_stage(args.zero),
         recompute=args.recompute,
@@ -176,6 +220,32 @@ def config_from_args(args) -> TrainConfig:
     )
 
 
+def _check_flags(args) -> None:
+    """Flags the config cannot see: which were given, and under which names."""
+    for flag in ("microbatches", "grad_accum", "seq_len"):
+        value = getattr(args, flag)
+        if value is not None and value <= 0:
+            raise ParacubeError(
+                f"--{flag.replace('_', '-')} must be a positive integer, got {value}"
+            )
+    given = [
+        f"--{f.replace('_', '-')}"
+        for f in ("grad_accum", "microbatches", "global_batch")
+        if getattr(args, f) is not None
+    ]
+    if len(given) > 1:
+        raise ParacubeError(
+            f"{' and '.join(given)} both set the micro-batches per step: give only one"
+        )
+    if args.pp == 1:
+        for flag in ("schedule", "chunks", "balance"):
+            if getattr(args, flag) is not None:
+                raise ParacubeError(
+                    f"--{flag} {getattr(args, flag)} needs --pp > 1: it shapes the pipeline, "
+                    "and this job has none"
+                )
+
+
 def _zero_stage(text: str) -> int:
     try:
         return int(text)
@@ -184,24 +254,55 @@ def _zero_stage(text: str) -> int:
 
 
 def cmd_train(args) -> int:
+    from paracube.config import RunOptions
     from paracube.launch import inside_torchrun, launch_local, run_rank
     from paracube.train import default_threads, train_rank
     from paracube.validate import validate
 
     cfg = config_from_args(args)
-    if args.threads is not None and args.threads <= 0:
-        raise ParacubeError(f"--threads must be a positive integer, got {args.threads}")
-    if args.timeout <= 0:
-        raise ParacubeError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    run = RunOptions(
+        threads=args.threads,
+        timeout_s=args.timeout,
+        oversubscribe=args.oversubscribe,
+        predict=args.predict,
+    )
     if inside_torchrun():
         from paracube.mesh.mesh import shutdown
 
-        threads = args.threads or default_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         # shutdown(): see its docstring (a torch teardown race).
-        return shutdown(run_rank(train_rank, cfg, threads, args.timeout, args.predict))
-    validate(cfg, cfg.parallel.world_size)  # fail here, before starting any process
-    threads = args.threads or default_threads(cfg.parallel.world_size)
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    return launch_local(
-        cfg.parallel.world_size, run_rank, train_rank, cfg, threads, args.timeout, args.predict
-    )
+        return shutdown(run_rank(train_rank, cfg, run))
+    nodes = _nodes(args, cfg.parallel.world_size, run.timeout_s)
+    local = cfg.parallel.world_size // nodes.count
+    validate(cfg, cfg.parallel.world_size, run=run, local_ranks=local)  # before any process
+    os.environ.setdefault("OMP_NUM_THREADS", str(run.threads or default_threads(local)))
+    return launch_local(local, run_rank, train_rank, cfg, run, nodes=nodes)
+
+
+def _nodes(args, world: int, timeout_s: float):
+    from paracube.launch import Nodes
+
+    if args.nnodes <= 0:
+        raise ParacubeError(f"--nnodes must be a positive integer, got {args.nnodes}")
+    if args.nnodes == 1:
+        if args.rdzv_endpoint is not None:
+            raise ParacubeError(
+                "--rdzv-endpoint needs --nnodes > 1: a one-machine job meets locally"
+            )
+        return Nodes()
+    if not args.rdzv_endpoint or ":" not in args.rdzv_endpoint:
+        raise ParacubeError(
+            f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (one of the machines), "
+            f"got {args.rdzv_endpoint!r}"
+        )
+    host, _, port = args.rdzv_endpoint.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ParacubeError(f"--rdzv-endpoint {args.rdzv_endpoint}: write it as HOST:PORT")
+    if world % args.nnodes:
+        raise ParacubeError(
+            f"dp×tp×pp = {world} ranks do not split evenly over --nnodes {args.nnodes}: "
+            "make the world size a multiple of the machines"
+        )
+    # A node that is not the store's host logs a C++ warning when the host shuts the store
+    # down at the end of a good run; only errors are worth a line.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    return Nodes(args.nnodes, args.rdzv_endpoint, timeout_s)

@@ -68,6 +68,10 @@ class MeshLayout:
         pp, dp = divmod(rest, self.dp)
         return {"pp": pp, "dp": dp, "tp": tp}
 
+    def where(self, rank: int) -> str:
+        """``rank`` as the coordinates an error message names: ``"pp=1 dp=1 tp=0"``."""
+        return " ".join(f"{axis}={i}" for axis, i in self.coords(rank).items())
+
     def rank(self, *, pp: int = 0, dp: int = 0, tp: int = 0) -> int:
         """``(pp, dp, tp) → rank``, the inverse of :meth:`coords`."""
         for axis, index in (("pp", pp), ("dp", dp), ("tp", tp)):
