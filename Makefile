@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(VENV)/bin/paracube train --dp 2 --tp 2 --pp 2 --sequence-parallel --schedule 1f1b \
-		--model tiny --steps 150 --micro-batch 4 --microbatches 4 --eval-every 50 --metrics runs/demo.jsonl
+		--model tiny --steps 150 --micro-batch 4 --microbatches 4 --eval-every 50 --metrics runs/demo.jsonl --metrics-mode overwrite
 
 test: lint
 	$(PY) -m pytest -q

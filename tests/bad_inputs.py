@@ -1,0 +1,180 @@
+"""Every refusal of the command line: the input, the line it must get (exit status 2).
+
+One table, read by ``tests/test_bad_inputs.py`` (which runs each case and checks the
+line) and rendered into ``docs/bad-inputs.md`` with the messages as they really are
+(``PARACUBE_WRITE_DOCS=1 pytest tests/test_bad_inputs.py`` rewrites it; a test fails
+when the committed page differs). ``{tmp}`` in an argument is a fresh temporary folder
+holding the files :func:`prepare` writes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+SCHEDULE = ["schedule", "--pp", "2", "--microbatches", "4"]
+
+# (group, argv, a fragment the one line must contain)
+CASES: list[tuple[str, list[str], str]] = [
+    # -- layout ----------------------------------------------------------------------
+    ("layout", ["train", "--dp", "0"], "--dp must be a positive integer, got 0"),
+    ("layout", ["train", "--tp", "-1"], "--tp must be a positive integer, got -1"),
+    ("layout", ["train", "--pp", "0"], "--pp must be a positive integer, got 0"),
+    ("layout", ["train", "--dp", "x"], "argument --dp: invalid int value: 'x'"),
+    ("layout", ["train", "--tp", "3"], "attention heads (n_heads=4) is not divisible by --tp 3"),
+    ("layout", ["train", "--tp", "8", "--dp", "2", "--gpus-per-node", "4"],
+     "--tp 8 is larger than a node (4 ranks per node)"),
+    ("layout", ["train", "--sequence-parallel"], "--sequence-parallel needs --tp > 1"),
+    ("layout", ["train", "--pp", "2"],
+     "1f1b needs at least as many micro-batches as stages: --microbatches 1 < --pp 2"),
+    ("layout", ["train", "--pp", "2", "--microbatches", "4", "--schedule", "zigzag"],
+     "unknown schedule 'zigzag'"),
+    ("layout", ["train", "--pp", "4", "--microbatches", "6", "--schedule", "interleaved-1f1b",
+                "--chunks", "2"], "6 is not a multiple of 4"),
+    ("layout", ["train", "--pp", "8", "--microbatches", "8", "--model", "nano"], "5 pipeline layers"),
+    ("layout", ["train", "--schedule", "gpipe"], "--schedule gpipe needs --pp > 1"),
+    ("layout", ["train", "--chunks", "2"], "--chunks 2 needs --pp > 1"),
+    ("layout", ["train", "--balance", "flops"], "--balance flops needs --pp > 1"),
+    ("layout", ["train", "--dp", str(10**20)], "ranks on this machine's"),
+    ("layout", ["train", "--dp", "2", "--nnodes", "2"], "--nnodes 2 needs --rdzv-endpoint HOST:PORT"),
+    ("layout", ["train", "--dp", "3", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29500"],
+     "dp×tp×pp = 3 ranks do not split evenly over --nnodes 2"),
+    ("layout", ["train", "--rdzv-endpoint", "127.0.0.1:29500"], "--rdzv-endpoint needs --nnodes > 1"),
+    ("layout", ["train", "--dp", "2", "--nnodes", "2", "--rdzv-endpoint", "host:port"],
+     "--rdzv-endpoint host:port: write it as HOST:PORT"),
+    ("layout", ["train", "--nnodes", "0"], "--nnodes must be a positive integer, got 0"),
+    # -- batch and steps -------------------------------------------------------------
+    ("batch", ["train", "--dp", "2", "--micro-batch", "3", "--global-batch", "10"],
+     "--global-batch 10 is not divisible"),
+    ("batch", ["train", "--grad-accum", "2", "--global-batch", "16"],
+     "--grad-accum and --global-batch both set the micro-batches per step"),
+    ("batch", ["train", "--pp", "2", "--grad-accum", "2", "--microbatches", "4"],
+     "--grad-accum and --microbatches both set the micro-batches per step"),
+    ("batch", ["train", "--pp", "2", "--microbatches", "0"], "--microbatches must be a positive integer, got 0"),
+    ("batch", ["train", "--grad-accum", "0"], "--grad-accum must be a positive integer, got 0"),
+    ("batch", ["train", "--steps", "0"], "--steps must be a positive integer"),
+    ("batch", ["train", "--count-activations-every", "0"],
+     "--count-activations-every must be a positive integer"),
+    # -- numbers ---------------------------------------------------------------------
+    ("numbers", ["train", "--lr", "inf"], "--lr must be a finite number > 0, got inf"),
+    ("numbers", ["train", "--lr", "nan"], "--lr must be a finite number > 0, got nan"),
+    ("numbers", ["train", "--lr", "0"], "--lr must be a finite number > 0, got 0.0"),
+    ("numbers", ["train", "--lr", "1e-3", "--min-lr", "1e-2"], "--min-lr 0.01 is above --lr 0.001"),
+    ("numbers", ["train", "--weight-decay", "nan"], "--weight-decay must be a finite number >= 0, got nan"),
+    ("numbers", ["train", "--weight-decay", "-1"], "--weight-decay must be a finite number >= 0, got -1.0"),
+    ("numbers", ["train", "--warmup-steps", "-1"], "--warmup-steps must be a non-negative integer, got -1"),
+    ("numbers", ["train", "--eval-every", "-5"], "--eval-every must be a non-negative integer, got -5"),
+    ("numbers", ["train", "--grad-clip", "inf"], "--grad-clip must be a finite number > 0, got inf"),
+    ("numbers", ["train", "--val-fraction", "0.9"], "--val-fraction must be a finite number > 0 and <= 0.5"),
+    ("numbers", ["train", "--seed", str(2**70)], "--seed must be in [0, 2**32 - 1]"),
+    ("numbers", ["train", "--seed", "-1"], "--seed must be in [0, 2**32 - 1], got -1"),
+    ("numbers", ["train", "--timeout", "nan"], "--timeout must be a finite number > 0 and <= 86400, got nan"),
+    ("numbers", ["train", "--timeout", "inf"], "--timeout must be a finite number > 0 and <= 86400, got inf"),
+    ("numbers", ["train", "--timeout", "0"], "--timeout must be a finite number > 0"),
+    ("numbers", ["train", "--threads", "0"], "--threads must be a positive integer"),
+    ("numbers", ["train", "--threads", "100000"], "--threads 100000 is more than this machine's"),
+    ("numbers", ["train", "--seq-len", "0"], "--seq-len must be a positive integer, got 0"),
+    # -- memory and precision --------------------------------------------------------
+    ("memory", ["train", "--zero", "4"], "unknown --zero 4: choose 0, 1, 2 or 3"),
+    ("memory", ["train", "--zero", "two"], "unknown --zero 'two'"),
+    ("memory", ["train", "--precision", "fp8"], "unknown --precision 'fp8'"),
+    ("memory", ["train", "--recompute", "some"], "unknown --recompute 'some'"),
+    ("memory", ["train", "--recompute", "full", "--recompute-blocks", "9"],
+     "--recompute-blocks 9 is more than the model's"),
+    ("memory", ["train", "--recompute-blocks", "1"], "--recompute-blocks needs --recompute selective or full"),
+    ("memory", ["train", "--grad-reduce", "int8", "--precision", "bf16"], "unknown --grad-reduce 'int8'"),
+    ("memory", ["train", "--grad-reduce", "compute"], "--grad-reduce compute is for --precision bf16 or fp16"),
+    ("memory", ["train", "--zero", "3", "--pp", "2", "--microbatches", "2"],
+     "--zero 3 with --pp > 1 is not supported"),
+    ("memory", ["train", "--precision", "fp16", "--loss-scale", "none"], "--precision fp16 without loss scaling"),
+    ("memory", ["train", "--precision", "fp16", "--loss-scale", "-3"],
+     "--loss-scale must be 'dynamic' or a number in [1, 2**24], got '-3'"),
+    ("memory", ["train", "--precision", "fp16", "--loss-scale", "1e30"],
+     "--loss-scale must be 'dynamic' or a number in [1, 2**24], got '1e30'"),
+    ("memory", ["train", "--precision", "bf16", "--loss-scale", "1024"], "--loss-scale is for --precision fp16"),
+    ("memory", ["train", "--model", "gpt3-175b"], "--model gpt3-175b needs at least"),
+    ("memory", ["train", "--model", "nano", "--seq-len", "200000"], "one step of nano at --seq-len 200000"),
+    ("memory", ["train", "--on-nan", "ignore"], "unknown --on-nan 'ignore': choose one of stop, skip, continue"),
+    # -- model and data --------------------------------------------------------------
+    ("data", ["train", "--model", "gpt5"], "unknown model preset 'gpt5'"),
+    ("data", ["train", "--data", "/no/such/file.txt"], "--data /no/such/file.txt: no such file or folder"),
+    ("data", ["train", "--data", ""], "--data is empty: give a text file or folder"),
+    ("data", ["train", "--data", "{tmp}/empty.txt"], "no text in it (empty)"),
+    ("data", ["train", "--data", "{tmp}/utf16.txt"], "is UTF-16 text; convert it to UTF-8"),
+    ("data", ["train", "--data", "{tmp}/blob.bin"], "looks binary (NUL bytes), not text"),
+    ("data", ["train", "--data", "{tmp}/binaries"], "the folder holds no text files (2 binary skipped)"),
+    ("data", ["train", "--data", "{tmp}/short.txt"], "is too short for sequence length 128"),
+    # -- outputs ---------------------------------------------------------------------
+    ("outputs", ["train", "--metrics", "{tmp}"], "is a folder: give a file path inside it"),
+    ("outputs", ["train", "--metrics", "/dev/full"], "--metrics /dev/full is not a regular file"),
+    ("outputs", ["train", "--metrics", "/proc/paracube.jsonl"],
+     "--metrics /proc/paracube.jsonl: cannot write in /proc"),
+    ("outputs", ["train", "--metrics", "{tmp}/old.jsonl"], "exists: choose another path, or pass --metrics-mode"),
+    ("outputs", ["train", "--metrics", ""], "--metrics is empty: give a file path"),
+    ("outputs", ["train", "--metrics", "{tmp}/m.jsonl", "--metrics-mode", "keep"],
+     "unknown --metrics-mode 'keep': choose one of new, append, overwrite"),
+    ("outputs", ["train", "--predict"], "calibration file"),
+    # -- schedule --------------------------------------------------------------------
+    ("schedule", ["schedule", "--pp", "0", "--microbatches", "4"], "--pp must be a positive integer, got 0"),
+    ("schedule", ["schedule", "--pp", "4", "--microbatches", "2"],
+     "1f1b needs at least as many micro-batches as stages"),
+    ("schedule", ["schedule", "--pp", str(10**7), "--microbatches", str(10**7)], "stage passes per step"),
+    ("schedule", [*SCHEDULE, "--chunks", "0"], "--chunks must be ≥ 1, got 0"),
+    ("schedule", [*SCHEDULE, "--costs", "1,x"], "--costs '1,x': give F,B or F,I,W"),
+    ("schedule", [*SCHEDULE, "--costs", "0,0"],
+     "a forward (F=0) and a backward (I + W = 0) must each cost more than 0"),
+    ("schedule", [*SCHEDULE, "--costs", "nan,1"],
+     "give F,B or F,I,W as finite non-negative numbers"),
+    ("schedule", [*SCHEDULE, "--costs", "1,inf"],
+     "give F,B or F,I,W as finite non-negative numbers"),
+    ("schedule", [*SCHEDULE, "--costs", "{tmp}/missing.jsonl"], "no such file"),
+    ("schedule", [*SCHEDULE, "--costs", "{tmp}/"], "not a file"),
+    ("schedule", [*SCHEDULE, "--costs", "{tmp}/garbage.jsonl"], "not a metrics file"),
+    ("schedule", [*SCHEDULE, "--costs", "{tmp}/list.jsonl"], "no pipeline step"),
+    ("schedule", [*SCHEDULE, "--out", "t.pdf"], "must be a .png or .svg file"),
+    ("schedule", [*SCHEDULE, "--out", "/proc/t.png"], "--out /proc/t.png: cannot write"),
+    ("schedule", [*SCHEDULE, "--schedule", "magic"], "unknown schedule 'magic'"),
+    # -- plan ------------------------------------------------------------------------
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8"], "--global-batch is required"),
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", str(10**30), "--global-batch", "8"],
+     "is more than 1,048,576"),
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--gpus-per-node", "3", "--global-batch", "8"],
+     "--gpus 8 is not a whole number of nodes of --gpus-per-node 3"),
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--zero", "7"],
+     "unknown --zero 7: choose one of 0, 1, 2, 3"),
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--schedule", "foo"],
+     "unknown --schedule 'foo'"),
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--recompute", "foo"],
+     "unknown --recompute 'foo'"),
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--micro-batch", "0"],
+     "--micro-batch must be a positive integer, got 0"),
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--chunks", "0"],
+     "--chunks must be a positive integer, got 0"),
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "16", "--global-batch", "16", "--layout", "dp=1,tp=16,pp=1"],
+     "--layout tp=16 is larger than a node (8 GPUs)"),
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--layout", "dp=x"],
+     "write it as dp=N,tp=N,pp=N"),
+    ("plan", ["plan", "--layers", "0", "--hidden", "64", "--heads", "4", "--vocab", "256", "--seq", "64",
+              "--gpus", "8", "--global-batch", "8"], "--layers must be a positive integer, got 0"),
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--precision", "fp4"],
+     "unknown --precision 'fp4'"),
+]  # fmt: skip
+
+
+def prepare(tmp: Path) -> None:
+    """The files the cases name under ``{tmp}``."""
+    (tmp / "empty.txt").write_text("")
+    (tmp / "short.txt").write_text("too short")
+    (tmp / "utf16.txt").write_bytes("hello world, in UTF-16\n".encode("utf-16"))
+    (tmp / "blob.bin").write_bytes(b"\x7fELF\0\0\0" + os.urandom(64))
+    (tmp / "binaries").mkdir()
+    for name in ("a.so", "b.o"):
+        (tmp / "binaries" / name).write_bytes(b"\0\1\2\3" * 64)
+    (tmp / "old.jsonl").write_text('{"step": 0}\n')
+    (tmp / "garbage.jsonl").write_text("this is {not json\n")
+    (tmp / "list.jsonl").write_text("[1, 2, 3]\n")
+    (tmp / "calibration.json").write_text('{"matmul_flops_per_thread": "fast"}')
+
+
+def argv_for(argv: list[str], tmp: Path) -> list[str]:
+    return [a.replace("{tmp}", str(tmp)) for a in argv]

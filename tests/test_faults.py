@@ -1,0 +1,235 @@
+"""Faults during a run: each ends the whole job promptly, in one line, with its status,
+leaving no process and no temporary folder behind."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from paracube.divergence import FP16_MAX_SKIPS
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = ["--model", "nano", "--micro-batch", "2", "--no-progress", "--eval-every", "0"]
+
+
+class Job:
+    """``paracube train …`` in its own session, watched through its metrics file."""
+
+    def __init__(self, tmp: Path, *args: str):
+        self.metrics = tmp / "m.jsonl"
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            env.pop(k, None)
+        self.temp_before = _paracube_temp()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "paracube",
+                "train",
+                *FAST,
+                *args,
+                "--metrics",
+                str(self.metrics),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+
+    def wait_for_steps(self, n: int, limit: float = 120) -> None:
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            if self.metrics.exists() and len(self.metrics.read_text().splitlines()) >= n:
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the job ended early: {self.proc.communicate()[1]}")
+            time.sleep(0.1)
+        raise AssertionError(f"no {n} steps within {limit} s")
+
+    def workers(self) -> list[int]:
+        """The launcher's rank processes (spawned children)."""
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                cmdline = (stat.parent / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(fields[1]) == self.proc.pid and b"spawn_main" in cmdline:
+                found.append(int(stat.parent.name))
+        return sorted(found)
+
+    def finish(self, limit: float) -> tuple[int, str, float]:
+        """(exit status, stderr, seconds it took) — killing everything if over ``limit``."""
+        start = time.monotonic()
+        try:
+            _, err = self.proc.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            _, err = self.proc.communicate()
+            raise AssertionError(f"the job did not end within {limit} s: {err}") from None
+        return self.proc.returncode, err, time.monotonic() - start
+
+    def records(self) -> list[dict]:
+        return [json.loads(line) for line in self.metrics.read_text().splitlines()]
+
+    def assert_clean(self) -> None:
+        """No rank process left, no temporary folder of the launcher's left behind."""
+        time.sleep(0.5)
+        assert not self.workers(), "rank processes survived the job"
+        assert not _session_processes(self.proc.pid), "a process of the job's session survived"
+        assert _paracube_temp() <= self.temp_before, "the launcher left a temporary folder"
+
+
+def _session_processes(sid: int) -> list[int]:
+    """Live (not zombie) processes of session ``sid`` — an orphaned zombie is only waiting
+    for this container's init to reap it."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _paracube_temp() -> set[str]:
+    tmp = Path(tempfile.gettempdir())
+    return {p.name for p in tmp.iterdir() if p.name.startswith(("paracube-", "torchelastic_"))}
+
+
+def one_line(err: str) -> str:
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("layout", [["--dp", "2"], ["--pp", "2", "--microbatches", "2"]])
+def test_a_stalled_rank_ends_the_job_within_the_timeout(tmp_path, layout):
+    """SIGSTOP one rank: the other's collective times out after --timeout, names the
+    stalled peer and where it was, and the job ends a few seconds later (exit 1)."""
+    timeout = 6
+    job = Job(tmp_path, *layout, "--steps", "100000", "--timeout", str(timeout))
+    job.wait_for_steps(2)
+    stalled = job.workers()[-1]
+    os.kill(stalled, signal.SIGSTOP)
+    try:
+        code, err, took = job.finish(limit=timeout + 30)
+    finally:
+        try:
+            os.kill(stalled, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert code == 1, err
+    line = one_line(err)
+    assert "failed in step" in line and "last answered" in line, line
+    assert "(its process is stopped)" in line, line
+    assert took < timeout + 10, f"{took:.1f} s after the stall"  # the timeout, plus seconds
+    job.assert_clean()
+
+
+def test_divergence_stops_at_the_first_non_finite_step(tmp_path):
+    job = Job(tmp_path, "--lr", "1e6", "--warmup-steps", "0", "--steps", "30")
+    code, err, _ = job.finish(limit=120)
+    assert code == 3, err
+    records = job.records()
+    last = records[-1]
+    assert not (math.isfinite(last["loss"]) and math.isfinite(last["grad_norm"]))
+    assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in records[:-1])
+    line = one_line(err)
+    assert f"step {last['step']}:" in line and "training diverged" in line and "--lr" in line
+    job.assert_clean()
+
+
+def test_divergence_can_be_skipped(tmp_path):
+    """--on-nan skip: the non-finite steps are skipped (not stepped with), the run ends."""
+    job = Job(tmp_path, "--lr", "1e6", "--warmup-steps", "0", "--steps", "6", "--on-nan", "skip")
+    code, err, _ = job.finish(limit=120)
+    assert code == 0, err
+    records = job.records()
+    assert len(records) == 6
+    assert any(r.get("skipped") for r in records)
+
+
+def test_fp16_stops_after_consecutive_overflows(tmp_path):
+    """A fixed loss scale of 2**24 overflows fp16's gradients on every step while the loss
+    stays finite: the run stops after FP16_MAX_SKIPS skipped steps in a row, not at the end."""
+    job = Job(tmp_path, "--precision", "fp16", "--loss-scale", str(2**24), "--steps", "60")
+    code, err, _ = job.finish(limit=180)
+    assert code == 3, err
+    line = one_line(err)
+    assert f"fp16 gradients overflowed on {FP16_MAX_SKIPS} steps in a row" in line, line
+    records = job.records()
+    assert len(records) == FP16_MAX_SKIPS and all(r["skipped"] for r in records)
+    assert all(math.isfinite(r["loss"]) for r in records)
+    job.assert_clean()
+
+
+@pytest.mark.parametrize(
+    "sig,group", [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGHUP, False)]
+)
+def test_signals_stop_the_job_in_one_line(tmp_path, sig, group):
+    """Ctrl-C (SIGINT to the whole terminal group), SIGTERM, SIGHUP: exit 128 + N."""
+    job = Job(tmp_path, "--dp", "2", "--steps", "100000")
+    job.wait_for_steps(1)
+    (os.killpg if group else os.kill)(job.proc.pid, sig)
+    code, err, _ = job.finish(limit=30)
+    assert code == 128 + sig, err
+    assert one_line(err) == f"paracube: interrupted by {sig.name}: the 2 ranks were stopped"
+    job.assert_clean()
+
+
+def test_a_killed_rank_is_named(tmp_path):
+    """SIGKILL one rank: its peer's collective fails at once and names the dead rank."""
+    job = Job(tmp_path, "--dp", "2", "--steps", "100000", "--timeout", "20")
+    job.wait_for_steps(1)
+    os.kill(job.workers()[0], signal.SIGKILL)
+    code, err, took = job.finish(limit=40)
+    assert code == 1, err
+    line = one_line(err)
+    assert "failed in step" in line and "(its process has died)" in line, line
+    assert took < 15, f"{took:.1f} s after the kill"
+    job.assert_clean()
+
+
+def test_deleted_metrics_stop_the_run(tmp_path):
+    """The record is never lost silently: its file deleted mid-run stops the job (exit 1)."""
+    job = Job(tmp_path, "--dp", "2", "--steps", "100000")
+    job.wait_for_steps(1)
+    job.metrics.unlink()
+    code, err, _ = job.finish(limit=60)
+    assert code == 1, err
+    assert "was deleted during the run" in one_line(err)
+    job.assert_clean()
+
+
+def test_two_nodes_meet_at_the_endpoint(tmp_path):
+    """--nnodes 2 --rdzv-endpoint: the same command on two "machines" (here two launchers
+    on loopback) forms one job; the global rank 0 writes the metrics; both exit 0."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nodes = ["--dp", "2", "--steps", "3", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+    first = Job(tmp_path, *nodes)
+    second = Job(tmp_path, *nodes, "--metrics-mode", "append")
+    (code_a, err_a, _), (code_b, err_b, _) = first.finish(120), second.finish(120)
+    assert (code_a, code_b) == (0, 0), err_a + err_b
+    assert [r["step"] for r in first.records()] == [0, 1, 2]
+    assert not err_a.strip() and not err_b.strip()
