@@ -68,6 +68,28 @@ class MainParamOptimizer:
         """The parameters the optimizer steps: one per (shard, model parameter) slice."""
         return [p for entries in self._entries for p, _, _ in entries]
 
+    def held(self) -> list[tuple[FlatShard, torch.Tensor, list[tuple[nn.Parameter, int, int]]]]:
+        """Per shard: the shard, its (hi−lo,) main values, and the main parameters that
+        step its runs ``[a, b)`` — what a checkpoint stores of this rank."""
+        return list(zip(self.shards, self._main, self._entries))
+
+    @torch.no_grad()
+    def init_state(self) -> None:
+        """Give every main parameter its optimizer state (as a checkpoint will overwrite
+        it) by one step with zero gradients at learning rate 0, which moves nothing."""
+        if all(self.optimizer.state.get(p) for p in self.main_params):
+            return
+        lrs = [g["lr"] for g in self.param_groups]
+        for g in self.param_groups:
+            g["lr"] = 0.0
+        for p in self.main_params:
+            p.grad = torch.zeros_like(p)
+        self.optimizer.step()
+        for p in self.main_params:
+            p.grad = None
+        for g, lr in zip(self.param_groups, lrs):
+            g["lr"] = lr
+
     @torch.no_grad()
     def prepare_grads(self) -> list[torch.Tensor]:
         """Point every main parameter's ``.grad`` at its reduced gradient (fp32); return

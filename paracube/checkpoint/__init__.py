@@ -1,0 +1,1 @@
+"""Checkpoints on torch.distributed.checkpoint: save, resume, reshard across layouts."""

@@ -1,0 +1,151 @@
+"""Checkpoint folders: written atomically, found by step, loaded under any layout.
+
+A checkpoint of step N is the folder ``step-0000000N`` in the save directory: a
+torch.distributed.checkpoint (DCP) directory that every rank wrote its own pieces into in
+parallel, plus ``paracube.json`` (the facts of :mod:`paracube.checkpoint.state`, the model
+config, the layout, versions, time). It is written as ``.step-0000000N.partial`` and
+renamed by rank 0 only after every rank has finished and the JSON is on disk, so a crash
+mid-save leaves the previous checkpoint intact and the partial one ignored (and removed
+by the next save of that step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from paracube.checkpoint.planners import PieceLoadPlanner, PieceSavePlanner
+from paracube.checkpoint.state import restore_facts, trainer_facts, trainer_pieces
+from paracube.errors import ConfigError
+
+META = "paracube.json"
+PREFIX = "step-"
+
+
+def step_dir(root: str | Path, step: int) -> Path:
+    return Path(root) / f"{PREFIX}{step:08d}"
+
+
+def complete_checkpoints(root: str | Path) -> list[Path]:
+    """The complete checkpoints under ``root``, oldest first (partial ones are skipped)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / META).is_file()]
+    return sorted(found, key=lambda p: p.name)
+
+
+def save(trainer, root: str | Path, keep_last: int | None = None) -> Path:
+    """Every rank writes its pieces of the trainer's state; returns the checkpoint folder."""
+    final = step_dir(root, trainer.step)
+    partial = final.with_name(f".{final.name}.partial")
+    lead = dist.get_rank() == 0
+    if lead:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    dist.barrier()
+    dcp.save({}, checkpoint_id=str(partial), planner=PieceSavePlanner(trainer_pieces(trainer)))
+    if lead:
+        meta = {
+            **trainer_facts(trainer),
+            "model": dataclasses.asdict(trainer.cfg.model),
+            "layout": dataclasses.asdict(trainer.cfg.parallel),
+            "zero": trainer.cfg.zero,
+            "precision": trainer.cfg.precision,
+            "world_size": dist.get_world_size(),
+            "versions": {"paracube": _version(), "torch": torch.__version__},
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        (partial / META).write_text(json.dumps(meta, indent=1, sort_keys=True))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(partial, final)
+        if keep_last:
+            for old in complete_checkpoints(root)[:-keep_last]:
+                shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+    return final
+
+
+def resolve(resume: str, save_dir: str | None) -> Path:
+    """The checkpoint ``--resume`` names: a folder, or ``auto`` (the newest complete one
+    in ``save_dir``); one line naming what is wrong otherwise."""
+    if resume == "auto":
+        if not save_dir:
+            raise ConfigError(
+                "--resume auto needs --save-dir: it takes the newest checkpoint there"
+            )
+        found = complete_checkpoints(save_dir)
+        if not found:
+            raise ConfigError(f"--resume auto: no complete checkpoint in {save_dir}")
+        return found[-1]
+    path = Path(resume)
+    if not path.exists():
+        raise ConfigError(f"--resume {resume}: no such folder")
+    if not path.is_dir():
+        raise ConfigError(f"--resume {resume}: not a checkpoint folder")
+    if not (path / META).is_file():
+        inside = complete_checkpoints(path)
+        if inside:
+            return inside[-1]
+        why = (
+            "a partial checkpoint (never completed)"
+            if path.name.endswith(".partial")
+            else "no checkpoint"
+        )
+        raise ConfigError(f"--resume {resume}: {why}: no {META} in it")
+    return path
+
+
+def read_meta(path: Path) -> dict:
+    try:
+        meta = json.loads((path / META).read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--resume {path}: its {META} is unreadable ({e})") from None
+    if not isinstance(meta, dict) or "step" not in meta:
+        raise ConfigError(f"--resume {path}: its {META} holds no step")
+    return meta
+
+
+def load(trainer, path: str | Path) -> dict:
+    """Load ``path`` into the trainer (any layout), in place; returns its metadata."""
+    path = Path(path)
+    meta = read_meta(path)
+    trainer.optimizer.init_state()
+    planner = PieceLoadPlanner(trainer_pieces(trainer), f"--resume {path}")
+    try:
+        dcp.load({}, checkpoint_id=str(path), planner=planner)
+    except CheckpointException as e:  # every rank gets every rank's failure: all say the same
+        first = next(iter(sorted(e.failures.items())))[1]
+        cause = first[0] if isinstance(first, tuple) else first
+        if isinstance(cause, ConfigError):
+            raise ConfigError(str(cause)) from None
+        raise ConfigError(
+            f"--resume {path}: unreadable checkpoint ({_first_line(cause)})"
+        ) from None
+    restore_facts(trainer, meta)
+    trainer.optimizer.publish()  # the main values into the model (and ZeRO-1/2's full copy)
+    return meta
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[-1][:200] if text else type(e).__name__
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("paracube")
+    except PackageNotFoundError:
+        return "unknown"
