@@ -155,6 +155,40 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    """Where and how often a run saves (:mod:`paracube.checkpoint`), and what it resumes.
+
+    ``save_dir``: the folder of ``step-N`` checkpoints; ``every``: save after every N-th
+    step (and after the last); ``keep_last``: keep only the newest K; ``resume``: a
+    checkpoint folder, or ``"auto"`` for the newest complete one in ``save_dir``;
+    ``init_from``: a ``paracube export`` file to take the weights from (step 0)."""
+
+    save_dir: str | None = None
+    every: int | None = None
+    keep_last: int | None = None
+    resume: str | None = None
+    init_from: str | None = None  # exported weights (safetensors) to start from
+
+    def __post_init__(self) -> None:
+        if self.resume is not None and self.init_from is not None:
+            raise ConfigError(
+                "--resume and --init-from both set where the weights come from: give only one"
+            )
+        if self.every is not None:
+            positive("--save-every", self.every)
+            if self.save_dir is None:
+                raise ConfigError("--save-every needs --save-dir: the folder the checkpoints go to")
+        if self.keep_last is not None:
+            positive("--keep-last", self.keep_last, "the newest K checkpoints are kept")
+            if self.save_dir is None:
+                raise ConfigError("--keep-last needs --save-dir")
+        if self.save_dir is not None and not self.save_dir.strip():
+            raise ConfigError("--save-dir is empty: give a folder")
+        if self.resume is not None and not self.resume.strip():
+            raise ConfigError("--resume is empty: give a checkpoint folder or auto")
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """One training job. The global batch is ``dp × micro_batch × grad_accum`` sequences.
 
@@ -195,6 +229,7 @@ class TrainConfig:
     count_activations_every: int = (
         10  # count saved activations on steps 0, N, 2N, … (1: every step)
     )
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self) -> None:
         self._check_memory_options()

@@ -147,8 +147,9 @@ class Trainer:
         scale = self.objective.loss_scale
         # Saved activations are counted every ``count_activations_every`` steps (each saved
         # tensor passes through a Python hook: ~1-2 % of a small model's step); the figure
-        # does not change between steps of one configuration.
-        count = self.step % cfg.count_activations_every == 0
+        # does not change between steps of one configuration. A resumed run counts its first.
+        first = self._activations_counted is None
+        count = first or self.step % cfg.count_activations_every == 0
         self.activations.reset_peak()
         with self.activations if count else contextlib.nullcontext():
             loss_sum, pipeline = self.parallel.runner.run(self.step, timer)

@@ -173,6 +173,15 @@ def run_rank(fn: Callable[..., None], *args) -> int:
         _leave(e.exit_code)
     except KeyboardInterrupt:
         _leave(128 + signal.SIGINT)
+    except Exception:  # noqa: BLE001 - a bug: its traceback is the report, then the job ends
+        import traceback
+
+        from paracube.failures import first_to_fail
+
+        if first_to_fail():
+            _say_explained(1)
+            traceback.print_exc()
+        _leave(1)
     finally:
         import torch.distributed as dist
 

@@ -25,7 +25,12 @@ from paracube.errors import OutputError, WriteFailed
 PROBE_BYTES = 64 * 1024
 
 
-def check_output(path: str, flag: str, mode: str = "overwrite") -> None:
+def check_output(
+    path: str,
+    flag: str,
+    mode: str = "overwrite",
+    exists_hint: str = "pass --metrics-mode append (add to it) or overwrite (replace it)",
+) -> None:
     """Refuse ``path`` (given as ``flag``) unless a file can be written there under ``mode``
     (new: must not exist; append/overwrite: may exist, as a regular writable file)."""
     if not path.strip():
@@ -37,16 +42,17 @@ def check_output(path: str, flag: str, mode: str = "overwrite") -> None:
         if not p.is_file():
             raise OutputError(f"{flag} {path} is not a regular file: give a file path")
         if mode == "new":
-            raise OutputError(
-                f"{flag} {path} exists: choose another path, or pass --metrics-mode append "
-                "(add to it) or overwrite (replace it)"
-            )
+            raise OutputError(f"{flag} {path} exists: choose another path, or {exists_hint}")
         if not os.access(p, os.W_OK):
             raise OutputError(f"{flag} {path} is not writable: choose another path")
-    folder = _nearest_existing(p.parent)
+    _probe(_nearest_existing(p.parent), flag, path)
+
+
+def _probe(folder: Path, flag: str, path: str) -> None:
+    """Write and sync a probe file in ``folder`` (what the run will do), then remove it."""
     if not folder.is_dir():
         raise OutputError(f"{flag} {path}: {folder} is not a folder")
-    try:  # what the run will do: create (a folder and) a file and write to it
+    try:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".paracube-probe-") as probe:
             probe.write(b"\0" * PROBE_BYTES)
             probe.flush()
@@ -55,6 +61,14 @@ def check_output(path: str, flag: str, mode: str = "overwrite") -> None:
         raise OutputError(
             f"{flag} {path}: cannot write in {folder} ({e.strerror or e}): choose another path"
         ) from None
+
+
+def check_folder(path: str, flag: str) -> None:
+    """Refuse a folder (given as ``flag``) that cannot be created or written into."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise OutputError(f"{flag} {path} is not a folder: give a folder path")
+    _probe(_nearest_existing(p), flag, path)
 
 
 def _nearest_existing(folder: Path) -> Path:

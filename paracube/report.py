@@ -36,14 +36,16 @@ def banner(cfg: TrainConfig, trainer, first_val: float | None) -> str:
     return "\n".join(lines)
 
 
-def progress_bar(cfg: TrainConfig, lead: bool):
-    """A tqdm bar on rank 0's stderr (None elsewhere or with --no-progress)."""
+def progress_bar(cfg: TrainConfig, lead: bool, start: int = 0):
+    """A tqdm bar on rank 0's stderr (None elsewhere or with --no-progress), from ``start``
+    (a resumed run's step)."""
     if not (lead and cfg.progress):
         return None
     from tqdm import tqdm
 
     return tqdm(
         total=cfg.steps,
+        initial=start,
         desc="train",
         unit="step",
         file=sys.stderr,

@@ -45,9 +45,30 @@ def train_rank(cfg: TrainConfig, run: RunOptions) -> None:
             mesh = ProcessMesh(cfg.parallel, device, run.timeout_s)
             trainer = Trainer(cfg, mesh, corpus)
         trainer.heartbeat = heartbeat
+        if cfg.checkpoint.resume is not None:
+            _resume(trainer, cfg)
+        elif cfg.checkpoint.init_from is not None:
+            from paracube.checkpoint.export import init_from, read_exported
+
+            init_from(trainer, read_exported(cfg.checkpoint.init_from)[1])
         _train(trainer, cfg, run, threads)
     finally:
         heartbeat.close()
+
+
+def _resume(trainer, cfg: TrainConfig) -> None:
+    from paracube.checkpoint.store import load, resolve
+
+    path = resolve(cfg.checkpoint.resume, cfg.checkpoint.save_dir)  # type: ignore[arg-type]
+    meta = load(trainer, path)
+    if trainer.mesh.global_rank == 0:
+        print(f"paracube: resumed from {path} at step {meta['step']}", flush=True)
+
+
+def _save_due(trainer, cfg: TrainConfig) -> bool:
+    ck = cfg.checkpoint
+    every = ck.every is not None and trainer.step % ck.every == 0
+    return ck.save_dir is not None and (trainer.step == cfg.steps or every)
 
 
 def _train(trainer, cfg: TrainConfig, run: RunOptions, threads: int) -> None:
@@ -61,9 +82,9 @@ def _train(trainer, cfg: TrainConfig, run: RunOptions, threads: int) -> None:
         first_val = trainer.evaluate() if cfg.eval_every else None
         if lead:
             print(report.banner(cfg, trainer, first_val), flush=True)
-        bar = report.progress_bar(cfg, lead)
+        bar = report.progress_bar(cfg, lead, trainer.step)
         start = time.perf_counter()
-        for _ in range(cfg.steps):
+        while trainer.step < cfg.steps:
             m = trainer.train_step()
             if cfg.eval_every and (trainer.step % cfg.eval_every == 0 or trainer.step == cfg.steps):
                 m.val_loss = trainer.evaluate()
@@ -73,6 +94,10 @@ def _train(trainer, cfg: TrainConfig, run: RunOptions, threads: int) -> None:
             history.append(m)
             writer.write_line(m.to_json(), m.step)
             check_step(m, cfg, trainer.scaler)  # every rank: the values are global
+            if _save_due(trainer, cfg):
+                from paracube.checkpoint.store import save
+
+                save(trainer, cfg.checkpoint.save_dir or "", cfg.checkpoint.keep_last)
             if bar is not None:
                 bar.set_postfix(loss=f"{m.loss:.4f}", tok_s=f"{m.tokens_per_s:,.0f}", refresh=False)
                 bar.update(1)

@@ -65,6 +65,19 @@ def check_run(cfg: TrainConfig, run: RunOptions, local_ranks: int | None = None)
         from paracube.planner.local import load
 
         load()  # a damaged calibration is refused now, not after the run
+    ck = cfg.checkpoint
+    if ck.save_dir is not None:
+        from paracube.outputs import check_folder
+
+        check_folder(ck.save_dir, "--save-dir")
+    if ck.resume is not None:
+        from paracube.checkpoint.check import check_resume
+
+        check_resume(cfg)  # the checkpoint exists, is complete and fits this model
+    if ck.init_from is not None:
+        from paracube.checkpoint.export import check_init_from
+
+        check_init_from(ck.init_from, cfg.model)
 
 
 def check_tensor_parallel(model: ModelConfig, parallel: ParallelConfig) -> None:

@@ -114,6 +114,35 @@ CASES: list[tuple[str, list[str], str]] = [
     ("outputs", ["train", "--metrics", "{tmp}/m.jsonl", "--metrics-mode", "keep"],
      "unknown --metrics-mode 'keep': choose one of new, append, overwrite"),
     ("outputs", ["train", "--predict"], "calibration file"),
+    # -- checkpoints -----------------------------------------------------------------
+    ("checkpoints", ["train", "--save-every", "2"], "--save-every needs --save-dir"),
+    ("checkpoints", ["train", "--save-dir", "{tmp}/ck", "--save-every", "0"],
+     "--save-every must be a positive integer, got 0"),
+    ("checkpoints", ["train", "--save-dir", "{tmp}/ck", "--keep-last", "0"],
+     "--keep-last must be a positive integer, got 0"),
+    ("checkpoints", ["train", "--save-dir", "/proc/ck"], "--save-dir /proc/ck: cannot write in /proc"),
+    ("checkpoints", ["train", "--save-dir", "{tmp}/old.jsonl"], "--save-dir {tmp}/old.jsonl is not a folder"),
+    ("checkpoints", ["train", "--resume", "{tmp}/nothing"], "--resume {tmp}/nothing: no such folder"),
+    ("checkpoints", ["train", "--resume", "{tmp}/emptydir"], "no checkpoint: no paracube.json in it"),
+    ("checkpoints", ["train", "--resume", "{tmp}/.step-00000002.partial"],
+     "a partial checkpoint (never completed)"),
+    ("checkpoints", ["train", "--resume", "auto"], "--resume auto needs --save-dir"),
+    ("checkpoints", ["train", "--resume", "auto", "--save-dir", "{tmp}/emptydir"],
+     "--resume auto: no complete checkpoint in {tmp}/emptydir"),
+    ("checkpoints", ["train", "--model", "nano", "--resume", "{tmp}/other-model"],
+     "embed.tok.weight is (10, 4) in the checkpoint but (256, 64) in this model"),
+    ("checkpoints", ["train", "--model", "nano", "--resume", "{tmp}/corrupt"], "its tensor metadata is unreadable"),
+    ("checkpoints", ["train", "--model", "nano", "--resume", "{tmp}/nano-step-5", "--steps", "5"],
+     "the checkpoint is at step 5, which --steps 5 has already reached"),
+    ("checkpoints", ["train", "--init-from", "{tmp}/none.safetensors"], "--init-from {tmp}/none.safetensors: no such file"),
+    ("checkpoints", ["train", "--init-from", "{tmp}/old.jsonl"], "--init-from {tmp}/old.jsonl: not a safetensors file"),
+    ("checkpoints", ["train", "--init-from", "{tmp}/w.safetensors", "--resume", "auto", "--save-dir", "{tmp}"],
+     "--resume and --init-from both set where the weights come from"),
+    ("checkpoints", ["export", "{tmp}/nothing", "--out", "{tmp}/w2.safetensors"], "export {tmp}/nothing: no such folder"),
+    ("checkpoints", ["export", "{tmp}/emptydir", "--out", "{tmp}/w2.safetensors"], "no checkpoint: no paracube.json"),
+    ("checkpoints", ["export", "{tmp}/nano-step-5", "--out", "{tmp}/w.bin"], "the file must end in .safetensors"),
+    ("checkpoints", ["export", "{tmp}/nano-step-5", "--out", "{tmp}/w.safetensors"],
+     "--out {tmp}/w.safetensors exists: choose another path, or remove it first"),
     # -- schedule --------------------------------------------------------------------
     ("schedule", ["schedule", "--pp", "0", "--microbatches", "4"], "--pp must be a positive integer, got 0"),
     ("schedule", ["schedule", "--pp", "4", "--microbatches", "2"],
@@ -174,6 +203,32 @@ def prepare(tmp: Path) -> None:
     (tmp / "garbage.jsonl").write_text("this is {not json\n")
     (tmp / "list.jsonl").write_text("[1, 2, 3]\n")
     (tmp / "calibration.json").write_text('{"matmul_flops_per_thread": "fast"}')
+    (tmp / "emptydir").mkdir()
+    (tmp / ".step-00000002.partial").mkdir()
+    _checkpoint(tmp / "other-model", {"embed.tok.weight": (10, 4)}, step=1)
+    _checkpoint(tmp / "corrupt", {}, step=1)
+    (tmp / "corrupt" / ".metadata").write_bytes(b"not a pickle")
+    from paracube.models.gpt import GPT
+    from paracube.models.presets import preset
+
+    shapes = {n: tuple(p.shape) for n, p in GPT(preset("nano")).named_parameters()}
+    _checkpoint(tmp / "nano-step-5", shapes, step=5)
+    (tmp / "w.safetensors").write_bytes(b"")
+
+
+def _checkpoint(path: Path, shapes: dict, step: int) -> None:
+    """A DCP checkpoint of zero tensors of ``shapes`` at ``step`` (no process group needed)."""
+    import json
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    state = {f"model/{n}": torch.zeros(s) for n, s in shapes.items()} or {"x": torch.zeros(1)}
+    with warnings.catch_warnings():  # "assuming the intent is to save in a single process": yes
+        warnings.simplefilter("ignore")
+        dcp.save(state, checkpoint_id=str(path), no_dist=True)
+    (path / "paracube.json").write_text(json.dumps({"step": step}))
 
 
 def argv_for(argv: list[str], tmp: Path) -> list[str]:

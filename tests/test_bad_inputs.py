@@ -16,9 +16,16 @@ from tests.bad_inputs import CASES, argv_for, prepare
 DOC = Path(__file__).resolve().parents[1] / "docs" / "bad-inputs.md"
 
 
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bad-inputs")
+    prepare(folder)
+    return folder
+
+
 @pytest.fixture
-def tmp(tmp_path, monkeypatch):
-    prepare(tmp_path)
+def tmp(prepared, monkeypatch):
+    tmp_path = prepared
     monkeypatch.setattr("paracube.planner.local.DEFAULT_PATH", tmp_path / "calibration.json")
     # The page shows one machine, whatever runs the tests: 2 cores, 24 GiB free, no GPU.
     monkeypatch.setattr(Host, "here", classmethod(lambda cls: Host(2, 24 * 2**30)))

@@ -160,3 +160,105 @@ def test_resume_under_the_same_layout_is_bitwise(pools, tmp_path, layout):
         resume_and_train, cfg, str(tmp_path / f"step-{SPLIT:08d}"), STEPS - SPLIT
     )
     assert first + rest[0][1] == whole  # float32, to the last bit
+
+
+# -- the command line ------------------------------------------------------------------
+
+
+def _cli(*args):
+    from tests.test_cli import run_cli
+
+    proc = run_cli(
+        "train", "--dp", "2", "--model", "nano", "--micro-batch", "2", "--no-progress", *args
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_cli_save_resume_auto_continues_exactly(tmp_path):
+    """Train 4 steps saving every 2, then resume (auto) to 6: steps 4 and 5 equal an
+    uninterrupted 6-step run's to the last bit; a partial (crashed) save is ignored and
+    --keep-last prunes."""
+    from paracube.metrics import read_metrics
+
+    ck = tmp_path / "ck"
+    _cli(
+        "--steps", "4", "--save-dir", str(ck), "--save-every", "2", "--metrics", str(tmp_path / "a")
+    )
+    assert sorted(p.name for p in ck.iterdir()) == ["step-00000002", "step-00000004"]
+    (ck / ".step-00000006.partial").mkdir()  # what a crash in the middle of a save leaves
+    proc = _cli(
+        "--steps", "6", "--resume", "auto", "--save-dir", str(ck), "--keep-last", "1",
+        "--metrics", str(tmp_path / "b"),
+    )  # fmt: skip
+    assert f"resumed from {ck / 'step-00000004'} at step 4" in proc.stdout
+    _cli("--steps", "6", "--metrics", str(tmp_path / "c"))
+    resumed = read_metrics(str(tmp_path / "b"))
+    whole = read_metrics(str(tmp_path / "c"))
+    assert [r["step"] for r in resumed] == [4, 5]
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in whole[4:]]
+    assert [p.name for p in ck.iterdir() if not p.name.startswith(".")] == ["step-00000006"]
+
+
+# -- export and --init-from --------------------------------------------------------------
+
+
+def save_and_gather(cfg, root, steps):
+    """Train, save, and return every parameter at full size (what an export must hold)."""
+    from paracube.checkpoint.store import save
+    from paracube.tensor_parallel import full_tensor
+
+    trainer = _trainer(cfg)
+    for _ in range(steps):
+        trainer.train_step()
+    save(trainer, root)
+    with trainer.gathered_parameters():
+        return {
+            n: full_tensor(p, p, trainer.tp_group) for n, p in trainer.serial_named_parameters()
+        }
+
+
+def test_export_holds_the_serial_weights_and_loads_into_the_plain_gpt(pools, tmp_path):
+    from safetensors.torch import load_file
+
+    from paracube.checkpoint.export import export, load_into
+    from paracube.models.gpt import GPT
+
+    cfg = cfg_for(STEPS, tp=2, sp=True, zero=1, dp=2)
+    gathered = pools(4).run(save_and_gather, cfg, str(tmp_path), SPLIT)
+    full = {k: v for params in gathered for k, v in params.items()}
+    out = tmp_path / "model.safetensors"
+    model_cfg, step = export(tmp_path / f"step-{SPLIT:08d}", str(out))
+    assert step == SPLIT and model_cfg == NANO
+    tensors = load_file(str(out))
+    assert tensors.keys() == full.keys()
+    for name, t in tensors.items():
+        assert torch.equal(t, full[name]), name
+    model = GPT(model_cfg)
+    load_into(model, tensors)
+    tokens = torch.randint(0, 256, (2, SEQ))
+    reference = GPT(model_cfg)
+    reference.load_state_dict(full, strict=False)
+    assert torch.equal(model(tokens), reference(tokens))
+
+
+def init_and_train(cfg, path, steps):
+    from paracube.checkpoint.export import init_from, read_exported
+
+    trainer = _trainer(cfg)
+    init_from(trainer, read_exported(path)[1])
+    return [trainer.train_step().loss for _ in range(steps)]
+
+
+def test_init_from_an_export_is_the_same_start_under_any_layout(pools, tmp_path):
+    from paracube.checkpoint.export import export
+
+    pools(2).run(train_and_save, cfg_for(STEPS, dp=2), str(tmp_path), SPLIT)
+    out = str(tmp_path / "m.safetensors")
+    export(tmp_path / f"step-{SPLIT:08d}", out)
+    serial_run = pools(1).run(init_and_train, cfg_for(3, dp=1), out, 3)[0]
+    for layout in (dict(tp=2, sp=True), dict(pp=2, accum=4), dict(dp=2, zero=3)):
+        cfg = cfg_for(3, **layout)
+        got = pools(cfg.parallel.world_size).run(init_and_train, cfg, out, 3)
+        for losses in got:
+            assert_losses_close(losses, serial_run)

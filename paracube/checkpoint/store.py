@@ -76,7 +76,7 @@ def save(trainer, root: str | Path, keep_last: int | None = None) -> Path:
     return final
 
 
-def resolve(resume: str, save_dir: str | None) -> Path:
+def resolve(resume: str, save_dir: str | None, flag: str = "--resume") -> Path:
     """The checkpoint ``--resume`` names: a folder, or ``auto`` (the newest complete one
     in ``save_dir``); one line naming what is wrong otherwise."""
     if resume == "auto":
@@ -90,9 +90,9 @@ def resolve(resume: str, save_dir: str | None) -> Path:
         return found[-1]
     path = Path(resume)
     if not path.exists():
-        raise ConfigError(f"--resume {resume}: no such folder")
+        raise ConfigError(f"{flag} {resume}: no such folder")
     if not path.is_dir():
-        raise ConfigError(f"--resume {resume}: not a checkpoint folder")
+        raise ConfigError(f"{flag} {resume}: not a checkpoint folder")
     if not (path / META).is_file():
         inside = complete_checkpoints(path)
         if inside:
@@ -102,7 +102,7 @@ def resolve(resume: str, save_dir: str | None) -> Path:
             if path.name.endswith(".partial")
             else "no checkpoint"
         )
-        raise ConfigError(f"--resume {resume}: {why}: no {META} in it")
+        raise ConfigError(f"{flag} {resume}: {why}: no {META} in it")
     return path
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from paracube.config import ParallelConfig, TrainConfig
+from paracube.config import CheckpointConfig, ParallelConfig, TrainConfig
 from paracube.errors import ParacubeError
 
 
@@ -146,6 +146,20 @@ def add_parser(sub) -> None:
         default="stop",
         help="a non-finite loss or gradient norm: stop (default, exit 3), skip the step, continue",
     )
+    c = p.add_argument_group("checkpoints")
+    c.add_argument("--save-dir", default=None, help="folder of the step-N checkpoints")
+    c.add_argument(
+        "--save-every", type=int, default=None, help="save after every N-th step (and the last)"
+    )
+    c.add_argument("--keep-last", type=int, default=None, help="keep only the newest K")
+    c.add_argument(
+        "--init-from", default=None, help="start from exported weights (paracube export)"
+    )
+    c.add_argument(
+        "--resume",
+        default=None,
+        help="a checkpoint folder, or auto (the newest in --save-dir); any layout may load it",
+    )
     r.add_argument(
         "--oversubscribe",
         action="store_true",
@@ -217,6 +231,13 @@ def config_from_args(args) -> TrainConfig:
         else args.grad_reduce,
         loss_scale=args.loss_scale,
         count_activations_every=args.count_activations_every,
+        checkpoint=CheckpointConfig(
+            save_dir=args.save_dir,
+            every=args.save_every,
+            keep_last=args.keep_last,
+            resume=args.resume,
+            init_from=args.init_from,
+        ),
     )
 
 

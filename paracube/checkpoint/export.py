@@ -1,0 +1,126 @@
+"""Consolidated weights in and out: ``paracube export`` and ``--init-from``.
+
+Export reads a checkpoint in one process — DCP reshards every saved piece into one
+full-size tensor per serial name — and writes the fp32 weights as safetensors, with the
+model config as JSON in the file's metadata, so that the plain
+:class:`paracube.models.gpt.GPT` loads them (:func:`load_into`). ``--init-from`` starts a
+parallel run from such a file: each rank copies its own rectangles (the same pieces a
+checkpoint load fills) from the full tensors and leaves the optimizer fresh. Nothing is
+unpickled: safetensors holds only tensors and strings.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import torch
+
+from paracube.checkpoint.store import read_meta
+from paracube.config import ModelConfig
+from paracube.errors import ConfigError
+
+MODEL_KEY = "paracube.model"  # the model config, JSON, in the safetensors metadata
+
+
+def export(checkpoint: Path, out: str) -> tuple[ModelConfig, int]:
+    """Write ``checkpoint``'s weights to ``out`` (safetensors); returns (model, step)."""
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    meta = read_meta(checkpoint)
+    cfg = ModelConfig(**meta["model"])
+    reader = FileSystemReader(str(checkpoint))
+    saved = reader.read_metadata().state_dict_metadata
+    state = {
+        key: torch.empty(tuple(md.size), dtype=md.properties.dtype)
+        for key, md in saved.items()
+        if key.startswith("model/") and isinstance(md, TensorStorageMetadata)
+    }
+    with warnings.catch_warnings():  # "no process group: a single process" — yes
+        warnings.simplefilter("ignore")
+        dcp.load(state, storage_reader=reader, no_dist=True)
+    tensors = {key.removeprefix("model/"): t.contiguous() for key, t in state.items()}
+    save_file(
+        tensors, out, metadata={MODEL_KEY: json.dumps(meta["model"]), "step": str(meta["step"])}
+    )
+    return cfg, meta["step"]
+
+
+def read_exported(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """The model config and the full tensors of an exported file."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file, safe_open
+
+    try:
+        with safe_open(path, framework="pt") as f:
+            header = f.metadata() or {}
+        tensors = load_file(path)
+    except (OSError, SafetensorError) as e:
+        raise ConfigError(f"--init-from {path}: not a safetensors file ({e})") from None
+    if MODEL_KEY not in header:
+        raise ConfigError(
+            f"--init-from {path}: no paracube model config in it (export it with paracube export)"
+        )
+    return ModelConfig(**json.loads(header[MODEL_KEY])), tensors
+
+
+def check_init_from(path: str, cfg: ModelConfig) -> None:
+    """Before any rank starts: ``path`` is an export whose every tensor fits ``cfg``'s
+    model (read from the file's header: no tensor is loaded)."""
+    from safetensors import SafetensorError, safe_open
+
+    from paracube.models.gpt import GPT
+
+    where = f"--init-from {path}"
+    if not Path(path).is_file():
+        raise ConfigError(f"{where}: no such file")
+    try:
+        with safe_open(path, framework="pt") as f:
+            header = f.metadata() or {}
+            shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    except (OSError, SafetensorError) as e:
+        raise ConfigError(f"{where}: not a safetensors file ({e})") from None
+    if MODEL_KEY not in header:
+        raise ConfigError(
+            f"{where}: no paracube model config in it (export it with paracube export)"
+        )
+    with torch.device("meta"):
+        model = GPT(cfg)
+    for name, p in model.named_parameters():
+        if name not in shapes:
+            raise ConfigError(f"{where}: holds no {name}: weights of another model")
+        if shapes[name] != tuple(p.shape):
+            raise ConfigError(
+                f"{where}: {name} is {shapes[name]} there but {tuple(p.shape)} in this model "
+                f"(--model {cfg.name})"
+            )
+
+
+def load_into(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Load exported weights into a serial GPT (a tied head takes the embedding's)."""
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    cfg = getattr(model, "cfg", None)
+    tied = {"head.weight"} if getattr(cfg, "tie_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        raise ConfigError(
+            f"weights do not fit the model: missing {missing}, unexpected {unexpected}"
+        )
+
+
+@torch.no_grad()
+def init_from(trainer, tensors: dict[str, torch.Tensor]) -> None:
+    """Start ``trainer`` from full weights: every rank copies its rectangles, then the
+    model's compute-dtype copy (and ZeRO-1/2's full parameters) is rebuilt."""
+    from paracube.checkpoint.state import trainer_pieces
+
+    for piece in trainer_pieces(trainer):
+        if not piece.key.startswith("model/"):
+            continue
+        full = tensors[piece.key.removeprefix("model/")]
+        region = full[tuple(slice(o, o + n) for o, n in zip(piece.offsets, piece.tensor.shape))]
+        piece.tensor.copy_(region)
+    trainer.optimizer.publish()
