@@ -337,14 +337,21 @@ class RunOptions:
     ``threads``: torch threads per rank (None: cores ÷ local ranks); ``timeout_s``: how
     long a collective may wait before the job fails; ``oversubscribe``: allow more local
     ranks (or threads) than this machine's limits (:mod:`paracube.resources`);
-    ``predict``: print the planner's prediction beside the measured step."""
+    ``predict``: print the planner's prediction beside the measured step;
+    ``max_restarts``: how often the launcher restarts the ranks after a failure, each time
+    from the newest checkpoint in ``--save-dir``."""
 
     threads: int | None = None
     timeout_s: float = 300.0
     oversubscribe: bool = False
     predict: bool = False
+    max_restarts: int = 0  # restarts of the local ranks after a failure (from the last checkpoint)
 
     def __post_init__(self) -> None:
         if self.threads is not None:
             positive("--threads", self.threads)
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int):
+            raise ConfigError(f"--max-restarts must be an integer, got {self.max_restarts!r}")
+        if not 0 <= self.max_restarts <= 100:
+            raise ConfigError(f"--max-restarts must be in [0, 100], got {self.max_restarts}")
         number("--timeout", self.timeout_s, low=0, high=MAX_TIMEOUT_S, open_low=True)

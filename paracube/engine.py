@@ -132,10 +132,12 @@ class Trainer:
         timer = PhaseTimer()
         if self.heartbeat is not None:
             self.heartbeat.at(self.step, timer)
-        with self._failures(timer):
+        with self.naming_failures(timer):
             return self._train_step(timer)
 
-    def _failures(self, phase) -> contextlib.AbstractContextManager:
+    def naming_failures(self, phase) -> contextlib.AbstractContextManager:
+        """Inside, a failed collective is re-raised as one line naming this rank, the step,
+        ``phase`` and the peer that stopped answering (:mod:`paracube.failures`)."""
         mesh = self.mesh
         return name_failures(mesh.global_rank, mesh.layout.where, self.step, phase, self.heartbeat)
 
@@ -188,7 +190,7 @@ class Trainer:
         """Mean loss over ``eval_batches`` global batches of the validation split."""
         if self.heartbeat is not None:
             self.heartbeat.at(self.step, "evaluation")
-        with self._failures("evaluation"):
+        with self.naming_failures("evaluation"):
             return self._evaluate()
 
     def _evaluate(self) -> float:

@@ -69,7 +69,13 @@ class Nodes:
         )
 
 
-def launch_local(nprocs: int, entrypoint: Callable[..., int], *args, nodes: Nodes = Nodes()) -> int:
+def launch_local(
+    nprocs: int,
+    entrypoint: Callable[..., int],
+    *args,
+    nodes: Nodes = Nodes(),
+    max_restarts: int = 0,
+) -> int:
     """Run ``entrypoint(*args)`` on ``nprocs`` ranks of this machine, one node of ``nodes``;
     return the job's exit status."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
@@ -87,7 +93,7 @@ def launch_local(nprocs: int, entrypoint: Callable[..., int], *args, nodes: Node
         nproc_per_node=nprocs,
         rdzv_backend="c10d",
         **nodes.rendezvous(),
-        max_restarts=0,
+        max_restarts=max_restarts,  # the agent restarts the whole group (train resumes)
         monitor_interval=0.1,
         start_method="spawn",
         logs_specs=DefaultLogsSpecs(log_dir=logs),

@@ -34,6 +34,7 @@ def train_rank(cfg: TrainConfig, run: RunOptions) -> None:
 
     threads = run.threads or default_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     torch.set_num_threads(threads)
+    cfg = after_restart(cfg, run)
     validate(cfg, launched_world_size(), run=run)  # every rank, before any collective
     corpus = build_corpus(cfg.data, cfg.model.seq_len, cfg.val_fraction)
     device = init_distributed(run.timeout_s)
@@ -54,6 +55,31 @@ def train_rank(cfg: TrainConfig, run: RunOptions) -> None:
         _train(trainer, cfg, run, threads)
     finally:
         heartbeat.close()
+
+
+def restart_count() -> int:
+    """How often the launcher has restarted this job's ranks (torch's elastic agent)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def after_restart(cfg: TrainConfig, run: RunOptions) -> TrainConfig:
+    """A restarted job resumes from the newest complete checkpoint of its --save-dir (if
+    any) and appends to its metrics; the first attempt runs as asked."""
+    restart = restart_count()
+    if not restart or cfg.checkpoint.save_dir is None:
+        return cfg
+    from dataclasses import replace
+
+    from paracube.checkpoint.store import complete_checkpoints
+
+    found = complete_checkpoints(cfg.checkpoint.save_dir)
+    if os.environ.get("RANK", "0") == "0":
+        where = f"resuming from {found[-1]}" if found else "no checkpoint yet: starting over"
+        print(f"paracube: restart {restart} of {run.max_restarts}: {where}", flush=True)
+    checkpoint = replace(cfg.checkpoint, resume=str(found[-1]) if found else None, init_from=None)
+    if not found:
+        checkpoint = replace(checkpoint, init_from=cfg.checkpoint.init_from)
+    return cfg.replace(checkpoint=checkpoint, metrics_mode="append")
 
 
 def _resume(trainer, cfg: TrainConfig) -> None:
@@ -97,7 +123,10 @@ def _train(trainer, cfg: TrainConfig, run: RunOptions, threads: int) -> None:
             if _save_due(trainer, cfg):
                 from paracube.checkpoint.store import save
 
-                save(trainer, cfg.checkpoint.save_dir or "", cfg.checkpoint.keep_last)
+                if trainer.heartbeat is not None:
+                    trainer.heartbeat.at(trainer.step, "checkpoint save")
+                with trainer.naming_failures("checkpoint save"):
+                    save(trainer, cfg.checkpoint.save_dir or "", cfg.checkpoint.keep_last)
             if bar is not None:
                 bar.set_postfix(loss=f"{m.loss:.4f}", tok_s=f"{m.tokens_per_s:,.0f}", refresh=False)
                 bar.update(1)

@@ -66,6 +66,11 @@ def check_run(cfg: TrainConfig, run: RunOptions, local_ranks: int | None = None)
 
         load()  # a damaged calibration is refused now, not after the run
     ck = cfg.checkpoint
+    if run.max_restarts and ck.save_dir is None:
+        raise ConfigError(
+            f"--max-restarts {run.max_restarts} needs --save-dir (and --save-every): a restart "
+            "resumes from the newest checkpoint there"
+        )
     if ck.save_dir is not None:
         from paracube.outputs import check_folder
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from paracube.divergence import FP16_MAX_SKIPS
 
@@ -76,10 +77,10 @@ class Job:
         """(exit status, stderr, seconds it took) — killing everything if over ``limit``."""
         start = time.monotonic()
         try:
-            _, err = self.proc.communicate(timeout=limit)
+            self.out, err = self.proc.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
-            _, err = self.proc.communicate()
+            self.out, err = self.proc.communicate()
             raise AssertionError(f"the job did not end within {limit} s: {err}") from None
         return self.proc.returncode, err, time.monotonic() - start
 
@@ -233,3 +234,34 @@ def test_two_nodes_meet_at_the_endpoint(tmp_path):
     assert (code_a, code_b) == (0, 0), err_a + err_b
     assert [r["step"] for r in first.records()] == [0, 1, 2]
     assert not err_a.strip() and not err_b.strip()
+
+
+def test_a_killed_rank_restarts_from_the_last_checkpoint(tmp_path):
+    """--max-restarts 2: SIGKILL one rank mid-run; the job restarts from the newest
+    checkpoint and ends with exactly the uninterrupted run's weights (exit 0)."""
+    from safetensors.torch import load_file
+
+    from paracube.checkpoint.export import export
+    from paracube.checkpoint.store import complete_checkpoints
+
+    steps = ["--dp", "2", "--steps", "40", "--save-every", "4", "--timeout", "20"]
+    job = Job(tmp_path, *steps, "--save-dir", str(tmp_path / "a"), "--max-restarts", "2")
+    job.wait_for_steps(10)
+    os.kill(job.workers()[1], signal.SIGKILL)
+    code, err, _ = job.finish(limit=180)
+    assert code == 0, err
+    assert "(its process has died)" in err  # the peer said who failed, and where
+    assert "restart 1 of 2: resuming from" in job.out and "at step" in job.out
+    whole_dir = tmp_path / "whole"
+    whole_dir.mkdir()
+    whole = Job(whole_dir, *steps, "--save-dir", str(tmp_path / "b"))
+    assert whole.finish(limit=180)[0] == 0
+    outputs = []
+    for run in ("a", "b"):
+        out = tmp_path / f"{run}.safetensors"
+        export(complete_checkpoints(tmp_path / run)[-1], str(out))
+        outputs.append(load_file(str(out)))
+    assert outputs[0].keys() == outputs[1].keys()
+    for name in outputs[0]:
+        assert torch.equal(outputs[0][name], outputs[1][name]), name
+    job.assert_clean()

@@ -53,7 +53,10 @@ def save(trainer, root: str | Path, keep_last: int | None = None) -> Path:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
     dist.barrier()
-    dcp.save({}, checkpoint_id=str(partial), planner=PieceSavePlanner(trainer_pieces(trainer)))
+    try:
+        dcp.save({}, checkpoint_id=str(partial), planner=PieceSavePlanner(trainer_pieces(trainer)))
+    except CheckpointException as e:  # a peer failed mid-save: a collective failure, as any
+        raise RuntimeError(_first_failure(e)) from None
     if lead:
         meta = {
             **trainer_facts(trainer),
@@ -135,6 +138,11 @@ def load(trainer, path: str | Path) -> dict:
     restore_facts(trainer, meta)
     trainer.optimizer.publish()  # the main values into the model (and ZeRO-1/2's full copy)
     return meta
+
+
+def _first_failure(e: CheckpointException) -> str:
+    first = next(iter(sorted(e.failures.items())))[1]
+    return _first_line(first[0] if isinstance(first, tuple) else first)
 
 
 def _first_line(e: BaseException) -> str:

@@ -161,6 +161,12 @@ def add_parser(sub) -> None:
         help="a checkpoint folder, or auto (the newest in --save-dir); any layout may load it",
     )
     r.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="after a rank fails, restart the ranks up to N times from the newest checkpoint",
+    )
+    r.add_argument(
         "--oversubscribe",
         action="store_true",
         help="allow more local ranks or threads than this machine's cores sensibly run",
@@ -286,6 +292,7 @@ def cmd_train(args) -> int:
         timeout_s=args.timeout,
         oversubscribe=args.oversubscribe,
         predict=args.predict,
+        max_restarts=args.max_restarts,
     )
     if inside_torchrun():
         from paracube.mesh.mesh import shutdown
@@ -296,7 +303,9 @@ def cmd_train(args) -> int:
     local = cfg.parallel.world_size // nodes.count
     validate(cfg, cfg.parallel.world_size, run=run, local_ranks=local)  # before any process
     os.environ.setdefault("OMP_NUM_THREADS", str(run.threads or default_threads(local)))
-    return launch_local(local, run_rank, train_rank, cfg, run, nodes=nodes)
+    return launch_local(
+        local, run_rank, train_rank, cfg, run, nodes=nodes, max_restarts=run.max_restarts
+    )
 
 
 def _nodes(args, world: int, timeout_s: float):

@@ -39,9 +39,36 @@ def init_distributed(timeout_s: float = 300.0) -> torch.device:
     device = device_for_rank()
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        timeout = timedelta(seconds=timeout_s)
+        store = _attempt_store(timeout)
+        if store is None:
+            dist.init_process_group(backend=backend, timeout=timeout)
+        else:
+            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            dist.init_process_group(
+                backend, store=store, rank=rank, world_size=world, timeout=timeout
+            )
     _JOINED = True
     return device
+
+
+def _attempt_store(timeout: timedelta):
+    """After the launcher restarted the job (``TORCHELASTIC_RESTART_COUNT`` > 0), the
+    job's store under a prefix of its own: the previous attempt's keys — every group's
+    peer addresses — are still in the launcher's store, and a restarted rank reading them
+    would try to connect to ranks that are gone. None on a first attempt (plain env://)."""
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if not restart:
+        return None
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        int(os.environ["WORLD_SIZE"]),
+        is_master=not agent_hosts and os.environ.get("RANK") == "0",
+        timeout=timeout,
+    )
+    return dist.PrefixStore(f"paracube/attempt-{restart}", store)
 
 
 _JOINED = False  # this process joined a job through init_distributed (see shutdown)
