@@ -57,7 +57,9 @@ def test_tp_blocks_of_a_fused_projection_and_a_padded_vocabulary():
 # -- distributed: save, resume, reshard -----------------------------------------------------
 
 
-def cfg_for(steps, dp=1, tp=1, pp=1, zero=0, sp=False, schedule="1f1b", chunks=1, accum=2):
+def cfg_for(
+    steps, dp=1, tp=1, pp=1, zero=0, sp=False, schedule="1f1b", chunks=1, accum=2, precision="fp32"
+):
     return TrainConfig(
         model=NANO,
         parallel=ParallelConfig(
@@ -71,6 +73,7 @@ def cfg_for(steps, dp=1, tp=1, pp=1, zero=0, sp=False, schedule="1f1b", chunks=1
         progress=False,
         grad_clip=0.5,
         zero=zero,
+        precision=precision,
     )  # fmt: skip
 
 
@@ -150,9 +153,24 @@ def uninterrupted(cfg, steps):
     return [trainer.train_step().loss for _ in range(steps)]
 
 
-@pytest.mark.parametrize("layout", [dict(dp=2, zero=1), dict(dp=2, tp=2, sp=True, zero=2)])
-def test_resume_under_the_same_layout_is_bitwise(pools, tmp_path, layout):
-    cfg = cfg_for(STEPS, **layout)
+SAME = {
+    "dp2-zero1": dict(dp=2, zero=1),
+    "dp2-tp2-sp-zero2": dict(dp=2, tp=2, sp=True, zero=2),
+    "dp2-zero3": dict(dp=2, zero=3),
+    "pp2-1f1b": dict(pp=2, accum=4),
+    "pp2-interleaved": dict(pp=2, schedule="interleaved-1f1b", chunks=2, accum=4),
+    "pp2-zb-h1": dict(pp=2, schedule="zb-h1", accum=4),
+    "3d": dict(dp=2, tp=2, pp=2, sp=True, accum=4),
+    "bf16": dict(dp=2, precision="bf16"),
+    "fp16": dict(dp=2, precision="fp16"),
+}
+
+
+@pytest.mark.parametrize("case", list(SAME))
+def test_resume_under_the_same_layout_is_bitwise(pools, tmp_path, case):
+    """3 steps, save, resume for 3 more: every loss equals the uninterrupted run's to the
+    last bit (fp32 masters, Adam's moments and step, the fp16 loss scaler restored)."""
+    cfg = cfg_for(STEPS, **SAME[case])
     world = cfg.parallel.world_size
     whole = pools(world).run(uninterrupted, cfg, STEPS)[0]
     first = pools(world).run(train_and_save, cfg, str(tmp_path), SPLIT)[0]

@@ -4,9 +4,9 @@ Tensors (:func:`trainer_pieces`): the fp32 main values of every parameter — th
 weights under fp32, the master weights under bf16/fp16 (the compute-dtype copy is
 rebuilt from them on load) — and every optimizer state shaped like its parameter
 (Adam's moments), each under the serial name: ``model/<name>``, ``optim.<state>/<name>``.
-One owner per element: the data-parallel rank that steps it (any under ZeRO ≥ 1, rank 0
-of a replicated ZeRO-0 group), tensor-parallel rank 0 for replicated tensors, the first
-stage for a tied embedding/head.
+One owner per element: the data-parallel rank that steps it (under ZeRO ≥ 1; under ZeRO-0
+each rank writes its 1/dp part of the replicated buffers), tensor-parallel rank 0 for
+replicated tensors, the first stage for a tied embedding/head.
 
 Facts (:func:`trainer_facts`, JSON): the step, the optimizer's scalar states (Adam's step
 count), the fp16 loss scaler. The data sampler needs nothing more: a step's batch is a
@@ -28,24 +28,49 @@ def trainer_pieces(trainer) -> list[Piece]:
     tied_copy = trainer.cfg.model.tie_embeddings and mesh.size("pp") > 1 and last_stage
     pieces: list[Piece] = []
     for shard, main, entries in opt.held():
-        dp_owner = shard.sharded or mesh.rank("dp") == 0
+        owned = _owned_range(shard, main.numel(), mesh.rank("dp"), mesh.size("dp"))
         for seg in shard.segments:
             name = names[id(seg.param)]
-            owner = dp_owner
-            if tied_copy and name == "head.weight":  # the first stage's embedding is the one
-                name, owner = "embed.tok.weight", False
-            data = main[seg.start : seg.stop]
-            pieces += param_pieces(f"model/{name}", seg.param, data, seg.param_offset, tp, owner)
-            for p, a, b in entries:
-                x0, x1 = max(a, seg.start), min(b, seg.stop)
-                if x0 >= x1:
-                    continue
+            tied = tied_copy and name == "head.weight"  # the first stage's embedding is the one
+            key = "embed.tok.weight" if tied else name
+            for x0, x1, owner in _runs(seg.start, seg.stop, owned):
                 offset = seg.param_offset + (x0 - seg.start)
-                for state, value in opt.optimizer.state[p].items():
-                    if torch.is_tensor(value) and value.shape == p.shape:
-                        part = value[x0 - a : x1 - a]
-                        key = f"optim.{state}/{name}"
-                        pieces += param_pieces(key, seg.param, part, offset, tp, owner)
+                owner = owner and not tied
+                data = main[x0:x1]
+                pieces += param_pieces(f"model/{key}", seg.param, data, offset, tp, owner)
+                pieces += _state_pieces(opt, entries, seg.param, key, x0, x1, offset, tp, owner)
+    return pieces
+
+
+def _owned_range(shard, n: int, dp_rank: int, dp: int) -> tuple[int, int]:
+    """The elements of a shard this rank writes: all of a ZeRO ≥ 1 slice (it is the only
+    holder), or its 1/dp part of a replicated ZeRO-0 buffer (so that every data-parallel
+    rank writes a share in parallel, not rank 0 all of it)."""
+    if shard.sharded or dp == 1:
+        return 0, n
+    size = -(-n // dp)
+    return min(n, dp_rank * size), min(n, (dp_rank + 1) * size)
+
+
+def _runs(start: int, stop: int, owned: tuple[int, int]):
+    """``[start, stop)`` cut at the owned range's ends: ``(a, b, owned)`` runs."""
+    cuts = sorted({start, stop, *(c for c in owned if start < c < stop)})
+    for a, b in zip(cuts, cuts[1:]):
+        yield a, b, owned[0] <= a and b <= owned[1]
+
+
+def _state_pieces(opt, entries, param, key, x0, x1, offset, tp, owner) -> list[Piece]:
+    """The optimizer states (shaped like their main parameter) of shard elements [x0, x1)."""
+    pieces: list[Piece] = []
+    for p, a, b in entries:
+        lo, hi = max(a, x0), min(b, x1)
+        if lo >= hi:
+            continue
+        for state, value in opt.optimizer.state[p].items():
+            if torch.is_tensor(value) and value.shape == p.shape:
+                part = value[lo - a : hi - a]
+                at = offset + (lo - x0)
+                pieces += param_pieces(f"optim.{state}/{key}", param, part, at, tp, owner)
     return pieces
 
 
