@@ -117,6 +117,39 @@ def fsdp_variant(cfg, root):
     return do_save, do_load, lambda: path
 
 
+def visible_cost(cfg, corpus, root, reps: int) -> dict[str, float]:
+    """Seconds a save adds to training: (save + 2 steps [+ wait]) − (2 steps), medians."""
+    from paracube.checkpoint.store import AsyncSaver
+
+    trainer = Trainer(cfg, ProcessMesh(cfg.parallel), corpus)
+    trainer.train_step()
+    saver = AsyncSaver()
+
+    def steps():
+        trainer.train_step()
+        trainer.train_step()
+
+    def sync():
+        save(trainer, root)
+        steps()
+
+    def background():
+        saver.save(trainer, root)
+        steps()
+        saver.wait()
+
+    times: dict[str, list[float]] = {"steps": [], "sync": [], "async": []}
+    for _ in range(reps):
+        for name, fn in (("steps", steps), ("sync", sync), ("async", background)):
+            times[name].append(timed(fn))
+    base = median_ms(times["steps"])
+    return {
+        "two_steps_ms": round(base, 1),
+        "sync_save_cost_ms": round(median_ms(times["sync"]) - base, 1),
+        "async_save_cost_ms": round(median_ms(times["async"]) - base, 1),
+    }
+
+
 def worker(rank: int, world: int, args, out: str) -> None:
     model = preset("small", hidden=args.hidden, n_layers=args.layers, n_heads=8)
     base = TrainConfig(
@@ -140,6 +173,7 @@ def worker(rank: int, world: int, args, out: str) -> None:
             do_save, do_load, _ = variants[name]
             times[name]["save"].append(timed(do_save))
             times[name]["load"].append(timed(do_load))
+    cost = visible_cost(base.replace(zero=1), corpus, os.path.join(root, "cost"), args.reps)
     if rank == 0:
         rows = []
         for name, (_, _, where) in variants.items():
@@ -152,7 +186,8 @@ def worker(rank: int, world: int, args, out: str) -> None:
             rows.append(row)
         params = sum(p.numel() for p in GPT(model).parameters())
         write_json(out, {"benchmark": "checkpoint", "parameters": params, "world": world,
-                         "reps": args.reps, "torch": torch.__version__, "rows": rows})  # fmt: skip
+                         "reps": args.reps, "torch": torch.__version__, "rows": rows,
+                         "visible_cost": cost})  # fmt: skip
         print(f"\nGPT hidden {args.hidden}, {args.layers} layers ({params:,} params), fp32 AdamW, "
               f"{world} ranks × 1 thread, {args.reps} interleaved repetitions\n")  # fmt: skip
         print("| variant | checkpoint MB | save ms | save GB/s | load ms | load GB/s |")
@@ -160,6 +195,9 @@ def worker(rank: int, world: int, args, out: str) -> None:
         for r in rows:
             print(f"| {r['variant']} | {r['bytes'] / 1e6:.0f} | {r['save_ms']:.0f} | "
                   f"{r['save_gb_per_s']:.2f} | {r['load_ms']:.0f} | {r['load_gb_per_s']:.2f} |")  # fmt: skip
+        print(f"\nZeRO-1, one save and the next two steps ({cost['two_steps_ms']:.0f} ms without a "
+              f"save): synchronous save +{cost['sync_save_cost_ms']:.0f} ms, --async-save "
+              f"+{cost['async_save_cost_ms']:.0f} ms")  # fmt: skip
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -168,6 +168,7 @@ class CheckpointConfig:
     keep_last: int | None = None
     resume: str | None = None
     init_from: str | None = None  # exported weights (safetensors) to start from
+    async_save: bool = False  # write in the background while training goes on
 
     def __post_init__(self) -> None:
         if self.resume is not None and self.init_from is not None:
@@ -182,6 +183,8 @@ class CheckpointConfig:
             positive("--keep-last", self.keep_last, "the newest K checkpoints are kept")
             if self.save_dir is None:
                 raise ConfigError("--keep-last needs --save-dir")
+        if self.async_save and self.save_dir is None:
+            raise ConfigError("--async-save needs --save-dir")
         if self.save_dir is not None and not self.save_dir.strip():
             raise ConfigError("--save-dir is empty: give a folder")
         if self.resume is not None and not self.resume.strip():

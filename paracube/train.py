@@ -97,6 +97,19 @@ def _save_due(trainer, cfg: TrainConfig) -> bool:
     return ck.save_dir is not None and (trainer.step == cfg.steps or every)
 
 
+def _save(trainer, cfg: TrainConfig, saver) -> None:
+    from paracube.checkpoint.store import save
+
+    if trainer.heartbeat is not None:
+        trainer.heartbeat.at(trainer.step, "checkpoint save")
+    root, keep = cfg.checkpoint.save_dir or "", cfg.checkpoint.keep_last
+    with trainer.naming_failures("checkpoint save"):
+        if saver is None:
+            save(trainer, root, keep)
+        else:
+            saver.save(trainer, root, keep)
+
+
 def _train(trainer, cfg: TrainConfig, run: RunOptions, threads: int) -> None:
     from paracube import report
 
@@ -104,6 +117,11 @@ def _train(trainer, cfg: TrainConfig, run: RunOptions, threads: int) -> None:
     writer = MetricsWriter(cfg.metrics if lead else None, cfg.metrics_mode)
     history: list[StepMetrics] = []
     bar = None
+    saver = None
+    if cfg.checkpoint.async_save and cfg.checkpoint.save_dir is not None:
+        from paracube.checkpoint.store import AsyncSaver
+
+        saver = AsyncSaver()
     try:
         first_val = trainer.evaluate() if cfg.eval_every else None
         if lead:
@@ -121,15 +139,13 @@ def _train(trainer, cfg: TrainConfig, run: RunOptions, threads: int) -> None:
             writer.write_line(m.to_json(), m.step)
             check_step(m, cfg, trainer.scaler)  # every rank: the values are global
             if _save_due(trainer, cfg):
-                from paracube.checkpoint.store import save
-
-                if trainer.heartbeat is not None:
-                    trainer.heartbeat.at(trainer.step, "checkpoint save")
-                with trainer.naming_failures("checkpoint save"):
-                    save(trainer, cfg.checkpoint.save_dir or "", cfg.checkpoint.keep_last)
+                _save(trainer, cfg, saver)
             if bar is not None:
                 bar.set_postfix(loss=f"{m.loss:.4f}", tok_s=f"{m.tokens_per_s:,.0f}", refresh=False)
                 bar.update(1)
+        if saver is not None:
+            with trainer.naming_failures("checkpoint save"):
+                saver.wait()  # the last checkpoint in flight is committed before the end
     finally:
         if bar is not None:
             bar.close()

@@ -116,6 +116,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("outputs", ["train", "--predict"], "calibration file"),
     # -- checkpoints -----------------------------------------------------------------
     ("checkpoints", ["train", "--save-every", "2"], "--save-every needs --save-dir"),
+    ("checkpoints", ["train", "--async-save"], "--async-save needs --save-dir"),
     ("checkpoints", ["train", "--save-dir", "{tmp}/ck", "--save-every", "0"],
      "--save-every must be a positive integer, got 0"),
     ("checkpoints", ["train", "--save-dir", "{tmp}/ck", "--keep-last", "0"],

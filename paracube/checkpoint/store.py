@@ -46,37 +46,92 @@ def complete_checkpoints(root: str | Path) -> list[Path]:
 
 def save(trainer, root: str | Path, keep_last: int | None = None) -> Path:
     """Every rank writes its pieces of the trainer's state; returns the checkpoint folder."""
-    final = step_dir(root, trainer.step)
-    partial = final.with_name(f".{final.name}.partial")
-    lead = dist.get_rank() == 0
-    if lead:
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-    dist.barrier()
+    partial, final = _begin(trainer, root)
     try:
         dcp.save({}, checkpoint_id=str(partial), planner=PieceSavePlanner(trainer_pieces(trainer)))
     except CheckpointException as e:  # a peer failed mid-save: a collective failure, as any
         raise RuntimeError(_first_failure(e)) from None
-    if lead:
-        meta = {
-            **trainer_facts(trainer),
-            "model": dataclasses.asdict(trainer.cfg.model),
-            "layout": dataclasses.asdict(trainer.cfg.parallel),
-            "zero": trainer.cfg.zero,
-            "precision": trainer.cfg.precision,
-            "world_size": dist.get_world_size(),
-            "versions": {"paracube": _version(), "torch": torch.__version__},
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
-        (partial / META).write_text(json.dumps(meta, indent=1, sort_keys=True))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(partial, final)
-        if keep_last:
-            for old in complete_checkpoints(root)[:-keep_last]:
-                shutil.rmtree(old, ignore_errors=True)
+    _commit(partial, final, _meta(trainer), root, keep_last)
     dist.barrier()
     return final
+
+
+class AsyncSaver:
+    """``--async-save``: the state is copied (this rank's owned pieces, in memory), then
+    written by DCP's background thread over a process group of its own while training
+    goes on; one checkpoint is in flight at a time, committed (JSON, rename) when the
+    next save or the end of the run waits for it."""
+
+    def __init__(self) -> None:
+        self.group = dist.new_group(backend="gloo")  # the writer's collectives, off the step's
+        self.pending: tuple | None = None
+
+    def save(self, trainer, root: str | Path, keep_last: int | None = None) -> Path:
+        self.wait()
+        partial, final = _begin(trainer, root)
+        staged = [
+            dataclasses.replace(p, tensor=p.tensor.clone())
+            for p in trainer_pieces(trainer)
+            if p.owner
+        ]
+        future = dcp.async_save(
+            {},
+            checkpoint_id=str(partial),
+            planner=PieceSavePlanner(staged),
+            process_group=self.group,
+        )
+        self.pending = (future, partial, final, _meta(trainer), root, keep_last)
+        return final
+
+    def wait(self) -> None:
+        """Finish the checkpoint in flight (every rank calls it at the same point)."""
+        if self.pending is None:
+            return
+        future, partial, final, meta, root, keep_last = self.pending
+        self.pending = None
+        try:
+            future.result()
+        except CheckpointException as e:
+            raise RuntimeError(_first_failure(e)) from None
+        _commit(partial, final, meta, root, keep_last)
+        dist.barrier(group=self.group)
+
+
+def _begin(trainer, root: str | Path) -> tuple[Path, Path]:
+    """An empty ``.step-N.partial`` folder, made by rank 0, seen by every rank."""
+    final = step_dir(root, trainer.step)
+    partial = final.with_name(f".{final.name}.partial")
+    if dist.get_rank() == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    dist.barrier()
+    return partial, final
+
+
+def _meta(trainer) -> dict:
+    return {
+        **trainer_facts(trainer),
+        "model": dataclasses.asdict(trainer.cfg.model),
+        "layout": dataclasses.asdict(trainer.cfg.parallel),
+        "zero": trainer.cfg.zero,
+        "precision": trainer.cfg.precision,
+        "world_size": dist.get_world_size(),
+        "versions": {"paracube": _version(), "torch": torch.__version__},
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def _commit(partial: Path, final: Path, meta: dict, root, keep_last: int | None) -> None:
+    """Rank 0, after every rank has written: the JSON, the rename, the pruning."""
+    if dist.get_rank() != 0:
+        return
+    (partial / META).write_text(json.dumps(meta, indent=1, sort_keys=True))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(partial, final)
+    if keep_last:
+        for old in complete_checkpoints(root)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def resolve(resume: str, save_dir: str | None, flag: str = "--resume") -> Path:

@@ -152,6 +152,7 @@ def add_parser(sub) -> None:
         "--save-every", type=int, default=None, help="save after every N-th step (and the last)"
     )
     c.add_argument("--keep-last", type=int, default=None, help="keep only the newest K")
+    c.add_argument("--async-save", action="store_true", help="write checkpoints in the background")
     c.add_argument(
         "--init-from", default=None, help="start from exported weights (paracube export)"
     )
@@ -243,6 +244,7 @@ def config_from_args(args) -> TrainConfig:
             keep_last=args.keep_last,
             resume=args.resume,
             init_from=args.init_from,
+            async_save=args.async_save,
         ),
     )
 
