@@ -2,23 +2,25 @@
 
 ::
 
-    GPT(cfg)                    every rank builds the full model, fp32, from the seed
+    GPT(cfg) on "meta"          shapes only: no rank ever holds the whole model
       → tensor parallel         the declarative plan keeps this rank's slices (Megatron §3)
       → recomputation           full blocks or the attention core (Korthikanti et al. 2022)
-      → precision cast          bf16/fp16 compute dtype (fp32 masters live in the optimizer)
       → pipeline split          this rank's chunks of the chain, and the schedule's actions
+      → materialize + cast      values for this rank's shards only (the serial model's, from
+                                the seed), then the bf16/fp16 compute dtype
       → data parallel / ZeRO    buckets (ZeRO 0–2) or sharded units (ZeRO-3) over dp
       → step runner             local micro-steps, or the pipeline executor
 
-The order matters: the TP plan names module paths of the unchanged model; recomputation
-and the cast must precede the split (the chunks are views of the same blocks); the data-
-parallel wrapper flattens the parameters it is given last, so nothing may replace a
-parameter after it.
+The order matters: the TP plan names module paths of the unchanged model; the chunks are
+views of the same blocks, so what is materialized is exactly what this rank runs; the
+data-parallel wrapper flattens the parameters it is given last, so nothing may replace a
+parameter after it. (``--balance time`` measures real layers, so it builds them whole.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +29,7 @@ from torch import nn
 from paracube.config import TrainConfig
 from paracube.data.batches import RankBatches
 from paracube.data_parallel import DataParallel, FlatDataParallel, ShardedDataParallel
+from paracube.materialize import materialize, peak_rss_bytes
 from paracube.mesh.mesh import ProcessMesh
 from paracube.models.gpt import GPT, apply_recompute
 from paracube.objective import Objective
@@ -50,6 +53,7 @@ class ParallelModel:
     runner: LocalRunner | PipelineRunner
     pipeline: PipelineExecutor | None = None
     description: str | None = None
+    build_bytes: int = 0  # how much this rank's peak memory grew while building the model
 
     @property
     def module(self) -> nn.Module:
@@ -68,18 +72,30 @@ def parallelize(
 ) -> ParallelModel:
     """This rank's model, wrapped in the fixed order (module docstring)."""
     torch.manual_seed(cfg.seed)
-    # Initialised in fp32 from the seed: every precision and layout starts alike.
-    model = GPT(cfg.model)
+    start = peak_rss_bytes()
+    # On the meta device (shapes only): this rank's shards get their values after the
+    # split (materialize); the time balance measures real layers, so it builds them whole.
+    meta = cfg.parallel.balance != "time"
+    with torch.device("meta") if meta else contextlib.nullcontext():
+        model = GPT(cfg.model)
     parallelize_gpt(model, TPContext(mesh.group("tp"), mesh.ledger, cfg.parallel.sequence_parallel))
     apply_recompute(model, cfg.recompute, cfg.recompute_blocks)
-    if cfg.precision != "fp32":  # fp32 = the default dtype (float64 in the exactness tests)
-        model.to(DTYPES[cfg.precision])
     if mesh.size("pp") > 1:
-        return _pipelined(model, cfg, mesh, objective, batches)
+        return _pipelined(model, cfg, mesh, objective, batches, start)
+    _materialize(model.named_parameters(), [model], cfg, mesh)
+    built = peak_rss_bytes() - start
     grad_sync = wrap_data_parallel(model.to(mesh.device), model, cfg, mesh, objective)
-    return ParallelModel(
-        grad_sync, objective, LocalRunner(grad_sync, objective, batches, mesh.ledger)
-    )
+    runner = LocalRunner(grad_sync, objective, batches, mesh.ledger)
+    return ParallelModel(grad_sync, objective, runner, build_bytes=built)
+
+
+def _materialize(named, modules: Sequence[nn.Module], cfg: TrainConfig, mesh: ProcessMesh) -> None:
+    """Values for what this rank keeps — initialised in fp32 from the seed, so every
+    precision and layout starts alike — then the precision cast."""
+    materialize(named, modules, cfg.model, cfg.seed, (mesh.rank("tp"), mesh.size("tp")))
+    if cfg.precision != "fp32":  # fp32 = the default dtype (float64 in the exactness tests)
+        for module in modules:
+            module.to(DTYPES[cfg.precision])
 
 
 def wrap_data_parallel(
@@ -113,13 +129,21 @@ def wrap_data_parallel(
 
 
 def _pipelined(
-    model: GPT, cfg: TrainConfig, mesh: ProcessMesh, objective: Objective, batches: RankBatches
+    model: GPT,
+    cfg: TrainConfig,
+    mesh: ProcessMesh,
+    objective: Objective,
+    batches: RankBatches,
+    start: int,
 ) -> ParallelModel:
     from paracube.pipeline.build import build_pipeline
 
     par = cfg.parallel
     sample = batches.micro_batch(0, 0)[0] if par.balance == "time" else None
     plan = build_pipeline(model, cfg, mesh.rank("pp"), sample, mesh.ledger)
+    named = [(n, p) for chunk in plan.chunks for n, p in chunk.serial_named_parameters()]
+    _materialize(named, plan.chunks, cfg, mesh)
+    built = peak_rss_bytes() - start
     chunks = [c.to(mesh.device) for c in plan.chunks]
     seq = cfg.model.seq_len // (mesh.size("tp") if par.sequence_parallel else 1)
     executor = PipelineExecutor(
@@ -149,4 +173,4 @@ def _pipelined(
         objective.tie(tied, mesh.first_last_stage_group())
     grad_sync = wrap_data_parallel(nn.ModuleList(chunks), model, cfg, mesh, objective)
     runner = PipelineRunner(executor, grad_sync, batches, get_schedule(par.schedule), par.chunks)
-    return ParallelModel(grad_sync, objective, runner, executor, plan.description)
+    return ParallelModel(grad_sync, objective, runner, executor, plan.description, built)

@@ -31,9 +31,24 @@ def banner(cfg: TrainConfig, trainer, first_val: float | None) -> str:
         lines.append("paracube: " + ", ".join(e for e in extras if e))
     if trainer.parallel.description is not None:
         lines.append(f"paracube: {trainer.parallel.description}")
+    lines.append(_build_memory(cfg, trainer))
     if first_val is not None:
         lines.append(f"paracube: step 0 validation loss {first_val:.4f}")
     return "\n".join(lines)
+
+
+def _build_memory(cfg: TrainConfig, trainer) -> str:
+    """What building the model cost rank 0 (it never holds the whole model: its shards
+    plus one parameter at a time)."""
+    from paracube.models.shapes import parameter_count
+
+    mib = 2**20
+    shards = sum(p.numel() * 4 for _, p in trainer.serial_named_parameters())
+    whole = parameter_count(cfg.model) * 4
+    return (
+        f"paracube: model build on rank 0: peak memory +{trainer.parallel.build_bytes / mib:,.1f} MiB "
+        f"(its fp32 shards {shards / mib:,.1f} MiB; the whole model in fp32 {whole / mib:,.1f} MiB)"
+    )
 
 
 def progress_bar(cfg: TrainConfig, lead: bool, start: int = 0):

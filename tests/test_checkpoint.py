@@ -8,9 +8,10 @@ import functools
 import pytest
 import torch
 
-from paracube.checkpoint.pieces import flat_rectangles, tp_blocks
+from paracube.checkpoint.pieces import flat_rectangles
 from paracube.config import ParallelConfig, TrainConfig
 from paracube.models.presets import preset
+from paracube.tensor_parallel.plan import tp_blocks
 from tests.helpers import (
     SEQ,
     assert_losses_close,

@@ -8,7 +8,8 @@ more rectangles of it (:class:`Piece`), found in two steps:
 1. **Tensor parallelism** — a local parameter is the global one split along ``tp_dim``,
    section by section for fused projections (q | k | v: this rank's rows of each section),
    with the vocabulary padding dropped (the padded rows are zeros that never train):
-   :func:`tp_blocks` lists (local start, length, global start) along that dim.
+   :func:`~paracube.tensor_parallel.plan.tp_blocks` lists (local start, length, global
+   start) along that dim.
 2. **Flat slices** — the optimizer holds a range ``[a, b)`` of the local parameter's
    flattened elements (a ZeRO slice, or all of it): :func:`flat_rectangles` cuts a range
    of a row-major (R, C) tensor into at most three rectangles (a partial first row, whole
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from paracube.tensor_parallel.plan import tp_blocks
+
 
 @dataclass(frozen=True)
 class Piece:
@@ -37,26 +40,6 @@ class Piece:
     offsets: tuple[int, ...]
     tensor: torch.Tensor
     owner: bool
-
-
-def tp_blocks(param: nn.Parameter, tp_rank: int, tp_size: int):
-    """``(global shape, dim, [(local start, length, global start), ...])`` of a local
-    parameter; ``dim`` None when it is not split (replicated)."""
-    dim = getattr(param, "tp_dim", None)
-    shape = list(param.shape)
-    if dim is None or tp_size == 1:
-        return tuple(shape), None, [(0, shape[0] if shape else 1, 0)]
-    sections = getattr(param, "tp_sections", (param.shape[dim],))
-    blocks, local, base = [], 0, 0
-    for s in sections:  # the rank's part of section j: global rows base + rank·s
-        blocks.append((local, s, base + tp_rank * s))
-        local, base = local + s, base + s * tp_size
-    shape[dim] = base
-    vocab = getattr(param, "tp_vocab", None)
-    if vocab is not None:  # drop the padding rows
-        shape[0] = vocab
-        blocks = [(ls, min(n, vocab - gs), gs) for ls, n, gs in blocks if gs < vocab]
-    return tuple(shape), dim, blocks
 
 
 def flat_rectangles(shape: tuple[int, ...], a: int, b: int):

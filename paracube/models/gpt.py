@@ -205,16 +205,14 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """GPT-2 initialisation: N(0, σ) weights, zero biases, and the two projections
-        that write into the residual stream scaled by 1/sqrt(2L) (Radford et al. 2019)."""
-        std = self.cfg.init_std
-        for name, p in self.named_parameters():
-            if p.dim() == 1:  # biases and norm scales
-                p.fill_(1.0 if name.endswith("norm.weight") else 0.0)
-            elif name.endswith(("o_proj.weight", "down_proj.weight")):
-                p.normal_(0.0, std / math.sqrt(2 * self.cfg.n_layers))
-            else:
-                p.normal_(0.0, std)
+        """Every parameter to its :func:`initial_values` for the seed torch was last given
+        (``torch.manual_seed``); nothing on the meta device (see
+        :mod:`paracube.materialize`, which fills only a rank's shards)."""
+        params = dict(self.named_parameters())
+        if next(iter(params.values())).is_meta:
+            return
+        for name, value in initial_values(self.cfg, torch.initial_seed()):
+            params[name].copy_(value)
 
     def layers(self) -> list[nn.Module]:
         """The model as an ordered chain of layers, for pipeline partitioning."""
@@ -225,6 +223,28 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x))  # (B, T, V)
+
+
+def initial_values(cfg: ModelConfig, seed: int):
+    """``(name, full fp32 tensor)`` of every parameter of the serial model, in order, one at
+    a time — GPT-2 initialisation: N(0, σ) weights, zero biases, unit norm scales, and the
+    two projections that write into the residual stream scaled by 1/sqrt(2L) (Radford et
+    al. 2019). One generator seeded by ``seed`` draws them in this order and nothing else,
+    so a rank can produce any parameter's values (and keep only its shard) without ever
+    holding the whole model — and they do not depend on how the modules were built."""
+    with torch.device("meta"):
+        shapes = [(n, p.shape) for n, p in GPT(cfg).named_parameters()]
+    g = torch.Generator().manual_seed(seed)
+    std = cfg.init_std
+    for name, shape in shapes:
+        t = torch.empty(shape)
+        if len(shape) == 1:  # biases and norm scales
+            t.fill_(1.0 if name.endswith("norm.weight") else 0.0)
+        elif name.endswith(("o_proj.weight", "down_proj.weight")):
+            t.normal_(0.0, std / math.sqrt(2 * cfg.n_layers), generator=g)
+        else:
+            t.normal_(0.0, std, generator=g)
+        yield name, t
 
 
 def at_least_fp32(t: torch.Tensor) -> torch.Tensor:

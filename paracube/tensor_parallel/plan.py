@@ -205,6 +205,26 @@ def full_tensor(local: torch.Tensor, param: nn.Parameter, group) -> torch.Tensor
     return full.contiguous()
 
 
+def tp_blocks(param: nn.Parameter, tp_rank: int, tp_size: int):
+    """``(global shape, dim, [(local start, length, global start), ...])`` of a local
+    parameter; ``dim`` None when it is not split (replicated)."""
+    dim = getattr(param, "tp_dim", None)
+    shape = list(param.shape)
+    if dim is None or tp_size == 1:
+        return tuple(shape), None, [(0, shape[0] if shape else 1, 0)]
+    sections = getattr(param, "tp_sections", (param.shape[dim],))
+    blocks, local, base = [], 0, 0
+    for s in sections:  # the rank's part of section j: global rows base + rank·s
+        blocks.append((local, s, base + tp_rank * s))
+        local, base = local + s, base + s * tp_size
+    shape[dim] = base
+    vocab = getattr(param, "tp_vocab", None)
+    if vocab is not None:  # drop the padding rows
+        shape[0] = vocab
+        blocks = [(ls, min(n, vocab - gs), gs) for ls, n, gs in blocks if gs < vocab]
+    return tuple(shape), dim, blocks
+
+
 def full_parameters(model: nn.Module, group) -> dict[str, torch.Tensor]:
     """Every parameter at full size, by name — as the serial model names them."""
     return {name: full_tensor(p, p, group) for name, p in model.named_parameters()}
