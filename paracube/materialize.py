@@ -13,8 +13,6 @@ and drops it. Peak memory: this rank's shards plus one full parameter.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 from torch import nn
 
@@ -23,36 +21,62 @@ from paracube.models.gpt import CausalSelfAttention, initial_values, rotary_tabl
 from paracube.tensor_parallel.plan import tp_blocks
 
 
-@torch.no_grad()
-def materialize(
-    named: Iterable[tuple[str, nn.Parameter]],
-    modules: Iterable[nn.Module],
-    cfg: ModelConfig,
-    seed: int,
-    tp: tuple[int, int],
-) -> None:
-    """Give the meta parameters ``named`` (serial name → this rank's parameter) their
-    initial values for ``seed`` under tensor parallelism ``tp = (rank, size)``, and the
-    ``modules``' buffers (rotary tables) theirs."""
-    modules = list(modules)
-    wanted = dict(named)
-    holders = _holders(modules)
-    done: set[str] = set()
-    for name, full in initial_values(cfg, seed):
-        names = [name] + (
-            ["head.weight"] if cfg.tie_embeddings and name == "embed.tok.weight" else []
-        )
-        for n in names:  # a tied head on the last stage takes the embedding's value
-            p = wanted.get(n)
-            if p is not None and p.is_meta:
-                _replace(p, _shard_of(full, p, tp), holders)
-            if p is not None:
-                done.add(n)
-    for module in modules:
+class Materializer:
+    """Fills meta parameters with their serial initial values, claim by claim, drawing
+    :func:`~paracube.models.gpt.initial_values` once in order: a value drawn before it is
+    claimed is kept only if this rank will claim it (ZeRO-3 builds its units one by one,
+    the root — embedding, final norm, head — last, so the embedding waits)."""
+
+    def __init__(
+        self, model: nn.Module, named, cfg: ModelConfig, seed: int, tp, dtype=None, device=None
+    ):
+        self.cfg, self.tp, self.dtype, self.device = cfg, tp, dtype, device
+        self.names = {id(p): n for n, p in named}  # this rank's parameters, by serial name
+        self.holders = _holders([model])
+        self._values = initial_values(cfg, seed)
+        self._drawn: dict[str, torch.Tensor] = {}
+        # How many of this rank's parameters take each drawn value (a tied head takes the
+        # embedding's): a value is kept until its last claim, then dropped.
+        self._claims: dict[str, int] = {}
+        for name in self.names.values():
+            source = self._source(name)
+            self._claims[source] = self._claims.get(source, 0) + 1
+
+    def _source(self, name: str) -> str:
+        tied = name == "head.weight" and self.cfg.tie_embeddings
+        return "embed.tok.weight" if tied else name
+
+    @torch.no_grad()
+    def claim(self, module: nn.Module) -> None:
+        """Every meta parameter under ``module`` gets its value; its buffers theirs."""
+        for p in list(module.parameters()):
+            if p.is_meta and id(p) in self.names:
+                source = self._source(self.names[id(p)])
+                value = _shard_of(self._value(source), p, self.tp).to(self.device, self.dtype)
+                _replace(p, value, self.holders)
+                self._claims[source] -= 1
+                if not self._claims[source]:
+                    del self._drawn[source]
         for m in module.modules():
-            if isinstance(m, CausalSelfAttention) and m.rotary:
-                m.cos, m.sin = rotary_tables(cfg.seq_len, cfg.head_dim)
-    missing = sorted(set(wanted) - done)
+            if isinstance(m, CausalSelfAttention) and m.rotary and m.cos.is_meta:
+                cos, sin = rotary_tables(self.cfg.seq_len, self.cfg.head_dim)
+                m.cos, m.sin = cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
+
+    def _value(self, name: str) -> torch.Tensor:
+        while name not in self._drawn:
+            drawn, value = next(self._values)
+            if self._claims.get(drawn):
+                self._drawn[drawn] = value
+        return self._drawn[name]
+
+
+def materialize(named, modules, cfg: ModelConfig, seed: int, tp, dtype=None) -> None:
+    """Give the meta parameters ``named`` (serial name, this rank's parameter) their
+    initial values for ``seed`` under tensor parallelism ``tp = (rank, size)``, in
+    ``dtype`` (default fp32), and the ``modules``' rotary tables theirs."""
+    root = nn.ModuleList(list(modules))
+    Materializer(root, list(named), cfg, seed, tp, dtype).claim(root)
+    missing = [n for n, p in root.named_parameters() if p.is_meta]
     if missing:
         raise RuntimeError(f"parameters without an initial value: {missing}")
 

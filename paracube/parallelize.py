@@ -29,7 +29,7 @@ from torch import nn
 from paracube.config import TrainConfig
 from paracube.data.batches import RankBatches
 from paracube.data_parallel import DataParallel, FlatDataParallel, ShardedDataParallel
-from paracube.materialize import materialize, peak_rss_bytes
+from paracube.materialize import Materializer, materialize, peak_rss_bytes
 from paracube.mesh.mesh import ProcessMesh
 from paracube.models.gpt import GPT, apply_recompute
 from paracube.objective import Objective
@@ -82,24 +82,43 @@ def parallelize(
     apply_recompute(model, cfg.recompute, cfg.recompute_blocks)
     if mesh.size("pp") > 1:
         return _pipelined(model, cfg, mesh, objective, batches, start)
-    _materialize(model.named_parameters(), [model], cfg, mesh)
-    built = peak_rss_bytes() - start
-    grad_sync = wrap_data_parallel(model.to(mesh.device), model, cfg, mesh, objective)
+    if cfg.zero == 3 and meta:  # ZeRO-3 gives each unit its values just before slicing it
+        unit_by_unit = Materializer(
+            model, list(model.named_parameters()), cfg.model, cfg.seed,
+            (mesh.rank("tp"), mesh.size("tp")), _compute_dtype(cfg), mesh.device,
+        )  # fmt: skip
+        grad_sync = wrap_data_parallel(model, model, cfg, mesh, objective, unit_by_unit.claim)
+        built = peak_rss_bytes() - start
+    else:
+        _materialize(model.named_parameters(), [model], cfg, mesh)
+        built = peak_rss_bytes() - start
+        grad_sync = wrap_data_parallel(model.to(mesh.device), model, cfg, mesh, objective)
     runner = LocalRunner(grad_sync, objective, batches, mesh.ledger)
     return ParallelModel(grad_sync, objective, runner, build_bytes=built)
 
 
+def _compute_dtype(cfg: TrainConfig) -> torch.dtype | None:
+    # None under fp32: the default dtype (float64 in the exactness tests)
+    return DTYPES[cfg.precision] if cfg.precision != "fp32" else None
+
+
 def _materialize(named, modules: Sequence[nn.Module], cfg: TrainConfig, mesh: ProcessMesh) -> None:
     """Values for what this rank keeps — initialised in fp32 from the seed, so every
-    precision and layout starts alike — then the precision cast."""
-    materialize(named, modules, cfg.model, cfg.seed, (mesh.rank("tp"), mesh.size("tp")))
-    if cfg.precision != "fp32":  # fp32 = the default dtype (float64 in the exactness tests)
+    precision and layout starts alike — in the compute dtype."""
+    dtype = _compute_dtype(cfg)
+    materialize(named, modules, cfg.model, cfg.seed, (mesh.rank("tp"), mesh.size("tp")), dtype)
+    if dtype is not None:  # a model built whole (--balance time) is cast here
         for module in modules:
-            module.to(DTYPES[cfg.precision])
+            module.to(dtype)
 
 
 def wrap_data_parallel(
-    local: nn.Module, model: GPT, cfg: TrainConfig, mesh: ProcessMesh, objective: Objective
+    local: nn.Module,
+    model: GPT,
+    cfg: TrainConfig,
+    mesh: ProcessMesh,
+    objective: Objective,
+    materialize_unit=None,
 ) -> FlatDataParallel:
     """ZeRO-3 units are the transformer blocks; ZeRO 0–2 bucket every parameter. Gradients
     accumulate and are reduced in fp32 under bf16/fp16 unless asked otherwise."""
@@ -113,6 +132,7 @@ def wrap_data_parallel(
             group_key=is_decayed,
             grad_dtype=grad_dtype,
             pre_reduce=objective.pre_reduce,
+            materialize=materialize_unit,
         )
     return DataParallel(
         local,

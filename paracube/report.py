@@ -38,8 +38,8 @@ def banner(cfg: TrainConfig, trainer, first_val: float | None) -> str:
 
 
 def _build_memory(cfg: TrainConfig, trainer) -> str:
-    """What building the model cost rank 0 (it never holds the whole model: its shards
-    plus one parameter at a time)."""
+    """What building the model cost rank 0 — under tensor/pipeline parallelism its shards
+    plus one parameter at a time; under ZeRO-3 the wrapper's per-unit buffers too."""
     from paracube.models.shapes import parameter_count
 
     mib = 2**20
@@ -47,7 +47,8 @@ def _build_memory(cfg: TrainConfig, trainer) -> str:
     whole = parameter_count(cfg.model) * 4
     return (
         f"paracube: model build on rank 0: peak memory +{trainer.parallel.build_bytes / mib:,.1f} MiB "
-        f"(its fp32 shards {shards / mib:,.1f} MiB; the whole model in fp32 {whole / mib:,.1f} MiB)"
+        f"(its tensor/pipeline shards in fp32 {shards / mib:,.1f} MiB; the whole model in fp32 "
+        f"{whole / mib:,.1f} MiB)"
     )
 
 

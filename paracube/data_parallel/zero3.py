@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -115,6 +115,9 @@ class ShardedDataParallel(FlatDataParallel):
         reducer: a sharded reducer (default reduce-scatter).
         pre_reduce: as in ``DataParallel``: ``pre_reduce(params, grad_views)`` runs
             before each unit's reduction.
+        materialize: for a module built on the meta device, ``materialize(unit)`` gives a
+            unit's parameters their values right before the unit is sliced, so that no
+            rank holds more than its slices and one whole unit (``paracube.materialize``).
 
     Gradients are summed over the group (the loss is expected to be normalised by the
     global batch).
@@ -134,6 +137,7 @@ class ShardedDataParallel(FlatDataParallel):
         grad_dtype: torch.dtype | None = None,
         reducer: Reducer | None = None,
         pre_reduce: PreReduce | None = None,
+        materialize: Callable[[nn.Module], None] | None = None,
     ):
         reducer = reducer or ReduceScatter()
         if not reducer.sharded:
@@ -148,9 +152,13 @@ class ShardedDataParallel(FlatDataParallel):
         inner_ids: set[int] = set()
         self.block_units: list[ShardedUnit] = []  # forward order
         for i, m in enumerate(units):
+            if materialize is not None:  # values for this unit only, just before it is sliced
+                materialize(m)
             params = [p for p in m.parameters() if p.requires_grad and id(p) not in inner_ids]
             inner_ids |= {id(p) for p in params}
             self.block_units.append(ShardedUnit(i, f"unit{i}", params, self))
+        if materialize is not None:
+            materialize(module)  # the rest: the root unit's parameters, and the buffers
         root = [p for p in module.parameters() if p.requires_grad and id(p) not in inner_ids]
         self.root = ShardedUnit(len(self.block_units), "root", root, self) if root else None
         self.all_units = self.block_units + ([self.root] if self.root else [])
