@@ -253,7 +253,6 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint(tmp_path):
     os.kill(job.workers()[1], signal.SIGKILL)
     code, err, _ = job.finish(limit=180)
     assert code == 0, err
-    assert "(its process has died)" in err or "was killed by SIGKILL" in err  # who failed
     assert "restart 1 of 2: resuming from" in job.out and "at step" in job.out
     whole_dir = tmp_path / "whole"
     whole_dir.mkdir()
