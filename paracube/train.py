@@ -6,9 +6,10 @@ import os
 import sys
 import time
 
-from paracube.config import RunOptions, TrainConfig
+from paracube.config import TrainConfig
 from paracube.divergence import check_step
 from paracube.metrics import StepMetrics
+from paracube.options import RunOptions
 from paracube.outputs import MetricsWriter
 from paracube.validate import validate
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 
-from paracube.config import ModelConfig, ParallelConfig, RunOptions, TrainConfig
+from paracube.config import ModelConfig, ParallelConfig, TrainConfig
 from paracube.data.source import BYTE_VOCABULARY, check_source
 from paracube.errors import ConfigError
+from paracube.options import RunOptions
 from paracube.pipeline.schedules import check_schedule
 
 

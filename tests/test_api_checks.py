@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from paracube.config import ParallelConfig, RunOptions, TrainConfig
+from paracube.config import ParallelConfig, TrainConfig
 from paracube.data.corpus import build_corpus, read_user_tokens
 from paracube.data.sampler import ShardedBatchSampler
 from paracube.data_parallel import DataParallel
 from paracube.errors import ConfigError, DataError, OutputError, WriteFailed
 from paracube.models.gpt import GPT
 from paracube.models.presets import preset
+from paracube.options import RunOptions
 from paracube.outputs import MetricsWriter, check_output
 from paracube.pipeline import Costs, build_schedule, simulate
 from paracube.planner.search import divisors
