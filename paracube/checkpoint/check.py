@@ -6,17 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from paracube.checkpoint.store import read_meta, resolve
-from paracube.config import TrainConfig
+from paracube.config import ModelConfig, TrainConfig
 from paracube.errors import ConfigError
 
 
 def check_resume(cfg: TrainConfig) -> Path:
     """The checkpoint ``cfg`` resumes from, or one line naming what is wrong with it."""
-    import torch
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    from paracube.models.gpt import GPT
 
     ck = cfg.checkpoint
     assert ck.resume is not None
@@ -28,20 +25,37 @@ def check_resume(cfg: TrainConfig) -> Path:
         raise ConfigError(
             f"--resume {path}: its tensor metadata is unreadable ({type(e).__name__})"
         ) from None
-    with torch.device("meta"):  # shapes only: nothing is allocated
-        model = GPT(cfg.model)
-    for name, p in model.named_parameters():
-        md = saved.get(f"model/{name}")
-        if not isinstance(md, TensorStorageMetadata):
-            raise ConfigError(f"--resume {path}: holds no {name}: a checkpoint of another model")
-        if tuple(md.size) != tuple(p.shape):
-            raise ConfigError(
-                f"--resume {path}: {name} is {tuple(md.size)} in the checkpoint but "
-                f"{tuple(p.shape)} in this model (--model {cfg.model.name}): resume with the model it saved"
-            )
+    shapes = {
+        key.removeprefix("model/"): tuple(md.size)
+        for key, md in saved.items()
+        if key.startswith("model/") and isinstance(md, TensorStorageMetadata)
+    }
+    hint = "resume with the model it saved"
+    check_shapes(shapes, cfg.model, f"--resume {path}", "in the checkpoint", hint, "a checkpoint")
     if meta["step"] >= cfg.steps:
         raise ConfigError(
             f"--resume {path}: the checkpoint is at step {meta['step']}, which --steps {cfg.steps} "
             "has already reached: raise --steps to train further"
         )
     return path
+
+
+def check_shapes(
+    shapes: dict, cfg: ModelConfig, where: str, place: str, hint: str, what: str
+) -> None:
+    """Every parameter of ``cfg``'s model is in ``shapes`` (name → global shape) with its
+    shape, or one line naming the first that is not and both shapes."""
+    import torch
+
+    from paracube.models.gpt import GPT
+
+    with torch.device("meta"):  # shapes only: nothing is allocated
+        model = GPT(cfg)
+    for name, p in model.named_parameters():
+        if name not in shapes:
+            raise ConfigError(f"{where}: holds no {name}: {what} of another model")
+        if shapes[name] != tuple(p.shape):
+            raise ConfigError(
+                f"{where}: {name} is {shapes[name]} {place} but {tuple(p.shape)} in this model "
+                f"(--model {cfg.name}): {hint}"
+            )

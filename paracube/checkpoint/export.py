@@ -73,7 +73,7 @@ def check_init_from(path: str, cfg: ModelConfig) -> None:
     model (read from the file's header: no tensor is loaded)."""
     from safetensors import SafetensorError, safe_open
 
-    from paracube.models.gpt import GPT
+    from paracube.checkpoint.check import check_shapes
 
     where = f"--init-from {path}"
     if not Path(path).is_file():
@@ -88,16 +88,8 @@ def check_init_from(path: str, cfg: ModelConfig) -> None:
         raise ConfigError(
             f"{where}: no paracube model config in it (export it with paracube export)"
         )
-    with torch.device("meta"):
-        model = GPT(cfg)
-    for name, p in model.named_parameters():
-        if name not in shapes:
-            raise ConfigError(f"{where}: holds no {name}: weights of another model")
-        if shapes[name] != tuple(p.shape):
-            raise ConfigError(
-                f"{where}: {name} is {shapes[name]} there but {tuple(p.shape)} in this model "
-                f"(--model {cfg.name})"
-            )
+    hint = "start from weights of this model"
+    check_shapes(shapes, cfg, where, "there", hint, "weights")
 
 
 def load_into(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:

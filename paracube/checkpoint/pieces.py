@@ -21,6 +21,7 @@ of the optimizer's own storage: saving reads it in place and loading writes into
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -79,7 +80,7 @@ def param_pieces(
     owner = owner and (dim is not None or tp[0] == 0)  # a replicated tensor: tp rank 0 writes
     pieces = []
     for local_off, sizes, start in flat_rectangles(tuple(param.shape), a, a + data.numel()):
-        rect = data[start : start + _numel(sizes)].view(sizes)
+        rect = data[start : start + math.prod(sizes)].view(sizes)
         for view, offsets in _to_global(rect, local_off, sizes, dim, blocks):
             pieces.append(Piece(key, shape, offsets, view, owner))
     return pieces
@@ -100,10 +101,3 @@ def _to_global(rect, local_off, sizes, dim, blocks):
         offsets = list(local_off)
         offsets[dim] = global_start + (a - start)
         yield part, tuple(offsets)
-
-
-def _numel(sizes) -> int:
-    n = 1
-    for s in sizes:
-        n *= s
-    return n

@@ -13,6 +13,7 @@ rectangles of the global tensor), so the planners are told the rectangles direct
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import torch
@@ -90,7 +91,7 @@ class PieceLoadPlanner(DefaultLoadPlanner):
                 )
             chunks = [ChunkStorageMetadata(torch.Size(p.offsets), p.tensor.shape) for p in pieces]
             found = create_read_items_for_chunk_list(key, md, chunks)
-            covered = sum(_volume(r.lengths) for r in found)
+            covered = sum(math.prod(r.lengths) for r in found)
             if covered != sum(p.tensor.numel() for p in pieces):
                 raise ConfigError(f"{self.where}: {key} is only partly in the checkpoint")
             items.extend(found)
@@ -100,10 +101,3 @@ class PieceLoadPlanner(DefaultLoadPlanner):
     def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
         assert index.index is not None
         return self.by_key[index.fqn][index.index].tensor
-
-
-def _volume(lengths) -> int:
-    n = 1
-    for x in lengths:
-        n *= x
-    return n

@@ -183,8 +183,7 @@ def load(trainer, path: str | Path) -> dict:
     try:
         dcp.load({}, checkpoint_id=str(path), planner=planner)
     except CheckpointException as e:  # every rank gets every rank's failure: all say the same
-        first = next(iter(sorted(e.failures.items())))[1]
-        cause = first[0] if isinstance(first, tuple) else first
+        cause = _cause(e)
         if isinstance(cause, ConfigError):
             raise ConfigError(str(cause)) from None
         raise ConfigError(
@@ -195,9 +194,14 @@ def load(trainer, path: str | Path) -> dict:
     return meta
 
 
-def _first_failure(e: CheckpointException) -> str:
+def _cause(e: CheckpointException) -> BaseException:
+    """The lowest rank's exception (DCP gives every rank every rank's)."""
     first = next(iter(sorted(e.failures.items())))[1]
-    return _first_line(first[0] if isinstance(first, tuple) else first)
+    return first[0] if isinstance(first, tuple) else first
+
+
+def _first_failure(e: CheckpointException) -> str:
+    return _first_line(_cause(e))
 
 
 def _first_line(e: BaseException) -> str:
