@@ -29,7 +29,7 @@ from torch import nn
 from paracube.config import TrainConfig
 from paracube.data.batches import RankBatches
 from paracube.data_parallel import DataParallel, FlatDataParallel, ShardedDataParallel
-from paracube.materialize import Materializer, materialize, peak_rss_bytes
+from paracube.materialize import Materializer, PeakMemory, materialize
 from paracube.mesh.mesh import ProcessMesh
 from paracube.models.gpt import GPT, apply_recompute
 from paracube.objective import Objective
@@ -72,7 +72,7 @@ def parallelize(
 ) -> ParallelModel:
     """This rank's model, wrapped in the fixed order (module docstring)."""
     torch.manual_seed(cfg.seed)
-    start = peak_rss_bytes()
+    memory = PeakMemory()
     # On the meta device (shapes only): this rank's shards get their values after the
     # split (materialize); the time balance measures real layers, so it builds them whole.
     meta = cfg.parallel.balance != "time"
@@ -81,17 +81,17 @@ def parallelize(
     parallelize_gpt(model, TPContext(mesh.group("tp"), mesh.ledger, cfg.parallel.sequence_parallel))
     apply_recompute(model, cfg.recompute, cfg.recompute_blocks)
     if mesh.size("pp") > 1:
-        return _pipelined(model, cfg, mesh, objective, batches, start)
+        return _pipelined(model, cfg, mesh, objective, batches, memory)
     if cfg.zero == 3 and meta:  # ZeRO-3 gives each unit its values just before slicing it
         unit_by_unit = Materializer(
             model, list(model.named_parameters()), cfg.model, cfg.seed,
             (mesh.rank("tp"), mesh.size("tp")), _compute_dtype(cfg), mesh.device,
         )  # fmt: skip
-        grad_sync = wrap_data_parallel(model, model, cfg, mesh, objective, unit_by_unit.claim)
-        built = peak_rss_bytes() - start
+        grad_sync = wrap_data_parallel(model, model, cfg, mesh, objective, unit_by_unit)
+        built = memory.growth()
     else:
         _materialize(model.named_parameters(), [model], cfg, mesh)
-        built = peak_rss_bytes() - start
+        built = memory.growth()
         grad_sync = wrap_data_parallel(model.to(mesh.device), model, cfg, mesh, objective)
     runner = LocalRunner(grad_sync, objective, batches, mesh.ledger)
     return ParallelModel(grad_sync, objective, runner, build_bytes=built)
@@ -118,7 +118,7 @@ def wrap_data_parallel(
     cfg: TrainConfig,
     mesh: ProcessMesh,
     objective: Objective,
-    materialize_unit=None,
+    materialize_unit: Materializer | None = None,
 ) -> FlatDataParallel:
     """ZeRO-3 units are the transformer blocks; ZeRO 0–2 bucket every parameter. Gradients
     accumulate and are reduced in fp32 under bf16/fp16 unless asked otherwise."""
@@ -154,7 +154,7 @@ def _pipelined(
     mesh: ProcessMesh,
     objective: Objective,
     batches: RankBatches,
-    start: int,
+    memory: PeakMemory,
 ) -> ParallelModel:
     from paracube.pipeline.build import build_pipeline
 
@@ -163,7 +163,7 @@ def _pipelined(
     plan = build_pipeline(model, cfg, mesh.rank("pp"), sample, mesh.ledger)
     named = [(n, p) for chunk in plan.chunks for n, p in chunk.serial_named_parameters()]
     _materialize(named, plan.chunks, cfg, mesh)
-    built = peak_rss_bytes() - start
+    built = memory.growth()
     chunks = [c.to(mesh.device) for c in plan.chunks]
     seq = cfg.model.seq_len // (mesh.size("tp") if par.sequence_parallel else 1)
     executor = PipelineExecutor(

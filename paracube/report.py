@@ -45,10 +45,14 @@ def _build_memory(cfg: TrainConfig, trainer) -> str:
     mib = 2**20
     shards = sum(p.numel() * 4 for _, p in trainer.serial_named_parameters())
     whole = parameter_count(cfg.model) * 4
+    sliced = ""
+    if cfg.zero == 3:
+        kept = sum(u.param_shard.numel() * 4 for u in trainer.parallel.grad_sync.all_units)
+        sliced = f"; its ZeRO-3 slices of them {kept / mib:,.1f} MiB"
     return (
         f"paracube: model build on rank 0: peak memory +{trainer.parallel.build_bytes / mib:,.1f} MiB "
         f"(its tensor/pipeline shards in fp32 {shards / mib:,.1f} MiB; the whole model in fp32 "
-        f"{whole / mib:,.1f} MiB)"
+        f"{whole / mib:,.1f} MiB{sliced})"
     )
 
 

@@ -52,6 +52,7 @@ class FlatUnit:
         grad_dtype: torch.dtype | None = None,
         key: Hashable = None,
         name: str = "",
+        allocate: bool = True,
     ):
         self.index, self.params, self.key = index, list(params), key
         self.name = name or f"unit{index}"
@@ -63,10 +64,14 @@ class FlatUnit:
         padded = -(-total // world) * world
         self.lo, self.hi = shard_bounds(padded, world, rank)
         first = self.params[0]
-        self.buffer = torch.zeros(padded, dtype=grad_dtype or first.dtype, device=first.device)
+        self.buffer = torch.empty(padded, dtype=grad_dtype or first.dtype, device=first.device)
         self.views = [
             self.buffer[o : o + p.numel()].view_as(p) for o, p in zip(self.offsets, self.params)
         ]
+        if allocate:
+            self.buffer.zero_()
+        else:  # ZeRO-3: the buffer exists only during backward (allocate() gives it memory)
+            free_storage(self.buffer)
         self.stale = [True] * len(self.params)  # slice not written since the window began
         self.pending = len(self.params)  # gradients still to come in this backward
         self.flat: torch.Tensor | None = None  # the parameters' flat storage (make_contiguous)
@@ -174,9 +179,12 @@ class FlatUnit:
         return it: each ``param.data`` becomes a view of it, so stepping the flat tensor
         (one fused kernel per unit instead of one launch per tensor) updates the module in
         place — the contiguous parameter buffers of Megatron-Core's distributed optimizer."""
-        flat = torch.zeros(
+        # Empty, not zeros: a page becomes resident only as a parameter is copied in and
+        # the parameter's own memory is released, so the unit is not held twice.
+        flat = torch.empty(
             self.buffer.numel(), dtype=self.params[0].dtype, device=self.buffer.device
         )
+        flat[self.numel :].zero_()  # the padding
         for p, o in zip(self.params, self.offsets):
             view = flat[o : o + p.numel()].view_as(p)
             view.copy_(p)

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -36,7 +36,28 @@ from paracube.comm.ledger import CommLedger
 from paracube.data_parallel.base import FlatDataParallel, PreReduce
 from paracube.data_parallel.flat import FlatUnit
 from paracube.data_parallel.reducers import Reducer, ReduceScatter, reduced_gradient
-from paracube.data_parallel.shards import FlatShard, alloc_storage, free_storage, is_allocated
+from paracube.data_parallel.shards import (
+    FlatShard,
+    alloc_storage,
+    free_storage,
+    is_allocated,
+    shard_bounds,
+)
+
+
+class MetaValues(Protocol):
+    """Values for parameters built on the meta device (:class:`paracube.materialize.Materializer`)."""
+
+    def claim(self, module: nn.Module) -> None:
+        """Every meta parameter and buffer under ``module`` gets its value."""
+
+    def claim_flat(
+        self, params: list[nn.Parameter], padded: int, lo: int, hi: int
+    ) -> tuple[list[nn.Parameter], torch.Tensor, torch.Tensor]:
+        """``params`` laid end to end in one flat tensor of ``padded`` elements, of which only ``[lo, hi)`` is
+        filled: the new parameters (views of the flat tensor, its memory released), the
+        flat tensor, and a copy of its ``[lo, hi)``."""
+        ...
 
 
 class ShardedUnit(FlatUnit):
@@ -44,11 +65,20 @@ class ShardedUnit(FlatUnit):
     gathered into the full flat buffer (``flat``) around each use."""
 
     def __init__(
-        self, index: int, name: str, params: list[nn.Parameter], owner: ShardedDataParallel
+        self,
+        index: int,
+        name: str,
+        params: list[nn.Parameter],
+        owner: ShardedDataParallel,
+        values: MetaValues | None = None,
     ):
         key = owner.group_key
         # Decayed parameters first, so each optimizer group is one run in most slices.
         params = sorted(params, key=lambda p: not key(p))
+        if values is not None:  # meta parameters: only this rank's slice is ever filled
+            padded = -(-sum(p.numel() for p in params) // owner.world) * owner.world
+            lo, hi = shard_bounds(padded, owner.world, owner.rank)
+            params, full, param_shard = values.claim_flat(params, padded, lo, hi)
         super().__init__(
             index,
             params,
@@ -56,15 +86,18 @@ class ShardedUnit(FlatUnit):
             rank=owner.rank,
             grad_dtype=owner.grad_dtype,
             name=name,
+            allocate=False,  # the gradient buffer exists only during backward
         )
         self.owner = owner
-        full = self.full = self.make_contiguous()  # (padded numel,), gathered around each use
-        # Every replica starts as rank 0.
-        ops.broadcast(full, 0, owner.group, owner.ledger, tag="init")
-        self.param_shard = full[self.lo : self.hi].clone()  # persistent: this rank's parameters
+        if values is None:
+            full = self.make_contiguous()
+            # Every replica starts as rank 0 (from the seed, each already does).
+            ops.broadcast(full, 0, owner.group, owner.ledger, tag="init")
+            param_shard = full[self.lo : self.hi].clone()
+        self.flat = self.full = full  # (padded numel,), gathered around each use
+        self.param_shard = param_shard  # (hi - lo,), persistent: this rank's parameters
         self.pending_gather: ops.PendingCollective | None = None
         self.in_backward = False
-        free_storage(self.buffer)  # the gradient buffer exists only during backward
         self.release()
 
     @property
@@ -115,9 +148,9 @@ class ShardedDataParallel(FlatDataParallel):
         reducer: a sharded reducer (default reduce-scatter).
         pre_reduce: as in ``DataParallel``: ``pre_reduce(params, grad_views)`` runs
             before each unit's reduction.
-        materialize: for a module built on the meta device, ``materialize(unit)`` gives a
-            unit's parameters their values right before the unit is sliced, so that no
-            rank holds more than its slices and one whole unit (``paracube.materialize``).
+        materialize: for a module built on the meta device, its values: each unit's
+            flat slice is filled directly (``MetaValues.claim_flat``), so no rank ever
+            holds more than its slices and one full parameter (``paracube.materialize``).
 
     Gradients are summed over the group (the loss is expected to be normalised by the
     global batch).
@@ -137,7 +170,7 @@ class ShardedDataParallel(FlatDataParallel):
         grad_dtype: torch.dtype | None = None,
         reducer: Reducer | None = None,
         pre_reduce: PreReduce | None = None,
-        materialize: Callable[[nn.Module], None] | None = None,
+        materialize: MetaValues | None = None,
     ):
         reducer = reducer or ReduceScatter()
         if not reducer.sharded:
@@ -152,15 +185,14 @@ class ShardedDataParallel(FlatDataParallel):
         inner_ids: set[int] = set()
         self.block_units: list[ShardedUnit] = []  # forward order
         for i, m in enumerate(units):
-            if materialize is not None:  # values for this unit only, just before it is sliced
-                materialize(m)
             params = [p for p in m.parameters() if p.requires_grad and id(p) not in inner_ids]
-            inner_ids |= {id(p) for p in params}
-            self.block_units.append(ShardedUnit(i, f"unit{i}", params, self))
-        if materialize is not None:
-            materialize(module)  # the rest: the root unit's parameters, and the buffers
+            self.block_units.append(ShardedUnit(i, f"unit{i}", params, self, materialize))
+            inner_ids |= {id(p) for p in m.parameters()}
         root = [p for p in module.parameters() if p.requires_grad and id(p) not in inner_ids]
-        self.root = ShardedUnit(len(self.block_units), "root", root, self) if root else None
+        unit = len(self.block_units)
+        self.root = ShardedUnit(unit, "root", root, self, materialize) if root else None
+        if materialize is not None:
+            materialize.claim(module)  # the buffers (rotary tables), parameters left frozen
         self.all_units = self.block_units + ([self.root] if self.root else [])
         # Reductions are launched in this fixed order on every rank: last block first.
         self._attach(

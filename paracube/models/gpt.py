@@ -16,6 +16,8 @@ Shapes: B batch, T sequence, H hidden, n heads, d head size, V vocabulary.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import math
 
 import torch
@@ -211,8 +213,8 @@ class GPT(nn.Module):
         params = dict(self.named_parameters())
         if next(iter(params.values())).is_meta:
             return
-        for name, value in initial_values(self.cfg, torch.initial_seed()):
-            params[name].copy_(value)
+        for name, p in params.items():
+            initial_value(self.cfg, torch.initial_seed(), name, out=p)
 
     def layers(self) -> list[nn.Module]:
         """The model as an ordered chain of layers, for pipeline partitioning."""
@@ -225,26 +227,46 @@ class GPT(nn.Module):
         return self.head(self.norm(x))  # (B, T, V)
 
 
-def initial_values(cfg: ModelConfig, seed: int):
-    """``(name, full fp32 tensor)`` of every parameter of the serial model, in order, one at
-    a time — GPT-2 initialisation: N(0, σ) weights, zero biases, unit norm scales, and the
-    two projections that write into the residual stream scaled by 1/sqrt(2L) (Radford et
-    al. 2019). One generator seeded by ``seed`` draws them in this order and nothing else,
-    so a rank can produce any parameter's values (and keep only its shard) without ever
-    holding the whole model — and they do not depend on how the modules were built."""
+def parameter_shapes(cfg: ModelConfig) -> dict[str, torch.Size]:
+    """Every parameter of the serial model, by name, in order (a meta build: no memory)."""
+    return dict(_parameter_shapes(cfg))
+
+
+@functools.lru_cache(maxsize=8)
+def _parameter_shapes(cfg: ModelConfig) -> tuple[tuple[str, torch.Size], ...]:
     with torch.device("meta"):
-        shapes = [(n, p.shape) for n, p in GPT(cfg).named_parameters()]
-    g = torch.Generator().manual_seed(seed)
+        return tuple((n, p.shape) for n, p in GPT(cfg).named_parameters())
+
+
+def initial_value(
+    cfg: ModelConfig, seed: int, name: str, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The serial model's initial value of parameter ``name`` for ``seed``, drawn into
+    ``out`` (its full shape; default a new tensor of the default dtype) — GPT-2
+    initialisation: N(0, σ) weights, zero biases, unit norm scales, and the two
+    projections that write into the residual stream scaled by 1/sqrt(2L) (Radford et al.
+    2019).
+
+    Each parameter has its own generator, seeded from ``(seed, name)``: any rank draws
+    any parameter, in any order, without drawing the others first — so a rank keeps only
+    its shards, ZeRO-3 fills one unit at a time, and nothing depends on how or in which
+    order the modules were built."""
+    if out is None:
+        out = torch.empty(parameter_shapes(cfg)[name])
+    if out.dim() == 1:  # biases and norm scales
+        return out.fill_(1.0 if name.endswith("norm.weight") else 0.0)
+    digest = hashlib.blake2b(f"{seed}/{name}".encode(), digest_size=8).digest()
+    g = torch.Generator().manual_seed(int.from_bytes(digest, "little"))
     std = cfg.init_std
-    for name, shape in shapes:
-        t = torch.empty(shape)
-        if len(shape) == 1:  # biases and norm scales
-            t.fill_(1.0 if name.endswith("norm.weight") else 0.0)
-        elif name.endswith(("o_proj.weight", "down_proj.weight")):
-            t.normal_(0.0, std / math.sqrt(2 * cfg.n_layers), generator=g)
-        else:
-            t.normal_(0.0, std, generator=g)
-        yield name, t
+    if name.endswith(("o_proj.weight", "down_proj.weight")):
+        std /= math.sqrt(2 * cfg.n_layers)
+    return out.normal_(0.0, std, generator=g)
+
+
+def initial_values(cfg: ModelConfig, seed: int):
+    """``(name, full tensor)`` of every parameter of the serial model, in order."""
+    for name, shape in parameter_shapes(cfg).items():
+        yield name, initial_value(cfg, seed, name, torch.empty(shape))
 
 
 def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
