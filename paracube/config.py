@@ -197,9 +197,19 @@ class TrainConfig:
         10  # count saved activations on steps 0, N, 2N, … (1: every step)
     )
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    data_workers: int = 0  # background threads making micro-batches (0: on the training thread)
+    prefetch: int = 2  # micro-batches made ahead of the step, with data_workers
+    straggler_threshold: float = 0.10  # a rank this much above its peers' median is slow
 
     def __post_init__(self) -> None:
         self._check_memory_options()
+        for f in ("data_workers", "prefetch"):
+            value = getattr(self, f)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 64:
+                raise ConfigError(
+                    f"--{f.replace('_', '-')} must be an integer in [0, 64], got {value!r}"
+                )
+        number("--straggler-threshold", self.straggler_threshold, low=0, high=10, open_low=True)
         for f in ("steps", "micro_batch", "grad_accum", "eval_batches", "count_activations_every"):
             positive(f"--{f.replace('_', '-')}", getattr(self, f))
         if self.global_batch is not None:

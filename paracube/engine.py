@@ -16,10 +16,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from paracube import ranktimes
 from paracube.comm import ops
 from paracube.config import TrainConfig
 from paracube.data.batches import RankBatches
 from paracube.data.corpus import TokenCorpus, build_corpus
+from paracube.data.loader import PrefetchLoader
 from paracube.data.sampler import ShardedBatchSampler
 from paracube.failures import name_failures
 from paracube.heartbeat import Heartbeat
@@ -49,8 +51,12 @@ class Trainer:
         self.cfg, self.mesh = cfg, mesh
         self.corpus = corpus or build_corpus(cfg.data, cfg.model.seq_len, cfg.val_fraction)
         seq, batch = cfg.model.seq_len, cfg.global_batch
-        self.batches = RankBatches(
-            ShardedBatchSampler(self.corpus.train, seq, batch, cfg.seed), mesh, cfg.grad_accum
+        self.batches = PrefetchLoader(
+            ShardedBatchSampler(self.corpus.train, seq, batch, cfg.seed),
+            mesh,
+            cfg.grad_accum,
+            cfg.data_workers,
+            cfg.prefetch,
         )
         self.val_batches = RankBatches(
             ShardedBatchSampler(self.corpus.val, seq, batch, cfg.seed + 7919), mesh, cfg.grad_accum
@@ -66,6 +72,7 @@ class Trainer:
         self.activations = ActivationCounter()
         self._activations_counted: tuple[int, int] | None = None  # (step, peak bytes) last counted
         self.step = 0
+        self.last_spans: list[tuple[str, float, float]] = []  # the last step's phases
         # Set by train_rank: lets a failing rank name the peer that stopped answering.
         self.heartbeat: Heartbeat | None = None
 
@@ -165,6 +172,12 @@ class Trainer:
             outcome = self.optimizer_step(self.step)
         with timer.phase("comm_exposed"):
             loss_value = self.objective.mean(loss_reduce.wait().item())
+        # Every rank's timings, gathered once (a few floats per rank; paracube.ranktimes).
+        mine = ranktimes.rank_vector(
+            timer.seconds, time.perf_counter() - start, ledger, pipeline, timer.injected
+        )
+        ranks = ranktimes.gather(mine, ledger, self.mesh.device)
+        self.last_spans = timer.spans
         step_time = time.perf_counter() - start
         tokens = self.objective.tokens_global
         metrics = StepMetrics(
@@ -181,6 +194,7 @@ class Trainer:
             memory=self.memory_metrics(gradients=outcome.gradient_bytes),
             skipped=True if outcome.overflow else None,
             loss_scale=scale if self.scaler is not None else None,
+            ranks=ranks,
         )
         self.step += 1
         return metrics

@@ -7,15 +7,22 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
+from paracube import inject
+
 PHASES = ("data", "forward", "backward", "comm_exposed", "optimizer")
+COMPUTE = ("forward", "backward", "optimizer")  # what an injected slow rank slows
 
 
 class PhaseTimer:
-    """Accumulates wall-clock seconds per named phase of one step."""
+    """Accumulates wall-clock seconds per named phase of one step, and the phases' spans
+    (``(name, start, end)``, seconds from the timer's start) for a step's timeline."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         self.current: str | None = None  # the phase running now (named in error messages)
+        self.origin = time.perf_counter()
+        self.spans: list[tuple[str, float, float]] = []
+        self.injected = 0.0  # seconds slept by an injected fault (paracube.inject)
 
     @contextmanager
     def phase(self, name: str):
@@ -23,9 +30,13 @@ class PhaseTimer:
         self.current = name
         try:
             yield
+            if name in COMPUTE:
+                self.injected += inject.slow_compute(time.perf_counter() - start)
             self.current = None  # on an exception it stays: the error names the phase
         finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+            end = time.perf_counter()
+            self.seconds[name] = self.seconds.get(name, 0.0) + end - start
+            self.spans.append((name, start - self.origin, end - self.origin))
 
     @contextmanager
     def label(self, name: str):
@@ -66,6 +77,11 @@ class StepMetrics:
     skipped: bool | None = None  # fp16: the step was skipped on a gradient overflow
     loss_scale: float | None = None  # fp16: the loss scale this step used
     val_loss: float | None = None
+    # Every rank's timings of this step ({field: [per rank]}, paracube.ranktimes).
+    ranks: dict[str, list[float]] | None = None
+    stragglers: list[dict] | None = None  # ranks named slow, as of this step
+    run: dict | None = None  # the first record of a run: model, layout, ranks' places
+    timeline: dict | None = None  # the last record: one step's phases on every rank
 
     def to_json(self) -> str:
         record = {k: v for k, v in asdict(self).items() if v is not None}

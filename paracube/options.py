@@ -4,9 +4,10 @@ the ranks. Kw-only dataclasses checking each value on its own, as in :mod:`parac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from paracube.errors import ConfigError
+from paracube.inject import Injections
 from paracube.values import MAX_TIMEOUT_S, number, positive
 
 
@@ -63,6 +64,7 @@ class RunOptions:
     oversubscribe: bool = False
     predict: bool = False
     max_restarts: int = 0  # restarts of the local ranks after a failure (from the last checkpoint)
+    inject: Injections = field(default_factory=Injections)  # faults for tests and demos
 
     def __post_init__(self) -> None:
         if self.threads is not None:

@@ -93,6 +93,8 @@ class PipelineRunner:
         timer.seconds["forward"] += record.busy["F"]
         timer.seconds["backward"] += record.busy["B"] + record.busy["I"] + record.busy["W"]
         timer.seconds["bubble"] = record.waiting
+        timer.injected += record.injected
+        timer.spans += [(k, s - timer.origin, e - timer.origin) for k, s, e in record.spans]
         with timer.phase("comm_exposed"):
             self.grad_sync.sync_gradients()
         p, m = self.executor.p, self.batches.accum

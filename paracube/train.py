@@ -6,6 +6,7 @@ import os
 import sys
 import time
 
+from paracube import inject
 from paracube.config import TrainConfig
 from paracube.divergence import check_step
 from paracube.metrics import StepMetrics
@@ -40,6 +41,7 @@ def train_rank(cfg: TrainConfig, run: RunOptions) -> None:
     corpus = build_corpus(cfg.data, cfg.model.seq_len, cfg.val_fraction)
     device = init_distributed(run.timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
+    inject.activate(run.inject, rank)
     heartbeat = Heartbeat(dist.distributed_c10d._get_default_store(), rank, world)
     try:
         where = MeshLayout(pp=cfg.parallel.pp, dp=cfg.parallel.dp, tp=cfg.parallel.tp).where
@@ -113,8 +115,11 @@ def _save(trainer, cfg: TrainConfig, saver) -> None:
 
 def _train(trainer, cfg: TrainConfig, run: RunOptions, threads: int) -> None:
     from paracube import report
+    from paracube.ranktimes import StragglerWatch
 
     lead = trainer.mesh.global_rank == 0
+    header = _run_header(trainer, cfg, run, threads)
+    watch = StragglerWatch(header["peers"], header["where"], cfg.straggler_threshold)
     writer = MetricsWriter(cfg.metrics if lead else None, cfg.metrics_mode)
     history: list[StepMetrics] = []
     bar = None
@@ -136,6 +141,16 @@ def _train(trainer, cfg: TrainConfig, run: RunOptions, threads: int) -> None:
                 if lead:
                     line = f"paracube: step {trainer.step} loss {m.loss:.4f}, validation loss {m.val_loss:.4f}"
                     bar.write(line, file=sys.stdout) if bar is not None else print(line, flush=True)
+            if not history:
+                m.run = header
+            if trainer.step == cfg.steps:  # the last step: its phases on every rank, once
+                m.timeline = {"step": m.step, "spans": _gather_objects(trainer.last_spans)}
+            for s in watch.update(m.step, m.ranks or {}):
+                if lead:
+                    line = f"paracube: straggler: {s.line()}"
+                    bar.write(line, file=sys.stdout) if bar is not None else print(line, flush=True)
+            if watch.active:
+                m.stragglers = [{**vars(s), "line": s.line()} for s in watch.active.values()]
             history.append(m)
             writer.write_line(m.to_json(), m.step)
             check_step(m, cfg, trainer.scaler)  # every rank: the values are global
@@ -151,11 +166,55 @@ def _train(trainer, cfg: TrainConfig, run: RunOptions, threads: int) -> None:
         if bar is not None:
             bar.close()
         writer.close()
+        trainer.batches.close()
     if lead:
         print(report.summary(history, first_val, time.perf_counter() - start), flush=True)
+        for s in watch.seen:
+            print(f"paracube: straggler: {s.line()}", flush=True)
         if run.predict:
             local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
             print(report.prediction(cfg, history, threads, local_ranks), flush=True)
+
+
+def _run_header(trainer, cfg: TrainConfig, run: RunOptions, threads: int) -> dict:
+    """What ran, for ``paracube diagnose``: the model, the layout, every rank's place."""
+    import socket
+    from dataclasses import asdict
+
+    layout = trainer.mesh.layout
+    world = layout.world_size
+    hosts = _gather_objects(socket.gethostname())
+    coords = [layout.coords(r) for r in range(world)]
+    peers: dict[int, list[int]] = {}
+    for r, c in enumerate(coords):
+        peers.setdefault(c["pp"], []).append(r)  # the ranks of one stage do the same work
+    return {
+        "model": asdict(cfg.model),
+        "layout": {"pp": cfg.parallel.pp, "dp": cfg.parallel.dp, "tp": cfg.parallel.tp},
+        "micro_batch": cfg.micro_batch,
+        "grad_accum": cfg.grad_accum,
+        "global_batch": cfg.global_batch,
+        "zero": cfg.zero,
+        "threads": threads,
+        "data_workers": cfg.data_workers,
+        "prefetch": cfg.prefetch,
+        "inject": run.inject.describe(),
+        "coords": coords,
+        "hosts": hosts,
+        "where": [f"{layout.where(r)}, host {hosts[r]}" for r in range(world)],
+        "peers": list(peers.values()),
+    }
+
+
+def _gather_objects(obj) -> list:
+    """``obj`` from every rank (a one-off: the run's header, the last step's timeline)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [obj]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def default_threads(local_ranks: int) -> int:

@@ -56,6 +56,9 @@ def check_run(cfg: TrainConfig, run: RunOptions, local_ranks: int | None = None)
     local = local_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     threads = run.threads or max(1, host.cores // local)  # as train.default_threads
     check_host(cfg, local, threads, host, run.oversubscribe)
+    from paracube.inject import check_world
+
+    check_world(run.inject, cfg.parallel.world_size)
     if os.environ.get("RANK", "0") != "0":
         return
     if cfg.metrics is not None:

@@ -10,6 +10,37 @@ def add_parser(sub) -> None:
         help="train with data, tensor and pipeline parallelism, locally or under torchrun",
         description="Train the reference GPT on the embedded corpus (or --data) across ranks.",
     )
+    d = p.add_argument_group("diagnosis: loading, timing, stragglers, injected faults")
+    d.add_argument(
+        "--data-workers",
+        type=int,
+        default=0,
+        help="background threads making micro-batches ahead of the step (default 0: none)",
+    )
+    d.add_argument(
+        "--prefetch",
+        type=int,
+        default=2,
+        help="with --data-workers: micro-batches made ahead (default 2)",
+    )
+    d.add_argument(
+        "--straggler-threshold",
+        type=float,
+        default=0.10,
+        help="name a rank whose compute stays this far above its peers' median (default 0.10)",
+    )
+    d.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="after the run: where its time went and the fix (paracube diagnose on its metrics)",
+    )
+    d.add_argument(
+        "--inject",
+        action="append",
+        default=None,
+        metavar="KIND=VALUE",
+        help="a fault, for tests and demos: slow-rank=R:FACTOR, data-delay=SECONDS, comm-delay=SECONDS",
+    )
     g = p.add_argument_group("layout")
     g.add_argument("--dp", type=int, default=1, help="data-parallel size (default 1)")
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")

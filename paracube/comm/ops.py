@@ -12,6 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from paracube import inject
 from paracube.comm.ledger import CommLedger
 
 
@@ -58,6 +59,8 @@ def _launch(
     if ledger is not None:
         ledger.record(kind, tag, counted_bytes)
     t0 = time.perf_counter()
+    if tag != "timing":  # the diagnosis' own gather is not the job's communication
+        inject.delay_comm()
     pending = PendingCollective(start(), ledger, kind, tag, result)
     if not async_op:
         pending.wait()

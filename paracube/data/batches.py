@@ -17,10 +17,14 @@ class RankBatches:
 
     def micro_batch(self, step: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and targets, (b, T) each, of micro-step ``k`` of ``step``."""
-        x, y = self.sampler.micro_batch(
+        x, y = self.host_micro_batch(step, k)
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def host_micro_batch(self, step: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same, in host memory (what a loader's worker makes)."""
+        return self.sampler.micro_batch(
             step, dp_rank=self.dp_rank, dp_size=self.dp_size, micro_step=k, accum=self.accum
         )
-        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
     def step(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [self.micro_batch(step, k) for k in range(self.accum)]

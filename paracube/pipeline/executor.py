@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from paracube import inject
 from paracube.comm import ops
 from paracube.comm.ledger import CommLedger
 from paracube.memory.activations import note_saved
@@ -39,6 +40,8 @@ class StepRecord:
     waiting: float = 0.0
     latency: float = float("inf")
     wall: float = 0.0
+    spans: list = field(default_factory=list)  # (kind, start, end) perf_counter seconds
+    injected: float = 0.0  # seconds slept by an injected slow rank (paracube.inject)
 
     @property
     def bubble(self) -> float:
@@ -215,6 +218,11 @@ class PipelineExecutor:
                 self._store.flush((a.mb, a.chunk))
                 del step.saved[(a.mb, a.chunk)]
                 busy = time.perf_counter() - t0
+            slept = inject.slow_compute(busy)
+            step.record.injected += slept
+            busy += slept
+            end = time.perf_counter()
+            step.record.spans.append((a.kind, end - busy, end))
             step.record.busy[a.kind] += busy
             step.record.counts[a.kind] += 1
         # The loss lives on the last stage; summing it over the pipeline group is also the
