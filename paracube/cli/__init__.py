@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from paracube.cli import calibrate, export, plan, schedule, train
+from paracube.cli import calibrate, diagnose, export, plan, schedule, train
 from paracube.cli.train import config_from_args
 from paracube.errors import ParacubeError
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
-COMMANDS = (train, schedule, plan, calibrate, export)
+COMMANDS = (train, schedule, plan, calibrate, export, diagnose)
 
 
 class _Parser(argparse.ArgumentParser):

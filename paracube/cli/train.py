@@ -63,6 +63,9 @@ def config_from_args(args) -> TrainConfig:
         else args.grad_reduce,
         loss_scale=args.loss_scale,
         count_activations_every=args.count_activations_every,
+        data_workers=args.data_workers,
+        prefetch=args.prefetch,
+        straggler_threshold=args.straggler_threshold,
         checkpoint=CheckpointConfig(
             save_dir=args.save_dir,
             every=args.save_every,
@@ -108,13 +111,16 @@ def _zero_stage(text: str) -> int:
 
 
 def cmd_train(args) -> int:
+    from paracube.inject import parse_injections
     from paracube.launch import inside_torchrun, launch_local, run_rank
     from paracube.options import RunOptions
     from paracube.train import default_threads, train_rank
     from paracube.validate import validate
 
+    diagnose_after = _diagnosed_metrics(args)
     cfg = config_from_args(args)
     run = RunOptions(
+        inject=parse_injections(args.inject),
         threads=args.threads,
         timeout_s=args.timeout,
         oversubscribe=args.oversubscribe,
@@ -130,9 +136,34 @@ def cmd_train(args) -> int:
     local = cfg.parallel.world_size // nodes.count
     validate(cfg, cfg.parallel.world_size, run=run, local_ranks=local)  # before any process
     os.environ.setdefault("OMP_NUM_THREADS", str(run.threads or default_threads(local)))
-    return launch_local(
+    status = launch_local(
         local, run_rank, train_rank, cfg, run, nodes=nodes, max_restarts=run.max_restarts
     )
+    written = (
+        cfg.metrics is not None and os.path.exists(cfg.metrics) and os.path.getsize(cfg.metrics)
+    )
+    if status == 0 and diagnose_after is not None and written:  # the node of rank 0
+        from paracube.cli.diagnose import diagnose
+
+        print(diagnose(cfg.metrics or ""), flush=True)
+        if diagnose_after:  # the metrics went to a temporary file
+            os.remove(diagnose_after)
+    return status
+
+
+def _diagnosed_metrics(args) -> str | None:
+    """With --diagnose: the metrics file it reads — the run's --metrics, or a temporary
+    file (returned, to be removed) when none was given; None without --diagnose."""
+    if not args.diagnose:
+        return None
+    if args.metrics is not None:
+        return ""
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="paracube-metrics-", suffix=".jsonl")
+    os.close(fd)
+    args.metrics, args.metrics_mode = path, "overwrite"
+    return path
 
 
 def _nodes(args, world: int, timeout_s: float):

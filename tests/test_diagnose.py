@@ -1,0 +1,148 @@
+"""``paracube diagnose``: every rank's timings in the metrics, stragglers named, injected
+faults found as the first cause, a breakdown that adds up to the measured step, a loader
+that hides a slow source — and the same training with or without it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from paracube.metrics import read_metrics
+from tests.test_cli import run_cli
+
+NANO = ("--model", "nano", "--steps", "10", "--no-progress", "--metrics-mode", "overwrite")
+
+
+def train(tmp_path, name: str, *args: str) -> tuple[str, str]:
+    path = str(tmp_path / f"{name}.jsonl")
+    proc = run_cli("train", "--dp", "2", *NANO, "--metrics", path, *args)
+    assert proc.returncode == 0, proc.stderr
+    return path, proc.stdout
+
+
+def diagnose(path: str, *args: str) -> dict:
+    proc = run_cli("diagnose", path, "--json", *args)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def assert_adds_up(figures: dict) -> None:
+    """The breakdown sums to the measured step (rank 0's whole step) within 5 %."""
+    assert figures["breakdown_sum"] == pytest.approx(figures["step_time"], rel=0.05)
+    assert all(v >= -1e-4 for k, v in figures["breakdown"].items() if k != "other"), figures
+
+
+def test_every_rank_is_in_every_record_and_the_gather_is_counted(tmp_path):
+    path, _ = train(tmp_path, "plain")
+    records = read_metrics(path)
+    assert len(records) == 10
+    for r in records:
+        assert set(r["ranks"]) >= {"step_time", "data", "forward", "backward", "comm_exposed"}
+        assert all(len(v) == 2 for v in r["ranks"].values())
+        assert r["comm"]["all_gather/timing"]["calls"] == 1  # one small gather per step
+        # the ledger counts an all-gather's output: 10 float64 fields from each of 2 ranks
+        assert r["comm"]["all_gather/timing"]["bytes"] == 8 * len(r["ranks"]) * 2
+    assert records[0]["run"]["coords"] == [{"pp": 0, "dp": 0, "tp": 0}, {"pp": 0, "dp": 1, "tp": 0}]
+    spans = records[-1]["timeline"]["spans"]
+    assert len(spans) == 2 and {s[0] for s in spans[1]} >= {"forward", "backward", "optimizer"}
+
+
+def test_a_slow_rank_is_named_and_is_the_first_cause(tmp_path):
+    path, out = train(tmp_path, "slow", "--inject", "slow-rank=1:3")
+    named = [line for line in out.splitlines() if "straggler: rank 1 (pp=0 dp=1 tp=0" in line]
+    assert named and "for 5 steps (since step 0)" in named[0], out  # within PATIENCE steps
+    assert "rank 0 (" not in out.split("straggler:")[1]
+    figures = diagnose(path, "--no-calibrate")
+    assert figures["causes"][0]["cause"] == "straggler"
+    assert "rank 1" in figures["causes"][0]["fix"]
+    assert figures["slowest_rank"]["rank"] == 1 and figures["slowest_rank"]["ratio"] > 2
+    assert_adds_up(figures)
+    assert read_metrics(path)[-1]["stragglers"][0]["rank"] == 1
+
+
+@pytest.mark.parametrize(
+    "fault,cause", [("data-delay=0.01", "data"), ("comm-delay=0.01", "comm_dp")]
+)
+def test_an_injected_delay_is_the_first_cause(tmp_path, fault, cause):
+    path, _ = train(tmp_path, cause, "--inject", fault)
+    figures = diagnose(path, "--no-calibrate")
+    assert figures["causes"][0]["cause"] == cause, figures["causes"]
+    assert_adds_up(figures)
+
+
+def test_a_tiny_micro_batch_is_the_first_cause(tmp_path):
+    """Micro-batch 1 with 8 accumulation steps: the per-token compute a micro-batch of 8
+    would save (measured by diagnose's calibration) outweighs the one gradient reduction."""
+    path, _ = train(tmp_path, "tiny", "--micro-batch", "1", "--grad-accum", "8")
+    figures = diagnose(path)
+    assert 0 < figures["small_batch_fraction"] < 1
+    assert figures["causes"][0]["cause"] == "small_batch", figures["causes"]
+    assert "--micro-batch" in figures["causes"][0]["fix"]
+    assert_adds_up(figures)
+
+
+def test_data_workers_hide_a_slow_source(tmp_path):
+    """A source that takes ~half a step per micro-batch: on the training thread the step
+    waits for all of it; two workers loading ahead bring the wait under 5 % of the step."""
+    slow, _ = train(tmp_path, "slow-data", "--inject", "data-delay=0.012")
+    ahead, _ = train(
+        tmp_path, "ahead", "--inject", "data-delay=0.012", "--data-workers", "2", "--prefetch", "4"
+    )
+    waited = diagnose(slow, "--no-calibrate")
+    hidden = diagnose(ahead, "--no-calibrate")
+    assert waited["breakdown"]["data"] > 0.010  # the delay, every step
+    assert hidden["breakdown"]["data"] < 0.05 * hidden["step_time"], hidden["breakdown"]
+
+
+def test_the_loader_hands_out_the_same_batches_in_any_order():
+    from paracube.data.batches import RankBatches
+    from paracube.data.loader import PrefetchLoader
+    from paracube.data.sampler import ShardedBatchSampler
+
+    class Mesh:  # what RankBatches reads of a mesh
+        device = torch.device("cpu")
+
+        def rank(self, axis):
+            return 1
+
+        def size(self, axis):
+            return 2
+
+    sampler = ShardedBatchSampler(torch.arange(5000) % 251, 16, 12, seed=3)
+    plain = RankBatches(sampler, Mesh(), 3)  # type: ignore[arg-type]
+    loader = PrefetchLoader(sampler, Mesh(), 3, workers=2, prefetch=4)  # type: ignore[arg-type]
+    try:
+        for step, k in [(0, 0), (0, 1), (0, 2), (1, 0), (5, 2), (1, 1), (0, 0)]:
+            for a, b in zip(loader.micro_batch(step, k), plain.micro_batch(step, k)):
+                assert torch.equal(a, b), (step, k)
+    finally:
+        loader.close()
+
+
+def test_training_is_the_same_with_data_workers(tmp_path):
+    plain, _ = train(tmp_path, "plain")
+    ahead, _ = train(tmp_path, "ahead", "--data-workers", "2", "--prefetch", "3")
+    assert [r["loss"] for r in read_metrics(plain)] == [r["loss"] for r in read_metrics(ahead)]
+
+
+def test_pictures_and_trace(tmp_path):
+    path, _ = train(tmp_path, "pictures", "--pp", "2", "--dp", "1", "--microbatches", "4")
+    png, trace = str(tmp_path / "d.png"), str(tmp_path / "t.json")
+    proc = run_cli("diagnose", path, "--no-calibrate", "--plot", png, "--trace", trace)
+    assert proc.returncode == 0, proc.stderr
+    assert "pipeline bubble" in proc.stdout
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    with open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    kinds = {(e["tid"], e["name"]) for e in events if e["ph"] == "X"}
+    assert {(0, "F"), (0, "B"), (1, "F"), (1, "B")} <= kinds  # each stage's actions
+
+
+def test_train_diagnose_prints_the_verdict(tmp_path):
+    proc = run_cli("train", "--dp", "2", *NANO, "--diagnose", "--inject", "slow-rank=0:3")
+    assert proc.returncode == 0, proc.stderr
+    assert "paracube diagnose:" in proc.stdout and "verdict" in proc.stdout
+    assert "1. waiting for a slower rank" in proc.stdout
