@@ -54,9 +54,10 @@ def parse_injections(items: list[str] | None) -> Injections:
             found["slow_factor"] = _number(item, factor, float, "a factor (slow-rank=R:FACTOR)")
             if found["slow_rank"] < 0:
                 raise ConfigError(f"--inject {item}: rank {found['slow_rank']} is negative")
-            if not found["slow_factor"] > 0:
+            if not 1 <= found["slow_factor"] <= 100:
+                # Sleeping can only slow a rank: a factor under 1 would silently do nothing.
                 raise ConfigError(
-                    f"--inject {item}: factor {found['slow_factor']:g} must be > 0 "
+                    f"--inject {item}: factor {found['slow_factor']:g} must be in [1, 100] "
                     "(1.5: 50 % slower)"
                 )
         else:

@@ -9,6 +9,7 @@ holding the files :func:`prepare` writes.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -146,6 +147,31 @@ CASES: list[tuple[str, list[str], str]] = [
     ("checkpoints", ["export", "{tmp}/nano-step-5", "--out", "{tmp}/w.bin"], "the file must end in .safetensors"),
     ("checkpoints", ["export", "{tmp}/nano-step-5", "--out", "{tmp}/w.safetensors"],
      "--out {tmp}/w.safetensors exists: choose another path, or remove it first"),
+    # -- diagnosis and injected faults ----------------------------------------------
+    ("diagnose", ["diagnose", "{tmp}/no-run.jsonl"], "{tmp}/no-run.jsonl does not exist: give the --metrics file"),
+    ("diagnose", ["diagnose", "{tmp}/empty.txt"], "holds no step records"),
+    ("diagnose", ["diagnose", "{tmp}/garbage.jsonl"], "line 1 is not JSON: not a paracube metrics file"),
+    ("diagnose", ["diagnose", "{tmp}/emptydir"], "holds 0 metrics files (*.jsonl): give one of them"),
+    ("diagnose", ["diagnose", "{tmp}/before-ranks.jsonl"],
+     "has no per-rank timings (written by an older paracube): re-run the job"),
+    ("diagnose", ["diagnose", "{tmp}/nano-dp2.jsonl", "--baseline", "{tmp}/small-dp1.jsonl"],
+     "trained another model (small, 4 layers) than"),
+    ("diagnose", ["diagnose", "{tmp}/nano-dp2.jsonl", "--baseline", "{tmp}/nano-dp2.jsonl"],
+     "ran on 2 ranks: give a one-rank run"),
+    ("diagnose", ["diagnose", "{tmp}/nano-dp2.jsonl", "--plot", "{tmp}/p.pdf"], "the file must end in .png"),
+    ("diagnose", ["diagnose", "{tmp}/nano-dp2.jsonl", "--trace", "/proc/t.json"], "--trace /proc/t.json: cannot write"),
+    ("diagnose", ["diagnose", "{tmp}/nano-dp2.jsonl", "--trace", "{tmp}/t.json"], "recorded no step timeline"),
+    ("diagnose", ["train", "--inject", "slow-disk=1"], "--inject slow-disk=1: unknown kind 'slow-disk'"),
+    ("diagnose", ["train", "--dp", "2", "--inject", "slow-rank=5:2"], "rank 5 is outside the job's 2 ranks (0-1)"),
+    ("diagnose", ["train", "--inject", "slow-rank=0:0"], "factor 0 must be in [1, 100]"),
+    ("diagnose", ["train", "--inject", "slow-rank=0:-2"], "factor -2 must be in [1, 100]"),
+    ("diagnose", ["train", "--inject", "slow-rank=x:2"], "'x' is not a rank R"),
+    ("diagnose", ["train", "--inject", "data-delay=x"], "--inject data-delay=x: 'x' is not seconds"),
+    ("diagnose", ["train", "--inject", "comm-delay=nan"], "'nan' is not seconds"),
+    ("diagnose", ["train", "--inject", "comm-delay=1000"], "1000 s must be in [0, 60]"),
+    ("diagnose", ["train", "--data-workers", "-1"], "--data-workers must be an integer in [0, 64], got -1"),
+    ("diagnose", ["train", "--prefetch", "1000"], "--prefetch must be an integer in [0, 64], got 1000"),
+    ("diagnose", ["train", "--straggler-threshold", "0"], "--straggler-threshold must be a finite number > 0"),
     # -- schedule --------------------------------------------------------------------
     ("schedule", ["schedule", "--pp", "0", "--microbatches", "4"], "--pp must be a positive integer, got 0"),
     ("schedule", ["schedule", "--pp", "4", "--microbatches", "2"],
@@ -217,11 +243,16 @@ def prepare(tmp: Path) -> None:
     shapes = {n: tuple(p.shape) for n, p in GPT(preset("nano")).named_parameters()}
     _checkpoint(tmp / "nano-step-5", shapes, step=5)
     (tmp / "w.safetensors").write_bytes(b"")
+    step = {"step": 0, "step_time": 0.1, "tokens_per_s": 1000.0}
+    (tmp / "before-ranks.jsonl").write_text(json.dumps(step) + "\n")
+    for name, model, layers, world in (("nano-dp2", "nano", 2, 2), ("small-dp1", "small", 4, 1)):
+        ranks = {"step_time": [0.1] * world, "compute": [0.08] * world}
+        run = {"model": {"name": model, "n_layers": layers}, "micro_batch": 4}
+        (tmp / f"{name}.jsonl").write_text(json.dumps({**step, "ranks": ranks, "run": run}) + "\n")
 
 
 def _checkpoint(path: Path, shapes: dict, step: int) -> None:
     """A DCP checkpoint of zero tensors of ``shapes`` at ``step`` (no process group needed)."""
-    import json
     import warnings
 
     import torch

@@ -51,6 +51,8 @@ def diagnose(
                 raise DiagnoseError(f"{flag} {out}: the file must end in {end}")
             check_output(out, flag, "overwrite")
     run = read_run(path)
+    if trace is not None and run.timeline is None:
+        raise DiagnoseError(f"{path} recorded no step timeline: re-run it with this version")
     base = read_run(baseline) if baseline is not None else None
     if base is not None:
         report.check_baseline(run, base)
@@ -72,8 +74,6 @@ def diagnose(
 
         draw(breakdown, run.timeline, plot)
     if trace is not None:
-        if run.timeline is None:
-            raise DiagnoseError(f"{path} recorded no step timeline: re-run it with this version")
         from paracube.diagnose.pictures import chrome_trace
 
         chrome_trace(run.timeline, trace)
