@@ -73,7 +73,7 @@ def diagnose(
         from paracube.diagnose.pictures import draw
 
         draw(breakdown, run.timeline, plot)
-    if trace is not None:
+    if trace is not None and run.timeline is not None:  # checked above
         from paracube.diagnose.pictures import chrome_trace
 
         chrome_trace(run.timeline, trace)
