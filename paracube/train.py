@@ -181,6 +181,8 @@ def _run_header(trainer, cfg: TrainConfig, run: RunOptions, threads: int) -> dic
     import socket
     from dataclasses import asdict
 
+    from paracube.planner.layout import Layout
+
     layout = trainer.mesh.layout
     world = layout.world_size
     hosts = _gather_objects(socket.gethostname())
@@ -191,6 +193,10 @@ def _run_header(trainer, cfg: TrainConfig, run: RunOptions, threads: int) -> dic
     return {
         "model": asdict(cfg.model),
         "layout": {"pp": cfg.parallel.pp, "dp": cfg.parallel.dp, "tp": cfg.parallel.tp},
+        # what the planner needs to predict this run (diagnose sets it beside the measured)
+        "planner_layout": asdict(Layout.from_config(cfg)),
+        "precision": cfg.precision,
+        "local_ranks": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         "micro_batch": cfg.micro_batch,
         "grad_accum": cfg.grad_accum,
         "global_batch": cfg.global_batch,

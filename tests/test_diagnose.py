@@ -22,8 +22,11 @@ def train(tmp_path, name: str, *args: str) -> tuple[str, str]:
     return path, proc.stdout
 
 
-def diagnose(path: str, *args: str) -> dict:
-    proc = run_cli("diagnose", path, "--json", *args)
+def diagnose(path: str, *args: str, calibration: str = "/nonexistent/calibration.json") -> dict:
+    """``paracube diagnose PATH --json`` as figures; with no calibration of this machine
+    (whatever the machine holds) unless ``calibration`` names one."""
+    env = {"PARACUBE_CALIBRATION": calibration}
+    proc = run_cli("diagnose", path, "--json", *args, env_extra=env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -47,6 +50,42 @@ def test_every_rank_is_in_every_record_and_the_gather_is_counted(tmp_path):
     assert records[0]["run"]["coords"] == [{"pp": 0, "dp": 0, "tp": 0}, {"pp": 0, "dp": 1, "tp": 0}]
     spans = records[-1]["timeline"]["spans"]
     assert len(spans) == 2 and {s[0] for s in spans[1]} >= {"forward", "backward", "optimizer"}
+
+
+def test_the_planner_predicts_the_run_beside_the_measured(tmp_path):
+    """With a calibration of this machine, diagnose sets the planner's step time and
+    speed-up for the run's own layout beside the measured ones: the time model's figures
+    for dp=2 (the run's micro-batch, its two local ranks) and for one rank doing both
+    micro-batches."""
+    from paracube.models.presets import preset
+    from paracube.planner import local
+    from paracube.planner.layout import Layout
+    from paracube.planner.time_model import Cluster, estimate
+
+    cal = dict(
+        matmul_flops_per_thread=5e10,
+        attention_flops_per_thread=2e10,
+        memory_bandwidth=2e10,
+        link_bandwidth=3e9,
+        link_latency=8e-5,
+        allreduce_bandwidth=1.2e9,
+        allreduce_latency=3e-4,
+        gather_scatter_pair_ratio=3.0,
+    )
+    (tmp_path / "cal.json").write_text(json.dumps(cal))
+    path, _ = train(tmp_path, "plain")
+    assert diagnose(path)["speed"]["planner"] is None  # no calibration: no prediction
+    predicted = diagnose(path, calibration=str(tmp_path / "cal.json"))["speed"]["planner"]
+    b = read_metrics(path)[0]["run"]["micro_batch"]
+    rank_gpu, link = local.local_hardware(cal, threads_per_rank=1, local_ranks=2)
+    model = preset("nano")
+    two = estimate(model, Layout(dp=2, micro_batch=b), Cluster(rank_gpu, 2, link, link), "fp32")
+    one = estimate(
+        model, Layout(micro_batch=b, microbatches=2), Cluster(rank_gpu, 1, link, link), "fp32"
+    )
+    assert predicted["step_time"] == pytest.approx(two.step_time, rel=1e-9)
+    assert predicted["speedup"] == pytest.approx(two.tokens_per_s / one.tokens_per_s, rel=1e-9)
+    assert 1 < predicted["speedup"] < 2
 
 
 def test_a_slow_rank_is_named_and_is_the_first_cause(tmp_path):

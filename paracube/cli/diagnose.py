@@ -67,7 +67,9 @@ def diagnose(
             header["model"]["seq_len"],
             header.get("threads", 1),
         )
-    figures = report.figures(run, base, fraction)
+    from paracube.diagnose.prediction import planner_prediction
+
+    figures = report.figures(run, base, fraction, planner_prediction(header))
     breakdown = figures.pop("_breakdown")
     if plot is not None:
         from paracube.diagnose.pictures import draw

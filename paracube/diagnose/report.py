@@ -7,8 +7,14 @@ from paracube.diagnose.records import DiagnoseError, Run
 from paracube.diagnose.verdict import LABELS, causes, fix
 
 
-def figures(run: Run, baseline: Run | None, small_batch_fraction: float | None) -> dict:
-    """Every figure of the diagnosis (``--json``)."""
+def figures(
+    run: Run,
+    baseline: Run | None,
+    small_batch_fraction: float | None,
+    predicted: dict | None = None,
+) -> dict:
+    """Every figure of the diagnosis (``--json``); ``predicted``: the planner's figures for
+    the run's layout (:func:`~paracube.diagnose.prediction.planner_prediction`)."""
     header, world = run.header, run.world
     b = breakdown(run, peer_groups(header, world), small_batch_fraction)
     steady = run.steady()
@@ -31,6 +37,7 @@ def figures(run: Run, baseline: Run | None, small_batch_fraction: float | None) 
         speed["speedup_measured"] = tokens_per_s / base
     key = "speedup_measured" if baseline is not None else "speedup_own_compute"
     speed["efficiency"] = speed[key] / world
+    speed["planner"] = predicted
     where = _where(header, world)
     ranked = causes(b)
     measured = sum(r["step_time"] for r in steady) / len(steady)  # rank 0's whole step
@@ -90,6 +97,16 @@ def text(f: dict) -> str:
     if speed["speedup_guide_formula"] is not None:
         lines.append(
             f"  the guide's formula N/(1 + comm/compute): {speed['speedup_guide_formula']:.2f}x"
+        )
+    predicted = speed["planner"]
+    if predicted is not None:
+        lines.append(
+            f"  the planner for this layout here: step {predicted['step_time'] * ms:.1f} ms "
+            f"(measured {f['step_time'] * ms:.1f} ms), speed-up {predicted['speedup']:.2f}x"
+        )
+    else:
+        lines.append(
+            "  (run `paracube calibrate` once to see the planner's prediction beside these)"
         )
     lines.append("where the step went (mean over ranks; adds up to the step):")
     for part in PARTS:

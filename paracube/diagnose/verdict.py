@@ -23,10 +23,12 @@ def fix(part: str, b: Breakdown, header: dict, where: list[str]) -> str:
     if part == "data":
         return "load ahead of the step: --data-workers 2 --prefetch 4 (or a faster source)"
     if part == "comm_dp":
-        return (
-            "overlap more of it (--bucket-mb 50), fewer gradient bytes (ZeRO-1 instead of "
-            "ZeRO-3, bf16 gradients --grad-reduce compute), or a faster link"
+        fewer = (
+            "ZeRO-1 instead of ZeRO-3 (one reduction of the gradients, no parameter gathers)"
+            if header.get("zero") == 3
+            else "bf16 gradients (--precision bf16 --grad-reduce compute)"
         )
+        return f"overlap more of it (--bucket-mb 50), fewer bytes: {fewer}, or a faster link"
     if part == "comm_tp":
         return "a smaller --tp (keep tensor parallelism inside one machine), more --dp instead"
     if part == "comm_pp":
