@@ -45,10 +45,18 @@ def _entry(rank: int, world: int, fn: Callable, args: tuple) -> None:
 
 
 def interleaved(
-    variants: dict[str, Callable[[], None]], reps: int, steps: int, warmup: int = 2
+    variants: dict[str, Callable[[], None]],
+    reps: int,
+    steps: int,
+    warmup: int = 2,
+    blocks: bool = False,
 ) -> dict[str, list[float]]:
     """Time ``steps`` calls of each variant per repetition, alternating the order every
-    repetition (ABBA); all ranks start each step together (barrier). Returns seconds."""
+    repetition (ABBA); all ranks start each step together (barrier). Returns seconds.
+
+    ``blocks``: time the ``steps`` calls back to back between two barriers and record
+    their mean once per repetition — for variants that differ in where the ranks wait for
+    each other (a per-step barrier would hide the wait of one and not the other)."""
     names = list(variants)
     for name in names:
         for _ in range(warmup):
@@ -56,13 +64,25 @@ def interleaved(
     times: dict[str, list[float]] = {n: [] for n in names}
     for rep in range(reps):
         for name in names if rep % 2 == 0 else reversed(names):
+            if blocks:
+                _barrier()
+                start = time.perf_counter()
+                for _ in range(steps):
+                    variants[name]()
+                _barrier()
+                times[name].append((time.perf_counter() - start) / steps)
+                continue
             for _ in range(steps):
-                if dist.is_initialized():
-                    dist.barrier()
+                _barrier()
                 start = time.perf_counter()
                 variants[name]()
                 times[name].append(time.perf_counter() - start)
     return times
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
 
 
 def median_ms(samples: list[float]) -> float:
