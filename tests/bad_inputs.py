@@ -172,6 +172,13 @@ CASES: list[tuple[str, list[str], str]] = [
     ("diagnose", ["train", "--data-workers", "-1"], "--data-workers must be an integer in [0, 64], got -1"),
     ("diagnose", ["train", "--prefetch", "1000"], "--prefetch must be an integer in [0, 64], got 1000"),
     ("diagnose", ["train", "--straggler-threshold", "0"], "--straggler-threshold must be a finite number > 0"),
+    ("diagnose", ["scale", "--points", "4,2"], "--points 4,2: give distinct positive sizes in ascending order"),
+    ("diagnose", ["scale", "--points", "1,x"], "--points '1,x': give data-parallel sizes as N,N"),
+    ("diagnose", ["scale", "--points", "0,2"], "--points 0,2: give distinct positive sizes"),
+    ("diagnose", ["scale", "--dp", "2"], "--dp 2: scale sets the data-parallel size itself; give --points"),
+    ("diagnose", ["scale", "--metrics", "{tmp}/m.jsonl"], "scale writes one file per point; give --runs-dir"),
+    ("diagnose", ["scale", "--plot", "{tmp}/s.svg"], "--plot {tmp}/s.svg: the file must end in .png"),
+    ("diagnose", ["scale", "--points", "1,2", "--tp", "3"], "attention heads (n_heads=4) is not divisible by --tp 3"),
     # -- schedule --------------------------------------------------------------------
     ("schedule", ["schedule", "--pp", "0", "--microbatches", "4"], "--pp must be a positive integer, got 0"),
     ("schedule", ["schedule", "--pp", "4", "--microbatches", "2"],

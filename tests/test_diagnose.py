@@ -185,3 +185,28 @@ def test_train_diagnose_prints_the_verdict(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "paracube diagnose:" in proc.stdout and "verdict" in proc.stdout
     assert "1. waiting for a slower rank" in proc.stdout
+
+
+def test_scale_runs_the_job_at_each_point_and_diagnoses_it(tmp_path):
+    """``paracube scale``: the job at dp = 1 and 2 (weak scaling), each point's figures
+    those of ``diagnose`` on the run it wrote; the speed-up over dp=1 and the efficiency
+    derived from them."""
+    runs, png = tmp_path / "runs", str(tmp_path / "scale.png")
+    proc = run_cli(
+        "scale", "--model", "nano", "--steps", "6", "--points", "1,2",
+        "--runs-dir", str(runs), "--plot", png, "--json",
+        env_extra={"PARACUBE_CALIBRATION": "/nonexistent/calibration.json"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout[proc.stdout.index("[") :])
+    assert [r["dp"] for r in rows] == [1, 2]
+    points = {dp: diagnose(str(runs / f"dp{dp}.jsonl")) for dp in (1, 2)}
+    assert read_metrics(str(runs / "dp2.jsonl"))[0]["run"]["layout"]["dp"] == 2
+    for r in rows:
+        assert r["tokens_per_s"] == pytest.approx(points[r["dp"]]["speed"]["tokens_per_s"])
+    one, two = (points[dp]["speed"]["tokens_per_s"] for dp in (1, 2))
+    assert rows[0]["speedup"] == 1 and rows[1]["speedup"] == pytest.approx(two / one)
+    assert rows[1]["efficiency"] == pytest.approx(two / one / 2)
+    assert sum(rows[1]["shares"].values()) == pytest.approx(1, rel=0.05)
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"

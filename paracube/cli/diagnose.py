@@ -39,6 +39,7 @@ def diagnose(
     plot: str | None = None,
     trace: str | None = None,
 ) -> str:
+    """The diagnosis of the run at ``path`` as text (or JSON), with its pictures written."""
     import json
 
     from paracube.diagnose import report
@@ -53,6 +54,31 @@ def diagnose(
     run = read_run(path)
     if trace is not None and run.timeline is None:
         raise DiagnoseError(f"{path} recorded no step timeline: re-run it with this version")
+    figures = figures_of(path, baseline, calibrate, run)
+    breakdown = figures.pop("_breakdown")
+    if plot is not None:
+        from paracube.diagnose.pictures import draw
+
+        draw(breakdown, run.timeline, plot)
+    if trace is not None and run.timeline is not None:  # checked above
+        from paracube.diagnose.pictures import chrome_trace
+
+        chrome_trace(run.timeline, trace)
+    if as_json:
+        return json.dumps(figures, indent=1)
+    figures["_breakdown"] = breakdown
+    return report.text(figures)
+
+
+def figures_of(path: str, baseline: str | None = None, calibrate: bool = False, run=None) -> dict:
+    """Every figure of the run at ``path`` (``--json``'s, and its ``_breakdown``):
+    against a one-rank ``baseline`` run if given, the small-batch loss measured if
+    ``calibrate``, the planner's prediction if this machine is calibrated."""
+    from paracube.diagnose import report
+    from paracube.diagnose.prediction import planner_prediction
+    from paracube.diagnose.records import read_run
+
+    run = run or read_run(path)
     base = read_run(baseline) if baseline is not None else None
     if base is not None:
         report.check_baseline(run, base)
@@ -67,19 +93,4 @@ def diagnose(
             header["model"]["seq_len"],
             header.get("threads", 1),
         )
-    from paracube.diagnose.prediction import planner_prediction
-
-    figures = report.figures(run, base, fraction, planner_prediction(header))
-    breakdown = figures.pop("_breakdown")
-    if plot is not None:
-        from paracube.diagnose.pictures import draw
-
-        draw(breakdown, run.timeline, plot)
-    if trace is not None and run.timeline is not None:  # checked above
-        from paracube.diagnose.pictures import chrome_trace
-
-        chrome_trace(run.timeline, trace)
-    if as_json:
-        return json.dumps(figures, indent=1)
-    figures["_breakdown"] = breakdown
-    return report.text(figures)
+    return report.figures(run, base, fraction, planner_prediction(header))

@@ -110,16 +110,12 @@ def _zero_stage(text: str) -> int:
         raise ParacubeError(f"unknown --zero {text!r}: choose 0, 1, 2 or 3") from None
 
 
-def cmd_train(args) -> int:
+def run_options(args):
+    """How the job's ranks run (threads, timeout, faults injected…), from the arguments."""
     from paracube.inject import parse_injections
-    from paracube.launch import inside_torchrun, launch_local, run_rank
     from paracube.options import RunOptions
-    from paracube.train import default_threads, train_rank
-    from paracube.validate import validate
 
-    diagnose_after = _diagnosed_metrics(args)
-    cfg = config_from_args(args)
-    run = RunOptions(
+    return RunOptions(
         inject=parse_injections(args.inject),
         threads=args.threads,
         timeout_s=args.timeout,
@@ -127,18 +123,56 @@ def cmd_train(args) -> int:
         predict=args.predict,
         max_restarts=args.max_restarts,
     )
+
+
+class LocalJob:
+    """A job checked and ready to start on this machine's ranks: :meth:`start` launches
+    them (every check is done by the constructor, before any process)."""
+
+    def __init__(self, args, cfg: TrainConfig, run) -> None:
+        from paracube.validate import validate
+
+        self.cfg, self.run = cfg, run
+        self.nodes = _nodes(args, cfg.parallel.world_size, run.timeout_s)
+        self.local = cfg.parallel.world_size // self.nodes.count
+        validate(cfg, cfg.parallel.world_size, run=run, local_ranks=self.local)
+        from paracube.train import default_threads
+
+        # the user's OMP_NUM_THREADS if set, else this job's threads per rank
+        self.omp = os.environ.get("OMP_NUM_THREADS") or str(
+            run.threads or default_threads(self.local)
+        )
+
+    def start(self) -> int:
+        """Run the job to its end; its exit status."""
+        from paracube.launch import launch_local, run_rank
+        from paracube.train import train_rank
+
+        os.environ["OMP_NUM_THREADS"] = self.omp
+        return launch_local(
+            self.local,
+            run_rank,
+            train_rank,
+            self.cfg,
+            self.run,
+            nodes=self.nodes,
+            max_restarts=self.run.max_restarts,
+        )
+
+
+def cmd_train(args) -> int:
+    from paracube.launch import inside_torchrun, run_rank
+    from paracube.train import train_rank
+
+    diagnose_after = _diagnosed_metrics(args)
+    cfg = config_from_args(args)
+    run = run_options(args)
     if inside_torchrun():
         from paracube.mesh.mesh import shutdown
 
         # shutdown(): see its docstring (a torch teardown race).
         return shutdown(run_rank(train_rank, cfg, run))
-    nodes = _nodes(args, cfg.parallel.world_size, run.timeout_s)
-    local = cfg.parallel.world_size // nodes.count
-    validate(cfg, cfg.parallel.world_size, run=run, local_ranks=local)  # before any process
-    os.environ.setdefault("OMP_NUM_THREADS", str(run.threads or default_threads(local)))
-    status = launch_local(
-        local, run_rank, train_rank, cfg, run, nodes=nodes, max_restarts=run.max_restarts
-    )
+    status = LocalJob(args, cfg, run).start()
     written = (
         cfg.metrics is not None and os.path.exists(cfg.metrics) and os.path.getsize(cfg.metrics)
     )

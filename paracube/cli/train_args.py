@@ -10,6 +10,14 @@ def add_parser(sub) -> None:
         help="train with data, tensor and pipeline parallelism, locally or under torchrun",
         description="Train the reference GPT on the embedded corpus (or --data) across ranks.",
     )
+    add_arguments(p)
+    from paracube.cli.train import cmd_train
+
+    p.set_defaults(func=cmd_train)
+
+
+def add_arguments(p) -> None:
+    """The job's flags, on ``train`` and on ``scale`` (which runs the job at several dp)."""
     d = p.add_argument_group("diagnosis: loading, timing, stragglers, injected faults")
     d.add_argument(
         "--data-workers",
@@ -211,6 +219,3 @@ def add_parser(sub) -> None:
         action="store_true",
         help="print the planner's predicted step time and memory next to the measured ones",
     )
-    from paracube.cli.train import cmd_train
-
-    p.set_defaults(func=cmd_train)
