@@ -57,7 +57,8 @@ class RunOptions:
     ranks (or threads) than this machine's limits (:mod:`paracube.resources`);
     ``predict``: print the planner's prediction beside the measured step;
     ``max_restarts``: how often the launcher restarts the ranks after a failure, each time
-    from the newest checkpoint in ``--save-dir``."""
+    from the newest checkpoint in ``--save-dir``; ``profile``: the steps traced by the
+    torch profiler into ``profile_dir`` (:mod:`paracube.profiling`)."""
 
     threads: int | None = None
     timeout_s: float = 300.0
@@ -65,6 +66,8 @@ class RunOptions:
     predict: bool = False
     max_restarts: int = 0  # restarts of the local ranks after a failure (from the last checkpoint)
     inject: Injections = field(default_factory=Injections)  # faults for tests and demos
+    profile: tuple[int, int] | None = None  # first and last step traced by the torch profiler
+    profile_dir: str = "runs/profile"  # where the traces go (rank{r}-step{s}.json)
 
     def __post_init__(self) -> None:
         if self.threads is not None:

@@ -115,6 +115,7 @@ def _save(trainer, cfg: TrainConfig, saver) -> None:
 
 def _train(trainer, cfg: TrainConfig, run: RunOptions, threads: int) -> None:
     from paracube import report
+    from paracube.profiling import StepProfiler
     from paracube.ranktimes import StragglerWatch
 
     lead = trainer.mesh.global_rank == 0
@@ -134,8 +135,10 @@ def _train(trainer, cfg: TrainConfig, run: RunOptions, threads: int) -> None:
             print(report.banner(cfg, trainer, first_val), flush=True)
         bar = report.progress_bar(cfg, lead, trainer.step)
         start = time.perf_counter()
+        profiler = StepProfiler(run.profile, run.profile_dir, trainer.mesh.global_rank)
         while trainer.step < cfg.steps:
-            m = trainer.train_step()
+            with profiler.around(trainer.step):
+                m = trainer.train_step()
             if cfg.eval_every and (trainer.step % cfg.eval_every == 0 or trainer.step == cfg.steps):
                 m.val_loss = trainer.evaluate()
                 if lead:

@@ -65,6 +65,14 @@ def check_run(cfg: TrainConfig, run: RunOptions, local_ranks: int | None = None)
         from paracube.outputs import check_output
 
         check_output(cfg.metrics, "--metrics", cfg.metrics_mode)
+    if run.profile is not None:
+        if run.profile[1] >= cfg.steps:
+            raise ConfigError(
+                f"--profile {run.profile[0]}-{run.profile[1]}: the run has steps 0-{cfg.steps - 1}"
+            )
+        from paracube.outputs import check_output
+
+        check_output(os.path.join(run.profile_dir, "rank0-step0.json"), "--profile-dir")
     if run.predict:
         from paracube.planner.local import load
 

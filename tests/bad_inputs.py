@@ -179,6 +179,12 @@ CASES: list[tuple[str, list[str], str]] = [
     ("diagnose", ["scale", "--metrics", "{tmp}/m.jsonl"], "scale writes one file per point; give --runs-dir"),
     ("diagnose", ["scale", "--plot", "{tmp}/s.svg"], "--plot {tmp}/s.svg: the file must end in .png"),
     ("diagnose", ["scale", "--points", "1,2", "--tp", "3"], "attention heads (n_heads=4) is not divisible by --tp 3"),
+    ("diagnose", ["train", "--profile", "x"], "--profile 'x': give a step N or steps A-B (3-5)"),
+    ("diagnose", ["train", "--profile", "5-3"], "--profile 5-3: give steps A-B with 0 <= A <= B"),
+    ("diagnose", ["train", "--profile", "0-40"], "--profile 0-40: at most 20 steps"),
+    ("diagnose", ["train", "--steps", "5", "--profile", "5"], "--profile 5-5: the run has steps 0-4"),
+    ("diagnose", ["train", "--steps", "5", "--profile", "1", "--profile-dir", "/proc/prof"],
+     "--profile-dir /proc/prof/rank0-step0.json: cannot write in /proc"),
     # -- schedule --------------------------------------------------------------------
     ("schedule", ["schedule", "--pp", "0", "--microbatches", "4"], "--pp must be a positive integer, got 0"),
     ("schedule", ["schedule", "--pp", "4", "--microbatches", "2"],

@@ -210,3 +210,18 @@ def test_scale_runs_the_job_at_each_point_and_diagnoses_it(tmp_path):
     assert sum(rows[1]["shares"].values()) == pytest.approx(1, rel=0.05)
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_profile_writes_a_torch_trace_per_rank_and_step(tmp_path):
+    folder = tmp_path / "prof"
+    proc = run_cli(
+        "train", "--dp", "2", "--model", "nano", "--steps", "4", "--no-progress",
+        "--profile", "1-2", "--profile-dir", str(folder),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "rank0-step1.json", "rank0-step2.json", "rank1-step1.json", "rank1-step2.json",
+    ]  # fmt: skip
+    with open(folder / "rank1-step2.json") as f:
+        names = {e.get("name", "") for e in json.load(f)["traceEvents"]}
+    assert any(n.startswith("aten::") for n in names)  # the step's operators, traced

@@ -114,9 +114,12 @@ def run_options(args):
     """How the job's ranks run (threads, timeout, faults injected…), from the arguments."""
     from paracube.inject import parse_injections
     from paracube.options import RunOptions
+    from paracube.profiling import parse_steps
 
     return RunOptions(
         inject=parse_injections(args.inject),
+        profile=parse_steps(args.profile) if args.profile is not None else None,
+        profile_dir=args.profile_dir,
         threads=args.threads,
         timeout_s=args.timeout,
         oversubscribe=args.oversubscribe,

@@ -43,6 +43,17 @@ def add_arguments(p) -> None:
         help="after the run: where its time went and the fix (paracube diagnose on its metrics)",
     )
     d.add_argument(
+        "--profile",
+        default=None,
+        metavar="STEPS",
+        help="torch profiler traces of step N or steps A-B, one file per rank and step",
+    )
+    d.add_argument(
+        "--profile-dir",
+        default="runs/profile",
+        help="where --profile writes rank{r}-step{s}.json (default runs/profile)",
+    )
+    d.add_argument(
         "--inject",
         action="append",
         default=None,
