@@ -197,10 +197,12 @@ def test_runs_unchanged_under_torchrun(tmp_path):
         "--metrics",
         str(metrics),
         "--no-progress",
+        "--diagnose",
         module=("-m", "torch.distributed.run"),
     )
     assert proc.returncode == 0, proc.stderr
     assert len(read_metrics(str(metrics))) == 2
+    assert proc.stdout.count("paracube diagnose:") == 1  # rank 0 diagnoses the run it wrote
 
 
 def test_readme_example_matches_serial():

@@ -173,19 +173,30 @@ def cmd_train(args) -> int:
     if inside_torchrun():
         from paracube.mesh.mesh import shutdown
 
+        status = run_rank(train_rank, cfg, run)
+        lead = os.environ.get("RANK") == "0"  # the rank that wrote the metrics
+        _diagnosis_after(status == 0 and lead, cfg.metrics, diagnose_after)
         # shutdown(): see its docstring (a torch teardown race).
-        return shutdown(run_rank(train_rank, cfg, run))
+        return shutdown(status)
     status = LocalJob(args, cfg, run).start()
     written = (
         cfg.metrics is not None and os.path.exists(cfg.metrics) and os.path.getsize(cfg.metrics)
     )
-    if status == 0 and diagnose_after is not None and written:  # the node of rank 0
+    _diagnosis_after(status == 0 and bool(written), cfg.metrics, diagnose_after)  # rank 0's node
+    return status
+
+
+def _diagnosis_after(ready: bool, metrics: str | None, temporary: str | None) -> None:
+    """--diagnose (``temporary`` not None): ``paracube diagnose`` on the run's metrics if
+    ``ready``; a temporary metrics file is removed either way."""
+    if temporary is None:
+        return
+    if ready and metrics:
         from paracube.cli.diagnose import diagnose
 
-        print(diagnose(cfg.metrics or ""), flush=True)
-        if diagnose_after:  # the metrics went to a temporary file
-            os.remove(diagnose_after)
-    return status
+        print(diagnose(metrics), flush=True)
+    if temporary and os.path.exists(temporary):
+        os.remove(temporary)
 
 
 def _diagnosed_metrics(args) -> str | None:
