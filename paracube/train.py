@@ -205,6 +205,7 @@ def _run_header(trainer, cfg: TrainConfig, run: RunOptions, threads: int) -> dic
         "global_batch": cfg.global_batch,
         "zero": cfg.zero,
         "threads": threads,
+        "straggler_threshold": cfg.straggler_threshold,
         "data_workers": cfg.data_workers,
         "prefetch": cfg.prefetch,
         "inject": run.inject.describe(),

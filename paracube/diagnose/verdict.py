@@ -41,6 +41,14 @@ def fix(part: str, b: Breakdown, header: dict, where: list[str]) -> str:
     if part == "straggler":
         slow = b.slowest
         place = where[slow] if slow < len(where) else ""
+        threshold = header.get("straggler_threshold", 0.10)
+        if b.slowest_ratio < 1 + threshold:
+            return (
+                f"no rank is persistently slow (the slowest, rank {slow}, computes "
+                f"{b.slowest_ratio:.2f}x its peers' median, within --straggler-threshold "
+                f"{threshold:g}): the wait is step-to-step jitter — ranks sharing cores or "
+                "memory bandwidth, other load on the machine; give each rank its own cores"
+            )
         return (
             f"rank {slow} ({place}) computes {b.slowest_ratio:.2f}x its peers' median: check its "
             "machine (load, clocks, thermals), or give it a smaller share of each batch "
