@@ -22,6 +22,12 @@ def train(tmp_path, name: str, *args: str) -> tuple[str, str]:
     return path, proc.stdout
 
 
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory) -> str:
+    """One plain dp=2 run, read by the tests that need no fault."""
+    return train(tmp_path_factory.mktemp("plain"), "plain")[0]
+
+
 def diagnose(path: str, *args: str, calibration: str = "/nonexistent/calibration.json") -> dict:
     """``paracube diagnose PATH --json`` as figures; with no calibration of this machine
     (whatever the machine holds) unless ``calibration`` names one."""
@@ -37,9 +43,8 @@ def assert_adds_up(figures: dict) -> None:
     assert all(v >= -1e-4 for k, v in figures["breakdown"].items() if k != "other"), figures
 
 
-def test_every_rank_is_in_every_record_and_the_gather_is_counted(tmp_path):
-    path, _ = train(tmp_path, "plain")
-    records = read_metrics(path)
+def test_every_rank_is_in_every_record_and_the_gather_is_counted(plain):
+    records = read_metrics(plain)
     assert len(records) == 10
     for r in records:
         assert set(r["ranks"]) >= {"step_time", "data", "forward", "backward", "comm_exposed"}
@@ -52,7 +57,26 @@ def test_every_rank_is_in_every_record_and_the_gather_is_counted(tmp_path):
     assert len(spans) == 2 and {s[0] for s in spans[1]} >= {"forward", "backward", "optimizer"}
 
 
-def test_the_planner_predicts_the_run_beside_the_measured(tmp_path):
+# A calibration of a machine like this one (``paracube calibrate``'s keys).
+CALIBRATION = dict(
+    matmul_flops_per_thread=5e10,
+    attention_flops_per_thread=2e10,
+    memory_bandwidth=2e10,
+    link_bandwidth=3e9,
+    link_latency=8e-5,
+    allreduce_bandwidth=1.2e9,
+    allreduce_latency=3e-4,
+    gather_scatter_pair_ratio=3.0,
+)
+
+
+def calibration(folder) -> str:
+    path = folder / "cal.json"
+    path.write_text(json.dumps(CALIBRATION))
+    return str(path)
+
+
+def test_the_planner_predicts_the_run_beside_the_measured(tmp_path, plain):
     """With a calibration of this machine, diagnose sets the planner's step time and
     speed-up for the run's own layout beside the measured ones: the time model's figures
     for dp=2 (the run's micro-batch, its two local ranks) and for one rank doing both
@@ -62,22 +86,11 @@ def test_the_planner_predicts_the_run_beside_the_measured(tmp_path):
     from paracube.planner.layout import Layout
     from paracube.planner.time_model import Cluster, estimate
 
-    cal = dict(
-        matmul_flops_per_thread=5e10,
-        attention_flops_per_thread=2e10,
-        memory_bandwidth=2e10,
-        link_bandwidth=3e9,
-        link_latency=8e-5,
-        allreduce_bandwidth=1.2e9,
-        allreduce_latency=3e-4,
-        gather_scatter_pair_ratio=3.0,
-    )
-    (tmp_path / "cal.json").write_text(json.dumps(cal))
-    path, _ = train(tmp_path, "plain")
+    path = plain
     assert diagnose(path)["speed"]["planner"] is None  # no calibration: no prediction
-    predicted = diagnose(path, calibration=str(tmp_path / "cal.json"))["speed"]["planner"]
+    predicted = diagnose(path, calibration=calibration(tmp_path))["speed"]["planner"]
     b = read_metrics(path)[0]["run"]["micro_batch"]
-    rank_gpu, link = local.local_hardware(cal, threads_per_rank=1, local_ranks=2)
+    rank_gpu, link = local.local_hardware(CALIBRATION, threads_per_rank=1, local_ranks=2)
     model = preset("nano")
     two = estimate(model, Layout(dp=2, micro_batch=b), Cluster(rank_gpu, 2, link, link), "fp32")
     one = estimate(
@@ -160,8 +173,7 @@ def test_the_loader_hands_out_the_same_batches_in_any_order():
         loader.close()
 
 
-def test_training_is_the_same_with_data_workers(tmp_path):
-    plain, _ = train(tmp_path, "plain")
+def test_training_is_the_same_with_data_workers(tmp_path, plain):
     ahead, _ = train(tmp_path, "ahead", "--data-workers", "2", "--prefetch", "3")
     assert [r["loss"] for r in read_metrics(plain)] == [r["loss"] for r in read_metrics(ahead)]
 
@@ -178,6 +190,27 @@ def test_pictures_and_trace(tmp_path):
         events = json.load(f)["traceEvents"]
     kinds = {(e["tid"], e["name"]) for e in events if e["ph"] == "X"}
     assert {(0, "F"), (0, "B"), (1, "F"), (1, "B")} <= kinds  # each stage's actions
+
+
+def test_the_planner_offers_its_faster_layout_with_the_command(tmp_path):
+    """A pipeline of 2 stages over 4 micro-batches (bubble 1/5): the planner's fastest
+    layout for the same 2 ranks and global batch — what its search ranks first — is
+    offered with its command, being predicted ≥ 10 % faster than the run's own."""
+    from paracube.models.presets import preset
+    from paracube.planner import local
+    from paracube.planner.search import search
+    from paracube.planner.time_model import Cluster
+
+    path, _ = train(tmp_path, "pp", "--pp", "2", "--dp", "1", "--microbatches", "4")
+    predicted = diagnose(path, "--no-calibrate", calibration=calibration(tmp_path))["speed"]
+    better = predicted["planner"]["better"]
+    rank_gpu, link = local.local_hardware(CALIBRATION, threads_per_rank=1, local_ranks=2)
+    batch = 4 * read_metrics(path)[0]["run"]["micro_batch"]  # 4 micro-batches a step
+    best = search(preset("nano"), Cluster(rank_gpu, 2, link, link), 2, batch, precision="fp32")
+    assert better["step_time"] == pytest.approx(best.ranked[0].time.step_time, rel=1e-9)
+    assert better["step_time"] <= 0.9 * predicted["planner"]["step_time"]
+    assert better["command"].startswith("paracube train --model nano --dp ")
+    assert f"--dp {best.ranked[0].layout.dp} " in better["command"]
 
 
 def test_train_diagnose_prints_the_verdict(tmp_path):

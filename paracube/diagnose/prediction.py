@@ -37,11 +37,35 @@ def planner_prediction(header: dict) -> dict | None:
     )  # fmt: skip
     rank_gpu, link = local.local_hardware(data, header["threads"], header.get("local_ranks", 1))
     precision = header["precision"]
-    est = estimate(model, layout, Cluster(rank_gpu, layout.gpus, link, link), precision)
+    here = Cluster(rank_gpu, layout.gpus, link, link)
+    est = estimate(model, layout, here, precision)
     alone = estimate(model, one_rank, Cluster(rank_gpu, 1, link, link), precision)
     return {
         "step_time": est.step_time,
         "tokens_per_s": est.tokens_per_s,
         "one_rank_step_time": alone.step_time,
         "speedup": est.tokens_per_s / alone.tokens_per_s,
+        "better": _better_layout(model, layout, here, est.step_time, header, precision),
+    }
+
+
+BETTER = 0.90  # a layout is offered when predicted at least 10 % faster than the run's
+
+
+def _better_layout(model, layout, cluster, step_time: float, header: dict, precision: str):
+    """The planner's fastest layout for the same model, ranks and global batch, with the
+    command that runs it — None unless it is predicted ≥ 10 % faster than the run's."""
+    from paracube.planner.report import describe
+    from paracube.planner.search import search
+
+    batch = layout.dp * layout.micro_batch * layout.microbatches
+    found = search(model, cluster, layout.gpus, batch, precision=precision, top=1).ranked
+    if not found or found[0].time.step_time > BETTER * step_time:
+        return None
+    best = found[0]
+    name = header["model"].get("name", "custom")
+    return {
+        "layout": describe(best.layout),
+        "step_time": best.time.step_time,
+        "command": " ".join(["paracube train --model", name, *best.layout.to_args(precision)]),
     }

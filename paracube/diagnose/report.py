@@ -104,6 +104,12 @@ def text(f: dict) -> str:
             f"  the planner for this layout here: step {predicted['step_time'] * ms:.1f} ms "
             f"(measured {f['step_time'] * ms:.1f} ms), speed-up {predicted['speedup']:.2f}x"
         )
+        better = predicted["better"]
+        if better is not None:
+            lines.append(
+                f"  the planner's faster layout for these ranks: {better['layout']}, predicted "
+                f"{better['step_time'] * ms:.1f} ms: {better['command']}"
+            )
     else:
         lines.append(
             "  (run `paracube calibrate` once to see the planner's prediction beside these)"
