@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -269,3 +270,55 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint(tmp_path):
     for name in outputs[0]:
         assert torch.equal(outputs[0][name], outputs[1][name]), name
     job.assert_clean()
+
+
+def test_a_kill_while_writing_a_checkpoint_leaves_the_previous_one_loadable(tmp_path):
+    """The whole job SIGKILLed while its ranks are writing a checkpoint (the partial folder
+    already holds data): the previous checkpoint is intact, the partial one is not taken
+    for a checkpoint, and --resume auto continues from the previous one."""
+    from paracube.checkpoint.store import complete_checkpoints
+
+    ck = tmp_path / "ck"
+    args = ["--dp", "2", "--model", "small", "--steps", "200", "--save-every", "2"]
+    for attempt in range(3):  # the kill must land inside a write (tens of ms): retried
+        shutil.rmtree(ck, ignore_errors=True)
+        run = tmp_path / f"attempt{attempt}"
+        run.mkdir()
+        job = Job(run, *args, "--save-dir", str(ck))
+        writing = _wait_for_a_write(job, ck, after_step=2)
+        os.killpg(job.proc.pid, signal.SIGKILL)
+        job.finish(limit=30)
+        if writing.exists():  # killed mid-write, not after the commit
+            break
+    else:
+        pytest.fail("no kill landed inside a checkpoint write in 3 attempts")
+    done = complete_checkpoints(ck)  # the partial folder is not among them
+    last = int(done[-1].name.split("-")[1])
+    assert writing.name == f".step-{last + 2:08d}.partial"  # the save after the newest
+    resumed = subprocess.run(
+        [sys.executable, "-m", "paracube", "train", *FAST, *args[:4], "--steps",
+         str(last + 1), "--save-dir", str(ck), "--resume", "auto"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from {done[-1]} at step" in resumed.stdout
+
+
+def _wait_for_a_write(job: Job, ck: Path, after_step: int, limit: float = 120) -> Path:
+    """The partial folder of a save after ``after_step`` once a rank has written data in
+    it (polled every millisecond)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        for partial in ck.glob(".step-*.partial"):
+            if int(partial.name[6:14]) <= after_step:
+                continue
+            try:
+                if any(f.stat().st_size > 0 for f in partial.iterdir()):
+                    return partial
+            except OSError:  # committed (renamed) meanwhile
+                continue
+        if job.proc.poll() is not None:
+            raise AssertionError(f"the job ended early: {job.proc.communicate()[1]}")
+        time.sleep(0.001)
+    raise AssertionError(f"no checkpoint write seen within {limit} s")
