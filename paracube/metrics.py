@@ -13,6 +13,11 @@ PHASES = ("data", "forward", "backward", "comm_exposed", "optimizer")
 COMPUTE = ("forward", "backward", "optimizer")  # what an injected slow rank slows
 
 
+@dataclass
+class Span:
+    waited: float = 0.0  # seconds of the phase spent waiting for other ranks
+
+
 class PhaseTimer:
     """Accumulates wall-clock seconds per named phase of one step, and the phases' spans
     (``(name, start, end)``, seconds from the timer's start) for a step's timeline."""
@@ -26,12 +31,17 @@ class PhaseTimer:
 
     @contextmanager
     def phase(self, name: str):
+        """Time ``name``. It yields a :class:`Span` whose ``waited`` the caller sets to the
+        seconds spent waiting for peers inside the phase: an injected slow rank slows only
+        the rest (slowing a wait for the other ranks by a factor would feed on itself)."""
         start = time.perf_counter()
         self.current = name
+        span = Span()
         try:
-            yield
+            yield span
             if name in COMPUTE:
-                self.injected += inject.slow_compute(time.perf_counter() - start)
+                busy = time.perf_counter() - start - span.waited
+                self.injected += inject.slow_compute(busy)
             self.current = None  # on an exception it stays: the error names the phase
         finally:
             end = time.perf_counter()
@@ -82,6 +92,9 @@ class StepMetrics:
     stragglers: list[dict] | None = None  # ranks named slow, as of this step
     run: dict | None = None  # the first record of a run: model, layout, ranks' places
     timeline: dict | None = None  # the last record: one step's phases on every rank
+    # windows of this step's global batch per data-parallel rank (when not split evenly)
+    dp_split: list[int] | None = None
+    dp_split_changed: bool | None = None  # --dp-balance auto chose a new split after this step
 
     def to_json(self) -> str:
         record = {k: v for k, v in asdict(self).items() if v is not None}
