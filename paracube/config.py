@@ -200,6 +200,7 @@ class TrainConfig:
     data_workers: int = 0  # background threads making micro-batches (0: on the training thread)
     prefetch: int = 2  # micro-batches made ahead of the step, with data_workers
     straggler_threshold: float = 0.10  # a rank this much above its peers' median is slow
+    dp_balance: str = "even"  # the global batch over dp ranks: even, auto, or weights "1,3"
 
     def __post_init__(self) -> None:
         self._check_memory_options()
@@ -225,6 +226,8 @@ class TrainConfig:
             object.__setattr__(
                 self, "global_batch", self.parallel.dp * self.micro_batch * self.grad_accum
             )
+        if self.dp_balance != "even":
+            self.data_split()  # a --dp-balance that cannot split this batch is refused now
         for f, allowed in (("metrics_mode", METRICS_MODES), ("on_nan", ON_NAN)):
             if getattr(self, f) not in allowed:
                 raise ConfigError(
@@ -250,6 +253,25 @@ class TrainConfig:
             raise ConfigError(f"--seed must be an integer, got {self.seed!r}")
         if not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"--seed must be in [0, 2**32 - 1], got {self.seed}")
+
+    def data_split(self):
+        """The split of every global batch over the data-parallel ranks that ``dp_balance``
+        asks for (``auto`` starts even; :mod:`paracube.data.split`)."""
+        from paracube.data.split import DataSplit, parse_weights
+
+        dp, batch, accum = self.parallel.dp, self.global_batch, self.grad_accum
+        if self.dp_balance in ("even", "auto"):
+            if self.dp_balance == "auto" and dp == 1:
+                raise ConfigError("--dp-balance auto needs --dp > 1: there is nothing to balance")
+            split = DataSplit.even(dp, batch, accum)
+        else:
+            split = DataSplit.weighted(parse_weights(self.dp_balance, dp), batch, accum)
+        if self.dp_balance != "even" and self.parallel.pp > 1:
+            raise ConfigError(
+                f"--dp-balance {self.dp_balance} with --pp > 1 is not supported yet: a pipeline "
+                "sends fixed-size micro-batches between its stages; use --dp-balance even"
+            )
+        return split
 
     def _check_memory_options(self) -> None:
         """ZeRO stage, recomputation and precision: values and supported combinations."""

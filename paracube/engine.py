@@ -23,6 +23,7 @@ from paracube.data.batches import RankBatches
 from paracube.data.corpus import TokenCorpus, build_corpus
 from paracube.data.loader import PrefetchLoader
 from paracube.data.sampler import ShardedBatchSampler
+from paracube.data.split import AutoBalance
 from paracube.failures import name_failures
 from paracube.heartbeat import Heartbeat
 from paracube.memory.activations import ActivationCounter
@@ -51,13 +52,17 @@ class Trainer:
         self.cfg, self.mesh = cfg, mesh
         self.corpus = corpus or build_corpus(cfg.data, cfg.model.seq_len, cfg.val_fraction)
         seq, batch = cfg.model.seq_len, cfg.global_batch
+        split = cfg.data_split()
         self.batches = PrefetchLoader(
             ShardedBatchSampler(self.corpus.train, seq, batch, cfg.seed),
             mesh,
             cfg.grad_accum,
             cfg.data_workers,
             cfg.prefetch,
+            split,
         )
+        replica_of = [mesh.layout.coords(r)["dp"] for r in range(mesh.layout.world_size)]
+        self.balancer = AutoBalance(split, replica_of) if cfg.dp_balance == "auto" else None
         self.val_batches = RankBatches(
             ShardedBatchSampler(self.corpus.val, seq, batch, cfg.seed + 7919), mesh, cfg.grad_accum
         )
@@ -178,6 +183,12 @@ class Trainer:
         )
         ranks = ranktimes.gather(mine, ledger, self.mesh.device)
         self.last_spans = timer.spans
+        split = self.batches.split  # the split this step ran under
+        rebalanced = None
+        if self.balancer is not None:  # every rank decides alike from the same timings
+            rebalanced = self.balancer.update(self.step, ranktimes.compute_seconds(ranks))
+            if rebalanced is not None:
+                self.batches.set_split(rebalanced)
         step_time = time.perf_counter() - start
         tokens = self.objective.tokens_global
         metrics = StepMetrics(
@@ -195,6 +206,8 @@ class Trainer:
             skipped=True if outcome.overflow else None,
             loss_scale=scale if self.scaler is not None else None,
             ranks=ranks,
+            dp_split=list(split.shares) if self.cfg.dp_balance != "even" else None,
+            dp_split_changed=True if rebalanced is not None else None,
         )
         self.step += 1
         return metrics

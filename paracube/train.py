@@ -154,6 +154,13 @@ def _train(trainer, cfg: TrainConfig, run: RunOptions, threads: int) -> None:
                     bar.write(line, file=sys.stdout) if bar is not None else print(line, flush=True)
             if watch.active:
                 m.stragglers = [{**vars(s), "line": s.line()} for s in watch.active.values()]
+            if m.dp_split_changed and lead:
+                line = (
+                    f"paracube: --dp-balance auto: from step {m.step + 1} the data-parallel ranks "
+                    f"take {trainer.batches.split.describe()} of each global batch "
+                    f"(was {' / '.join(map(str, m.dp_split or []))})"
+                )
+                bar.write(line, file=sys.stdout) if bar is not None else print(line, flush=True)
             history.append(m)
             writer.write_line(m.to_json(), m.step)
             check_step(m, cfg, trainer.scaler)  # every rank: the values are global

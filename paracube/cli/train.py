@@ -66,6 +66,7 @@ def config_from_args(args) -> TrainConfig:
         data_workers=args.data_workers,
         prefetch=args.prefetch,
         straggler_threshold=args.straggler_threshold,
+        dp_balance=args.dp_balance,
         checkpoint=CheckpointConfig(
             save_dir=args.save_dir,
             every=args.save_every,

@@ -70,6 +70,13 @@ def add_arguments(p) -> None:
         help="with --tp: shard norms and the residual stream along the sequence",
     )
     g.add_argument(
+        "--dp-balance",
+        default="even",
+        metavar="even|auto|W0,W1,...",
+        help="each data-parallel rank's share of the global batch: even (default), auto "
+        "(by measured speed, re-balanced as the run goes) or one weight per rank",
+    )
+    g.add_argument(
         "--nnodes",
         type=int,
         default=1,

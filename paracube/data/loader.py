@@ -34,8 +34,9 @@ class PrefetchLoader(RankBatches):
         accum: int,
         workers: int = 0,
         prefetch: int = 2,
+        split=None,
     ):
-        super().__init__(sampler, mesh, accum)
+        super().__init__(sampler, mesh, accum, split)
         self.workers, self.prefetch = workers, max(prefetch, 1)
         self._pool = ThreadPoolExecutor(workers, "paracube-data") if workers else None
         self._ready: dict[tuple[int, int], Future] = {}
@@ -48,11 +49,19 @@ class PrefetchLoader(RankBatches):
         else:
             for key in self._ahead(step, k):
                 if key not in self._ready:
-                    self._ready[key] = self._pool.submit(self._make, *key)
+                    self._ready[key] = self._pool.submit(self._make, *key, self.split)
             x, y = self._ready.pop((step, k)).result()
             for key in [key for key in self._ready if key < (step, k)]:
                 self._ready.pop(key).cancel()  # a jump back (a resumed run): drop the rest
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def set_split(self, split) -> None:
+        """Take ``split`` from the next micro-batch on: what was made ahead under the old
+        one is dropped (a worker still making one finishes it for nothing)."""
+        super().set_split(split)
+        for future in self._ready.values():
+            future.cancel()
+        self._ready.clear()
 
     def close(self) -> None:
         if self._pool is not None:
@@ -65,7 +74,7 @@ class PrefetchLoader(RankBatches):
             yield step, k
             step, k = (step, k + 1) if k + 1 < self.accum else (step + 1, 0)
 
-    def _make(self, step: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _make(self, step: int, k: int, split=None) -> tuple[torch.Tensor, torch.Tensor]:
         inject.delay_data()
-        x, y = self.host_micro_batch(step, k)
+        x, y = self.host_micro_batch(step, k, split)
         return (x.pin_memory(), y.pin_memory()) if self._pin else (x, y)

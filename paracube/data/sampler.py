@@ -50,6 +50,11 @@ class ShardedBatchSampler:
         return self.windows(self.global_starts(step))
 
     def micro_batch(self, step: int, *, dp_rank: int, dp_size: int, micro_step: int, accum: int):
-        """This rank's ``micro_step``-th micro-batch of ``step``."""
-        starts = self.global_starts(step).view(dp_size, accum, -1)
-        return self.windows(starts[dp_rank, micro_step])
+        """This rank's ``micro_step``-th micro-batch of ``step`` under an even split."""
+        size = self.global_batch // (dp_size * accum)
+        return self.rows(step, (dp_rank * accum + micro_step) * size, size)
+
+    def rows(self, step: int, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Windows ``first … first + count − 1`` of ``step``'s global batch — a rank's
+        micro-batch under any split (:class:`paracube.data.split.DataSplit`)."""
+        return self.windows(self.global_starts(step)[first : first + count])
