@@ -46,9 +46,11 @@ CASES: list[tuple[str, list[str], str]] = [
     ("layout", ["train", "--nnodes", "0"], "--nnodes must be a positive integer, got 0"),
     ("layout", ["train", "--dp", "2", "--dp-balance", "1"], "--dp-balance 1: 1 weights for --dp 2: give one per rank"),
     ("layout", ["train", "--dp", "2", "--dp-balance", "1,x"], "give even, auto or one weight per data-parallel rank"),
-    ("layout", ["train", "--dp", "2", "--dp-balance", "0,1"], "--dp-balance 0,1: every weight must be a finite number > 0"),
+    ("layout", ["train", "--dp", "2", "--dp-balance", "0,1"],
+     "--dp-balance 0,1: every weight must be a finite number > 0"),
     ("layout", ["train", "--dp", "2", "--dp-balance", "1,100"],
-     "a global batch of 16 leaves a rank less than one window per micro-step (1 micro-steps): use --global-batch ≥ 101"),
+     "a global batch of 16 leaves a rank less than one window per micro-step (of 1 a step): "
+     "use --global-batch ≥ 101"),
     ("layout", ["train", "--dp-balance", "auto"], "--dp-balance auto needs --dp > 1"),
     ("layout", ["train", "--dp", "2", "--pp", "2", "--microbatches", "2", "--dp-balance", "1,3"],
      "--dp-balance 1,3 with --pp > 1 is not supported yet"),

@@ -50,7 +50,7 @@ class DataSplit:
             need = math.ceil(accum * total / min(weights))
             raise ConfigError(
                 f"{flag} {','.join(f'{w:g}' for w in weights)}: a global batch of {global_batch} "
-                f"leaves a rank less than one window per micro-step ({accum} micro-steps): "
+                f"leaves a rank less than one window per micro-step (of {accum} a step): "
                 f"use --global-batch ≥ {need}"
             )
         return cls(tuple(shares), accum)
