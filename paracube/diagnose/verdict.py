@@ -51,8 +51,8 @@ def fix(part: str, b: Breakdown, header: dict, where: list[str]) -> str:
             )
         return (
             f"rank {slow} ({place}) computes {b.slowest_ratio:.2f}x its peers' median: check its "
-            "machine (load, clocks, thermals), or give it a smaller share of each batch "
-            "(a heterogeneous split)"
+            "machine (load, clocks, thermals), or give it a smaller share of each batch: "
+            "--dp-balance auto (or weights, --dp-balance 2,1)"
         )
     if part == "small_batch":
         return (
