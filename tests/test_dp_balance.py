@@ -13,9 +13,7 @@ from tests.test_zero import _check_parity, run_engine, zcfg
 
 CASES = {
     "dp2-1:3": dict(dp=2, dp_balance="1,3"),
-    "dp2-1:3-zero1": dict(dp=2, zero=1, dp_balance="1,3"),
     "dp2-1:3-zero3": dict(dp=2, zero=3, dp_balance="1,3"),
-    "dp4-1:1:2:4": dict(dp=4, accum=1, dp_balance="1,1,2,4"),
     "dp4-1:1:2:4-zero2": dict(dp=4, accum=1, zero=2, dp_balance="1,1,2,4"),
     "dp2-1:3-tp2-zero1": dict(dp=2, tp=2, zero=1, dp_balance="1,3"),
 }
