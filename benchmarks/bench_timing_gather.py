@@ -1,4 +1,4 @@
-"""The cost of per-rank timing: one all-gather of 10 float64 per rank per step.
+"""The cost of per-rank timing: one all-gather of 11 float64 per rank per step.
 
 2 ranks × 1 thread, the ``small`` GPT data parallel, fp32 (the issue's yardstick: the
 gather must cost < 1 % of a ``small`` step). Variants, interleaved (ABBA):
@@ -9,7 +9,7 @@ gather must cost < 1 % of a ``small`` step). Variants, interleaved (ABBA):
   ``--steps`` back to back between two barriers: the gather makes rank 0 wait for the
   slower rank inside its step, where without it the wait lands in the next step's
   gradient all-reduce — a per-step barrier would count that wait for one variant only;
-- ``gather alone`` and torch's ``all_gather_into_tensor`` of the same 10 float64 alone
+- ``gather alone`` and torch's ``all_gather_into_tensor`` of the same 11 float64 alone
   (after a barrier): the collective's own cost, paracube's counted path beside torch's.
 
 Also reports the gather's seconds as the ledger counted them inside the real steps.

@@ -178,15 +178,20 @@ class Trainer:
         with timer.phase("comm_exposed"):
             loss_value = self.objective.mean(loss_reduce.wait().item())
         # Every rank's timings, gathered once (a few floats per rank; paracube.ranktimes).
+        split = self.batches.split  # the split this step ran under
         mine = ranktimes.rank_vector(
-            timer.seconds, time.perf_counter() - start, ledger, pipeline, timer.injected
+            timer.seconds,
+            time.perf_counter() - start,
+            ledger,
+            pipeline,
+            timer.injected,
+            split.shares[self.batches.dp_rank],
         )
         ranks = ranktimes.gather(mine, ledger, self.mesh.device)
         self.last_spans = timer.spans
-        split = self.batches.split  # the split this step ran under
         rebalanced = None
         if self.balancer is not None:  # every rank decides alike from the same timings
-            rebalanced = self.balancer.update(self.step, ranktimes.compute_seconds(ranks))
+            rebalanced = self.balancer.update(self.step, ranktimes.compute_per_window(ranks))
             if rebalanced is not None:
                 self.batches.set_split(rebalanced)
         step_time = time.perf_counter() - start

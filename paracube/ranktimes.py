@@ -6,10 +6,11 @@ rank all of them; rank 0 writes them into the step's metrics record as
 ``"ranks": {"forward": [rank 0, rank 1, …], …}`` — so one file holds the whole job.
 
 Compute of a rank = forward + backward − its tensor-parallel waits (those are inside the
-forward and backward phases) + optimizer. A rank whose compute stays above the median of
-the other ranks of its pipeline stage (which do the same work) by more than
-the threshold for :data:`PATIENCE` steps in a row is a straggler: named once when it
-starts, counted until it ends, and listed in the run's summary.
+forward and backward phases) + optimizer. A rank whose compute per window of the batch
+(so that a larger share under ``--dp-balance`` is not taken for slowness) stays above the
+median of the other ranks of its pipeline stage by more than the threshold for
+:data:`PATIENCE` steps in a row is a straggler: named once when it starts, counted until
+it ends, and listed in the run's summary.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ FIELDS = (
     "comm_tp",  # tensor-parallel collectives (inside forward and backward)
     "comm_pp",  # pipeline p2p transfers: receives × the shortest receive (inside bubble)
     "injected",  # slept by an injected fault (--inject), inside the phases above
+    "windows",  # sequences of the global batch this rank computed (its replica's share)
 )
 
 # What each collective's tag belongs to (the tp waits sit inside forward and backward).
@@ -48,6 +50,7 @@ def rank_vector(
     ledger: CommLedger,
     pipeline: dict | None,
     injected: float,
+    windows: int,
 ) -> list[float]:
     """This rank's :data:`FIELDS` for the step just run."""
     tp = sum(ledger.total(tag=t).seconds for t in TP_TAGS)
@@ -55,7 +58,14 @@ def rank_vector(
     if pipeline is not None:
         receives = ledger.total(kind="recv", tag="pp").calls
         pp = min(seconds.get("bubble", 0.0), receives * pipeline.get("p2p_latency", 0.0))
-    values = {**seconds, "step_time": step_time, "comm_tp": tp, "comm_pp": pp, "injected": injected}
+    values = {
+        **seconds,
+        "step_time": step_time,
+        "comm_tp": tp,
+        "comm_pp": pp,
+        "injected": injected,
+        "windows": windows,
+    }
     return [float(values.get(name, 0.0)) for name in FIELDS]
 
 
@@ -82,6 +92,14 @@ def compute_seconds(ranks: dict[str, list[float]]) -> list[float]:
     ]
 
 
+def compute_per_window(ranks: dict[str, list[float]]) -> list[float]:
+    """Each rank's compute per window of the global batch it took (a record written
+    before the windows were recorded: per step)."""
+    compute = compute_seconds(ranks)
+    windows = ranks.get("windows") or [1.0] * len(compute)
+    return [c / w if w > 0 else c for c, w in zip(compute, windows)]
+
+
 def relative_to_peers(compute: list[float], group: list[int], r: int) -> float:
     """Rank ``r``'s compute over the median of the others in its ``group``."""
     median = statistics.median(compute[p] for p in group if p != r)
@@ -104,7 +122,7 @@ class Straggler:
 
 
 class StragglerWatch:
-    """Names ranks whose compute stays above their peers' median by more than
+    """Names ranks whose compute per window stays above their peers' median by more than
     ``threshold`` (0.10: 10 %) for :data:`PATIENCE` steps."""
 
     def __init__(self, peers: list[list[int]], where: list[str], threshold: float = 0.10):
@@ -115,7 +133,7 @@ class StragglerWatch:
 
     def update(self, step: int, ranks: dict[str, list[float]]) -> list[Straggler]:
         """This step's timings; returns the stragglers named for the first time now."""
-        compute = compute_seconds(ranks)
+        compute = compute_per_window(ranks)
         new = []
         for group in self.peers:
             if len(group) < 2:

@@ -50,7 +50,7 @@ def test_every_rank_is_in_every_record_and_the_gather_is_counted(plain):
         assert set(r["ranks"]) >= {"step_time", "data", "forward", "backward", "comm_exposed"}
         assert all(len(v) == 2 for v in r["ranks"].values())
         assert r["comm"]["all_gather/timing"]["calls"] == 1  # one small gather per step
-        # the ledger counts an all-gather's output: 10 float64 fields from each of 2 ranks
+        # the ledger counts an all-gather's output: 11 float64 fields from each of 2 ranks
         assert r["comm"]["all_gather/timing"]["bytes"] == 8 * len(r["ranks"]) * 2
     assert records[0]["run"]["coords"] == [{"pp": 0, "dp": 0, "tp": 0}, {"pp": 0, "dp": 1, "tp": 0}]
     spans = records[-1]["timeline"]["spans"]

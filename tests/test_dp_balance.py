@@ -68,17 +68,17 @@ def test_auto_moves_work_to_the_faster_replica_and_then_holds():
     auto = AutoBalance(DataSplit.even(2, 24, 1), replica_of=[0, 0, 1, 1])  # dp2 × tp2
     per_window = [0.01, 0.02]
 
-    def timings(split):
-        return [per_window[r] * split.shares[r] for r in (0, 0, 1, 1)]
+    def timings():  # every rank's compute per window (ranktimes.compute_per_window)
+        return [per_window[r] for r in (0, 0, 1, 1)]
 
-    assert auto.update(0, timings(auto.split)) is None  # warm-up step: not measured
-    found = [auto.update(s, timings(auto.split)) for s in range(1, 1 + AutoBalance.WINDOW)]
+    assert auto.update(0, timings()) is None  # warm-up step: not measured
+    found = [auto.update(s, timings()) for s in range(1, 1 + AutoBalance.WINDOW)]
     assert found[:-1] == [None] * (AutoBalance.WINDOW - 1)
     assert found[-1] is not None and found[-1].shares == (16, 8)
     for s in range(10, 10 + 2 * AutoBalance.WINDOW):
-        assert auto.update(s, timings(auto.split)) is None
+        assert auto.update(s, timings()) is None
     per_window[1] = 0.0105  # now nearly as fast: 16 / 8 → 12 / 12 saves over 10 %
-    moves = [auto.update(s, timings(auto.split)) for s in range(20, 20 + AutoBalance.WINDOW)]
+    moves = [auto.update(s, timings()) for s in range(20, 20 + AutoBalance.WINDOW)]
     assert moves[-1] is not None and moves[-1].shares == (12, 12)
 
 
@@ -100,3 +100,50 @@ def test_auto_under_a_slow_rank_shifts_the_batch_and_trains_the_same(tmp_path):
     assert records[-1]["dp_split"][0] > records[-1]["dp_split"][1]
     for a, b in zip(records, read_metrics(even)):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+
+
+def test_a_larger_share_is_not_taken_for_a_straggler():
+    """Weights 1:3 on equal ranks: rank 1 computes 3× as long per step but no longer per
+    window — the straggler watch names nobody; the same seconds over equal shares, it
+    names rank 1."""
+    from paracube.ranktimes import FIELDS, PATIENCE, StragglerWatch
+
+    def ranks(windows):
+        row = dict.fromkeys(FIELDS, [0.0, 0.0])
+        return {**row, "forward": [0.1, 0.3], "backward": [0.2, 0.6], "windows": windows}
+
+    uneven, even = (StragglerWatch([[0, 1]], ["a", "b"]) for _ in range(2))
+    for step in range(PATIENCE + 2):
+        assert uneven.update(step, ranks([4.0, 12.0])) == []
+        even.update(step, ranks([8.0, 8.0]))
+    assert [s.rank for s in even.seen] == [1] and not uneven.seen
+
+
+def test_a_split_that_is_not_the_global_batch_is_refused():
+    """A split given through the Python API must cover the global batch with one
+    window per micro-step for every rank — never train on a different batch."""
+    from paracube.data.batches import RankBatches
+    from paracube.data.sampler import ShardedBatchSampler
+
+    class Mesh:  # what RankBatches reads of a mesh
+        device = None
+
+        def rank(self, axis):
+            return 0
+
+        def size(self, axis):
+            return 2
+
+    import torch
+
+    batches = RankBatches(ShardedBatchSampler(torch.arange(5000) % 251, 16, 8, 0), Mesh(), 2)
+    for bad, why in [
+        (DataSplit((2, 4), 2), "covers 6 of the global batch's 8 windows"),
+        (DataSplit((2, 2, 4), 2), "3 shares for 2 data-parallel ranks"),
+        (DataSplit((1, 7), 2), "less than one window per micro-step"),
+        (DataSplit((4, 4), 1), "1 micro-steps, not the 2 this run takes"),
+    ]:
+        with pytest.raises(ConfigError, match=why):
+            batches.set_split(bad)
+    batches.set_split(DataSplit((2, 6), 2))
+    assert batches.host_micro_batch(0, 1)[0].shape == (1, 16)

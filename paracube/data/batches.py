@@ -22,10 +22,14 @@ class RankBatches:
     ):
         self.sampler, self.accum = sampler, accum
         self.dp_rank, self.dp_size, self.device = mesh.rank("dp"), mesh.size("dp"), mesh.device
+        if split is not None:
+            split.check(self.dp_size, sampler.global_batch, accum)
         self.split = split or DataSplit.even(self.dp_size, sampler.global_batch, accum)
 
     def set_split(self, split: DataSplit) -> None:
-        """Take ``split`` from the next micro-batch asked for on."""
+        """Take ``split`` from the next micro-batch asked for on; a split that is not
+        this run's global batch is refused (it would train on another batch)."""
+        split.check(self.dp_size, self.sampler.global_batch, self.accum)
         self.split = split
 
     def micro_batch(self, step: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -55,6 +55,21 @@ class DataSplit:
             )
         return cls(tuple(shares), accum)
 
+    def check(self, dp: int, global_batch: int, accum: int) -> None:
+        """Refuse a split that is not one of ``global_batch`` windows over ``dp`` ranks in
+        ``accum`` micro-steps each, every micro-step at least one window."""
+        if len(self.shares) != dp:
+            problem = f"{len(self.shares)} shares for {dp} data-parallel ranks"
+        elif sum(self.shares) != global_batch:
+            problem = f"covers {sum(self.shares)} of the global batch's {global_batch} windows"
+        elif self.accum != accum:
+            problem = f"{self.accum} micro-steps, not the {accum} this run takes"
+        elif min(self.shares) < accum:
+            problem = f"a rank gets less than one window per micro-step ({min(self.shares)})"
+        else:
+            return
+        raise ConfigError(f"data split {self.describe()}: {problem}")
+
     def rows(self, dp_rank: int, k: int) -> tuple[int, int]:
         """(first window, windows) of micro-step ``k`` of ``dp_rank`` in the global batch."""
         start = sum(self.shares[:dp_rank])
@@ -99,16 +114,16 @@ class AutoBalance:
         self.replica_of = replica_of  # global rank → its data-parallel rank
         self._per_window: list[list[float]] = []
 
-    def update(self, step: int, compute: list[float]) -> DataSplit | None:
-        """After ``step`` with these per-rank compute seconds: a new split, or None."""
+    def update(self, step: int, per_window: list[float]) -> DataSplit | None:
+        """After ``step`` with each rank's compute seconds per window it took
+        (:func:`paracube.ranktimes.compute_per_window`): a new split, or None."""
         if step == 0:
             return None
-        dp = len(self.split.shares)
-        slowest = [0.0] * dp  # a replica is as fast as its slowest rank
-        for rank, seconds in enumerate(compute):
+        slowest = [0.0] * len(self.split.shares)  # a replica is as fast as its slowest rank
+        for rank, seconds in enumerate(per_window):
             r = self.replica_of[rank]
             slowest[r] = max(slowest[r], seconds)
-        self._per_window.append([s / n for s, n in zip(slowest, self.split.shares)])
+        self._per_window.append(slowest)
         if len(self._per_window) < self.WINDOW:
             return None
         per_window = [sum(col) / len(col) for col in zip(*self._per_window)]

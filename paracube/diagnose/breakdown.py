@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from paracube.diagnose.records import Run
-from paracube.ranktimes import compute_seconds, relative_to_peers
+from paracube.ranktimes import compute_per_window, compute_seconds, relative_to_peers
 
 PARTS = (
     "compute",
@@ -68,11 +68,12 @@ def breakdown(run: Run, peers: list[list[int]], small_batch_fraction: float | No
         # (its whole step minus the step it reported); every rank paid about the same.
         gather = max(record["step_time"] - ranks["step_time"][0], 0.0)
         compute = compute_seconds(ranks)
+        speed = compute_per_window(ranks)  # who is slow: per window, whatever the split
         work = [c + d for c, d in zip(compute, ranks["data"])]
         for group in peers:
             slowest = max(work[r] for r in group)
             for r in group:
-                ratios[r] += relative_to_peers(compute, group, r) if len(group) > 1 else 1.0
+                ratios[r] += relative_to_peers(speed, group, r) if len(group) > 1 else 1.0
                 _one_rank(sums[r], ranks, r, compute[r], slowest - work[r], small_batch_fraction)
                 sums[r]["other"] += gather
                 stepsum[r] += ranks["step_time"][r] + gather
