@@ -99,9 +99,9 @@ def parse_weights(text: str, dp: int) -> list[float]:
 
 
 class AutoBalance:
-    """``--dp-balance auto``: every rank's compute seconds (the per-step timings every
-    rank already holds, :mod:`paracube.ranktimes`) → each replica's seconds per window;
-    after ``WINDOW`` steps, shares ∝ speed if that is predicted to shorten the slowest
+    """``--dp-balance auto``: every rank's compute seconds per window of the batch (from
+    the per-step timings every rank already holds, :mod:`paracube.ranktimes`) → each
+    replica's, its slowest rank's; after ``WINDOW`` steps, shares ∝ speed if that is predicted to shorten the slowest
     replica's compute by more than ``HYSTERESIS`` — so a noisy few percent never moves
     it, and every rank, seeing the same gathered floats, decides the same split.
     The first step (warm-up) is not measured."""
