@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from paracube.choices import state_bytes_per_parameter
+from paracube.choices import MEASURED_BALANCE, state_bytes_per_parameter
 from paracube.config import TrainConfig
 from paracube.errors import ConfigError
 from paracube.models import shapes
@@ -95,10 +95,12 @@ def check_host(
             if local_ranks > 1
             else ""
         )
+        whole = cfg.parallel.pp > 1 and cfg.parallel.balance in MEASURED_BALANCE
+        what = "--balance builds the whole model" if whole else "its share of the model states"
         raise ConfigError(
-            f"--model {cfg.model.name} needs at least {need / GIB:,.1f} GiB per rank (every rank builds "
-            f"the full model in fp32 first){total}; this machine has {host.memory_bytes / GIB:,.1f} GiB "
-            "available: use a smaller model (`paracube plan` sizes the cluster it needs)"
+            f"--model {cfg.model.name} needs at least {need / GIB:,.1f} GiB per rank ({what}){total}; "
+            f"this machine has {host.memory_bytes / GIB:,.1f} GiB available: use a smaller model "
+            "(`paracube plan` sizes the cluster it needs)"
         )
     if not host.cuda:
         seconds = step_flops(cfg) / (CORE_FLOPS * host.cores)
@@ -112,9 +114,11 @@ def check_host(
 
 
 def rank_memory_bytes(cfg: TrainConfig) -> float:
-    """A lower bound on one rank's peak memory: the runtime, plus the larger of the full
-    fp32 model every rank builds before keeping its shards (4 bytes per parameter) and
-    the rank's share of the model states under its tensor/pipeline split and ZeRO stage."""
+    """A lower bound on one rank's peak memory: the runtime, the rank's share of the model
+    states under its tensor/pipeline split and ZeRO stage, and — under tensor parallelism —
+    the fp32 buffer its largest sharded parameter is drawn into before it is sliced (the
+    model is built on the meta device: no rank holds the whole of it, paracube.materialize),
+    except that ``--balance time|speed`` time the real layers: every rank builds them whole."""
     par = cfg.parallel
     params = shapes.parameter_count(cfg.model)
     weights, grads, optimizer = state_bytes_per_parameter(cfg.precision)
@@ -125,7 +129,13 @@ def rank_memory_bytes(cfg: TrainConfig) -> float:
         + grads / (dp if cfg.zero >= 2 else 1)
         + optimizer / (dp if cfg.zero >= 1 else 1)
     )
-    return RANK_RUNTIME_BYTES + max(4 * params, states)
+    largest = max(
+        [cfg.model.vocab_size * cfg.model.hidden]
+        + [lin.in_features * lin.out_features for lin in shapes.block_linears(cfg.model)]
+    )
+    if par.pp > 1 and par.balance in MEASURED_BALANCE:
+        return RANK_RUNTIME_BYTES + max(4 * params, states)
+    return RANK_RUNTIME_BYTES + states + (4 * largest if par.tp > 1 else 0)
 
 
 def step_flops(cfg: TrainConfig) -> float:
