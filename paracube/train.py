@@ -91,7 +91,8 @@ def _resume(trainer, cfg: TrainConfig) -> None:
     path = resolve(cfg.checkpoint.resume, cfg.checkpoint.save_dir)  # type: ignore[arg-type]
     meta = load(trainer, path)
     if trainer.mesh.global_rank == 0:
-        print(f"paracube: resumed from {path} at step {meta['step']}", flush=True)
+        streams = "" if meta["rng_restored"] else " (another layout: random streams seeded afresh)"
+        print(f"paracube: resumed from {path} at step {meta['step']}{streams}", flush=True)
 
 
 def _save_due(trainer, cfg: TrainConfig) -> bool:

@@ -181,6 +181,44 @@ def test_resume_under_the_same_layout_is_bitwise(pools, tmp_path, case):
     assert first + rest[0][1] == whole  # float32, to the last bit
 
 
+def _draw_train_save(cfg, root, steps):
+    """Like a model with dropout: each step draws from the generator (rank r draws r more
+    numbers, so the ranks' streams differ), then save, then draw."""
+    import torch.distributed as dist
+
+    from paracube.checkpoint.store import save
+
+    trainer = _trainer(cfg)
+    for _ in range(steps):
+        trainer.train_step()
+        torch.rand(5 + dist.get_rank())
+    save(trainer, root)
+    return torch.rand(4)
+
+
+def _load_and_draw(cfg, path):
+    from paracube.checkpoint.store import load
+
+    trainer = _trainer(cfg)
+    meta = load(trainer, path)
+    return meta["rng_restored"], torch.rand(4)
+
+
+def test_resume_continues_every_ranks_random_streams(pools, tmp_path):
+    """Each rank's generator continues where it stopped under the same layout (the next
+    draws equal the saving run's, and differ between ranks); under another layout the
+    streams are not continued, and load says so."""
+    cfg = cfg_for(STEPS, dp=2)
+    saved = pools(2).run(_draw_train_save, cfg, str(tmp_path), SPLIT)
+    path = str(tmp_path / f"step-{SPLIT:08d}")
+    resumed = pools(2).run(_load_and_draw, cfg, path)
+    assert not torch.equal(saved[0], saved[1])
+    for (restored, draws), want in zip(resumed, saved):
+        assert restored and torch.equal(draws, want)
+    other = pools(1).run(_load_and_draw, cfg_for(STEPS, dp=1), path)[0]
+    assert other[0] is False
+
+
 # -- the command line ------------------------------------------------------------------
 
 

@@ -10,7 +10,8 @@ replicated tensors, the first stage for a tied embedding/head.
 
 Facts (:func:`trainer_facts`, JSON): the step, the optimizer's scalar states (Adam's step
 count), the fp16 loss scaler. The data sampler needs nothing more: a step's batch is a
-pure function of (seed, step). There is no other randomness after initialisation.
+pure function of (seed, step). Each rank's generator states are saved beside them
+(:mod:`paracube.checkpoint.rng`) for models that draw during training (dropout).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 A checkpoint of step N is the folder ``step-0000000N`` in the save directory: a
 torch.distributed.checkpoint (DCP) directory that every rank wrote its own pieces into in
 parallel, plus ``paracube.json`` (the facts of :mod:`paracube.checkpoint.state`, the model
-config, the layout, versions, time). It is written as ``.step-0000000N.partial`` and
+config, the layout, versions, time), and every rank's random-number generator states
+(:mod:`paracube.checkpoint.rng`). It is written as ``.step-0000000N.partial`` and
 renamed by rank 0 only after every rank has finished and the JSON is on disk, so a crash
 mid-save leaves the previous checkpoint intact and the partial one ignored (and removed
 by the next save of that step).
@@ -23,6 +24,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from paracube.checkpoint import rng
 from paracube.checkpoint.planners import PieceLoadPlanner, PieceSavePlanner
 from paracube.checkpoint.state import restore_facts, trainer_facts, trainer_pieces
 from paracube.errors import ConfigError
@@ -47,6 +49,7 @@ def complete_checkpoints(root: str | Path) -> list[Path]:
 def save(trainer, root: str | Path, keep_last: int | None = None) -> Path:
     """Every rank writes its pieces of the trainer's state; returns the checkpoint folder."""
     partial, final = _begin(trainer, root)
+    rng.save(partial)
     try:
         dcp.save({}, checkpoint_id=str(partial), planner=PieceSavePlanner(trainer_pieces(trainer)))
     except CheckpointException as e:  # a peer failed mid-save: a collective failure, as any
@@ -69,6 +72,7 @@ class AsyncSaver:
     def save(self, trainer, root: str | Path, keep_last: int | None = None) -> Path:
         self.wait()
         partial, final = _begin(trainer, root)
+        rng.save(partial)
         staged = [
             dataclasses.replace(p, tensor=p.tensor.clone())
             for p in trainer_pieces(trainer)
@@ -190,6 +194,11 @@ def load(trainer, path: str | Path) -> dict:
             f"--resume {path}: unreadable checkpoint ({_first_line(cause)})"
         ) from None
     restore_facts(trainer, meta)
+    layout = {axis: meta["layout"].get(axis) for axis in ("dp", "tp", "pp")}
+    same = meta.get("world_size") == dist.get_world_size() and layout == {
+        axis: getattr(trainer.cfg.parallel, axis) for axis in ("dp", "tp", "pp")
+    }
+    meta["rng_restored"] = rng.restore(path, same)
     trainer.optimizer.publish()  # the main values into the model (and ZeRO-1/2's full copy)
     return meta
 
