@@ -109,6 +109,12 @@ def slow_compute(seconds: float) -> float:
     return extra
 
 
+def compute_factor() -> float:
+    """How many times as long this rank's compute takes (what ``--balance speed`` sees of
+    an injected slow rank when it times the layers)."""
+    return _slow_factor
+
+
 def delay_data() -> None:
     if _data_delay:
         time.sleep(_data_delay)

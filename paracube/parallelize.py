@@ -14,7 +14,7 @@
 The order matters: the TP plan names module paths of the unchanged model; the chunks are
 views of the same blocks, so what is materialized is exactly what this rank runs; the
 data-parallel wrapper flattens the parameters it is given last, so nothing may replace a
-parameter after it. (``--balance time`` measures real layers, so it builds them whole.)
+parameter after it. (``--balance time|speed`` measure real layers, so they build them whole.)
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from paracube.choices import MEASURED_BALANCE
 from paracube.config import TrainConfig
 from paracube.data.batches import RankBatches
 from paracube.data_parallel import DataParallel, FlatDataParallel, ShardedDataParallel
@@ -74,8 +75,8 @@ def parallelize(
     torch.manual_seed(cfg.seed)
     memory = PeakMemory()
     # On the meta device (shapes only): this rank's shards get their values after the
-    # split (materialize); the time balance measures real layers, so it builds them whole.
-    meta = cfg.parallel.balance != "time"
+    # split (materialize); the time and speed balances measure real layers: built whole.
+    meta = cfg.parallel.balance not in MEASURED_BALANCE
     with torch.device("meta") if meta else contextlib.nullcontext():
         model = GPT(cfg.model)
     parallelize_gpt(model, TPContext(mesh.group("tp"), mesh.ledger, cfg.parallel.sequence_parallel))
@@ -159,8 +160,8 @@ def _pipelined(
     from paracube.pipeline.build import build_pipeline
 
     par = cfg.parallel
-    sample = batches.micro_batch(0, 0)[0] if par.balance == "time" else None
-    plan = build_pipeline(model, cfg, mesh.rank("pp"), sample, mesh.ledger)
+    sample = batches.micro_batch(0, 0)[0] if par.balance in MEASURED_BALANCE else None
+    plan = build_pipeline(model, cfg, mesh.rank("pp"), sample, mesh.ledger, mesh.device)
     named = [(n, p) for chunk in plan.chunks for n, p in chunk.serial_named_parameters()]
     _materialize(named, plan.chunks, cfg, mesh)
     built = memory.growth()

@@ -113,7 +113,9 @@ def add_arguments(p) -> None:
     g.add_argument(
         "--balance",
         default=None,
-        help="with --pp: stage balancing: params (default), flops, memory, time",
+        help="with --pp: stage balancing: params (default), flops, memory, time (measured "
+        "layers), speed (each stage's own measured speed and memory: a slower or smaller "
+        "device gets fewer layers)",
     )
     g.add_argument(
         "--bucket-mb", type=float, default=25.0, help="gradient bucket size in MiB (default 25)"

@@ -10,7 +10,8 @@
   part's rank at the schedule's peak (1F1B: p − rank; GPipe: m — Narayanan et al. 2021),
   so memory balance moves layers away from the early stages.
 
-``time`` is measured on the ranks instead (:func:`paracube.pipeline.stage.measure_layer_times`).
+``time`` is measured on the ranks instead (:func:`paracube.pipeline.stage.measure_layer_times`);
+``speed`` keeps each stage's own measured times and memory (:mod:`paracube.pipeline.speed`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def gpt_layer_loads(
     params = shapes.chain_params(cfg)
     if balance == "params":
         return lambda part, layer: float(params[layer])
-    if balance in ("flops", "time"):  # "time" before it is measured: FLOPs are the estimate
+    if balance in ("flops", "time", "speed"):  # before they are measured: FLOPs estimate
         flops = shapes.chain_train_flops(cfg, micro_batch)
         return lambda part, layer: float(flops[layer])
     saved = shapes.chain_saved_bytes(cfg, micro_batch)

@@ -20,10 +20,14 @@ from paracube.errors import ConfigError
 
 
 def partition(
-    n_layers: int, parts: int, load: Callable[[int, int], float]
+    n_layers: int,
+    parts: int,
+    load: Callable[[int, int], float],
+    fits: Callable[[int, int, int], bool] | None = None,
 ) -> list[tuple[int, int]]:
     """Contiguous ``[start, end)`` ranges, one per part, every layer exactly once, each part
-    non-empty, minimising ``max_part Σ load(part, layer)``."""
+    non-empty, minimising ``max_part Σ load(part, layer)``; with ``fits(part, start, end)``
+    (memory: it must stay false once false as a part grows) only parts that fit."""
     if parts > n_layers:
         raise ConfigError(
             f"{n_layers} layers cannot fill {parts} pipeline stages (pp × chunks): "
@@ -38,10 +42,17 @@ def partition(
         for j in range(k, n_layers - (parts - k) + 1):
             run = 0.0
             for i in range(j - 1, k - 2, -1):  # part k-1 holds layers [i, j)
+                if fits is not None and not fits(k - 1, i, j):
+                    break  # a longer part holds more: it cannot fit either
                 run += load(k - 1, i)
                 cand = max(best[k - 1][i], run)
                 if cand < best[k][j]:
                     best[k][j], cut[k][j] = cand, i
+    if best[parts][n_layers] == inf:
+        raise ConfigError(
+            f"no split of the {n_layers} layers into {parts} pipeline stages fits every "
+            "stage's memory: use more stages, a smaller micro-batch, recomputation or ZeRO"
+        )
     bounds, j = [], n_layers
     for k in range(parts, 0, -1):
         bounds.append((cut[k][j], j))
@@ -50,7 +61,11 @@ def partition(
 
 
 def describe_split(
-    names: list[str], bounds: list[tuple[int, int]], load: Callable[[int, int], float], p: int
+    names: list[str],
+    bounds: list[tuple[int, int]],
+    load: Callable[[int, int], float],
+    p: int,
+    unit: Callable[[float], str] = lambda x: f"load {x:,.3g}",
 ) -> str:
     """One line per part: its rank, layers and estimated load (printed by ``paracube train``)."""
     lines = []
@@ -58,6 +73,6 @@ def describe_split(
         total = sum(load(k, i) for i in range(a, b))
         span = names[a] if b - a == 1 else f"{names[a]} … {names[b - 1]}"
         lines.append(
-            f"  stage {k} (rank pp={k % p}, chunk {k // p}): {b - a} layers [{span}], load {total:,.3g}"
+            f"  stage {k} (rank pp={k % p}, chunk {k // p}): {b - a} layers [{span}], {unit(total)}"
         )
     return "\n".join(lines)

@@ -41,7 +41,7 @@ def split_chain(
     ]
 
 
-def measure_layer_times(layers: list[nn.Module], x: torch.Tensor, repeats: int = 3) -> list[float]:
+def measure_layer_times(layers: list[nn.Module], x: torch.Tensor, repeats: int = 5) -> list[float]:
     """Forward + backward seconds of each layer on ``x`` (the ``time`` balance): the
     fastest of ``repeats`` timed passes, after one untimed pass — a process's first
     backward pays autograd's start-up (~0.2 s on this machine), and it runs on the last
