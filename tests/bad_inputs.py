@@ -16,6 +16,9 @@ from pathlib import Path
 SCHEDULE = ["schedule", "--pp", "2", "--microbatches", "4"]
 
 # (group, argv, a fragment the one line must contain)
+# a mixed-cluster plan: MIXED[4] is the --gpus value
+MIXED = ["plan", "--model", "gpt3-350m", "--gpus", "8xa100-80gb,8xv100", "--global-batch", "64"]
+
 CASES: list[tuple[str, list[str], str]] = [
     # -- layout ----------------------------------------------------------------------
     ("layout", ["train", "--dp", "0"], "--dp must be a positive integer, got 0"),
@@ -239,6 +242,16 @@ CASES: list[tuple[str, list[str], str]] = [
               "--gpus", "8", "--global-batch", "8"], "--layers must be a positive integer, got 0"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--precision", "fp4"],
      "unknown --precision 'fp4'"),
+    # -- plan on a mixed cluster ----------------------------------------------------------
+    ("plan", [*MIXED[:4], "8xa100-80gb,8xtpu9", *MIXED[5:]], "unknown device type 'tpu9'"),
+    ("plan", [*MIXED[:4], "8a100,8xv100", *MIXED[5:]], "'8a100' is not COUNTxTYPE"),
+    ("plan", [*MIXED[:4], "8xa100-80gb,12xv100", *MIXED[5:]],
+     "12xv100 is not whole nodes of --gpus-per-node 8"),
+    ("plan", [*MIXED[:4], "8xv100", *MIXED[5:]], "one device type is not a mixed cluster"),
+    ("plan", [*MIXED[:4], "8xv100,8xV100", *MIXED[5:]], "v100 is listed twice"),
+    ("plan", [*MIXED[:4], "8xa100-80gb,4xv100", *MIXED[5:], "--layout", "tp=8"],
+     "tp=8 cannot stay within one device type"),
+    ("plan", [*MIXED, "--model", "resnet50"], "mixed clusters are planned for transformer models"),
 ]  # fmt: skip
 
 

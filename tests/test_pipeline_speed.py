@@ -66,7 +66,9 @@ def test_a_slowed_stage_gets_fewer_layers_and_trains_the_serial_model(tmp_path):
     proc = run_cli(*argv)
     assert proc.returncode == 0, proc.stderr
     assert "pipeline split by speed" in proc.stdout
-    sizes = [int(n) for n in re.findall(r"stage \d \(rank pp=\d, chunk 0\): (\d+) layers", proc.stdout)]
+    sizes = [
+        int(n) for n in re.findall(r"stage \d \(rank pp=\d, chunk 0\): (\d+) layers", proc.stdout)
+    ]
     assert len(sizes) == 2 and sizes[1] < sizes[0], proc.stdout
     assert "ms per micro-batch (forward + backward, measured)" in proc.stdout
     cfg = config_from_args(build_parser().parse_args(argv))

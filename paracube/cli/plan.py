@@ -24,7 +24,12 @@ def add_parser(sub) -> None:
     for flag in ("--layers", "--hidden", "--heads", "--vocab", "--seq", "--ffn", "--kv-heads"):
         m.add_argument(flag, type=int, default=None)
     c = p.add_argument_group("cluster")
-    c.add_argument("--gpus", type=int, default=None)
+    c.add_argument(
+        "--gpus",
+        default=None,
+        help="how many GPUs (of --gpu), or a mixed cluster as counts of device types: "
+        "8xa100-80gb,8xv100 (each type on its own nodes)",
+    )
     c.add_argument("--gpus-per-node", type=int, default=8)
     c.add_argument("--gpu", default="a100-80gb", help="v100, a100-40gb, a100-80gb, h100, h200")
     c.add_argument("--intra", default=None, help="intra-node link (default: the GPU's NVLink)")
@@ -141,7 +146,12 @@ def cmd_plan(args) -> int:
         from paracube.cli.calibrate import cmd_calibrate
 
         return cmd_calibrate(args)
-    _check_args(args)
+    mixed = _gpus(args)
+    _check_args(args, whole_nodes=mixed is None)  # a mixed cluster's pools are checked apart
+    if mixed is not None:
+        from paracube.cli.plan_mixed import cmd_plan_mixed
+
+        return cmd_plan_mixed(args, mixed)
     from paracube.planner.generic import generic
 
     other = generic(args.model) if args.model else None
@@ -154,11 +164,27 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def _gpus(args):
+    """``--gpus N`` (an int from here on), or a mixed cluster's pools (N = their sum)."""
+    if args.gpus is None:
+        return None
+    try:
+        args.gpus = int(args.gpus)
+        return None
+    except ValueError:
+        pass
+    from paracube.planner.pools import parse_pools
+
+    pools = parse_pools(args.gpus, args.gpus_per_node, args.intra, args.inter)
+    args.gpus = sum(p.count for p in pools)
+    return pools
+
+
 # Beyond any cluster built (the largest are ~10⁵ GPUs); bounds the search's enumeration.
 MAX_GPUS = 2**20
 
 
-def _check_args(args) -> None:
+def _check_args(args, whole_nodes: bool = True) -> None:
     from paracube.choices import ATTENTION, PRECISIONS, RECOMPUTE, ZERO_STAGES
     from paracube.pipeline.schedules import SCHEDULES
 
@@ -172,7 +198,7 @@ def _check_args(args) -> None:
             )
     if args.gpus > MAX_GPUS:
         raise ParacubeError(f"--gpus {args.gpus} is more than {MAX_GPUS:,}: plan a real cluster")
-    if args.gpus > args.gpus_per_node and args.gpus % args.gpus_per_node:
+    if whole_nodes and args.gpus > args.gpus_per_node and args.gpus % args.gpus_per_node:
         raise ParacubeError(
             f"--gpus {args.gpus} is not a whole number of nodes of --gpus-per-node {args.gpus_per_node}: "
             f"use a multiple of {args.gpus_per_node}"

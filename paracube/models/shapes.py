@@ -12,6 +12,7 @@ s sequence, b micro-batch, N = b·s tokens, t tensor-parallel ranks, E bytes per
 
 from __future__ import annotations
 
+from functools import cache
 from typing import NamedTuple
 
 from paracube.config import ModelConfig
@@ -56,6 +57,7 @@ def block_matrix_params(cfg: ModelConfig) -> int:
     return sum(lin.in_features * lin.out_features for lin in block_linears(cfg))
 
 
+@cache  # the planners ask it for every candidate layout
 def block_params(cfg: ModelConfig, tp: int = 1) -> float:
     """Parameters of one block held by one tensor-parallel rank: matrices and column
     biases split by tp, the two norms and the row-parallel biases replicated."""

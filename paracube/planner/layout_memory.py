@@ -41,12 +41,29 @@ class StageMemory:
 
 
 def stage_memory(cfg: ModelConfig, layout: Layout, precision: str = "bf16") -> list[StageMemory]:
-    """Memory of the first and (if different) the last pipeline stage, per GPU."""
+    """Memory of the first and (if different) the last pipeline stage, per GPU, each
+    holding ⌈L/(p·v)⌉ blocks per chunk."""
+    p = layout.pp
+    per_stage = math.ceil(cfg.n_layers / (p * layout.chunks)) * layout.chunks
+    names = ("first", "last") if p > 1 else ("first",)
+    return [
+        stage_bytes(cfg, layout, index, per_stage, precision, name)
+        for name, index in zip(names, (0, p - 1))
+    ]
+
+
+def stage_bytes(
+    cfg: ModelConfig,
+    layout: Layout,
+    index: int,
+    blocks: int,
+    precision: str = "bf16",
+    name: str = "",
+) -> StageMemory:
+    """Memory per GPU of pipeline stage ``index`` holding ``blocks`` transformer blocks (the
+    first stage also the embedding, the last the final norm and head)."""
     h, s, V, t, p = cfg.hidden, cfg.seq_len, cfg.vocab_size, layout.tp, layout.pp
     norm = shapes.norm_params(cfg)  # replicated
-    block = shapes.block_params(cfg, tp=t)
-    layers_per_stage = math.ceil(cfg.n_layers / (p * layout.chunks)) * layout.chunks
-    embed = shapes.embed_params(cfg, tp=t)
     # the final norm sits with the head
     head = (0 if (cfg.tie_embeddings and p == 1) else shapes.head_params(cfg, tp=t)) + norm
     w, g, o = state_bytes_per_parameter(precision)
@@ -60,29 +77,24 @@ def stage_memory(cfg: ModelConfig, layout: Layout, precision: str = "bf16") -> l
         recompute=layout.recompute,
         attention=layout.attention,
     ) * (w / 2)  # Korthikanti's constants are for 16-bit activations
-    bsh = layout.micro_batch * s * h
-    stages = []
-    for name, index, extra_params in (
-        ("first", 0, embed + (head if p == 1 else 0)),
-        ("last", p - 1, head),
-    ):
-        if name == "last" and p == 1:
-            break
-        params = layers_per_stage * block + extra_params
-        states = model_state_bytes(
-            params, layout.zero, layout.dp, weight_bytes=w, grad_bytes=g, optimizer_bytes=o
-        ).total
-        in_flight = get_schedule(layout.schedule).in_flight(
-            p, layout.microbatches, layout.chunks, stage=index
-        )
-        acts = act_layer * layers_per_stage * in_flight
-        if index == 0:
-            acts += bsh * w * in_flight  # the embedding output
-        if index == p - 1:
-            acts += layout.micro_batch * s * V / t * 4  # fp32 logits for the loss
-        allowance = CONTEXT_BYTES + FRAGMENTATION * (states + acts)
-        stages.append(StageMemory(name, states, acts, allowance))
-    return stages
+    params = blocks * shapes.block_params(cfg, tp=t)
+    if index == 0:
+        params += shapes.embed_params(cfg, tp=t)
+    if index == p - 1:
+        params += head
+    states = model_state_bytes(
+        params, layout.zero, layout.dp, weight_bytes=w, grad_bytes=g, optimizer_bytes=o
+    ).total
+    in_flight = get_schedule(layout.schedule).in_flight(
+        p, layout.microbatches, layout.chunks, stage=index
+    )
+    acts = act_layer * blocks * in_flight
+    if index == 0:
+        acts += layout.micro_batch * s * h * w * in_flight  # the embedding output
+    if index == p - 1:
+        acts += layout.micro_batch * s * V / t * 4  # fp32 logits for the loss
+    allowance = CONTEXT_BYTES + FRAGMENTATION * (states + acts)
+    return StageMemory(name, states, acts, allowance)
 
 
 def peak_memory(cfg: ModelConfig, layout: Layout, precision: str = "bf16") -> StageMemory:

@@ -28,6 +28,7 @@ fitted to a published result:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -91,6 +92,7 @@ class StepEstimate:
 TILE = (128, 256)  # the largest CTA output tile of cuBLAS/CUTLASS bf16 kernels on Ampere and Hopper
 
 
+@functools.cache  # the searches ask for the same GEMM shapes many times
 def wave_efficiency(m: float, n: float, sms: int) -> float:
     """Fraction of the tensor cores an (m×n)-output GEMM keeps busy (NVIDIA, "Matrix
     Multiplication Background User's Guide": tile and wave quantization). The output is cut
@@ -174,6 +176,17 @@ def layer_time(
     return fwd + core_time + elementwise, bwd + core_bwd + 2 * elementwise, flops + core_flops
 
 
+def head_time(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> float:
+    """Forward + backward seconds of the output head and the loss for one micro-batch."""
+    t = layout.tp
+    head_fwd, head_bwd = _gemm_fwd_bwd(
+        layout.micro_batch * cfg.seq_len, cfg.vocab_size / t, cfg.hidden, g, elem
+    )
+    # the loss: softmax over the logits in fp32 — written, read, and its gradient written
+    loss = 3 * layout.micro_batch * cfg.seq_len * cfg.vocab_size / t * 4 / g.hbm_bandwidth
+    return head_fwd + head_bwd + loss
+
+
 def estimate(
     cfg: ModelConfig, layout: Layout, cluster: Cluster, precision: str = "bf16"
 ) -> StepEstimate:
@@ -193,23 +206,18 @@ def estimate(
     # blocks on the busiest rank: its v chunks of at most ⌈L/(p·v)⌉ blocks each
     layers = math.ceil(cfg.n_layers / (p * layout.chunks)) * layout.chunks
     fwd, bwd, flops = layer_time(cfg, layout, g, elem)
-    head_fwd, head_bwd = _gemm_fwd_bwd(
-        layout.micro_batch * cfg.seq_len, cfg.vocab_size / t, cfg.hidden, g, elem
-    )
-    # the loss: softmax over the logits in fp32 — written, read, and its gradient written
-    loss = 3 * layout.micro_batch * cfg.seq_len * cfg.vocab_size / t * 4 / g.hbm_bandwidth
-    per_mb = layers * (fwd + bwd) + head_fwd + head_bwd + loss  # the busiest stage's F + B
+    per_mb = layers * (fwd + bwd) + head_time(cfg, layout, g, elem)  # the busiest stage's F + B
     compute = m * per_mb
     # selective recomputation re-runs the attention core (fused attention keeps nothing it
     # could drop, so the planner never gains from it there)
     core = attention_core(cfg, layout, g, elem)[0]
     recompute = m * layers * {"none": 0.0, "full": fwd, "selective": core}[layout.recompute]
     tp_comm = _tp_comm(cfg, layout, cluster, layers, elem)
-    pp_comm = _pp_comm(cfg, layout, cluster, elem)
+    pp_comm = pp_transfer_time(cfg, layout, cluster, elem)
     overhead = get_schedule(layout.schedule).idle_over_busy(p, m, layout.chunks)
     bubble = overhead * (compute + recompute + tp_comm) if p > 1 else 0.0
     shard = shapes.parameter_count(cfg) / (t * p)  # parameters on one rank
-    dp_exposed = _dp_exposed(layout, cluster, elem * shard, per_mb)
+    dp_exposed = dp_exposed_time(layout, cluster, elem * shard, per_mb)
     # AdamW is memory-bound: it reads weights, gradients, m and v and writes weights, m and v
     # (fp32 master copies: 7 × 4 bytes per parameter), on this rank's share of the states.
     optimizer = 7 * 4 * shard / (layout.dp if layout.zero >= 1 else 1) / g.hbm_bandwidth
@@ -242,9 +250,7 @@ def _tp_comm(cfg: ModelConfig, layout: Layout, cluster: Cluster, layers: int, el
     t, m = layout.tp, layout.microbatches
     n = layout.micro_batch * cfg.seq_len * cfg.hidden * elem  # b·s·h values
     link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
-    comm = m * layers * 4 * _ring(n, t, link) * (1.5 if layout.recompute == "full" else 1.0)
-    if layout.sequence_parallel:  # each all-reduce became an all-gather + reduce-scatter pair
-        comm *= link.pair_cost_ratio
+    comm = m * layers * block_tp_comm(cfg, layout, cluster, elem)
     if t > 1:  # the vocabulary-parallel embedding's all-reduce and the head's input gradient,
         # and the loss's two all-reduces of (b, s) statistics
         comm += m * (
@@ -253,7 +259,19 @@ def _tp_comm(cfg: ModelConfig, layout: Layout, cluster: Cluster, layers: int, el
     return comm
 
 
-def _pp_comm(cfg: ModelConfig, layout: Layout, cluster: Cluster, elem: int) -> float:
+def block_tp_comm(cfg: ModelConfig, layout: Layout, cluster: Cluster, elem: int) -> float:
+    """One block's tensor-parallel collectives for one micro-batch: four of b·s·h values
+    (Shoeybi et al. 2019), one more forward's worth under full recomputation."""
+    t = layout.tp
+    n = layout.micro_batch * cfg.seq_len * cfg.hidden * elem  # b·s·h values
+    link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
+    comm = 4 * _ring(n, t, link) * (1.5 if layout.recompute == "full" else 1.0)
+    if layout.sequence_parallel:  # each all-reduce became an all-gather + reduce-scatter pair
+        comm *= link.pair_cost_ratio
+    return comm
+
+
+def pp_transfer_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, elem: int) -> float:
     """Stage-boundary transfers: one activation forward and one gradient back per micro-batch."""
     if layout.pp == 1:
         return 0.0
@@ -263,7 +281,7 @@ def _pp_comm(cfg: ModelConfig, layout: Layout, cluster: Cluster, elem: int) -> f
     return 2 * layout.microbatches * (per_message + link.latency)
 
 
-def _dp_exposed(layout: Layout, cluster: Cluster, grad_bytes: float, per_mb: float) -> float:
+def dp_exposed_time(layout: Layout, cluster: Cluster, grad_bytes: float, per_mb: float) -> float:
     """The data-parallel communication the step waits for: the gradient reduction less what
     hides behind the last backward, and under ZeRO-3 the parameter gathers of every
     micro-batch less what hides behind its compute."""

@@ -1,0 +1,170 @@
+"""``paracube plan --gpus 8xa100-80gb,8xv100``: a mixed cluster's plans, against planning
+every GPU as the slowest (the math is :mod:`paracube.planner.mixed`). Torch-free."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+from paracube.cli.plan import _plan_fixed, _plan_model
+from paracube.config import ModelConfig
+from paracube.errors import ParacubeError
+from paracube.planner.mixed import plan_mixed
+from paracube.planner.pools import MixedPlan, Pool
+from paracube.planner.report import describe
+
+GB = 1e9
+
+
+def cmd_plan_mixed(args, pools: list[Pool]) -> int:
+    if args.model and not _is_transformer(args.model):
+        raise ParacubeError(
+            f"--model {args.model}: mixed clusters are planned for transformer models; "
+            f"plan {args.model} on one device type (--gpus N --gpu TYPE)"
+        )
+    cfg = _plan_model(args)
+    fixed = _plan_fixed(args, args.gpus)
+    plans, slowest = plan_mixed(cfg, pools, args.global_batch, args.precision, fixed)
+    if not plans:
+        raise ParacubeError(
+            f"{cfg.name} fits no plan on {_cluster_text(pools)} for global batch {args.global_batch}: "
+            "use more GPUs, GPUs with more memory, or a smaller global batch"
+        )
+    if args.json:
+        print(json.dumps(_json(cfg, pools, plans[: args.top], slowest)))
+        return 0
+    print(
+        f"{cfg.name} on a mixed cluster: {_cluster_text(pools)}, global batch {args.global_batch} "
+        f"× {cfg.seq_len} tokens, {args.precision}; {len(plans)} plans evaluated\n"
+    )
+    print(_table(plans[: args.top], slowest))
+    print("\n" + headline(plans[0], slowest, pools))
+    if args.explain:
+        print("\n" + explain(plans[0], pools))
+    if args.emit == "torchrun":
+        print("\n" + torchrun_command(plans[0], args.model, args.gpus_per_node, args.precision))
+    return 0
+
+
+def _is_transformer(name: str) -> bool:
+    from paracube.planner.generic import generic
+
+    return generic(name) is None
+
+
+def _cluster_text(pools: list[Pool]) -> str:
+    return " + ".join(f"{p.count} × {p.gpu.name}" for p in pools)
+
+
+def where(plan: MixedPlan) -> str:
+    """What each pool does: its replicas' micro-batches, or its stages' blocks."""
+    parts = []
+    for key, n, sizes in plan.shares:
+        if plan.kind.startswith("data parallel"):
+            spread = (
+                f"b={min(sizes)}" if min(sizes) == max(sizes) else f"b={min(sizes)}–{max(sizes)}"
+            )
+            parts.append(f"{key}: {n} replicas × {spread}")
+        else:
+            parts.append(f"{key}: {n} stage(s) of {'/'.join(str(s) for s in sizes)} blocks")
+    return "; ".join(parts)
+
+
+def _table(plans: list[MixedPlan], slowest: MixedPlan | None) -> str:
+    rows = [
+        "| # | plan | layout (per replica) | each device type | step | tokens/s | ÷ all as slowest |",
+        "|---|---|---|---|---:|---:|---:|",
+    ]
+    for i, plan in enumerate(plans, 1):
+        ratio = f"{plan.tokens_per_s / slowest.tokens_per_s:.2f}×" if slowest else "—"
+        rows.append(
+            f"| {i} | {plan.kind} | {describe(plan.layout)} | {where(plan)} | "
+            f"{plan.step_time:.3g} s | {plan.tokens_per_s:,.0f} | {ratio} |"
+        )
+    if slowest is not None:
+        rows.append(
+            f"| — | {slowest.kind} | {describe(slowest.layout)} | every GPU as the slowest type | "
+            f"{slowest.step_time:.3g} s | {slowest.tokens_per_s:,.0f} | 1.00× |"
+        )
+    return "\n".join(rows)
+
+
+def headline(best: MixedPlan, slowest: MixedPlan | None, pools: list[Pool]) -> str:
+    if slowest is None:
+        return (
+            "Planned as if every GPU were the slowest with the smallest memory, the model fits no "
+            f"layout: only the speed-aware plan runs it ({best.step_time:.3g} s per step)."
+        )
+    slow = min(pools, key=lambda p: p.gpu.peak_flops * p.gpu.sustained_fraction)
+    saved = slowest.step_time - best.step_time
+    return (
+        f"The speed-aware plan takes {best.step_time:.3g} s per step against {slowest.step_time:.3g} s "
+        f"for the best plan that treats all {sum(p.count for p in pools)} GPUs as {slow.gpu.name}s: "
+        f"{saved:.3g} s saved per step ({saved / slowest.step_time:.0%}), "
+        f"{best.tokens_per_s / slowest.tokens_per_s:.2f}× the throughput."
+    )
+
+
+def explain(plan: MixedPlan, pools: list[Pool]) -> str:
+    by_key = {p.key: p for p in pools}
+    lines = [f"Why {plan.kind} ({describe(plan.layout)}):"]
+    rates = {k: p.gpu.peak_flops * p.gpu.sustained_fraction for k, p in by_key.items()}
+    slowest_rate = min(rates.values())
+    for (key, n, sizes), seconds in zip(plan.shares, _per_pool_times(plan)):
+        gpu = by_key[key].gpu
+        speed = rates[key] / slowest_rate
+        if plan.kind.startswith("data parallel"):
+            lines.append(
+                f"- {gpu.name} ({speed:.2f}× the slowest type's sustained tensor-core rate, "
+                f"{gpu.memory_bytes / GB:.0f} GB): its {n} replicas take {sum(sizes)} of every "
+                f"micro-step's {sum(plan.weights)} samples; their step takes {seconds:.3g} s."
+            )
+        else:
+            lines.append(
+                f"- {gpu.name} ({speed:.2f}× the slowest type's rate, {gpu.memory_bytes / GB:.0f} GB): "
+                f"{n} stage(s) of each pipeline, {'/'.join(map(str, sizes))} blocks, "
+                f"{seconds * 1e3:.3g} ms per micro-batch at the busiest."
+            )
+    lines.append(
+        "- Tensor-parallel groups stay inside one device type's node; the step is set by the "
+        "slowest replica or stage, so each gets work until they finish together."
+    )
+    return "\n".join(lines)
+
+
+def _per_pool_times(plan: MixedPlan) -> list[float]:
+    if plan.kind.startswith("data parallel"):
+        return list(plan.pool_times)
+    times, at = [], 0
+    for _, n, _ in plan.shares:
+        times.append(max(plan.pool_times[at : at + n]))
+        at += n
+    return times
+
+
+def torchrun_command(
+    plan: MixedPlan, preset_name: str | None, gpus_per_node: int, precision: str
+) -> str:
+    """The launch line: the same command on every node, pools' nodes in the order listed
+    (data-parallel ranks in that order take the shares in --dp-balance)."""
+    L = plan.layout
+    nodes = -(-L.gpus // gpus_per_node)
+    model = f"--model {preset_name}" if preset_name else "--model <preset>"
+    args = L.to_args(precision, gpus_per_node)
+    if plan.weights:  # --micro-batch is the mean; each rank's share comes from the weights
+        args.append(f"--dp-balance {','.join(map(str, plan.weights))}")
+    else:
+        args.append("--balance speed")
+    return (
+        f"torchrun --nnodes {nodes} --nproc-per-node {min(L.gpus, gpus_per_node)} --rdzv-backend c10d "
+        f"--rdzv-endpoint $MASTER:29500 -m paracube train {model} {' '.join(args)}"
+    )
+
+
+def _json(cfg: ModelConfig, pools: list[Pool], plans: list[MixedPlan], slowest) -> dict:
+    return {
+        "model": cfg.name,
+        "pools": [{"gpu": p.key, "count": p.count} for p in pools],
+        "plans": [asdict(p) for p in plans],
+        "all_as_slowest": asdict(slowest) if slowest else None,
+    }

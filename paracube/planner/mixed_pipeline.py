@@ -1,0 +1,113 @@
+"""Pipelines across a mixed cluster's pools: each replica's stages on every device type,
+blocks cut by each stage's own speed and memory (:mod:`paracube.planner.mixed`)."""
+
+from __future__ import annotations
+
+import math
+
+from paracube.choices import ELEMENT_BYTES, RECOMPUTE
+from paracube.config import ModelConfig
+from paracube.errors import ConfigError
+from paracube.models import shapes
+from paracube.pipeline.partition import partition
+from paracube.pipeline.schedules import get_schedule
+from paracube.planner.layout import Layout
+from paracube.planner.layout_memory import stage_bytes
+from paracube.planner.pools import MAX_MICRO_BATCH, MixedPlan, Pool
+from paracube.planner.search import divisors
+from paracube.planner.time_model import (
+    attention_core,
+    block_tp_comm,
+    dp_exposed_time,
+    head_time,
+    layer_time,
+    pp_transfer_time,
+)
+
+
+def pipeline_plans(
+    cfg: ModelConfig, pools: list[Pool], global_batch: int, precision: str, fixed: dict
+) -> list[MixedPlan]:
+    """Every pipeline whose stages span the pools (pool i: ``s_i`` stages of each of R
+    replicas), blocks cut by each stage's own speed and memory."""
+    order = sorted(pools, key=lambda p: -p.gpu.memory_bytes)
+    common = math.gcd(*(p.count for p in pools))
+    node = min(p.cluster.gpus_per_node for p in pools)
+    plans = []
+    for tp in divisors(common):
+        if tp > node or cfg.n_heads % tp or cfg.n_kv_heads % tp or cfg.ffn_hidden % tp:
+            continue
+        for dp in divisors(common // tp):
+            stages = tuple(p.count // (dp * tp) for p in order)
+            pp = sum(stages)
+            if pp > cfg.n_layers or global_batch % dp:
+                continue
+            for b in divisors(global_batch // dp):
+                m = global_batch // (dp * b)
+                if b > MAX_MICRO_BATCH or m < pp:
+                    continue
+                for zero, recompute in ((z, r) for z in (0, 1, 2) for r in RECOMPUTE):
+                    layout = Layout(
+                        dp=dp, tp=tp, pp=pp, micro_batch=b, microbatches=m, zero=zero,
+                        recompute=recompute, sequence_parallel=tp > 1,
+                    )  # fmt: skip
+                    if all(getattr(layout, k) == v for k, v in fixed.items()):
+                        plan = _pipeline(cfg, order, stages, layout, precision)
+                        if plan is not None:
+                            plans.append(plan)
+    return plans
+
+
+def _pipeline(cfg: ModelConfig, order, stages, layout: Layout, precision: str):
+    """The blocks of each stage by its pool's speed and memory, and the step they make."""
+    elem = ELEMENT_BYTES[precision]
+    pool_of = [i for i, s in enumerate(stages) for _ in range(s)]  # stage → pool
+    L, p, m = cfg.n_layers, layout.pp, layout.microbatches
+    block, head = [], []
+    for pool in order:  # one block's and the head's forward + backward, per micro-batch
+        fwd, bwd, _ = layer_time(cfg, layout, pool.gpu, elem)
+        redo = {
+            "none": 0.0,
+            "full": fwd,
+            "selective": attention_core(cfg, layout, pool.gpu, elem)[0],
+        }
+        block.append(
+            fwd + bwd + redo[layout.recompute] + block_tp_comm(cfg, layout, pool.cluster, elem)
+        )
+        head.append(head_time(cfg, layout, pool.gpu, elem))
+    # a stage's bytes are affine in its blocks (states, activations, the 10 % allowance)
+    empty = [stage_bytes(cfg, layout, k, 0, precision).total for k in range(p)]
+    per_block = [stage_bytes(cfg, layout, k, 1, precision).total - empty[k] for k in range(p)]
+
+    def load(part: int, layer: int) -> float:
+        last = layer == L - 1 and part == p - 1
+        return block[pool_of[part]] + (head[pool_of[part]] if last else 0.0)
+
+    def fits(part: int, start: int, end: int) -> bool:
+        need = empty[part] + (end - start) * per_block[part]
+        return need <= order[pool_of[part]].gpu.memory_bytes
+
+    try:
+        bounds = partition(L, p, load, fits)
+    except ConfigError:
+        return None  # no cut fits every stage
+    stage_times = [sum(load(k, i) for i in range(a, b)) for k, (a, b) in enumerate(bounds)]
+    busiest = max(stage_times)
+    link = order[0].cluster  # stages on different pools meet over the inter-node link
+    bubble = get_schedule(layout.schedule).idle_over_busy(p, m, 1) * m * busiest
+    rest = []
+    for k, (a, b) in enumerate(bounds):  # each stage's gradient reduction and optimizer
+        pool = order[pool_of[k]]
+        shard = (b - a) * shapes.block_params(cfg, tp=layout.tp)
+        dp_exposed = dp_exposed_time(layout, pool.cluster, elem * shard, stage_times[k])
+        optimizer = 7 * 4 * shard / (layout.dp if layout.zero else 1) / pool.gpu.hbm_bandwidth
+        rest.append(m * stage_times[k] + dp_exposed + optimizer)
+    step = max(rest) + bubble + pp_transfer_time(cfg, layout, link, elem)
+    shares = tuple(
+        (pool.key, s, tuple(b - a for k, (a, b) in enumerate(bounds) if pool_of[k] == i))
+        for i, (pool, s) in enumerate(zip(order, stages))
+    )
+    tokens = layout.dp * layout.micro_batch * m * cfg.seq_len / step
+    return MixedPlan(
+        "pipeline stages by speed", layout, step, tokens, shares, (), tuple(stage_times)
+    )
