@@ -21,6 +21,7 @@ from paracube.choices import (
     GRAD_REDUCE,
     METRICS_MODES,
     NORMS,
+    OFFLOAD,
     ON_NAN,
     POSITIONS,
     PRECISIONS,
@@ -191,6 +192,7 @@ class TrainConfig:
         None  # the first N blocks (of each pipeline stage's model); None: all
     )
     precision: str = "fp32"
+    offload: str = "none"  # "optimizer": master weights and optimizer states on the host
     grad_reduce: str = "fp32"  # dtype of gradient accumulation and reduction under bf16/fp16
     loss_scale: str | None = None  # fp16: "dynamic" (default) or a fixed number; "none" refused
     count_activations_every: int = (
@@ -281,6 +283,10 @@ class TrainConfig:
             raise ConfigError(
                 "--zero 3 with --pp > 1 is not supported: every micro-batch would re-gather each stage's "
                 "parameters; use --zero 1 or --zero 2 with pipeline parallelism"
+            )
+        if self.offload not in OFFLOAD:
+            raise ConfigError(
+                f"unknown --offload {self.offload!r}: choose one of {', '.join(OFFLOAD)}"
             )
         if self.recompute not in RECOMPUTE:
             raise ConfigError(

@@ -120,7 +120,13 @@ class Trainer:
         counted earlier in the step, where all gradients still existed."""
         held, opt = self.grad_sync.memory_bytes(), self.optimizer.memory_bytes()
         grads = held["gradients"] + opt["gradients"] if gradients is None else gradients
-        return {"weights": held["weights"], "gradients": grads, "optimizer": opt["optimizer"]}
+        host = {k: v for k, v in opt.items() if k.endswith("_host")}  # --offload optimizer
+        return {
+            "weights": held["weights"],
+            "gradients": grads,
+            "optimizer": opt["optimizer"],
+            **host,
+        }
 
     def memory_metrics(self, gradients: int | None = None) -> dict[str, int]:
         """Per-step memory record: model states, saved activations (peak over the step),

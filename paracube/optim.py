@@ -55,6 +55,7 @@ def shard_optimizer(grad_sync: FlatDataParallel, cfg: TrainConfig) -> MainParamO
         grad_sync.shards(),
         lambda groups: make_adamw(groups.get(True, []), groups.get(False, []), cfg),
         master_dtype=torch.promote_types(torch.float32, dtype),
+        offload=cfg.offload == "optimizer",
     )
 
 

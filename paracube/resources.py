@@ -88,6 +88,11 @@ def check_host(
             f"--threads {threads} is more than this machine's {host.cores} cores: use --threads ≤ "
             f"{host.cores} (or --oversubscribe)"
         )
+    if cfg.offload != "none" and not host.cuda:
+        raise ConfigError(
+            f"--offload {cfg.offload} moves the optimizer's states and step from the GPU to host "
+            "memory: this machine has no GPU, so there is nothing to offload; leave --offload out"
+        )
     need = rank_memory_bytes(cfg)
     if not host.cuda and local_ranks * need > host.memory_bytes:
         total = (

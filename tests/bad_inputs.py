@@ -39,6 +39,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("layout", ["train", "--schedule", "gpipe"], "--schedule gpipe needs --pp > 1"),
     ("layout", ["train", "--chunks", "2"], "--chunks 2 needs --pp > 1"),
     ("layout", ["train", "--balance", "flops"], "--balance flops needs --pp > 1"),
+    ("layout", ["train", "--offload", "optimizer"], "this machine has no GPU, so there is nothing to offload"),
+    ("layout", ["train", "--offload", "nvme"], "unknown --offload 'nvme': choose one of none, optimizer"),
     ("layout", ["train", "--dp", str(10**20)], "ranks on this machine's"),
     ("layout", ["train", "--dp", "2", "--nnodes", "2"], "--nnodes 2 needs --rdzv-endpoint HOST:PORT"),
     ("layout", ["train", "--dp", "3", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29500"],
@@ -242,6 +244,8 @@ CASES: list[tuple[str, list[str], str]] = [
               "--gpus", "8", "--global-batch", "8"], "--layers must be a positive integer, got 0"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--precision", "fp4"],
      "unknown --precision 'fp4'"),
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--offload", "disk"],
+     "unknown --offload 'disk'"),
     # -- plan on a mixed cluster ----------------------------------------------------------
     ("plan", [*MIXED[:4], "8xa100-80gb,8xtpu9", *MIXED[5:]], "unknown device type 'tpu9'"),
     ("plan", [*MIXED[:4], "8a100,8xv100", *MIXED[5:]], "'8a100' is not COUNTxTYPE"),

@@ -229,3 +229,13 @@ def test_a_read_only_folder_is_refused(tmp_path):
             check_output(str(folder / "m.jsonl"), "--metrics", "new")
     finally:
         folder.chmod(0o755)
+
+
+def test_offloading_a_cpu_models_optimizer_is_refused():
+    """MainParamOptimizer(offload=True) over a model in host memory already: a clear
+    error (there is nothing to offload), not a silent copy."""
+    from paracube.data_parallel import MainParamOptimizer
+
+    model = DataParallel(torch.nn.Linear(4, 4), None, None, contiguous_params=True)
+    with pytest.raises(ValueError, match="nothing to offload"):
+        MainParamOptimizer(model.shards(), lambda groups: None, offload=True)

@@ -82,3 +82,27 @@ def test_zero_bf16_on_gpu_reports_cuda_memory(tmp_path, zero):
     assert records[-1]["loss"] < records[0]["loss"]
     mem = records[-1]["memory"]
     assert mem["cuda_max_allocated"] >= mem["weights"] + mem["optimizer"]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_offloaded_optimizer_trains_as_on_the_gpu(tmp_path, precision):
+    """--offload optimizer: the losses equal the run with the optimizer on the GPU (the
+    same fp32 AdamW, stepped by the CPU), and the GPU's memory record holds no optimizer
+    state while the host's does."""
+    from paracube.metrics import read_metrics
+
+    runs = {}
+    for offload in ("none", "optimizer"):
+        metrics = tmp_path / f"{offload}.jsonl"
+        proc = run_cli(
+            "train", "--dp", "1", "--model", "nano", "--steps", "5", "--precision", precision,
+            "--offload", offload, "--metrics", str(metrics), "--no-progress",
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        runs[offload] = read_metrics(str(metrics))
+    losses = {k: [r["loss"] for r in v] for k, v in runs.items()}
+    torch.testing.assert_close(losses["optimizer"], losses["none"], rtol=1e-4, atol=1e-5)
+    memory = runs["optimizer"][-1]["memory"]
+    assert memory["optimizer"] == 0 and memory["optimizer_host"] > 0
+    assert runs["none"][-1]["memory"]["optimizer"] == memory["optimizer_host"]

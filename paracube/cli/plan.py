@@ -44,6 +44,12 @@ def add_parser(sub) -> None:
     t.add_argument("--zero", type=int, default=None)
     t.add_argument("--recompute", default=None, help="none, selective or full")
     t.add_argument(
+        "--offload",
+        default=None,
+        help="optimizer (states and step in host memory) or none; default: only where a "
+        "layout does not fit without it",
+    )
+    t.add_argument(
         "--sequence-parallel",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -138,6 +144,8 @@ def _plan_fixed(args, gpus: int) -> dict:
     ):
         if getattr(args, name) is not None:
             fixed[name] = getattr(args, name)
+    if args.offload is not None:
+        fixed["offload"] = args.offload == "optimizer"
     return fixed
 
 
@@ -185,7 +193,7 @@ MAX_GPUS = 2**20
 
 
 def _check_args(args, whole_nodes: bool = True) -> None:
-    from paracube.choices import ATTENTION, PRECISIONS, RECOMPUTE, ZERO_STAGES
+    from paracube.choices import ATTENTION, OFFLOAD, PRECISIONS, RECOMPUTE, ZERO_STAGES
     from paracube.pipeline.schedules import SCHEDULES
 
     for name in ("gpus", "global_batch"):
@@ -216,6 +224,10 @@ def _check_args(args, whole_nodes: bool = True) -> None:
             raise ParacubeError(f"unknown --{name} {value!r}: choose one of {choices}")
     if args.attention is not None and args.attention not in ATTENTION:
         raise ParacubeError(f"unknown --attention {args.attention!r}: choose fused or unfused")
+    if args.offload is not None and args.offload not in OFFLOAD:
+        raise ParacubeError(
+            f"unknown --offload {args.offload!r}: choose one of {', '.join(OFFLOAD)}"
+        )
     if args.precision not in PRECISIONS:
         raise ParacubeError(f"unknown --precision {args.precision!r}: choose bf16, fp16 or fp32")
 

@@ -57,6 +57,7 @@ def config_from_args(args) -> TrainConfig:
         zero=_zero_stage(args.zero),
         recompute=args.recompute,
         recompute_blocks=args.recompute_blocks,
+        offload=args.offload,
         precision=args.precision,
         grad_reduce="compute"
         if args.grad_reduce in ("compute", "bf16", "fp16")

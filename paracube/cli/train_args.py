@@ -139,6 +139,12 @@ def add_arguments(p) -> None:
         help="recompute only the first N blocks (default: all)",
     )
     z.add_argument(
+        "--offload",
+        default="none",
+        help="optimizer: fp32 master weights and optimizer states in host memory, stepped on "
+        "the CPU (ZeRO-Offload; GPUs only) (default none)",
+    )
+    z.add_argument(
         "--precision",
         default="fp32",
         help="fp32, bf16 or fp16 (fp32 master weights) (default fp32)",

@@ -16,6 +16,11 @@ the step updates the model in place), and fp32 copies otherwise — the "fp32 ma
 weights" of Micikevicius et al. 2018 (mixed precision training), sharded under ZeRO ≥ 1
 as in Rajbhandari et al. 2020 (the 12 bytes/parameter of K = 12 are master weights plus
 Adam's two moments).
+
+``offload=True`` keeps the main parameters and the optimizer's states in host memory
+(pinned) and steps them on the CPU, as ZeRO-Offload (Ren et al. 2021) and FSDP2's
+``CPUOffloadPolicy``: each step the reduced gradient slice travels to the host (fp32),
+the new values back to the GPU; the GPU holds no optimizer state and no master copy.
 """
 
 from __future__ import annotations
@@ -36,9 +41,17 @@ class MainParamOptimizer:
         shards: list[FlatShard],
         make_optimizer: Callable[[dict[Hashable, list[nn.Parameter]]], torch.optim.Optimizer],
         master_dtype: torch.dtype = torch.float32,
+        offload: bool = False,
     ):
         self.shards = shards
         self.master_dtype = master_dtype
+        self.offload = offload
+        device = shards[0].values.device if shards else torch.device("cpu")
+        if offload and device.type == "cpu":
+            raise ValueError(
+                "MainParamOptimizer(offload=True): the model's shards are in host memory already "
+                "(a CPU model): there is nothing to offload; leave offload off"
+            )
         self._main: list[torch.Tensor] = []  # per shard: its (hi−lo,) main values
         self._main_grad: list[torch.Tensor | None] = []  # fp32 gradient slice when converted
         self._entries: list[
@@ -46,8 +59,13 @@ class MainParamOptimizer:
         ] = []  # per shard: (main param, a, b)
         groups: dict[Hashable, list[nn.Parameter]] = {}
         for sh in shards:
-            copy = sh.values.dtype != master_dtype
-            main = sh.values.detach().to(master_dtype).clone() if copy else sh.values
+            if offload:  # pinned, so the copies to and from the GPU run asynchronously
+                main = torch.empty(sh.values.numel(), dtype=master_dtype, pin_memory=True)
+                main.copy_(sh.values.detach())
+            elif sh.values.dtype != master_dtype:
+                main = sh.values.detach().to(master_dtype).clone()
+            else:
+                main = sh.values
             self._main.append(main)
             self._main_grad.append(None)
             entries = []
@@ -97,9 +115,9 @@ class MainParamOptimizer:
         grads = []
         for i, sh in enumerate(self.shards):
             g = sh.grad()
-            if g.dtype != self.master_dtype:
+            if g.dtype != self.master_dtype or g.device != self._main[i].device:
                 converted = self._main_grad[i]
-                if converted is None:
+                if converted is None:  # beside the main values: fp32, on the host if offloaded
                     converted = self._main_grad[i] = torch.empty_like(self._main[i])
                 g = converted.copy_(g)
             grads.append(g)
@@ -120,7 +138,7 @@ class MainParamOptimizer:
         if not grads:
             return torch.zeros((), device=self._device())
         norms = torch.stack(torch._foreach_norm(grads))
-        return (~torch.isfinite(norms).all()).float()
+        return (~torch.isfinite(norms).all()).float().to(self._device())
 
     @torch.no_grad()
     def grad_norm_squared(self, counts: Callable[[nn.Parameter], bool]) -> torch.Tensor:
@@ -135,7 +153,8 @@ class MainParamOptimizer:
         ]
         if not views:
             return torch.zeros((), dtype=self.master_dtype, device=self._device())
-        return torch.stack(torch._foreach_norm(views)).to(self.master_dtype).square().sum()
+        norms = torch.stack(torch._foreach_norm(views)).to(self.master_dtype)
+        return norms.square().sum().to(self._device())  # reduced over the model's groups
 
     @property
     def sharded(self) -> bool:
@@ -154,7 +173,7 @@ class MainParamOptimizer:
         dtype), then all-gather full parameters where the model keeps them (ZeRO-1/2)."""
         for main, sh in zip(self._main, self.shards):
             if main is not sh.values:
-                sh.values.copy_(main)
+                sh.values.copy_(main, non_blocking=self.offload)  # pinned host → GPU
         pending = [sh.gather() for sh in self.shards if sh.gather is not None]
         for handle in pending:
             handle.wait()
@@ -176,12 +195,18 @@ class MainParamOptimizer:
 
     def memory_bytes(self) -> dict[str, int]:
         """This rank's bytes as the step's memory record counts them: ``optimizer`` (states
-        and master weights) and ``gradients`` (fp32 copies of reduced gradient slices)."""
+        and master weights) and ``gradients`` (fp32 copies of reduced gradient slices) on
+        the device; offloaded, they are ``optimizer_host`` / ``gradients_host`` and the
+        device holds none of them."""
         states = self.state_bytes()
-        return {
+        held = {
             "optimizer": states["optimizer_states"] + states["master_weights"],
             "gradients": sum(storage_bytes(g) for g in self._main_grad),
         }
+        if self.offload:
+            return {"optimizer": 0, "gradients": 0, **{f"{k}_host": v for k, v in held.items()}}
+        return held
 
     def _device(self):
-        return self._main[0].device if self._main else torch.device("cpu")
+        """Where the model's shards are (the device its collectives run on)."""
+        return self.shards[0].values.device if self.shards else torch.device("cpu")

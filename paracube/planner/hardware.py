@@ -35,6 +35,10 @@ class GPU:
     sms: int = (
         0  # streaming multiprocessors: a GEMM runs in waves of one output tile per SM (0: no waves)
     )
+    # --offload optimizer: the GPU's host link (PCIe, one direction) and its share of the
+    # host's memory bandwidth, where the CPU steps Adam (0: nothing to offload to)
+    host_link_bandwidth: float = 0.0
+    host_memory_bandwidth: float = 0.0
 
     @property
     def sustained_fraction(self) -> float:
@@ -55,14 +59,77 @@ class Interconnect:
     pair_cost_ratio: float = 1.0
 
 
+# Host side, for --offload: PCIe per direction — Gen3 x16 16 GB/s (V100), Gen4 x16 32 GB/s
+# (A100), Gen5 x16 64 GB/s (H100/H200); host memory bandwidth per GPU in the DGX servers of
+# each generation — DGX-1: 2 × 4 channels DDR4-2400 = 154 GB/s over 8 GPUs; DGX A100:
+# 2 × 8 channels DDR4-3200 = 410 GB/s over 8; DGX H100/H200: 2 × 8 channels DDR5-4800 =
+# 614 GB/s over 8 (the vendors' system and CPU datasheets).
+PCIE = {"v100": 16 * GB, "a100": 32 * GB, "h100": 64 * GB}
+HOST_MEMORY = {"v100": 154 * GB / 8, "a100": 410 * GB / 8, "h100": 614 * GB / 8}
+
 GPUS: dict[str, GPU] = {
     # clocks (MHz): V100 SXM2 1290/1530, A100 SXM4 1095/1410, H100/H200 SXM5 1590/1980;
     # SMs (architecture whitepapers): V100 80, A100 108, H100/H200 SXM5 132
-    "v100": GPU("V100 SXM2 32GB", 125e12, 32 * GB, 900 * GB, 300 * GB, 1290, 1530, sms=80),
-    "a100-40gb": GPU("A100 40GB", 312e12, 40 * GB, 1555 * GB, 600 * GB, 1095, 1410, sms=108),
-    "a100-80gb": GPU("A100 80GB", 312e12, 80 * GB, 2039 * GB, 600 * GB, 1095, 1410, sms=108),
-    "h100": GPU("H100 SXM", 989e12, 80 * GB, 3350 * GB, 900 * GB, 1590, 1980, sms=132),
-    "h200": GPU("H200 SXM", 989e12, 141 * GB, 4800 * GB, 900 * GB, 1590, 1980, sms=132),
+    "v100": GPU(
+        "V100 SXM2 32GB",
+        125e12,
+        32 * GB,
+        900 * GB,
+        300 * GB,
+        1290,
+        1530,
+        sms=80,
+        host_link_bandwidth=PCIE["v100"],
+        host_memory_bandwidth=HOST_MEMORY["v100"],
+    ),
+    "a100-40gb": GPU(
+        "A100 40GB",
+        312e12,
+        40 * GB,
+        1555 * GB,
+        600 * GB,
+        1095,
+        1410,
+        sms=108,
+        host_link_bandwidth=PCIE["a100"],
+        host_memory_bandwidth=HOST_MEMORY["a100"],
+    ),
+    "a100-80gb": GPU(
+        "A100 80GB",
+        312e12,
+        80 * GB,
+        2039 * GB,
+        600 * GB,
+        1095,
+        1410,
+        sms=108,
+        host_link_bandwidth=PCIE["a100"],
+        host_memory_bandwidth=HOST_MEMORY["a100"],
+    ),
+    "h100": GPU(
+        "H100 SXM",
+        989e12,
+        80 * GB,
+        3350 * GB,
+        900 * GB,
+        1590,
+        1980,
+        sms=132,
+        host_link_bandwidth=PCIE["h100"],
+        host_memory_bandwidth=HOST_MEMORY["h100"],
+    ),
+    "h200": GPU(
+        "H200 SXM",
+        989e12,
+        141 * GB,
+        4800 * GB,
+        900 * GB,
+        1590,
+        1980,
+        sms=132,
+        host_link_bandwidth=PCIE["h100"],
+        host_memory_bandwidth=HOST_MEMORY["h100"],
+    ),
 }
 
 # One direction per GPU: NVLink's bidirectional total halved; IB per port (one per GPU).

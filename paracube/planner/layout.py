@@ -40,6 +40,8 @@ class Layout:
     # gradients all-reduced bucket by bucket during the last backward (paracube, PyTorch DDP,
     # Megatron-Core --overlap-grad-reduce) or only after it (Megatron-LM 2021, DeepSpeed's pipeline engine)
     overlap_grad_reduce: bool = True
+    # fp32 master weights and optimizer states in host memory, stepped by the CPU (ZeRO-Offload)
+    offload: bool = False
 
     @property
     def gpus(self) -> int:
@@ -62,6 +64,7 @@ class Layout:
             sequence_parallel=par.sequence_parallel,
             zero=cfg.zero,
             recompute=cfg.recompute,
+            offload=cfg.offload == "optimizer",
         )
 
     def to_args(self, precision: str = "bf16", gpus_per_node: int | None = None) -> list[str]:
@@ -86,6 +89,8 @@ class Layout:
             args.append(f"--zero {self.zero}")
         if self.recompute != "none":
             args.append(f"--recompute {self.recompute}")
+        if self.offload:
+            args.append("--offload optimizer")
         if precision != "fp32":
             args.append(f"--precision {precision}")
         return args

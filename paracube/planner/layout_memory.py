@@ -82,6 +82,8 @@ def stage_bytes(
         params += shapes.embed_params(cfg, tp=t)
     if index == p - 1:
         params += head
+    if layout.offload:  # master weights and optimizer states live in host memory
+        o = 0
     states = model_state_bytes(
         params, layout.zero, layout.dp, weight_bytes=w, grad_bytes=g, optimizer_bytes=o
     ).total

@@ -21,6 +21,7 @@ from paracube.planner.time_model import (
     dp_exposed_time,
     head_time,
     layer_time,
+    optimizer_time,
     pp_transfer_time,
 )
 
@@ -100,7 +101,7 @@ def _pipeline(cfg: ModelConfig, order, stages, layout: Layout, precision: str):
         pool = order[pool_of[k]]
         shard = (b - a) * shapes.block_params(cfg, tp=layout.tp)
         dp_exposed = dp_exposed_time(layout, pool.cluster, elem * shard, stage_times[k])
-        optimizer = 7 * 4 * shard / (layout.dp if layout.zero else 1) / pool.gpu.hbm_bandwidth
+        optimizer = optimizer_time(layout, pool.gpu, shard, elem)
         rest.append(m * stage_times[k] + dp_exposed + optimizer)
     step = max(rest) + bubble + pp_transfer_time(cfg, layout, link, elem)
     shares = tuple(

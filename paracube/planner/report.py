@@ -27,6 +27,8 @@ def describe(layout) -> str:
         text += f" recompute={layout.recompute}"
     if layout.sequence_parallel:
         text += " sp"
+    if getattr(layout, "offload", False):
+        text += " offload"
     return text
 
 

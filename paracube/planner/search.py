@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from paracube.choices import RECOMPUTE, ZERO_STAGES
 from paracube.config import ModelConfig
@@ -106,6 +106,7 @@ def candidate_layouts(
                         sequence_parallel=fixed.get("sequence_parallel", True) and tp > 1,
                         attention=fixed.get("attention", "fused"),
                         overlap_grad_reduce=fixed.get("overlap_grad_reduce", True),
+                        offload=fixed.get("offload", False),
                     )
                     if all(getattr(layout, k) == val for k, val in fixed.items()):
                         yield layout
@@ -137,11 +138,17 @@ def search(
     """
     result = SearchResult(ranked=[])
     capacity = cluster.gpu.memory_bytes
+    fixed = fixed or {}
     for layout in candidate_layouts(
-        cfg, gpus, cluster.gpus_per_node, global_batch, fixed or {}, result.rejected
+        cfg, gpus, cluster.gpus_per_node, global_batch, fixed, result.rejected
     ):
         result.evaluated += 1
         mem = peak_memory(cfg, layout, precision)
+        if mem.total > capacity and "offload" not in fixed and cluster.gpu.host_link_bandwidth:
+            # what does not fit may with the optimizer in host memory (ZeRO-Offload)
+            offloaded = replace(layout, offload=True)
+            if peak_memory(cfg, offloaded, precision).total <= capacity:
+                layout, mem = offloaded, peak_memory(cfg, offloaded, precision)
         if mem.total > capacity:
             result.rejected["does not fit in GPU memory"] = (
                 result.rejected.get("does not fit in GPU memory", 0) + 1
@@ -156,9 +163,10 @@ def search(
 
 
 def simplicity(layout: Layout) -> tuple:
-    """Fewer moving parts first: no ZeRO, no recompute, less model parallelism, fewer
-    (larger) micro-batches."""
+    """Fewer moving parts first: no offload, no ZeRO, no recompute, less model
+    parallelism, fewer (larger) micro-batches."""
     return (
+        layout.offload,
         layout.zero,
         ("none", "selective", "full").index(layout.recompute),
         layout.pp,

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from paracube.choices import ELEMENT_BYTES
 from paracube.config import ModelConfig
+from paracube.errors import ConfigError
 from paracube.models import shapes
 from paracube.pipeline.schedules import get_schedule
 from paracube.planner.flops import hardware_flops_per_token, model_flops_per_token
@@ -176,6 +177,19 @@ def layer_time(
     return fwd + core_time + elementwise, bwd + core_bwd + 2 * elementwise, flops + core_flops
 
 
+def optimizer_time(layout: Layout, g: GPU, shard: float, elem: int) -> float:
+    """AdamW is memory-bound: it reads weights, gradients, m and v and writes weights, m and
+    v (fp32 master copies: 7 × 4 bytes per parameter), on this rank's share of the states —
+    in HBM, or offloaded: in host memory, after the gradient slice crossed PCIe to the host
+    and before the new values cross back (paracube copies after the reduction: exposed)."""
+    stepped = shard / (layout.dp if layout.zero >= 1 else 1)
+    if not layout.offload:
+        return 7 * 4 * stepped / g.hbm_bandwidth
+    if not (g.host_link_bandwidth and g.host_memory_bandwidth):
+        raise ConfigError(f"--offload: no host link or host memory figures for {g.name}")
+    return 2 * elem * stepped / g.host_link_bandwidth + 7 * 4 * stepped / g.host_memory_bandwidth
+
+
 def head_time(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> float:
     """Forward + backward seconds of the output head and the loss for one micro-batch."""
     t = layout.tp
@@ -218,9 +232,7 @@ def estimate(
     bubble = overhead * (compute + recompute + tp_comm) if p > 1 else 0.0
     shard = shapes.parameter_count(cfg) / (t * p)  # parameters on one rank
     dp_exposed = dp_exposed_time(layout, cluster, elem * shard, per_mb)
-    # AdamW is memory-bound: it reads weights, gradients, m and v and writes weights, m and v
-    # (fp32 master copies: 7 × 4 bytes per parameter), on this rank's share of the states.
-    optimizer = 7 * 4 * shard / (layout.dp if layout.zero >= 1 else 1) / g.hbm_bandwidth
+    optimizer = optimizer_time(layout, g, shard, elem)
     step = compute + recompute + tp_comm + pp_comm + bubble + dp_exposed + optimizer
     tokens = layout.dp * layout.micro_batch * m * cfg.seq_len
     tflops = tokens * model_flops_per_token(cfg) / (step * layout.gpus) / 1e12
