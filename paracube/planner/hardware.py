@@ -67,70 +67,22 @@ class Interconnect:
 PCIE = {"v100": 16 * GB, "a100": 32 * GB, "h100": 64 * GB}
 HOST_MEMORY = {"v100": 154 * GB / 8, "a100": 410 * GB / 8, "h100": 614 * GB / 8}
 
+# fmt: off
 GPUS: dict[str, GPU] = {
     # clocks (MHz): V100 SXM2 1290/1530, A100 SXM4 1095/1410, H100/H200 SXM5 1590/1980;
     # SMs (architecture whitepapers): V100 80, A100 108, H100/H200 SXM5 132
-    "v100": GPU(
-        "V100 SXM2 32GB",
-        125e12,
-        32 * GB,
-        900 * GB,
-        300 * GB,
-        1290,
-        1530,
-        sms=80,
-        host_link_bandwidth=PCIE["v100"],
-        host_memory_bandwidth=HOST_MEMORY["v100"],
-    ),
-    "a100-40gb": GPU(
-        "A100 40GB",
-        312e12,
-        40 * GB,
-        1555 * GB,
-        600 * GB,
-        1095,
-        1410,
-        sms=108,
-        host_link_bandwidth=PCIE["a100"],
-        host_memory_bandwidth=HOST_MEMORY["a100"],
-    ),
-    "a100-80gb": GPU(
-        "A100 80GB",
-        312e12,
-        80 * GB,
-        2039 * GB,
-        600 * GB,
-        1095,
-        1410,
-        sms=108,
-        host_link_bandwidth=PCIE["a100"],
-        host_memory_bandwidth=HOST_MEMORY["a100"],
-    ),
-    "h100": GPU(
-        "H100 SXM",
-        989e12,
-        80 * GB,
-        3350 * GB,
-        900 * GB,
-        1590,
-        1980,
-        sms=132,
-        host_link_bandwidth=PCIE["h100"],
-        host_memory_bandwidth=HOST_MEMORY["h100"],
-    ),
-    "h200": GPU(
-        "H200 SXM",
-        989e12,
-        141 * GB,
-        4800 * GB,
-        900 * GB,
-        1590,
-        1980,
-        sms=132,
-        host_link_bandwidth=PCIE["h100"],
-        host_memory_bandwidth=HOST_MEMORY["h100"],
-    ),
+    "v100": GPU("V100 SXM2 32GB", 125e12, 32 * GB, 900 * GB, 300 * GB, 1290, 1530, sms=80,
+                host_link_bandwidth=PCIE["v100"], host_memory_bandwidth=HOST_MEMORY["v100"]),
+    "a100-40gb": GPU("A100 40GB", 312e12, 40 * GB, 1555 * GB, 600 * GB, 1095, 1410, sms=108,
+                     host_link_bandwidth=PCIE["a100"], host_memory_bandwidth=HOST_MEMORY["a100"]),
+    "a100-80gb": GPU("A100 80GB", 312e12, 80 * GB, 2039 * GB, 600 * GB, 1095, 1410, sms=108,
+                     host_link_bandwidth=PCIE["a100"], host_memory_bandwidth=HOST_MEMORY["a100"]),
+    "h100": GPU("H100 SXM", 989e12, 80 * GB, 3350 * GB, 900 * GB, 1590, 1980, sms=132,
+                host_link_bandwidth=PCIE["h100"], host_memory_bandwidth=HOST_MEMORY["h100"]),
+    "h200": GPU("H200 SXM", 989e12, 141 * GB, 4800 * GB, 900 * GB, 1590, 1980, sms=132,
+                host_link_bandwidth=PCIE["h100"], host_memory_bandwidth=HOST_MEMORY["h100"]),
 }
+# fmt: on
 
 # One direction per GPU: NVLink's bidirectional total halved; IB per port (one per GPU).
 # Latencies: ~2 µs across NVLink/NVSwitch, ~5 µs over InfiniBand, ~20 µs over Ethernet/TCP.
