@@ -39,6 +39,7 @@ class GPU:
     # host's memory bandwidth, where the CPU steps Adam (0: nothing to offload to)
     host_link_bandwidth: float = 0.0
     host_memory_bandwidth: float = 0.0
+    host_memory_bytes: float = 0.0  # the node's RAM over its GPUs: what offloaded states may use
 
     @property
     def sustained_fraction(self) -> float:
@@ -66,21 +67,28 @@ class Interconnect:
 # 614 GB/s over 8 (the vendors' system and CPU datasheets).
 PCIE = {"v100": 16 * GB, "a100": 32 * GB, "h100": 64 * GB}
 HOST_MEMORY = {"v100": 154 * GB / 8, "a100": 410 * GB / 8, "h100": 614 * GB / 8}
+# System memory per GPU: DGX-1 512 GB, DGX A100 1 TB, DGX H100/H200 2 TB, over 8 GPUs.
+HOST_RAM = {"v100": 512 * GB / 8, "a100": 1024 * GB / 8, "h100": 2048 * GB / 8}
 
 # fmt: off
 GPUS: dict[str, GPU] = {
     # clocks (MHz): V100 SXM2 1290/1530, A100 SXM4 1095/1410, H100/H200 SXM5 1590/1980;
     # SMs (architecture whitepapers): V100 80, A100 108, H100/H200 SXM5 132
     "v100": GPU("V100 SXM2 32GB", 125e12, 32 * GB, 900 * GB, 300 * GB, 1290, 1530, sms=80,
-                host_link_bandwidth=PCIE["v100"], host_memory_bandwidth=HOST_MEMORY["v100"]),
+                host_link_bandwidth=PCIE["v100"], host_memory_bandwidth=HOST_MEMORY["v100"],
+                host_memory_bytes=HOST_RAM["v100"]),
     "a100-40gb": GPU("A100 40GB", 312e12, 40 * GB, 1555 * GB, 600 * GB, 1095, 1410, sms=108,
-                     host_link_bandwidth=PCIE["a100"], host_memory_bandwidth=HOST_MEMORY["a100"]),
+                     host_link_bandwidth=PCIE["a100"], host_memory_bandwidth=HOST_MEMORY["a100"],
+                host_memory_bytes=HOST_RAM["a100"]),
     "a100-80gb": GPU("A100 80GB", 312e12, 80 * GB, 2039 * GB, 600 * GB, 1095, 1410, sms=108,
-                     host_link_bandwidth=PCIE["a100"], host_memory_bandwidth=HOST_MEMORY["a100"]),
+                     host_link_bandwidth=PCIE["a100"], host_memory_bandwidth=HOST_MEMORY["a100"],
+                host_memory_bytes=HOST_RAM["a100"]),
     "h100": GPU("H100 SXM", 989e12, 80 * GB, 3350 * GB, 900 * GB, 1590, 1980, sms=132,
-                host_link_bandwidth=PCIE["h100"], host_memory_bandwidth=HOST_MEMORY["h100"]),
+                host_link_bandwidth=PCIE["h100"], host_memory_bandwidth=HOST_MEMORY["h100"],
+                host_memory_bytes=HOST_RAM["h100"]),
     "h200": GPU("H200 SXM", 989e12, 141 * GB, 4800 * GB, 900 * GB, 1590, 1980, sms=132,
-                host_link_bandwidth=PCIE["h100"], host_memory_bandwidth=HOST_MEMORY["h100"]),
+                host_link_bandwidth=PCIE["h100"], host_memory_bandwidth=HOST_MEMORY["h100"],
+                host_memory_bytes=HOST_RAM["h100"]),
 }
 # fmt: on
 

@@ -147,7 +147,11 @@ def search(
         if mem.total > capacity and "offload" not in fixed and cluster.gpu.host_link_bandwidth:
             # what does not fit may with the optimizer in host memory (ZeRO-Offload)
             offloaded = replace(layout, offload=True)
-            if peak_memory(cfg, offloaded, precision).total <= capacity:
+            fits_host = (
+                mem.model_states - peak_memory(cfg, offloaded, precision).model_states
+                <= cluster.gpu.host_memory_bytes
+            )  # the states moved to host RAM
+            if fits_host and peak_memory(cfg, offloaded, precision).total <= capacity:
                 layout, mem = offloaded, peak_memory(cfg, offloaded, precision)
         if mem.total > capacity:
             result.rejected["does not fit in GPU memory"] = (
