@@ -126,7 +126,7 @@ if __name__ == "__main__":
         reps=4,
         steps=3,
         micro_batch=4,
-        microbatches=8,
+        microbatches=16,
         layers=12,
         factor=2.0,
     )

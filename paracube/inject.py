@@ -1,6 +1,8 @@
 """Faults injected on purpose — for tests and demos of ``paracube diagnose``, never for a
 real run: ``--inject slow-rank=R:FACTOR`` (rank R's compute takes FACTOR times as long: it
-sleeps ``(FACTOR - 1) ×`` each measured compute phase), ``--inject data-delay=SECONDS``
+sleeps ``(FACTOR - 1) ×`` its compute, in place — before each collective it starts or
+waits for and at the end of each compute phase, so what its peers receive from it comes
+FACTOR times later, as from a slower device), ``--inject data-delay=SECONDS``
 (each micro-batch takes that much longer to load, in the loader — so prefetching can hide
 it), ``--inject comm-delay=SECONDS`` (each collective and transfer starts that much later).
 
@@ -100,13 +102,49 @@ def activate(inj: Injections, rank: int) -> None:
     _data_delay, _comm_delay = inj.data_delay, inj.comm_delay
 
 
-def slow_compute(seconds: float) -> float:
-    """After ``seconds`` of compute: sleep the injected extra; returns what was slept."""
-    if _slow_factor == 1.0 or seconds <= 0:
+# The slow rank's compute clock: a compute phase runs from start_compute() to stop_compute();
+# before the rank communicates it catches up (sleeps for the compute since the clock last
+# ran), and the wait that follows is not compute, so it is not slowed.
+_computing = False
+_since: float | None = None
+_slept = 0.0
+
+
+def start_compute() -> None:
+    global _computing, _since
+    if _slow_factor != 1.0:
+        _computing, _since = True, time.perf_counter()
+
+
+def stop_compute() -> None:
+    global _computing
+    pause()
+    _computing = False
+
+
+def pause() -> float:
+    """Before a collective starts or is waited for: sleep the extra for the compute since
+    the clock last ran, then stop the clock; returns the seconds slept."""
+    global _since, _slept
+    if _since is None:
         return 0.0
-    extra = max(0.0, (_slow_factor - 1.0) * seconds)
+    extra = (_slow_factor - 1.0) * (time.perf_counter() - _since)
     time.sleep(extra)
+    _slept += extra
+    _since = None
     return extra
+
+
+def resume() -> None:
+    """After a collective started or was waited for: the compute goes on."""
+    global _since
+    if _computing:
+        _since = time.perf_counter()
+
+
+def slept() -> float:
+    """Seconds slept so far by the compute clock (the phase timer charges its share)."""
+    return _slept
 
 
 def compute_factor() -> float:

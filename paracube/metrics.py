@@ -13,11 +13,6 @@ PHASES = ("data", "forward", "backward", "comm_exposed", "optimizer")
 COMPUTE = ("forward", "backward", "optimizer")  # what an injected slow rank slows
 
 
-@dataclass
-class Span:
-    waited: float = 0.0  # seconds of the phase spent waiting for other ranks
-
-
 class PhaseTimer:
     """Accumulates wall-clock seconds per named phase of one step, and the phases' spans
     (``(name, start, end)``, seconds from the timer's start) for a step's timeline."""
@@ -31,19 +26,21 @@ class PhaseTimer:
 
     @contextmanager
     def phase(self, name: str):
-        """Time ``name``. It yields a :class:`Span` whose ``waited`` the caller sets to the
-        seconds spent waiting for peers inside the phase: an injected slow rank slows only
-        the rest (slowing a wait for the other ranks by a factor would feed on itself)."""
+        """Time ``name``. A compute phase runs the injected slow rank's compute clock
+        (:mod:`paracube.inject`): its waits for peers inside the phase are not slowed
+        (slowing a wait for the other ranks by a factor would feed on itself)."""
         start = time.perf_counter()
         self.current = name
-        span = Span()
+        slept = inject.slept()
+        if name in COMPUTE:
+            inject.start_compute()
         try:
-            yield span
-            if name in COMPUTE:
-                busy = time.perf_counter() - start - span.waited
-                self.injected += inject.slow_compute(busy)
+            yield
             self.current = None  # on an exception it stays: the error names the phase
         finally:
+            if name in COMPUTE:
+                inject.stop_compute()
+            self.injected += inject.slept() - slept
             end = time.perf_counter()
             self.seconds[name] = self.seconds.get(name, 0.0) + end - start
             self.spans.append((name, start - self.origin, end - self.origin))

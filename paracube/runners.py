@@ -55,15 +55,11 @@ class LocalRunner:
             with self.grad_sync.no_sync() if local else contextlib.nullcontext():
                 with timer.phase("forward"):
                     loss = self.objective.loss_sum(self.grad_sync(x), y)
-                waits = self.ledger.total(tag="grad").seconds
-                with timer.phase("backward") as span:
+                with timer.phase("backward"):
                     (loss * weight).backward()
-                    span.waited = self.ledger.total(tag="grad").seconds - waits
             loss_sum += loss.detach()
-        waits = self.ledger.total(tag="grad").seconds
-        with timer.phase("backward") as span:  # a one-rank group reduces here (no hooks ran)
+        with timer.phase("backward"):  # a one-rank group reduces here (no hooks ran)
             self.grad_sync.sync_gradients()
-            span.waited = self.ledger.total(tag="grad").seconds - waits
         # Gradient waits ran inside backward's final callback: report them as exposed comm.
         timer.move(self.ledger.total(tag="grad").seconds, src="backward", dst="comm_exposed")
         return loss_sum, None

@@ -36,8 +36,10 @@ class PendingCollective:
 
     def wait(self) -> torch.Tensor:
         if self._work is not None:
+            inject.pause()
             start = time.perf_counter()
             self._work.wait()
+            inject.resume()
             if self._ledger is not None:
                 self._ledger.add_time(self._kind, self._tag, time.perf_counter() - start)
             self._work = None
@@ -61,11 +63,13 @@ def _launch(
     t0 = time.perf_counter()
     if tag != "timing":  # the diagnosis' own gather is not the job's communication
         inject.delay_comm()
+    slowed = inject.pause()  # a slowed rank's work so far comes first: compute, not comm
     pending = PendingCollective(start(), ledger, kind, tag, result)
+    inject.resume()
     if not async_op:
         pending.wait()
     elif ledger is not None:
-        ledger.add_time(kind, tag, time.perf_counter() - t0)
+        ledger.add_time(kind, tag, time.perf_counter() - t0 - slowed)
     return pending
 
 

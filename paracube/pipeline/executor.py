@@ -209,6 +209,10 @@ class PipelineExecutor:
             # overlaps this action's compute instead of starting when it is needed.
             if ahead is not None and ahead[1] not in step.posted:
                 step.posted[ahead[1]] = self._post_recv(*ahead)
+            # An injected slow rank sleeps in place: before the action's send and after it
+            # (paracube.inject), so its outputs leave as late as a slower device's would.
+            slept = inject.slept()
+            inject.start_compute()
             if a.kind == "F":
                 busy = self._forward(a, step, inputs, targets[a.mb], weight)
             elif a.kind in ("B", "I"):
@@ -218,9 +222,10 @@ class PipelineExecutor:
                 self._store.flush((a.mb, a.chunk))
                 del step.saved[(a.mb, a.chunk)]
                 busy = time.perf_counter() - t0
-            slept = inject.slow_compute(busy)
-            step.record.injected += slept
-            busy += slept
+            inside = inject.slept()  # what slept before a send is inside ``busy`` already
+            inject.stop_compute()
+            busy += inject.slept() - inside
+            step.record.injected += inject.slept() - slept
             end = time.perf_counter()
             step.record.spans.append((a.kind, end - busy, end))
             step.record.busy[a.kind] += busy
