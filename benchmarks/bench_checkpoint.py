@@ -117,8 +117,9 @@ def fsdp_variant(cfg, root):
     return do_save, do_load, lambda: path
 
 
-def visible_cost(cfg, corpus, root, reps: int) -> dict[str, float]:
-    """Seconds a save adds to training: (save + 2 steps [+ wait]) − (2 steps), medians."""
+def visible_cost(cfg, corpus, root, reps: int, after: int = 2) -> dict[str, float]:
+    """Seconds a save adds to training: (save + ``after`` steps [+ wait]) − (``after``
+    steps), medians."""
     from paracube.checkpoint.store import AsyncSaver
 
     trainer = Trainer(cfg, ProcessMesh(cfg.parallel), corpus)
@@ -126,8 +127,8 @@ def visible_cost(cfg, corpus, root, reps: int) -> dict[str, float]:
     saver = AsyncSaver()
 
     def steps():
-        trainer.train_step()
-        trainer.train_step()
+        for _ in range(after):
+            trainer.train_step()
 
     def sync():
         save(trainer, root)
@@ -144,7 +145,8 @@ def visible_cost(cfg, corpus, root, reps: int) -> dict[str, float]:
             times[name].append(timed(fn))
     base = median_ms(times["steps"])
     return {
-        "two_steps_ms": round(base, 1),
+        "steps_ms": round(base, 1),
+        "steps": after,
         "sync_save_cost_ms": round(median_ms(times["sync"]) - base, 1),
         "async_save_cost_ms": round(median_ms(times["async"]) - base, 1),
     }
@@ -173,7 +175,9 @@ def worker(rank: int, world: int, args, out: str) -> None:
             do_save, do_load, _ = variants[name]
             times[name]["save"].append(timed(do_save))
             times[name]["load"].append(timed(do_load))
-    cost = visible_cost(base.replace(zero=1), corpus, os.path.join(root, "cost"), args.reps)
+    cost = visible_cost(
+        base.replace(zero=1), corpus, os.path.join(root, "cost"), args.reps, args.cost_steps
+    )
     if rank == 0:
         rows = []
         for name, (_, _, where) in variants.items():
@@ -195,7 +199,7 @@ def worker(rank: int, world: int, args, out: str) -> None:
         for r in rows:
             print(f"| {r['variant']} | {r['bytes'] / 1e6:.0f} | {r['save_ms']:.0f} | "
                   f"{r['save_gb_per_s']:.2f} | {r['load_ms']:.0f} | {r['load_gb_per_s']:.2f} |")  # fmt: skip
-        print(f"\nZeRO-1, one save and the next two steps ({cost['two_steps_ms']:.0f} ms without a "
+        print(f"\nZeRO-1, one save and the next {args.cost_steps} steps ({cost['steps_ms']:.0f} ms without a "
               f"save): synchronous save +{cost['sync_save_cost_ms']:.0f} ms, --async-save "
               f"+{cost['async_save_cost_ms']:.0f} ms")  # fmt: skip
         shutil.rmtree(root, ignore_errors=True)
@@ -203,7 +207,15 @@ def worker(rank: int, world: int, args, out: str) -> None:
 
 def main() -> None:
     parse_and_spawn(
-        __doc__, worker, "benchmarks/results/checkpoint.json", reps=4, steps=1, hidden=512, layers=8
+        __doc__,
+        worker,
+        "benchmarks/results/checkpoint.json",
+        reps=4,
+        steps=1,
+        hidden=512,
+        layers=8,
+        world=2,
+        cost_steps=2,
     )
 
 

@@ -94,7 +94,8 @@ def parse_and_spawn(
 ) -> None:
     """The side-by-side benchmarks' command line — ``--model``, each benchmark's own
     options (name → default, typed by the default), ``--reps``, ``--steps``, ``--out`` —
-    then ``worker(rank, args, out)`` on a two-rank gloo world."""
+    then ``worker(rank, args, out)`` on a gloo world of ``--world`` ranks where the
+    benchmark offers that option, two otherwise."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--model", default="small")
     for name, default in options.items():
@@ -103,7 +104,7 @@ def parse_and_spawn(
     p.add_argument("--steps", type=int, default=steps)
     p.add_argument("--out", default=out)
     args = p.parse_args()
-    spawn_world(2, worker, args, args.out)
+    spawn_world(getattr(args, "world", 2), worker, args, args.out)
 
 
 def write_json(path: str, payload: dict) -> None:
