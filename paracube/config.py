@@ -18,6 +18,7 @@ from paracube.choices import (
     ACTIVATIONS,
     AXES,
     BALANCE,
+    COMPRESSORS,
     GRAD_REDUCE,
     METRICS_MODES,
     NORMS,
@@ -203,6 +204,8 @@ class TrainConfig:
     prefetch: int = 2  # micro-batches made ahead of the step, with data_workers
     straggler_threshold: float = 0.10  # a rank this much above its peers' median is slow
     dp_balance: str = "even"  # the global batch over dp ranks: even, auto, or weights "1,3"
+    compress: str = "none"  # gradient compression: none, fp16, bf16, topk:RATIO, powersgd:RANK
+    error_feedback: bool = True  # top-k / PowerSGD keep what they did not send for the next step
 
     def __post_init__(self) -> None:
         self._check_memory_options()
@@ -275,6 +278,38 @@ class TrainConfig:
             )
         return split
 
+    def _check_compression(self) -> None:
+        """``--compress``: a known kind, its value in range, a ZeRO stage it composes with."""
+        from paracube.models.shapes import smallest_matrix_dim
+
+        kind, _, value = self.compress.partition(":")
+        if kind not in COMPRESSORS:
+            raise ConfigError(
+                f"unknown --compress {self.compress!r}: choose none, fp16, bf16, topk:RATIO or powersgd:RANK"
+            )
+        if kind == "topk":
+            ratio = _parsed(value, float)
+            if ratio is None or not 0 < ratio <= 1:
+                raise ConfigError(
+                    f"--compress {self.compress}: RATIO must be a number in (0, 1], e.g. topk:0.01"
+                )
+        if kind == "powersgd":
+            rank, smallest = _parsed(value, int), smallest_matrix_dim(self.model, self.parallel.tp)
+            if rank is None or not 0 < rank < smallest:
+                raise ConfigError(
+                    f"--compress {self.compress}: RANK must be an integer in [1, {smallest - 1}] (below this "
+                    f"model's smallest matrix dimension per rank, {smallest}), e.g. powersgd:4"
+                )
+        if kind in ("topk", "powersgd") and self.zero >= 2:
+            raise ConfigError(
+                f"--compress {kind} with --zero {self.zero} is not supported: a compressed sum has no "
+                "reduce-scatter into shards; use --zero 0 or 1, or --compress bf16/fp16 (they work with every stage)"
+            )
+        if not self.error_feedback and kind not in ("topk", "powersgd"):
+            raise ConfigError(
+                "--no-error-feedback applies to --compress topk:RATIO or powersgd:RANK (nothing else keeps a residual)"
+            )
+
     def _check_memory_options(self) -> None:
         """ZeRO stage, recomputation and precision: values and supported combinations."""
         if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
@@ -284,6 +319,7 @@ class TrainConfig:
                 "--zero 3 with --pp > 1 is not supported: every micro-batch would re-gather each stage's "
                 "parameters; use --zero 1 or --zero 2 with pipeline parallelism"
             )
+        self._check_compression()
         if self.offload not in OFFLOAD:
             raise ConfigError(
                 f"unknown --offload {self.offload!r}: choose one of {', '.join(OFFLOAD)}"
@@ -333,3 +369,12 @@ class TrainConfig:
 
     def replace(self, **changes) -> TrainConfig:
         return dataclasses.replace(self, **changes)
+
+
+def _parsed(text: str, kind: type):
+    """``kind(text)``, or None where it is no such number."""
+    try:
+        value = kind(text)
+    except ValueError:
+        return None
+    return value if value == value else None  # NaN is no number here

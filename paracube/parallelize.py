@@ -30,6 +30,7 @@ from paracube.choices import MEASURED_BALANCE
 from paracube.config import TrainConfig
 from paracube.data.batches import RankBatches
 from paracube.data_parallel import DataParallel, FlatDataParallel, ShardedDataParallel
+from paracube.data_parallel.compress import make_reducer
 from paracube.materialize import Materializer, PeakMemory, materialize
 from paracube.mesh.mesh import ProcessMesh
 from paracube.models.gpt import GPT, apply_recompute
@@ -124,6 +125,7 @@ def wrap_data_parallel(
     """ZeRO-3 units are the transformer blocks; ZeRO 0–2 bucket every parameter. Gradients
     accumulate and are reduced in fp32 under bf16/fp16 unless asked otherwise."""
     grad_dtype = torch.float32 if cfg.precision != "fp32" and cfg.grad_reduce == "fp32" else None
+    reducer = make_reducer(cfg.compress, cfg.zero, cfg.error_feedback)  # None: uncompressed
     if cfg.zero == 3:
         return ShardedDataParallel(
             local,
@@ -134,6 +136,7 @@ def wrap_data_parallel(
             grad_dtype=grad_dtype,
             pre_reduce=objective.pre_reduce,
             materialize=materialize_unit,
+            reducer=reducer,
         )
     return DataParallel(
         local,
@@ -146,6 +149,7 @@ def wrap_data_parallel(
         zero_stage=cfg.zero,
         grad_dtype=grad_dtype,
         pre_reduce=objective.pre_reduce,
+        reducer=reducer,
     )
 
 

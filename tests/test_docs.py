@@ -10,6 +10,7 @@ import pytest
 DOCUMENTED = [
     "paracube.planner.layout",
     "paracube.planner.search",
+    "paracube.planner.mixed",
     "paracube.planner.time_model",
     "paracube.mesh.layout",
     "paracube.data_parallel.ddp",

@@ -58,6 +58,8 @@ def config_from_args(args) -> TrainConfig:
         recompute=args.recompute,
         recompute_blocks=args.recompute_blocks,
         offload=args.offload,
+        compress=args.compress,
+        error_feedback=not args.no_error_feedback,
         precision=args.precision,
         grad_reduce="compute"
         if args.grad_reduce in ("compute", "bf16", "fp16")

@@ -139,6 +139,18 @@ def add_arguments(p) -> None:
         help="recompute only the first N blocks (default: all)",
     )
     z.add_argument(
+        "--compress",
+        default="none",
+        help="gradient compression for the data-parallel reduction: none (default), fp16, bf16 "
+        "(any ZeRO stage), topk:RATIO (the largest entries, with error feedback), powersgd:RANK "
+        "(rank-r factors, error feedback, warm start) (ZeRO 0/1)",
+    )
+    z.add_argument(
+        "--no-error-feedback",
+        action="store_true",
+        help="with topk or powersgd: drop what was not sent instead of carrying it (for studies)",
+    )
+    z.add_argument(
         "--offload",
         default="none",
         help="optimizer: fp32 master weights and optimizer states in host memory, stepped on "

@@ -48,6 +48,17 @@ def block_linears(cfg: ModelConfig) -> list[Linear]:
     ]
 
 
+def smallest_matrix_dim(cfg: ModelConfig, tp: int = 1) -> int:
+    """The smallest dimension of any matrix one tensor-parallel rank holds (the block's
+    linears split by columns or rows, the embedding and head by vocabulary)."""
+    dims = [cfg.hidden, -(-cfg.vocab_size // tp)]
+    for lin in block_linears(cfg):
+        out = lin.out_features // tp if lin.split == "column" else lin.out_features
+        inp = lin.in_features // tp if lin.split == "row" else lin.in_features
+        dims += [out, inp]
+    return min(dims)
+
+
 def norm_params(cfg: ModelConfig) -> int:
     return (2 if cfg.norm == "layernorm" else 1) * cfg.hidden
 

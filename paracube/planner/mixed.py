@@ -177,7 +177,17 @@ def _peak(cfg: ModelConfig, layout: Layout, precision: str) -> float:
 def plan_mixed(
     cfg: ModelConfig, pools: list[Pool], global_batch: int, precision: str = "bf16", fixed=None
 ) -> tuple[list[MixedPlan], MixedPlan | None]:
-    """The speed-aware plans, fastest first, and the all-as-the-slowest plan they beat."""
+    """The speed-aware plans, fastest first, and the all-as-the-slowest plan they beat.
+
+    >>> from paracube.models.presets import preset
+    >>> pools = parse_pools("8xa100-80gb,8xv100", gpus_per_node=8)
+    >>> plans, slowest = plan_mixed(preset("gpt3-1.3b"), pools, global_batch=512)
+    >>> best = plans[0]
+    >>> best.kind, [(key, replicas, max(sizes)) for key, replicas, sizes in best.shares]
+    ('data parallel by speed', [('a100-80gb', 8, 11), ('v100', 8, 5)])
+    >>> round(best.tokens_per_s / slowest.tokens_per_s, 2)
+    1.65
+    """
     fixed = fixed or {}
     if "tp" in fixed:
         check_tp(pools, fixed["tp"])
