@@ -18,7 +18,6 @@ from paracube.choices import (
     ACTIVATIONS,
     AXES,
     BALANCE,
-    COMPRESSORS,
     GRAD_REDUCE,
     METRICS_MODES,
     NORMS,
@@ -32,7 +31,7 @@ from paracube.choices import (
 from paracube.errors import ConfigError
 from paracube.options import CheckpointConfig
 from paracube.pipeline.schedules import SCHEDULES
-from paracube.values import MAX_SEED, check_loss_scale, number, positive
+from paracube.values import MAX_SEED, check_loss_scale, compression, number, positive
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -282,20 +281,10 @@ class TrainConfig:
         """``--compress``: a known kind, its value in range, a ZeRO stage it composes with."""
         from paracube.models.shapes import smallest_matrix_dim
 
-        kind, _, value = self.compress.partition(":")
-        if kind not in COMPRESSORS:
-            raise ConfigError(
-                f"unknown --compress {self.compress!r}: choose none, fp16, bf16, topk:RATIO or powersgd:RANK"
-            )
-        if kind == "topk":
-            ratio = _parsed(value, float)
-            if ratio is None or not 0 < ratio <= 1:
-                raise ConfigError(
-                    f"--compress {self.compress}: RATIO must be a number in (0, 1], e.g. topk:0.01"
-                )
+        kind, value = compression(self.compress)
         if kind == "powersgd":
-            rank, smallest = _parsed(value, int), smallest_matrix_dim(self.model, self.parallel.tp)
-            if rank is None or not 0 < rank < smallest:
+            smallest = smallest_matrix_dim(self.model, self.parallel.tp)
+            if value >= smallest:
                 raise ConfigError(
                     f"--compress {self.compress}: RANK must be an integer in [1, {smallest - 1}] (below this "
                     f"model's smallest matrix dimension per rank, {smallest}), e.g. powersgd:4"
@@ -369,12 +358,3 @@ class TrainConfig:
 
     def replace(self, **changes) -> TrainConfig:
         return dataclasses.replace(self, **changes)
-
-
-def _parsed(text: str, kind: type):
-    """``kind(text)``, or None where it is no such number."""
-    try:
-        value = kind(text)
-    except ValueError:
-        return None
-    return value if value == value else None  # NaN is no number here

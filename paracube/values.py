@@ -55,3 +55,37 @@ def check_loss_scale(value) -> float:
             "(fp16 overflows above 65504: a larger scale skips every step)"
         )
     return scale
+
+
+def compression(spec: str) -> tuple[str, float]:
+    """``--compress``: (kind, value) of ``none``, ``fp16``, ``bf16``, ``topk:RATIO`` (RATIO
+    in (0, 1]) or ``powersgd:RANK`` (an integer ≥ 1; its upper bound depends on the model)."""
+    from paracube.choices import COMPRESSORS
+
+    kind, _, text = spec.partition(":")
+    if kind not in COMPRESSORS:
+        raise ConfigError(
+            f"unknown --compress {spec!r}: choose none, fp16, bf16, topk:RATIO or powersgd:RANK"
+        )
+    if kind == "topk":
+        ratio = _number(text, float)
+        if ratio is None or not 0 < ratio <= 1:
+            raise ConfigError(
+                f"--compress {spec}: RATIO must be a number in (0, 1], e.g. topk:0.01"
+            )
+        return kind, ratio
+    if kind == "powersgd":
+        rank = _number(text, int)
+        if rank is None or rank < 1:
+            raise ConfigError(f"--compress {spec}: RANK must be an integer ≥ 1, e.g. powersgd:4")
+        return kind, rank
+    return kind, 0.0
+
+
+def _number(text: str, kind: type):
+    """``kind(text)``, or None where it is no such number (NaN included)."""
+    try:
+        value = kind(text)
+    except ValueError:
+        return None
+    return value if value == value else None

@@ -44,6 +44,12 @@ def add_parser(sub) -> None:
     t.add_argument("--zero", type=int, default=None)
     t.add_argument("--recompute", default=None, help="none, selective or full")
     t.add_argument(
+        "--compress",
+        default=None,
+        help="gradient compression of the data-parallel reduction: fp16, bf16, topk:RATIO, "
+        "powersgd:RANK (as paracube train's --compress)",
+    )
+    t.add_argument(
         "--offload",
         default=None,
         help="optimizer (states and step in host memory) or none; default: only where a "
@@ -146,6 +152,8 @@ def _plan_fixed(args, gpus: int) -> dict:
             fixed[name] = getattr(args, name)
     if args.offload is not None:
         fixed["offload"] = args.offload == "optimizer"
+    if args.compress is not None:
+        fixed["compress"] = args.compress
     return fixed
 
 
@@ -195,6 +203,7 @@ MAX_GPUS = 2**20
 def _check_args(args, whole_nodes: bool = True) -> None:
     from paracube.choices import ATTENTION, OFFLOAD, PRECISIONS, RECOMPUTE, ZERO_STAGES
     from paracube.pipeline.schedules import SCHEDULES
+    from paracube.values import compression
 
     for name in ("gpus", "global_batch"):
         if getattr(args, name) is None:
@@ -224,6 +233,8 @@ def _check_args(args, whole_nodes: bool = True) -> None:
             raise ParacubeError(f"unknown --{name} {value!r}: choose one of {choices}")
     if args.attention is not None and args.attention not in ATTENTION:
         raise ParacubeError(f"unknown --attention {args.attention!r}: choose fused or unfused")
+    if args.compress is not None:
+        compression(args.compress)  # train's names and ranges
     if args.offload is not None and args.offload not in OFFLOAD:
         raise ParacubeError(
             f"unknown --offload {args.offload!r}: choose one of {', '.join(OFFLOAD)}"

@@ -42,6 +42,9 @@ class Layout:
     overlap_grad_reduce: bool = True
     # fp32 master weights and optimizer states in host memory, stepped by the CPU (ZeRO-Offload)
     offload: bool = False
+    # gradient compression of the data-parallel reduction (--compress): none, fp16, bf16,
+    # topk:RATIO, powersgd:RANK
+    compress: str = "none"
 
     @property
     def gpus(self) -> int:
@@ -65,6 +68,7 @@ class Layout:
             zero=cfg.zero,
             recompute=cfg.recompute,
             offload=cfg.offload == "optimizer",
+            compress=cfg.compress,
         )
 
     def to_args(self, precision: str = "bf16", gpus_per_node: int | None = None) -> list[str]:
@@ -91,6 +95,8 @@ class Layout:
             args.append(f"--recompute {self.recompute}")
         if self.offload:
             args.append("--offload optimizer")
+        if self.compress != "none":
+            args.append(f"--compress {self.compress}")
         if precision != "fp32":
             args.append(f"--precision {precision}")
         return args

@@ -29,6 +29,8 @@ def describe(layout) -> str:
         text += " sp"
     if getattr(layout, "offload", False):
         text += " offload"
+    if getattr(layout, "compress", "none") != "none":
+        text += f" compress={layout.compress}"
     return text
 
 

@@ -107,6 +107,7 @@ def candidate_layouts(
                         attention=fixed.get("attention", "fused"),
                         overlap_grad_reduce=fixed.get("overlap_grad_reduce", True),
                         offload=fixed.get("offload", False),
+                        compress=fixed.get("compress", "none"),
                     )
                     if all(getattr(layout, k) == val for k, val in fixed.items()):
                         yield layout

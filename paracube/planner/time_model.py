@@ -231,7 +231,7 @@ def estimate(
     overhead = get_schedule(layout.schedule).idle_over_busy(p, m, layout.chunks)
     bubble = overhead * (compute + recompute + tp_comm) if p > 1 else 0.0
     shard = shapes.parameter_count(cfg) / (t * p)  # parameters on one rank
-    dp_exposed = dp_exposed_time(layout, cluster, elem * shard, per_mb)
+    dp_exposed = dp_exposed_time(layout, cluster, elem * shard, per_mb, cfg, layers, elem)
     optimizer = optimizer_time(layout, g, shard, elem)
     step = compute + recompute + tp_comm + pp_comm + bubble + dp_exposed + optimizer
     tokens = layout.dp * layout.micro_batch * m * cfg.seq_len
@@ -293,19 +293,73 @@ def pp_transfer_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, elem: i
     return 2 * layout.microbatches * (per_message + link.latency)
 
 
-def dp_exposed_time(layout: Layout, cluster: Cluster, grad_bytes: float, per_mb: float) -> float:
+def dp_exposed_time(
+    layout: Layout,
+    cluster: Cluster,
+    grad_bytes: float,
+    per_mb: float,
+    cfg: ModelConfig | None = None,
+    layers: int = 0,
+    elem: int = 2,
+) -> float:
     """The data-parallel communication the step waits for: the gradient reduction less what
-    hides behind the last backward, and under ZeRO-3 the parameter gathers of every
-    micro-batch less what hides behind its compute."""
+    hides behind the last backward (a compressed reduction: its own volume, plus the work
+    of compressing, :func:`compressed_reduction`), and under ZeRO-3 the parameter gathers
+    of every micro-batch less what hides behind its compute."""
     g, dp, m = cluster.gpu, layout.dp, layout.microbatches
     link = cluster.intra if layout.tp * dp <= cluster.gpus_per_node else cluster.inter
     allreduce = _ring(grad_bytes, dp, link) * (1.5 if layout.zero == 3 else 1.0)
+    blocking = 0.0
+    if layout.compress != "none" and dp > 1:
+        allreduce, blocking = compressed_reduction(layout, cfg, g, link, grad_bytes / elem, layers)
     # behind the last micro-batch's backward, when buckets are reduced as they fill
     hidden = 2 / 3 * per_mb if g.overlaps_communication and layout.overlap_grad_reduce else 0.0
-    exposed = max(0.0, allreduce - hidden)
+    exposed = max(0.0, allreduce - hidden) + blocking
     if layout.zero == 3:  # parameters re-gathered for every micro-batch's forward and backward,
         gather = _ring(grad_bytes, dp, link) / 2  # prefetched behind that micro-batch's compute
         exposed += (
             (m - 1) * 2 * max(0.0, gather - (per_mb / 3 if g.overlaps_communication else 0.0))
         )
     return exposed
+
+
+def compressed_reduction(
+    layout: Layout,
+    cfg: ModelConfig | None,
+    g: GPU,
+    link: Interconnect,
+    n: float,
+    layers: int,
+) -> tuple[float, float]:
+    """(seconds of the compressed reduction that can overlap the backward, seconds that
+    block it) for one rank's gradient of ``n`` elements:
+
+    - fp16/bf16: a ring all-reduce of 2 bytes per element, plus the casts (read and write);
+    - topk:R: an all-gather of ⌈R·n⌉ (int32 index, value) pairs from every rank — a ring
+      all-gather moves (dp − 1)/dp of the gathered bytes — plus selecting them (four passes
+      over the gradient in HBM: magnitude, selection, gather, the residual) and densifying;
+    - powersgd:r: per matrix (n × m) the factors P (n × r) and Q (m × r), each all-reduced
+      in turn, and four matmuls of 2·n·m·r FLOPs; the vectors whole. paracube runs it in
+      the gradient hook, so it blocks the backward: nothing of it hides.
+    """
+    dp, elem = layout.dp, 4  # what the compressors read and write: fp32 gradient buffers
+    kind, _, value = layout.compress.partition(":")
+    if kind in ("fp16", "bf16"):
+        return _ring(2 * n, dp, link), 2 * (elem + 2) * n / g.hbm_bandwidth
+    if kind == "topk":
+        k = math.ceil(float(value) * n)
+        gathered = dp * k * (4 + elem)
+        comm = (dp - 1) / dp * gathered / link.bandwidth + (dp - 1) * link.latency
+        work = (4 * elem * n + gathered) / g.hbm_bandwidth
+        return comm, work
+    assert cfg is not None, "PowerSGD's volume needs the model's matrix shapes"
+    r, t = int(value), layout.tp
+    pairs = [(lin.out_features, lin.in_features) for lin in shapes.block_linears(cfg)]
+    dims = [(o // t if s.split == "column" else o, i // t if s.split == "row" else i)
+            for (o, i), s in zip(pairs, shapes.block_linears(cfg))]  # fmt: skip
+    factors = layers * sum((a + b) * r for a, b in dims)
+    matrix_elements = layers * sum(a * b for a, b in dims)
+    vectors = max(0.0, n - matrix_elements)  # biases, norms (and what is not a block's)
+    comm = _ring(elem * factors / 2, dp, link) * 2 + _ring(elem * vectors, dp, link)
+    flops = layers * sum(4 * 2 * a * b * r for a, b in dims)
+    return 0.0, comm + flops / (g.peak_flops * g.sustained_fraction)
