@@ -48,6 +48,7 @@ bench: $(BENCH)/.installed
 	$(BENCH)/bin/python benchmarks/bench_timing_gather.py --out benchmarks/results/timing_gather.json
 	$(BENCH)/bin/python benchmarks/bench_dp_balance.py --out benchmarks/results/dp_balance.json
 	$(BENCH)/bin/python benchmarks/bench_pp_balance.py --out benchmarks/results/pp_balance.json
+	$(BENCH)/bin/python benchmarks/bench_compress.py --out benchmarks/results/compress.json
 	$(BENCH)/bin/python benchmarks/bench_planner.py --out benchmarks/results/planner.json
 	$(BENCH)/bin/python benchmarks/bench_planner_published.py --out benchmarks/results/planner_published.json
 
