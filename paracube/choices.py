@@ -18,6 +18,7 @@ RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp32", "bf16", "fp16")
 OFFLOAD = ("none", "optimizer")  # what lives and steps in host memory instead of the GPU's
 COMPRESSORS = ("none", "fp16", "bf16", "topk", "powersgd")  # --compress KIND[:VALUE]
+DP_MODES = ("sync", "local-sgd", "diloco")  # --dp-mode KIND[:H]: how replicas agree
 GRAD_REDUCE = ("fp32", "compute")  # dtype of gradient accumulation/reduction under bf16/fp16
 BALANCE = ("params", "flops", "memory", "time", "speed")  # how pipeline stages are cut
 MEASURED_BALANCE = ("time", "speed")  # measured on the ranks' real layers (built whole)

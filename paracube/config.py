@@ -18,6 +18,7 @@ from paracube.choices import (
     ACTIVATIONS,
     AXES,
     BALANCE,
+    DP_MODES,
     GRAD_REDUCE,
     METRICS_MODES,
     NORMS,
@@ -205,6 +206,7 @@ class TrainConfig:
     dp_balance: str = "even"  # the global batch over dp ranks: even, auto, or weights "1,3"
     compress: str = "none"  # gradient compression: none, fp16, bf16, topk:RATIO, powersgd:RANK
     error_feedback: bool = True  # top-k / PowerSGD keep what they did not send for the next step
+    dp_mode: str = "sync"  # sync, local-sgd:H or diloco:H (parameters averaged every H steps)
 
     def __post_init__(self) -> None:
         self._check_memory_options()
@@ -277,6 +279,31 @@ class TrainConfig:
             )
         return split
 
+    def _check_dp_mode(self) -> None:
+        """``--dp-mode``: sync, or local-sgd:H / diloco:H with what they compose with."""
+        kind, _, text = self.dp_mode.partition(":")
+        if kind not in DP_MODES:
+            raise ConfigError(
+                f"unknown --dp-mode {self.dp_mode!r}: choose sync, local-sgd:H or diloco:H"
+            )
+        if kind == "sync":
+            return
+        if not text.isdigit() or int(text) < 1:
+            raise ConfigError(
+                f"--dp-mode {self.dp_mode}: H must be an integer ≥ 1 (steps between averages)"
+            )
+        clash = [
+            (self.parallel.dp == 1, "--dp 1 (there is nothing to average: use --dp > 1)"),
+            (self.zero != 0, f"--zero {self.zero} (each rank steps all its parameters: use --zero 0)"),
+            (self.compress != "none", "--compress (no gradient is sent: leave it out)"),
+            (self.dp_balance != "even", "--dp-balance (every rank steps alone: leave it out)"),
+            (self.checkpoint.save_dir is not None or self.checkpoint.resume is not None,
+             "checkpoints (ranks differ between averages and the outer state is not saved yet)"),
+        ]  # fmt: skip
+        for bad, what in clash:
+            if bad:
+                raise ConfigError(f"--dp-mode {self.dp_mode} is not supported with {what}")
+
     def _check_compression(self) -> None:
         """``--compress``: a known kind, its value in range, a ZeRO stage it composes with."""
         from paracube.models.shapes import smallest_matrix_dim
@@ -309,6 +336,7 @@ class TrainConfig:
                 "parameters; use --zero 1 or --zero 2 with pipeline parallelism"
             )
         self._check_compression()
+        self._check_dp_mode()
         if self.offload not in OFFLOAD:
             raise ConfigError(
                 f"unknown --offload {self.offload!r}: choose one of {', '.join(OFFLOAD)}"

@@ -24,6 +24,8 @@ from paracube.data.corpus import TokenCorpus, build_corpus
 from paracube.data.loader import PrefetchLoader
 from paracube.data.sampler import ShardedBatchSampler
 from paracube.data.split import AutoBalance
+from paracube.data_parallel.local import ParameterAveraging
+from paracube.data_parallel.local import parse as parse_dp_mode
 from paracube.failures import name_failures
 from paracube.heartbeat import Heartbeat
 from paracube.memory.activations import ActivationCounter
@@ -73,6 +75,12 @@ class Trainer:
         self.optimizer = shard_optimizer(self.grad_sync, cfg)
         self.optimizer_step = OptimizerStep(
             self.optimizer, self.grad_sync, self.objective, mesh, cfg
+        )
+        mode, every = parse_dp_mode(cfg.dp_mode)
+        self.averaging = (
+            ParameterAveraging(mode, every, self.optimizer, mesh.group("dp"), mesh.ledger)
+            if mode != "sync"
+            else None
         )
         self.activations = ActivationCounter()
         self._activations_counted: tuple[int, int] | None = None  # (step, peak bytes) last counted
@@ -182,6 +190,8 @@ class Trainer:
         with timer.phase("optimizer"):
             outcome = self.optimizer_step(self.step)
         with timer.phase("comm_exposed"):
+            if self.averaging is not None:  # --dp-mode local-sgd / diloco, every H steps
+                self.averaging.after_step(self.step)
             loss_value = self.objective.mean(loss_reduce.wait().item())
         # Every rank's timings, gathered once (a few floats per rank; paracube.ranktimes).
         split = self.batches.split  # the split this step ran under

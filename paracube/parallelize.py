@@ -31,6 +31,7 @@ from paracube.config import TrainConfig
 from paracube.data.batches import RankBatches
 from paracube.data_parallel import DataParallel, FlatDataParallel, ShardedDataParallel
 from paracube.data_parallel.compress import make_reducer
+from paracube.data_parallel.local import LocalReduce
 from paracube.materialize import Materializer, PeakMemory, materialize
 from paracube.mesh.mesh import ProcessMesh
 from paracube.models.gpt import GPT, apply_recompute
@@ -125,7 +126,13 @@ def wrap_data_parallel(
     """ZeRO-3 units are the transformer blocks; ZeRO 0–2 bucket every parameter. Gradients
     accumulate and are reduced in fp32 under bf16/fp16 unless asked otherwise."""
     grad_dtype = torch.float32 if cfg.precision != "fp32" and cfg.grad_reduce == "fp32" else None
-    reducer = make_reducer(cfg.compress, cfg.zero, cfg.error_feedback)  # None: uncompressed
+    # --dp-mode local-sgd/diloco: no gradient communication (the parameters are averaged
+    # every H steps instead); otherwise the compressor, or None: uncompressed
+    reducer = (
+        LocalReduce()
+        if cfg.dp_mode != "sync"
+        else make_reducer(cfg.compress, cfg.zero, cfg.error_feedback)
+    )
     if cfg.zero == 3:
         return ShardedDataParallel(
             local,

@@ -60,6 +60,7 @@ def config_from_args(args) -> TrainConfig:
         offload=args.offload,
         compress=args.compress,
         error_feedback=not args.no_error_feedback,
+        dp_mode=args.dp_mode,
         precision=args.precision,
         grad_reduce="compute"
         if args.grad_reduce in ("compute", "bf16", "fp16")

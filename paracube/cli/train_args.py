@@ -146,6 +146,13 @@ def add_arguments(p) -> None:
         "(rank-r factors, error feedback, warm start) (ZeRO 0/1)",
     )
     z.add_argument(
+        "--dp-mode",
+        default="sync",
+        help="sync (gradients reduced every step, default), local-sgd:H (each rank steps alone, "
+        "parameters averaged every H steps) or diloco:H (H local AdamW steps, then an outer "
+        "Nesterov step on the averaged change)",
+    )
+    z.add_argument(
         "--no-error-feedback",
         action="store_true",
         help="with topk or powersgd: drop what was not sent instead of carrying it (for studies)",
