@@ -52,14 +52,17 @@ def test_no_split_that_fits_is_refused():
 
 
 def test_a_slowed_stage_gets_fewer_layers_and_trains_the_serial_model(tmp_path):
-    """Two stages, rank 1 three times as slow (injected): the speed balance gives stage 1
-    fewer layers than stage 0 and says each stage's measured time; the per-step losses
-    equal the serial run's (a pipeline split changes where layers run, not the maths)."""
+    """Two stages of ``tiny`` (7 layers: embed, 4 blocks, norm, head), rank 1 three times as
+    slow (injected): the speed balance gives stage 1 fewer layers than stage 0 (the even
+    cut of 3 / 4 would leave it 3 × 2 blocks against 2) and says each stage's measured
+    time; the per-step losses equal the serial run's (a pipeline split changes where
+    layers run, not the maths). (``nano``'s 2 blocks left too little to cut: under load
+    its millisecond timings chose either of two near-equal cuts.)"""
     from tests.test_cli import run_cli
 
     metrics = tmp_path / "m.jsonl"
     argv = [
-        "train", "--pp", "2", "--model", "nano", "--steps", "3", "--micro-batch", "2",
+        "train", "--pp", "2", "--model", "tiny", "--steps", "3", "--micro-batch", "2",
         "--microbatches", "4", "--balance", "speed", "--inject", "slow-rank=1:3",
         "--metrics", str(metrics), "--no-progress",
     ]  # fmt: skip
