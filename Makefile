@@ -49,6 +49,7 @@ bench: $(BENCH)/.installed
 	$(BENCH)/bin/python benchmarks/bench_dp_balance.py --out benchmarks/results/dp_balance.json
 	$(BENCH)/bin/python benchmarks/bench_pp_balance.py --out benchmarks/results/pp_balance.json
 	$(BENCH)/bin/python benchmarks/bench_compress.py --out benchmarks/results/compress.json
+	$(BENCH)/bin/python benchmarks/bench_convergence.py --out benchmarks/results/convergence.json --plot docs/images/convergence.png
 	$(BENCH)/bin/python benchmarks/bench_planner.py --out benchmarks/results/planner.json
 	$(BENCH)/bin/python benchmarks/bench_planner_published.py --out benchmarks/results/planner_published.json
 

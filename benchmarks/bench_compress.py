@@ -21,18 +21,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from bench_data_parallel import batch_stream
+from bench_data_parallel import batch_stream, peer_step
 from common import interleaved, median_ms, parse_and_spawn, write_json
 from paracube.config import ParallelConfig, TrainConfig
 from paracube.data.corpus import build_corpus
 from paracube.data_parallel.compress import wire_bytes
 from paracube.engine import Trainer, build_optimizer
 from paracube.mesh.mesh import ProcessMesh
-from paracube.models.gpt import GPT, lm_loss
+from paracube.models.gpt import GPT
 from paracube.models.presets import preset
 
 OURS = ("none", "fp16", "powersgd:4", "topk:0.01")
@@ -50,19 +49,9 @@ def ddp_variant(cfg: TrainConfig, hook: str, batches, losses: dict):
         )  # fmt: skip
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     optimizer = build_optimizer(model.module, cfg)
-
-    def step():
-        x, y = next(batches)
-        optimizer.zero_grad(set_to_none=True)
-        loss = lm_loss(model(x), y, reduction="sum") / (cfg.global_batch * cfg.model.seq_len)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip, foreach=True)
-        optimizer.step()
-        total = loss.detach().clone()
-        dist.all_reduce(total)
-        losses[f"torch DDP {hook}"] = float(total)
-
-    return step
+    return peer_step(
+        model, optimizer, batches, cfg, lambda loss: losses.__setitem__(f"torch DDP {hook}", loss)
+    )
 
 
 def worker(rank: int, world: int, args, out: str) -> None:

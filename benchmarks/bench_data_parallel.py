@@ -31,8 +31,9 @@ from paracube.models.gpt import GPT, lm_loss
 from paracube.models.presets import preset
 
 
-def peer_step(model, optimizer, batches, cfg: TrainConfig):
-    """The same step as paracube's engine, written against torch DDP."""
+def peer_step(model, optimizer, batches, cfg: TrainConfig, on_loss=None):
+    """The same step as paracube's engine, written against torch DDP; ``on_loss`` gets
+    each step's global loss."""
 
     def step():
         x, y = next(batches)
@@ -41,7 +42,10 @@ def peer_step(model, optimizer, batches, cfg: TrainConfig):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip, foreach=True)
         optimizer.step()
-        dist.all_reduce(loss.detach())  # the global loss for the log, as paracube reports
+        total = loss.detach()
+        dist.all_reduce(total)  # the global loss for the log, as paracube reports
+        if on_loss is not None:
+            on_loss(float(total))
 
     return step
 
