@@ -62,7 +62,7 @@ def test_a_slowed_stage_gets_fewer_layers_and_trains_the_serial_model(tmp_path):
 
     metrics = tmp_path / "m.jsonl"
     argv = [
-        "train", "--pp", "2", "--model", "tiny", "--steps", "3", "--micro-batch", "2",
+        "train", "--pp", "2", "--model", "tiny", "--seq-len", "32", "--steps", "3", "--micro-batch", "2",
         "--microbatches", "4", "--balance", "speed", "--inject", "slow-rank=1:3",
         "--metrics", str(metrics), "--no-progress",
     ]  # fmt: skip
