@@ -239,3 +239,17 @@ def test_offloading_a_cpu_models_optimizer_is_refused():
     model = DataParallel(torch.nn.Linear(4, 4), None, None, contiguous_params=True)
     with pytest.raises(ValueError, match="nothing to offload"):
         MainParamOptimizer(model.shards(), lambda groups: None, offload=True)
+
+
+def test_data_parallel_refuses_a_reducer_of_the_wrong_kind():
+    """A Top-K (whole-buffer) reducer under ZeRO-2, or a sharded one under ZeRO-0, would
+    leave the gradient where the optimizer does not read it: refused at wrap time."""
+    from paracube.data_parallel.compress import CastReduce, TopKReduce
+
+    with pytest.raises(ValueError, match="ZeRO stage 2 needs a sharded reducer"):
+        DataParallel(torch.nn.Linear(4, 4), None, zero_stage=2, reducer=TopKReduce(0.1))
+    with pytest.raises(ValueError, match="ZeRO stage 0 needs a reducer that leaves the whole"):
+        DataParallel(torch.nn.Linear(4, 4), None, reducer=CastReduce("bf16", sharded=True))
+    DataParallel(
+        torch.nn.Linear(4, 4), None, zero_stage=2, reducer=CastReduce("bf16", sharded=True)
+    )

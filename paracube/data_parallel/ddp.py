@@ -87,6 +87,16 @@ class DataParallel(FlatDataParallel):
             )
         if not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be > 0, got {bucket_mb!r}")
+        if reducer is not None and reducer.sharded != (zero_stage == 2):
+            want = (
+                "a sharded reducer (reduce-scatter into the slice)"
+                if zero_stage == 2
+                else ("a reducer that leaves the whole reduced buffer (all-reduce)")
+            )
+            raise ValueError(
+                f"DataParallel(zero_stage={zero_stage}, reducer={type(reducer).__name__}): ZeRO "
+                f"stage {zero_stage} needs {want}; e.g. CastReduce('bf16', sharded={zero_stage == 2})"
+            )
         super().__init__(
             module,
             group,
