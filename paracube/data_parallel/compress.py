@@ -34,21 +34,10 @@ import torch
 from paracube.comm import ops
 from paracube.comm.ledger import CommLedger
 from paracube.data_parallel.flat import FlatUnit
-from paracube.data_parallel.reducers import ReduceScatter
+from paracube.data_parallel.reducers import Done, ReduceScatter
 from paracube.data_parallel.shards import Waitable, alloc_storage
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-class _Done:
-    """A reduction already finished (the compressors that need two rounds run them at
-    once)."""
-
-    def __init__(self, result: torch.Tensor) -> None:
-        self.result = result
-
-    def wait(self) -> torch.Tensor:
-        return self.result
 
 
 class CastReduce:
@@ -74,12 +63,12 @@ class CastReduce:
                 shard.add_(value)
             unit.shard_fresh = False
             unit.free()
-            return _Done(shard)
+            return Done(shard)
         ops.all_reduce(low, group, ledger, tag="grad")
         unit.buffer.copy_(low)
         if scale > 1:
             unit.buffer.mul_(scale)
-        return _Done(unit.buffer)
+        return Done(unit.buffer)
 
 
 class TopKReduce:
@@ -107,7 +96,7 @@ class TopKReduce:
         all_indices = ops.all_gather(indices.to(torch.int32), group, ledger, tag="grad")
         unit.buffer.zero_()
         unit.buffer.index_add_(0, all_indices.long(), all_values)
-        return _Done(unit.buffer)
+        return Done(unit.buffer)
 
 
 def select_top_k(g: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,7 +131,7 @@ class PowerSGDReduce:
                 v.copy_(flat[at : at + v.numel()].view_as(v))
                 at += v.numel()
         if not matrices:
-            return _Done(unit.buffer)
+            return Done(unit.buffer)
         ms, ps, qs = [], [], []
         for i, view in matrices:
             m = view.reshape(view.shape[0], -1)  # (n, m)
@@ -163,7 +152,7 @@ class PowerSGDReduce:
                 self.residual[key] = m - approx / world  # this rank's share of what was lost
             self.q[key] = q
             m.copy_(approx)
-        return _Done(unit.buffer)
+        return Done(unit.buffer)
 
     def _q(self, key, columns: int, like: torch.Tensor) -> torch.Tensor:
         """Q warm-started from the previous step (Vogels et al. §3), else the same random
@@ -186,7 +175,8 @@ def _all_reduce_list(tensors: list[torch.Tensor], group, ledger: CommLedger | No
 
 
 def _orthonormalise_(p: torch.Tensor) -> None:
-    """Gram–Schmidt on the columns of ``p`` (n, r), in place (Vogels et al., Alg. 1)."""
+    """Orthonormal columns for ``p`` (n, r), in place — by QR, which Gram–Schmidt in
+    Vogels et al.'s Alg. 1 computes too."""
     q, _ = torch.linalg.qr(p)
     p.copy_(q)
 

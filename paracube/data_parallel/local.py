@@ -23,17 +23,10 @@ from paracube.comm import ops
 from paracube.comm.ledger import CommLedger
 from paracube.data_parallel.flat import FlatUnit
 from paracube.data_parallel.optimizer import MainParamOptimizer
+from paracube.data_parallel.reducers import Done
 from paracube.data_parallel.shards import Waitable
 
 OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9  # DiLoCo's outer Nesterov SGD (Douillard et al. 2023, §3)
-
-
-class _Local:
-    def __init__(self, buffer: torch.Tensor) -> None:
-        self.buffer = buffer
-
-    def wait(self) -> torch.Tensor:
-        return self.buffer
 
 
 class LocalReduce:
@@ -45,7 +38,7 @@ class LocalReduce:
 
     def __call__(self, unit: FlatUnit, group, ledger: CommLedger | None) -> Waitable:
         unit.buffer.mul_(ops.group_size(group))
-        return _Local(unit.buffer)
+        return Done(unit.buffer)
 
 
 def parse(spec: str) -> tuple[str, int]:

@@ -27,6 +27,17 @@ class Reducer(Protocol):
     def __call__(self, unit: FlatUnit, group, ledger: CommLedger | None) -> Waitable: ...
 
 
+class Done:
+    """A reduction that finished when it was launched (no communication, or compressors
+    that need two rounds and run them at once)."""
+
+    def __init__(self, result: torch.Tensor) -> None:
+        self.result = result
+
+    def wait(self) -> torch.Tensor:
+        return self.result
+
+
 def reduced_gradient(unit: FlatUnit, reducer: Reducer) -> torch.Tensor:
     """This rank's (hi−lo,) reduced gradient slice of ``unit`` after the reduction."""
     return unit.sharded_grad if reducer.sharded else unit.buffer[unit.lo : unit.hi]
