@@ -206,7 +206,7 @@ class TrainConfig:
     dp_balance: str = "even"  # the global batch over dp ranks: even, auto, or weights "1,3"
     compress: str = "none"  # gradient compression: none, fp16, bf16, topk:RATIO, powersgd:RANK
     error_feedback: bool = True  # top-k / PowerSGD keep what they did not send for the next step
-    dp_mode: str = "sync"  # sync, local-sgd:H or diloco:H (parameters averaged every H steps)
+    dp_mode: str = "sync"  # sync, local-sgd:H, diloco:H (averaged every H steps) or stale:S
 
     def __post_init__(self) -> None:
         self._check_memory_options()
@@ -280,25 +280,34 @@ class TrainConfig:
         return split
 
     def _check_dp_mode(self) -> None:
-        """``--dp-mode``: sync, or local-sgd:H / diloco:H with what they compose with."""
+        """``--dp-mode``: sync, local-sgd:H / diloco:H or stale:S, with what each composes with."""
         kind, _, text = self.dp_mode.partition(":")
         if kind not in DP_MODES:
             raise ConfigError(
-                f"unknown --dp-mode {self.dp_mode!r}: choose sync, local-sgd:H or diloco:H"
+                f"unknown --dp-mode {self.dp_mode!r}: choose sync, local-sgd:H, diloco:H or stale:S"
             )
         if kind == "sync":
             return
-        if not text.isdigit() or int(text) < 1:
-            raise ConfigError(
-                f"--dp-mode {self.dp_mode}: H must be an integer ≥ 1 (steps between averages)"
+        least = 0 if kind == "stale" else 1
+        if not text.isdigit() or int(text) < least:
+            what = (
+                "S must be an integer ≥ 0 (steps a gradient is late)"
+                if kind == "stale"
+                else ("H must be an integer ≥ 1 (steps between averages)")
             )
+            raise ConfigError(f"--dp-mode {self.dp_mode}: {what}, e.g. {kind}:{least + 1}")
+        alone = kind != "stale"  # local-sgd / diloco: every rank steps on its own gradients
+        saved = self.checkpoint.save_dir is not None or self.checkpoint.resume is not None
         clash = [
-            (self.parallel.dp == 1, "--dp 1 (there is nothing to average: use --dp > 1)"),
-            (self.zero != 0, f"--zero {self.zero} (each rank steps all its parameters: use --zero 0)"),
-            (self.compress != "none", "--compress (no gradient is sent: leave it out)"),
-            (self.dp_balance != "even", "--dp-balance (every rank steps alone: leave it out)"),
-            (self.checkpoint.save_dir is not None or self.checkpoint.resume is not None,
-             "checkpoints (ranks differ between averages and the outer state is not saved yet)"),
+            (self.parallel.dp == 1, "--dp 1 (there is no data-parallel communication: use --dp > 1)"),
+            (self.zero != 0 and alone, f"--zero {self.zero} (each rank steps all its parameters: use --zero 0)"),
+            (self.zero >= 2 and not alone,
+             f"--zero {self.zero} (a late gradient has no shard to land in: use --zero 0 or 1)"),
+            (self.compress != "none", "--compress (leave it out: these modes send parameters, or gradients late)"),
+            (self.dp_balance != "even" and alone, "--dp-balance (every rank steps alone: leave it out)"),
+            (self.precision == "fp16" and not alone,
+             "--precision fp16 (a late gradient was scaled by another step's loss scale: use bf16)"),
+            (saved, "checkpoints (drifted ranks, outer momentum, gradients in flight are not saved yet)"),
         ]  # fmt: skip
         for bad, what in clash:
             if bad:

@@ -79,7 +79,7 @@ class Trainer:
         mode, every = parse_dp_mode(cfg.dp_mode)
         self.averaging = (
             ParameterAveraging(mode, every, self.optimizer, mesh.group("dp"), mesh.ledger)
-            if mode != "sync"
+            if mode in ("local-sgd", "diloco")
             else None
         )
         self.activations = ActivationCounter()
@@ -232,6 +232,13 @@ class Trainer:
         )
         self.step += 1
         return metrics
+
+    def drain(self) -> None:
+        """Wait for communication left in flight across steps (``--dp-mode stale:S``), so
+        that the job can end."""
+        drain = getattr(self.grad_sync.reducer, "drain", None)
+        if drain is not None:
+            drain()
 
     @torch.no_grad()
     def evaluate(self) -> float:

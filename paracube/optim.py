@@ -98,6 +98,12 @@ class OptimizerStep:
         lr = lr_at(step, self.cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        if not getattr(self.grad_sync.reducer, "delivered", True):
+            # --dp-mode stale:S, the first S steps: no reduced gradient has arrived yet
+            held = self.grad_sync.memory_bytes()["gradients"]
+            if self.cfg.zero >= 1:
+                self.grad_sync.release_gradient_memory()
+            return StepOutcome(lr, 0.0, False, held)
         self.optimizer.prepare_grads()
         overflow = False
         scaler = self.objective.scaler

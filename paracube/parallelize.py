@@ -29,9 +29,11 @@ from torch import nn
 from paracube.choices import MEASURED_BALANCE
 from paracube.config import TrainConfig
 from paracube.data.batches import RankBatches
-from paracube.data_parallel import DataParallel, FlatDataParallel, ShardedDataParallel
+from paracube.data_parallel import DataParallel, FlatDataParallel, Reducer, ShardedDataParallel
 from paracube.data_parallel.compress import make_reducer
 from paracube.data_parallel.local import LocalReduce
+from paracube.data_parallel.local import parse as parse_dp_mode
+from paracube.data_parallel.stale import StaleReduce
 from paracube.materialize import Materializer, PeakMemory, materialize
 from paracube.mesh.mesh import ProcessMesh
 from paracube.models.gpt import GPT, apply_recompute
@@ -127,12 +129,15 @@ def wrap_data_parallel(
     accumulate and are reduced in fp32 under bf16/fp16 unless asked otherwise."""
     grad_dtype = torch.float32 if cfg.precision != "fp32" and cfg.grad_reduce == "fp32" else None
     # --dp-mode local-sgd/diloco: no gradient communication (the parameters are averaged
-    # every H steps instead); otherwise the compressor, or None: uncompressed
-    reducer = (
-        LocalReduce()
-        if cfg.dp_mode != "sync"
-        else make_reducer(cfg.compress, cfg.zero, cfg.error_feedback)
-    )
+    # every H steps instead); stale:S: reductions S steps late; else the compressor, or
+    # None: uncompressed
+    mode, every = parse_dp_mode(cfg.dp_mode)
+    if mode == "stale":  # step t applies step t−S's gradient, reduced on a group of its own
+        reducer: Reducer | None = StaleReduce(every, mesh.twin_group("dp"))
+    elif mode != "sync":
+        reducer = LocalReduce()
+    else:
+        reducer = make_reducer(cfg.compress, cfg.zero, cfg.error_feedback)
     if cfg.zero == 3:
         return ShardedDataParallel(
             local,

@@ -170,6 +170,7 @@ def _train(trainer, cfg: TrainConfig, run: RunOptions, threads: int) -> None:
             if bar is not None:
                 bar.set_postfix(loss=f"{m.loss:.4f}", tok_s=f"{m.tokens_per_s:,.0f}", refresh=False)
                 bar.update(1)
+        trainer.drain()
         if saver is not None:
             with trainer.naming_failures("checkpoint save"):
                 saver.wait()  # the last checkpoint in flight is committed before the end

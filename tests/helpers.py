@@ -49,28 +49,37 @@ def train_config(
 
 
 def serial_reference(
-    cfg: TrainConfig, corpus: TokenCorpus
+    cfg: TrainConfig, corpus: TokenCorpus, staleness: int = 0
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
     """The ground truth: one process, the whole global batch in one forward and backward.
 
-    Returns the loss of every step and the parameters after the last step.
+    ``staleness`` S: step t steps with the gradient of step t − S (none in the first S
+    steps), as ``--dp-mode stale:S`` defines. Returns the loss of every step and the
+    parameters after the last step.
     """
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model)
     optimizer = build_optimizer(model, cfg)
     sampler = ShardedBatchSampler(corpus.train, cfg.model.seq_len, cfg.global_batch, cfg.seed)
     losses = []
+    late: list[list[torch.Tensor | None]] = []  # gradients waiting S steps
     for step in range(cfg.steps):
         x, y = sampler.global_batch_at(step)  # (G, T)
         model.zero_grad(set_to_none=True)
         loss = lm_loss(model(x), y)
         loss.backward()
+        losses.append(loss.item())
+        if staleness:
+            late.append([p.grad for p in model.parameters()])
+            if len(late) <= staleness:
+                continue
+            for p, g in zip(model.parameters(), late.pop(0)):
+                p.grad = g
         if cfg.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
         optimizer.step()
-        losses.append(loss.item())
     return losses, {k: v.detach().clone() for k, v in model.named_parameters()}
 
 

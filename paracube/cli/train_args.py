@@ -150,7 +150,8 @@ def add_arguments(p) -> None:
         default="sync",
         help="sync (gradients reduced every step, default), local-sgd:H (each rank steps alone, "
         "parameters averaged every H steps) or diloco:H (H local AdamW steps, then an outer "
-        "Nesterov step on the averaged change)",
+        "Nesterov step on the averaged change) or stale:S (step t applies the gradient reduced "
+        "during steps t-S..t-1: communication overlaps the next S steps' compute)",
     )
     z.add_argument(
         "--no-error-feedback",

@@ -145,6 +145,8 @@ class FlatDataParallel(nn.Module):
         """Bytes this wrapper holds now: ``weights`` (this rank's parameters) and
         ``gradients`` (buffers and gradient slices)."""
         grads = sum(u.nbytes + storage_bytes(u.grad_shard) for u in self.units)
+        in_flight = getattr(self.reducer, "state_bytes", None)  # stale:S's copies in flight
+        grads += in_flight() if in_flight is not None else 0
         return {"weights": self._weight_bytes(), "gradients": grads}
 
     @contextlib.contextmanager

@@ -126,6 +126,21 @@ class ProcessMesh:
     def size(self, axis: str) -> int:
         return self.layout.size(axis)
 
+    def twin_group(self, axis: str):
+        """A second group with the ranks of this rank's ``axis`` group, for collectives
+        left in flight across steps (``--dp-mode stale:S``) so that they do not queue
+        ahead of each step's own. Collective: every rank creates every such group."""
+        if getattr(self, "_twins", None) is None:
+            self._twins: dict[str, object] = {}
+        if axis not in self._twins:
+            mine = None
+            for ranks in self.layout.groups(axis):
+                group = dist.new_group(ranks)
+                if self.global_rank in ranks:
+                    mine = group
+            self._twins[axis] = mine
+        return self._twins[axis]
+
     def group_ranks(self, axis: str) -> list[int]:
         return dist.get_process_group_ranks(self.group(axis))
 
