@@ -18,7 +18,8 @@ RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp32", "bf16", "fp16")
 OFFLOAD = ("none", "optimizer")  # what lives and steps in host memory instead of the GPU's
 COMPRESSORS = ("none", "fp16", "bf16", "topk", "powersgd")  # --compress KIND[:VALUE]
-DP_MODES = ("sync", "local-sgd", "diloco", "stale")  # --dp-mode KIND[:N]: how replicas agree
+# --dp-mode KIND[:N]: how replicas agree
+DP_MODES = ("sync", "local-sgd", "diloco", "stale", "ps")
 GRAD_REDUCE = ("fp32", "compute")  # dtype of gradient accumulation/reduction under bf16/fp16
 BALANCE = ("params", "flops", "memory", "time", "speed")  # how pipeline stages are cut
 MEASURED_BALANCE = ("time", "speed")  # measured on the ranks' real layers (built whole)

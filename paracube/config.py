@@ -206,7 +206,7 @@ class TrainConfig:
     dp_balance: str = "even"  # the global batch over dp ranks: even, auto, or weights "1,3"
     compress: str = "none"  # gradient compression: none, fp16, bf16, topk:RATIO, powersgd:RANK
     error_feedback: bool = True  # top-k / PowerSGD keep what they did not send for the next step
-    dp_mode: str = "sync"  # sync, local-sgd:H, diloco:H (averaged every H steps) or stale:S
+    dp_mode: str = "sync"  # sync, local-sgd:H, diloco:H (averaged every H steps), stale:S, ps[:S]
 
     def __post_init__(self) -> None:
         self._check_memory_options()
@@ -284,19 +284,18 @@ class TrainConfig:
         kind, _, text = self.dp_mode.partition(":")
         if kind not in DP_MODES:
             raise ConfigError(
-                f"unknown --dp-mode {self.dp_mode!r}: choose sync, local-sgd:H, diloco:H or stale:S"
+                f"unknown --dp-mode {self.dp_mode!r}: choose sync, local-sgd:H, diloco:H, stale:S or ps[:S]"
             )
         if kind == "sync":
             return
-        least = 0 if kind == "stale" else 1
-        if not text.isdigit() or int(text) < least:
-            what = (
-                "S must be an integer ≥ 0 (steps a gradient is late)"
-                if kind == "stale"
-                else ("H must be an integer ≥ 1 (steps between averages)")
-            )
+        least = 0 if kind in ("stale", "ps") else 1
+        if (text or kind != "ps") and (not text.isdigit() or int(text) < least):
+            what = {
+                "stale": "S must be an integer ≥ 0 (steps a gradient is late)",
+                "ps": "S must be an integer ≥ 0 (pushes a worker may be ahead of the slowest), or left out",
+            }.get(kind, "H must be an integer ≥ 1 (steps between averages)")
             raise ConfigError(f"--dp-mode {self.dp_mode}: {what}, e.g. {kind}:{least + 1}")
-        alone = kind != "stale"  # local-sgd / diloco: every rank steps on its own gradients
+        alone = kind != "stale"  # local-sgd / diloco / ps: every rank's own gradients
         saved = self.checkpoint.save_dir is not None or self.checkpoint.resume is not None
         clash = [
             (self.parallel.dp == 1, "--dp 1 (there is no data-parallel communication: use --dp > 1)"),
@@ -307,6 +306,9 @@ class TrainConfig:
             (self.dp_balance != "even" and alone, "--dp-balance (every rank steps alone: leave it out)"),
             (self.precision == "fp16" and not alone,
              "--precision fp16 (a late gradient was scaled by another step's loss scale: use bf16)"),
+            (kind == "ps" and (self.parallel.tp > 1 or self.parallel.pp > 1),
+             f"--tp {self.parallel.tp} --pp {self.parallel.pp} (a worker is one rank: use --tp 1 --pp 1)"),
+            (kind == "ps" and self.precision == "fp16", "--precision fp16 (no loss scale across workers: use bf16)"),
             (saved, "checkpoints (drifted ranks, outer momentum, gradients in flight are not saved yet)"),
         ]  # fmt: skip
         for bad, what in clash:

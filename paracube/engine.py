@@ -26,13 +26,23 @@ from paracube.data.sampler import ShardedBatchSampler
 from paracube.data.split import AutoBalance
 from paracube.data_parallel.local import ParameterAveraging
 from paracube.data_parallel.local import parse as parse_dp_mode
+from paracube.data_parallel.ps import Worker
+from paracube.data_parallel.ps import bound as ps_bound
+from paracube.data_parallel.ps import connect as connect_parameter_server
 from paracube.failures import name_failures
 from paracube.heartbeat import Heartbeat
 from paracube.memory.activations import ActivationCounter
 from paracube.mesh.mesh import ProcessMesh
 from paracube.metrics import PhaseTimer, StepMetrics
 from paracube.objective import Objective
-from paracube.optim import OptimizerStep, build_optimizer, lr_at, make_adamw, shard_optimizer
+from paracube.optim import (
+    OptimizerStep,
+    StepOutcome,
+    build_optimizer,
+    lr_at,
+    make_adamw,
+    shard_optimizer,
+)
 from paracube.parallelize import parallelize
 from paracube.pipeline.executor import PipelineExecutor
 from paracube.precision import LossScaler
@@ -82,12 +92,39 @@ class Trainer:
             if mode in ("local-sgd", "diloco")
             else None
         )
+        self.ps_worker = self._connect_parameter_server() if mode == "ps" else None
         self.activations = ActivationCounter()
         self._activations_counted: tuple[int, int] | None = None  # (step, peak bytes) last counted
         self.step = 0
         self.last_spans: list[tuple[str, float, float]] = []  # the last step's phases
         # Set by train_rank: lets a failing rank name the peer that stopped answering.
         self.heartbeat: Heartbeat | None = None
+
+    def _connect_parameter_server(self) -> Worker:
+        """--dp-mode ps[:S]: this rank's worker (and on data-parallel rank 0 the server):
+        ``steps × dp`` pushes of batch/dp sequences each, the lr schedule by samples."""
+        cfg, dp = self.cfg, self.mesh.size("dp")
+        return connect_parameter_server(
+            self.optimizer,
+            self.mesh.twin_group("dp"),
+            self.mesh.ledger,
+            total=cfg.steps * dp,
+            lr_at=lambda update: lr_at(update // dp, cfg),
+            clip=cfg.grad_clip,
+            staleness_bound=ps_bound(cfg.dp_mode),
+        )
+
+    @property
+    def finished(self) -> bool:
+        """The job's steps are done (under --dp-mode ps: the server has applied them all)."""
+        if self.ps_worker is not None:
+            return self.ps_worker.stopped
+        return self.step >= self.cfg.steps
+
+    def staleness_distribution(self) -> dict[int, int] | None:
+        """--dp-mode ps, on the server's rank: how many pushes were applied how late."""
+        server = self.ps_worker.server if self.ps_worker is not None else None
+        return dict(sorted(server.staleness.items())) if server is not None else None
 
     # -- views of the stack ---------------------------------------------------------------
 
@@ -144,6 +181,8 @@ class Trainer:
             record["activations_counted_step"], record["activations_peak"] = (
                 self._activations_counted
             )
+        if self.ps_worker is not None and self.ps_worker.server is not None:
+            record["ps_server"] = self.ps_worker.server.memory_bytes()  # a thread of this rank
         if "params_peak" in (held := self.grad_sync.memory_bytes()):
             record["params_peak"] = held["params_peak"]
         if self.mesh.device.type == "cuda":
@@ -183,17 +222,27 @@ class Trainer:
             loss_sum, pipeline = self.parallel.runner.run(self.step, timer)
         if count:
             self._activations_counted = (self.step, self.activations.peak)
-        # The global loss is summed across ranks while the optimizer runs.
-        loss_reduce = ops.all_reduce(
-            loss_sum, self.mesh.group("dp"), ledger, tag="loss", async_op=True
-        )
-        with timer.phase("optimizer"):
-            outcome = self.optimizer_step(self.step)
-        with timer.phase("comm_exposed"):
-            if self.averaging is not None:  # --dp-mode local-sgd / diloco, every H steps
-                self.averaging.after_step(self.step)
-            loss_value = self.objective.mean(loss_reduce.wait().item())
-        # Every rank's timings, gathered once (a few floats per rank; paracube.ranktimes).
+        tokens = self.objective.tokens_global
+        ps = None
+        if self.ps_worker is not None:  # --dp-mode ps: no collective; this worker's batch alone
+            with timer.phase("comm_exposed"):
+                ps = self.ps_worker.exchange()
+            outcome = StepOutcome(ps.lr, ps.grad_norm, False, self.model_state_bytes()["gradients"])
+            tokens //= self.mesh.size("dp")
+            loss_value = loss_sum.item() / tokens
+        else:
+            # The global loss is summed across ranks while the optimizer runs.
+            loss_reduce = ops.all_reduce(
+                loss_sum, self.mesh.group("dp"), ledger, tag="loss", async_op=True
+            )
+            with timer.phase("optimizer"):
+                outcome = self.optimizer_step(self.step)
+            with timer.phase("comm_exposed"):
+                if self.averaging is not None:  # --dp-mode local-sgd / diloco, every H steps
+                    self.averaging.after_step(self.step)
+                loss_value = self.objective.mean(loss_reduce.wait().item())
+        # Every rank's timings, gathered once (a few floats per rank; paracube.ranktimes) —
+        # except under a parameter server, whose workers never wait for each other.
         split = self.batches.split  # the split this step ran under
         mine = ranktimes.rank_vector(
             timer.seconds,
@@ -203,15 +252,14 @@ class Trainer:
             timer.injected,
             split.shares[self.batches.dp_rank],
         )
-        ranks = ranktimes.gather(mine, ledger, self.mesh.device)
+        ranks = ranktimes.gather(mine, ledger, self.mesh.device) if ps is None else None
         self.last_spans = timer.spans
         rebalanced = None
-        if self.balancer is not None:  # every rank decides alike from the same timings
+        if self.balancer is not None and ranks is not None:  # alike on every rank
             rebalanced = self.balancer.update(self.step, ranktimes.compute_per_window(ranks))
             if rebalanced is not None:
                 self.batches.set_split(rebalanced)
         step_time = time.perf_counter() - start
-        tokens = self.objective.tokens_global
         metrics = StepMetrics(
             step=self.step,
             loss=loss_value,
@@ -229,6 +277,8 @@ class Trainer:
             ranks=ranks,
             dp_split=list(split.shares) if self.cfg.dp_balance != "even" else None,
             dp_split_changed=True if rebalanced is not None else None,
+            staleness=ps.staleness if ps is not None else None,
+            ps_version=ps.version if ps is not None else None,
         )
         self.step += 1
         return metrics
@@ -239,6 +289,8 @@ class Trainer:
         drain = getattr(self.grad_sync.reducer, "drain", None)
         if drain is not None:
             drain()
+        if self.ps_worker is not None:  # the server's threads end with the job's pushes
+            self.ps_worker.finish()
 
     @torch.no_grad()
     def evaluate(self) -> float:

@@ -92,6 +92,11 @@ class StepMetrics:
     # windows of this step's global batch per data-parallel rank (when not split evenly)
     dp_split: list[int] | None = None
     dp_split_changed: bool | None = None  # --dp-balance auto chose a new split after this step
+    # --dp-mode ps: this worker's applied gradient was this many other updates late, and
+    # the server's version after it (the worker's step counts its own pushes only)
+    staleness: int | None = None
+    ps_version: int | None = None
+    ps_staleness: dict[int, int] | None = None  # the last record: pushes applied per staleness
 
     def to_json(self) -> str:
         record = {k: v for k, v in asdict(self).items() if v is not None}

@@ -82,7 +82,8 @@ def summary(history: list[StepMetrics], first_val: float | None, wall: float) ->
     split = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in phases.items())
     comm = steady[-1].comm
     grad_bytes = sum(
-        comm.get(k, {"bytes": 0})["bytes"] for k in ("all_reduce/grad", "reduce_scatter/grad")
+        comm.get(k, {"bytes": 0})["bytes"]
+        for k in ("all_reduce/grad", "reduce_scatter/grad", "send/ps_push")  # ps: the push
     )
     vals = [m.val_loss for m in history if m.val_loss is not None]
     lines = [
@@ -107,11 +108,23 @@ def summary(history: list[StepMetrics], first_val: float | None, wall: float) ->
                 if "params_peak" in mib
                 else ""
             )
+            + (f", parameter server {mib['ps_server']:.2f} MiB" if "ps_server" in mib else "")
         )
     if vals:
         start = f"{first_val:.4f} → " if first_val is not None else ""
         lines.insert(1, f"paracube: validation loss {start}{vals[-1]:.4f}")
     return "\n".join(lines)
+
+
+def staleness(counts: dict[int, int]) -> str:
+    """--dp-mode ps: the distribution of the applied gradients' staleness."""
+    total = sum(counts.values())
+    mean = sum(k * v for k, v in counts.items()) / total
+    shares = ", ".join(f"{k}: {100 * v / total:.0f}%" for k, v in counts.items())
+    return (
+        f"paracube: parameter server: {total} pushes applied; staleness (updates between a "
+        f"worker's pull and its push) mean {mean:.2f}, max {max(counts)}; {shares}"
+    )
 
 
 def prediction(cfg: TrainConfig, history: list[StepMetrics], threads: int, local_ranks: int) -> str:

@@ -137,19 +137,22 @@ def _train(trainer, cfg: TrainConfig, run: RunOptions, threads: int) -> None:
         bar = report.progress_bar(cfg, lead, trainer.step)
         start = time.perf_counter()
         profiler = StepProfiler(run.profile, run.profile_dir, trainer.mesh.global_rank)
-        while trainer.step < cfg.steps:
+        while not trainer.finished:
             with profiler.around(trainer.step):
                 m = trainer.train_step()
-            if cfg.eval_every and (trainer.step % cfg.eval_every == 0 or trainer.step == cfg.steps):
+            # under --dp-mode ps the workers' steps are not aligned: evaluated at the end only
+            aligned = trainer.ps_worker is None and trainer.step % (cfg.eval_every or 1) == 0
+            if cfg.eval_every and (aligned or trainer.finished):
                 m.val_loss = trainer.evaluate()
                 if lead:
                     line = f"paracube: step {trainer.step} loss {m.loss:.4f}, validation loss {m.val_loss:.4f}"
                     bar.write(line, file=sys.stdout) if bar is not None else print(line, flush=True)
             if not history:
                 m.run = header
-            if trainer.step == cfg.steps:  # the last step: its phases on every rank, once
+            if trainer.finished:  # the last step: its phases on every rank, once
                 m.timeline = {"step": m.step, "spans": _gather_objects(trainer.last_spans)}
-            for s in watch.update(m.step, m.ranks or {}):
+                m.ps_staleness = trainer.staleness_distribution()
+            for s in watch.update(m.step, m.ranks) if m.ranks else []:  # none under ps
                 if lead:
                     line = f"paracube: straggler: {s.line()}"
                     bar.write(line, file=sys.stdout) if bar is not None else print(line, flush=True)
@@ -181,6 +184,8 @@ def _train(trainer, cfg: TrainConfig, run: RunOptions, threads: int) -> None:
         trainer.batches.close()
     if lead:
         print(report.summary(history, first_val, time.perf_counter() - start), flush=True)
+        if history[-1].ps_staleness:
+            print(report.staleness(history[-1].ps_staleness), flush=True)
         for s in watch.seen:
             print(f"paracube: straggler: {s.line()}", flush=True)
         if run.predict:

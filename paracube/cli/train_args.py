@@ -151,7 +151,9 @@ def add_arguments(p) -> None:
         help="sync (gradients reduced every step, default), local-sgd:H (each rank steps alone, "
         "parameters averaged every H steps) or diloco:H (H local AdamW steps, then an outer "
         "Nesterov step on the averaged change) or stale:S (step t applies the gradient reduced "
-        "during steps t-S..t-1: communication overlaps the next S steps' compute)",
+        "during steps t-S..t-1: communication overlaps the next S steps' compute) or ps[:S] "
+        "(a parameter server on rank 0 applies each worker's gradient as it arrives; a worker "
+        "more than S pushes ahead of the slowest waits; steps x dp pushes in all)",
     )
     z.add_argument(
         "--no-error-feedback",
