@@ -105,3 +105,17 @@ def test_staleness_bound_holds_and_binds(pools):
         lead[mode] = max(step - slowest for _, step, _, slowest in log if slowest >= 0)
     assert lead["ps:1"] <= 1
     assert lead["ps"] > 1
+
+
+def test_diagnose_explains_that_a_parameter_server_run_has_no_shared_step(tmp_path):
+    """A ps run's metrics have no per-rank timings by design: diagnose says so, not that
+    the file is from an older paracube."""
+    import json
+
+    from paracube.diagnose.records import DiagnoseError, read_run
+
+    path = tmp_path / "ps.jsonl"
+    record = {"step": 0, "loss": 5.0, "step_time": 0.1, "staleness": 0, "ps_version": 1}
+    path.write_text(json.dumps(record) + "\n")
+    with pytest.raises(DiagnoseError, match="is a --dp-mode ps run"):
+        read_run(str(path))

@@ -57,6 +57,12 @@ def read_run(path: str) -> Run:
     steps = [r for r in records if isinstance(r, dict) and "step" in r and "step_time" in r]
     if not steps:
         raise DiagnoseError(f"{p} holds no step records: is it the --metrics file of a run?")
+    if any("ps_version" in r for r in steps):
+        raise DiagnoseError(
+            f"{p} is a --dp-mode ps run: its workers never wait for each other, so there is no "
+            "shared step to break down; its staleness distribution is in the last record "
+            "(ps_staleness) — diagnose a synchronous run of the same job"
+        )
     if any("ranks" not in r for r in steps):
         raise DiagnoseError(
             f"{p} has no per-rank timings (written by an older paracube): re-run the job with "
