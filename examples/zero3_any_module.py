@@ -51,15 +51,17 @@ for step in range(5):
     y = x.sum(dim=1, keepdim=True)
     shard = slice(32 // dp * rank, 32 // dp * (rank + 1))  # this rank's part
     model.zero_grad()
-    loss = nn.functional.mse_loss(model(x[shard]), y[shard], reduction="sum") / 32
-    loss.backward()  # each unit's gradients are reduce-scattered as its backward ends
-    optimizer.prepare_grads()  # the reduced gradient slices become the optimizer's .grad
+    loss = nn.functional.mse_loss(model(x[shard]), y[shard])  # this rank's mean, as with DDP
+    loss.backward()  # each unit's gradients are reduce-scattered (averaged) as its backward ends
+    optimizer.clip_grad_norm_(1.0, mesh.group("dp"))  # the whole model's norm, from the slices
     optimizer.step()  # steps this rank's slices; the next forward gathers the new values
     dist.all_reduce(loss.detach())
+    loss /= dp
 
     serial_opt.zero_grad()
     want = nn.functional.mse_loss(serial(x), y)
     want.backward()
+    torch.nn.utils.clip_grad_norm_(serial.parameters(), 1.0)
     serial_opt.step()
     if dist.get_rank() == 0:
         print(f"step {step}: loss {loss.item():.6f} (serial {want.item():.6f})")

@@ -145,6 +145,7 @@ def wrap_data_parallel(
             mesh.group("dp"),
             mesh.ledger,
             group_key=is_decayed,
+            average=False,  # the loss is normalised by the global token count
             grad_dtype=grad_dtype,
             pre_reduce=objective.pre_reduce,
             materialize=materialize_unit,

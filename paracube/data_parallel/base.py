@@ -33,6 +33,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils.weak import WeakIdKeyDictionary
 
 from paracube.comm import ops
 from paracube.comm.ledger import CommLedger
@@ -41,6 +43,47 @@ from paracube.data_parallel.reducers import Reducer, Waitable
 from paracube.data_parallel.shards import FlatShard, free_storage, storage_bytes
 
 PreReduce = Callable[[list[nn.Parameter], list[torch.Tensor]], None]
+
+# Parameters of sharding wrappers (ZeRO ≥ 1): a plain torch optimizer over them would step
+# nothing (ZeRO-2/3: the gradients are in this rank's slices, .grad stays None) or keep
+# every optimizer state on every rank (ZeRO-1). Checked by one step pre-hook for all
+# optimizers, registered with the first such wrapper.
+_sharded_params: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter → wrapper name
+_verdicts: WeakIdKeyDictionary = WeakIdKeyDictionary()  # optimizer → refusal or ""
+_hook_registered = False
+
+
+def guard_optimizers(module: nn.Module, wrapper: str) -> None:
+    """Refuse, at its first step, any torch optimizer stepping ``module``'s parameters
+    directly: they belong to ``wrapper``'s shards, stepped by ``MainParamOptimizer``."""
+    global _hook_registered
+    for p in module.parameters():
+        _sharded_params[p] = wrapper
+    if not _hook_registered:
+        register_optimizer_step_pre_hook(_refuse_sharded)
+        _hook_registered = True
+
+
+def _refuse_sharded(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+    verdict = _verdicts.get(optimizer)
+    if verdict is None:
+        wrappers = {
+            _sharded_params[p]
+            for g in optimizer.param_groups
+            for p in g["params"]
+            if p in _sharded_params
+        }
+        verdict = ""
+        if wrappers:
+            verdict = (
+                f"{type(optimizer).__name__} steps the parameters of a {' and a '.join(sorted(wrappers))} "
+                "directly, but their gradients and optimizer states belong to this rank's shards "
+                "(it would train nothing, or keep every state on every rank): step "
+                "MainParamOptimizer(model.shards(), make_optimizer) instead"
+            )
+        _verdicts[optimizer] = verdict
+    if verdict:
+        raise RuntimeError(verdict)
 
 
 class FlatDataParallel(nn.Module):

@@ -24,7 +24,7 @@ from torch import nn
 
 from paracube.comm import ops
 from paracube.comm.ledger import CommLedger
-from paracube.data_parallel.base import FlatDataParallel, PreReduce
+from paracube.data_parallel.base import FlatDataParallel, PreReduce, guard_optimizers
 from paracube.data_parallel.buckets import build_buckets
 from paracube.data_parallel.flat import FlatUnit
 from paracube.data_parallel.reducers import AllReduce, Reducer, ReduceScatter, reduced_gradient
@@ -108,6 +108,8 @@ class DataParallel(FlatDataParallel):
         self.zero_stage = zero_stage
         # ZeRO-2 keeps no full gradients between micro-batches.
         self.accumulates_locally = zero_stage < 2
+        if zero_stage >= 1:
+            guard_optimizers(module, f"DataParallel(zero_stage={zero_stage})")
         self._group_key = group_key or (lambda p: None)
         # Every rank keeps buckets, also a group of one: they are what the optimizer steps
         # (flat, fused), where fp32 gradients of a bf16 model accumulate, and where

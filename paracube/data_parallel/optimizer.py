@@ -52,6 +52,7 @@ class MainParamOptimizer:
                 "MainParamOptimizer(offload=True): the model's shards are in host memory already "
                 "(a CPU model): there is nothing to offload; leave offload off"
             )
+        self._prepared = False  # this step's gradients are the main parameters' .grad
         self._main: list[torch.Tensor] = []  # per shard: its (hi−lo,) main values
         self._main_grad: list[torch.Tensor | None] = []  # fp32 gradient slice when converted
         self._entries: list[
@@ -111,7 +112,8 @@ class MainParamOptimizer:
     @torch.no_grad()
     def prepare_grads(self) -> list[torch.Tensor]:
         """Point every main parameter's ``.grad`` at its reduced gradient (fp32); return
-        the per-shard gradient slices."""
+        the per-shard gradient slices. :meth:`step` calls it when the caller has not
+        since the last step (before clipping or unscaling, call it yourself)."""
         grads = []
         for i, sh in enumerate(self.shards):
             g = sh.grad()
@@ -124,6 +126,7 @@ class MainParamOptimizer:
             for p, a, b in self._entries[i]:
                 p.grad = g[a:b]
         self._grads = grads
+        self._prepared = True
         return grads
 
     @torch.no_grad()
@@ -163,9 +166,34 @@ class MainParamOptimizer:
 
     @torch.no_grad()
     def step(self) -> None:
-        """Step, write the new values back to the model's slices, rebuild full parameters."""
+        """Step, write the new values back to the model's slices, rebuild full parameters.
+        The gradients are this step's reduced slices: taken now unless :meth:`prepare_grads`
+        already took them (so forgetting it cannot step on nothing)."""
+        if not self._prepared:
+            self.prepare_grads()
         self.optimizer.step()
+        self._prepared = False
         self.publish()
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, group=None) -> float:
+        """Clip by the *global* gradient norm of the model, whatever the layout: the
+        squares of this rank's slices summed over the data-parallel ``group`` when they
+        are ZeRO shards (``torch.nn.utils.clip_grad_norm_`` over the main parameters would
+        see one shard's norm). Returns the norm before clipping. (Under tensor or pipeline
+        parallelism, replicated parameters must be counted once: the engine's
+        ``OptimizerStep.clip`` applies Megatron's rules.)"""
+        from paracube.comm import ops
+
+        if not self._prepared:
+            self.prepare_grads()
+        square = self.grad_norm_squared(lambda p: True)
+        if self.sharded:
+            ops.all_reduce(square, group, None, tag="grad_norm")
+        norm = float(square.sqrt())
+        if norm > max_norm:
+            self.scale_grads_(max_norm / (norm + 1e-6))
+        return norm
 
     @torch.no_grad()
     def publish(self) -> None:

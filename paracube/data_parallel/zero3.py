@@ -30,10 +30,11 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from paracube.comm import ops
 from paracube.comm.ledger import CommLedger
-from paracube.data_parallel.base import FlatDataParallel, PreReduce
+from paracube.data_parallel.base import FlatDataParallel, PreReduce, guard_optimizers
 from paracube.data_parallel.flat import FlatUnit
 from paracube.data_parallel.reducers import Reducer, ReduceScatter, reduced_gradient
 from paracube.data_parallel.shards import (
@@ -141,9 +142,13 @@ class ShardedDataParallel(FlatDataParallel):
         module: the model (already tensor-parallel if wanted); its parameters are
             broadcast from the group's rank 0 and then sharded.
         units: submodules gathered one at a time, in forward order (e.g. the blocks).
-            Each must return a tensor. Parameters outside them form the root unit.
+            Each returns a tensor or a tuple/list/dict of them (as Hugging Face blocks
+            do). Parameters outside them form the root unit.
         group, ledger: the data-parallel group and where collectives are counted.
         group_key: optimizer group of a parameter (e.g. decayed or not).
+        average: divide gradients by the group size — the same rule and default as
+            ``DataParallel`` (torch DDP's convention); ``False`` sums, for a loss already
+            normalised by the global sample count.
         grad_dtype: dtype of gradient reduction and of the gradient slices.
         reducer: a sharded reducer (default reduce-scatter).
         pre_reduce: as in ``DataParallel``: ``pre_reduce(params, grad_views)`` runs
@@ -152,8 +157,7 @@ class ShardedDataParallel(FlatDataParallel):
             flat slice is filled directly (``MetaValues.claim_flat``), so no rank ever
             holds more than its slices and one full parameter (``paracube.materialize``).
 
-    Gradients are summed over the group (the loss is expected to be normalised by the
-    global batch).
+    >>> model = ShardedDataParallel(net, list(net.blocks), mesh.group("dp"))  # in a job
     """
 
     binds_grads = False  # gradients are copied into the unit's buffer, param.grad released
@@ -167,6 +171,7 @@ class ShardedDataParallel(FlatDataParallel):
         ledger: CommLedger | None = None,
         *,
         group_key=None,
+        average: bool = True,
         grad_dtype: torch.dtype | None = None,
         reducer: Reducer | None = None,
         pre_reduce: PreReduce | None = None,
@@ -178,7 +183,7 @@ class ShardedDataParallel(FlatDataParallel):
                 "ZeRO-3 keeps only gradient slices: its reducer must be sharded (reduce-scatter)"
             )
         super().__init__(
-            module, group, ledger, reducer=reducer, average=False, pre_reduce=pre_reduce
+            module, group, ledger, reducer=reducer, average=average, pre_reduce=pre_reduce
         )
         self.group_key, self.grad_dtype = group_key or (lambda p: None), grad_dtype
         self.peak_param_bytes = 0
@@ -200,7 +205,8 @@ class ShardedDataParallel(FlatDataParallel):
         )
         for i, m in enumerate(units):
             m.register_forward_pre_hook(self._make_pre_forward(i))
-            m.register_forward_hook(self._make_post_forward(i))
+            m.register_forward_hook(self._make_post_forward(i, m))
+        guard_optimizers(self.module, "ShardedDataParallel")
 
     # -- the contract ---------------------------------------------------------------------
 
@@ -275,18 +281,29 @@ class ShardedDataParallel(FlatDataParallel):
 
         return hook
 
-    def _make_post_forward(self, i: int):
+    def _make_post_forward(self, i: int, unit_module: nn.Module):
         def hook(module, args, output):
             unit = self.block_units[i]
             if unit.in_backward:
                 return output
             unit.release()
-            if (
-                torch.is_grad_enabled()
-                and isinstance(output, torch.Tensor)
-                and output.requires_grad
-            ):
-                output.register_hook(self._make_pre_backward(i))
+            if not torch.is_grad_enabled() or not unit.params:
+                return output
+            # Every output tensor that carries a gradient re-gathers the unit when its
+            # gradient arrives (gathering twice is a no-op): a tuple (hidden states,
+            # attention weights, cache) works as a tensor does.
+            carriers = [
+                t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad
+            ]
+            if not carriers:
+                raise TypeError(
+                    f"ShardedDataParallel: unit {i} ({type(unit_module).__name__}) returned "
+                    f"{type(output).__name__} holding no tensor that requires grad, so its "
+                    "backward could not gather its parameters again; return a tensor, or a "
+                    "tuple/list/dict of tensors, from each unit"
+                )
+            for t in carriers:
+                t.register_hook(self._make_pre_backward(i))
             return output
 
         return hook
