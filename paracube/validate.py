@@ -14,6 +14,7 @@ import os
 
 from paracube.config import ModelConfig, ParallelConfig, TrainConfig
 from paracube.data.source import BYTE_VOCABULARY, check_source
+from paracube.data.tokenized import check_tokenized, is_tokenized
 from paracube.errors import ConfigError
 from paracube.options import RunOptions
 from paracube.pipeline.schedules import check_schedule
@@ -37,7 +38,9 @@ def validate(
     check_tensor_parallel(cfg.model, cfg.parallel)
     if cfg.parallel.pp > 1:
         check_pipeline(cfg)
-    if cfg.model.vocab_size < BYTE_VOCABULARY:
+    if is_tokenized(cfg.data):  # the tokenizer's ids must fit the model's embedding
+        check_tokenized(cfg.data, cfg.model.seq_len, cfg.model.vocab_size)  # type: ignore[arg-type]
+    elif cfg.model.vocab_size < BYTE_VOCABULARY:
         raise ConfigError(
             f"model vocab_size {cfg.model.vocab_size} < {BYTE_VOCABULARY}: the byte-level data needs a vocabulary "
             f"of at least {BYTE_VOCABULARY}"

@@ -149,6 +149,17 @@ CASES: list[tuple[str, list[str], str]] = [
     ("data", ["train", "--data", "{tmp}/blob.bin"], "looks binary (NUL bytes), not text"),
     ("data", ["train", "--data", "{tmp}/binaries"], "the folder holds no text files (2 binary skipped)"),
     ("data", ["train", "--data", "{tmp}/short.txt"], "is too short for sequence length 128"),
+    ("data", ["train", "--data", "{tmp}/tokens-corrupt"], "index.json is unreadable or corrupt"),
+    ("data", ["train", "--data", "{tmp}/tokens-truncated"],
+     "train.bin is 10 bytes, the index says 400 uint16 tokens (800 bytes)"),
+    ("data", ["train", "--data", "{tmp}/tokens-short", "--seq-len", "64"],
+     "the val split holds 40 tokens, fewer than one window of seq_len + 1 = 65"),
+    ("data", ["data", "prepare", "{tmp}/short.txt", "--tokenizer", "bpe:100", "--out", "{tmp}/new"],
+     "--tokenizer bpe:100: VOCAB must be an integer in [257, 1048576]"),
+    ("data", ["data", "prepare", "{tmp}/short.txt", "--tokenizer", "{tmp}/no-tokenizer", "--out", "{tmp}/new"],
+     "no such tokenizer.json (nothing is downloaded)"),
+    ("data", ["data", "prepare", "{tmp}/short.txt", "--tokenizer", "bpe:512", "--out", "{tmp}/binaries"],
+     "--out {tmp}/binaries exists and is not empty"),
     # -- outputs ---------------------------------------------------------------------
     ("outputs", ["train", "--metrics", "{tmp}"], "is a folder: give a file path inside it"),
     ("outputs", ["train", "--metrics", "/dev/full"], "--metrics /dev/full is not a regular file"),
@@ -299,6 +310,11 @@ def prepare(tmp: Path) -> None:
     (tmp / "binaries").mkdir()
     for name in ("a.so", "b.o"):
         (tmp / "binaries" / name).write_bytes(b"\0\1\2\3" * 64)
+    _tokens(tmp / "tokens-corrupt", 400, 40)
+    (tmp / "tokens-corrupt" / "index.json").write_text("{not json")
+    _tokens(tmp / "tokens-truncated", 400, 40)
+    (tmp / "tokens-truncated" / "train.bin").write_bytes(b"\0" * 10)
+    _tokens(tmp / "tokens-short", 400, 40)
     (tmp / "old.jsonl").write_text('{"step": 0}\n')
     (tmp / "garbage.jsonl").write_text("this is {not json\n")
     (tmp / "list.jsonl").write_text("[1, 2, 3]\n")
@@ -320,6 +336,16 @@ def prepare(tmp: Path) -> None:
         ranks = {"step_time": [0.1] * world, "compute": [0.08] * world}
         run = {"model": {"name": model, "n_layers": layers}, "micro_batch": 4}
         (tmp / f"{name}.jsonl").write_text(json.dumps({**step, "ranks": ranks, "run": run}) + "\n")
+
+
+def _tokens(path: Path, train: int, val: int) -> None:
+    """A tokenized dataset of ``train`` and ``val`` uint16 tokens (vocabulary 300)."""
+    path.mkdir()
+    index = {"format": "paracube-tokens", "version": 1, "dtype": "uint16", "vocab_size": 300,
+             "eot_id": 0, "splits": {"train": {"tokens": train}, "val": {"tokens": val}}}  # fmt: skip
+    (path / "index.json").write_text(json.dumps(index))
+    (path / "train.bin").write_bytes(b"\1\0" * train)
+    (path / "val.bin").write_bytes(b"\1\0" * val)
 
 
 def _checkpoint(path: Path, shapes: dict, step: int) -> None:

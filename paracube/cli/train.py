@@ -6,6 +6,7 @@ import os
 
 from paracube.cli.train_args import add_parser
 from paracube.config import ParallelConfig, TrainConfig
+from paracube.data.tokenized import is_tokenized, model_vocab, read_index
 from paracube.errors import ParacubeError
 
 __all__ = ["add_parser", "cmd_train", "config_from_args"]
@@ -19,6 +20,8 @@ def config_from_args(args) -> TrainConfig:
 
     _check_flags(args)
     overrides = {"seq_len": args.seq_len} if args.seq_len is not None else {}
+    if is_tokenized(args.data):  # a preset's embedding sized for the dataset's tokenizer
+        overrides["vocab_size"] = model_vocab(read_index(args.data).vocab_size)
     pipeline = {
         name: getattr(args, name)
         for name in ("schedule", "chunks", "balance")

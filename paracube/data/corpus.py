@@ -1,4 +1,5 @@
-"""Byte-level text corpora: the embedded default and the user's own files.
+"""Training text: byte-level corpora (the embedded default, the user's own files) and
+tokenized datasets (:mod:`paracube.data.tokenized`).
 
 The default needs no download: it is built at run time from the Python standard
 library's own source files on this machine (``sysconfig``'s ``stdlib`` path), read in
@@ -19,6 +20,7 @@ from paracube.data.source import (
     stdlib_files,
     text_files,
 )
+from paracube.data.tokenized import is_tokenized, load_split, read_index
 from paracube.errors import DataError
 
 __all__ = [
@@ -35,15 +37,17 @@ VOCAB_SIZE = BYTE_VOCABULARY
 
 @dataclass(frozen=True)
 class TokenCorpus:
-    """Train and validation token streams, each a 1-D uint8 tensor."""
+    """Train and validation token streams, each a 1-D tensor: uint8 bytes, or the uint16 /
+    uint32 ids of a tokenized dataset."""
 
     train: torch.Tensor
     val: torch.Tensor
     source: str
 
     def describe(self) -> str:
+        unit = "bytes" if self.train.dtype == torch.uint8 else "tokens"
         return (
-            f"{self.source}: {self.train.numel():,} train / {self.val.numel():,} validation bytes"
+            f"{self.source}: {self.train.numel():,} train / {self.val.numel():,} validation {unit}"
         )
 
 
@@ -98,10 +102,18 @@ def read_user_tokens(path: str) -> torch.Tensor:
 def build_corpus(
     data: str | None, seq_len: int, val_fraction: float = 0.05, max_bytes: int = DEFAULT_MAX_BYTES
 ) -> TokenCorpus:
-    """Load ``data`` (or the embedded stdlib corpus) and split off the last ``val_fraction``.
+    """Load ``data`` (or the embedded stdlib corpus) and split off the last ``val_fraction``
+    — or, for a tokenized dataset folder (:mod:`paracube.data.tokenized`), its two splits.
 
-    Both splits must hold at least one training window of ``seq_len + 1`` bytes.
+    Both splits must hold at least one training window of ``seq_len + 1`` tokens.
     """
+    if is_tokenized(data):  # a prepared dataset: its own splits, memory-mapped
+        index = read_index(data)  # type: ignore[arg-type]
+        return TokenCorpus(
+            train=load_split(index, "train"),
+            val=load_split(index, "val"),
+            source=f"{data} (vocabulary {index.vocab_size:,})",
+        )
     if data is None:
         tokens = torch.frombuffer(bytearray(stdlib_text(max_bytes)), dtype=torch.uint8)
     else:

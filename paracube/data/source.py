@@ -106,7 +106,13 @@ def check_length(n_bytes: int, data: str | None, seq_len: int, val_fraction: flo
 def check_source(
     data: str | None, seq_len: int, val_fraction: float, max_bytes: int = DEFAULT_MAX_BYTES
 ) -> None:
-    """Refuse a missing, unreadable, binary, empty or too short source, from file sizes."""
+    """Refuse a missing, unreadable, binary, empty or too short source, from file sizes
+    (a tokenized dataset: from its index and file sizes)."""
+    from paracube.data.tokenized import check_tokenized, is_tokenized
+
+    if is_tokenized(data):
+        check_tokenized(data, seq_len, None)  # type: ignore[arg-type]
+        return
     if data is None:
         files = stdlib_files()
         if not files:
