@@ -311,9 +311,11 @@ def _print(args, cfg, cluster, result) -> None:
 
 def _nothing_fits(result, cfg, g, args) -> int:
     if result.smallest_misfit is None:
+        reasons = "; ".join(f"{why} ({n}×)" for why, n in sorted(result.rejected.items()))
         raise ParacubeError(
-            "no layout satisfies the constraints (divisibility, tp within a node, the fixed choices): "
-            "relax --layout or the fixed options"
+            "no layout satisfies the constraints (divisibility, tp within a node, the fixed choices)"
+            + (f" — {reasons}" if reasons else "")
+            + ": relax --layout or the fixed options"
         )
     need = result.smallest_misfit.memory.total
     from paracube.planner.report import describe

@@ -14,7 +14,7 @@ from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import StageMemory, peak_memory
 from paracube.planner.time_model import Cluster, StepEstimate, estimate
 
-MICRO_BATCHES = (1, 2, 4, 8, 16)
+MICRO_BATCH_LIMIT = 32  # micro-batches searched: every divisor of the per-rank batch up to this
 
 
 @dataclass(frozen=True)
@@ -38,24 +38,44 @@ def divisors(n: int) -> list[int]:
     return small + [n // d for d in reversed(small) if d * d != n]
 
 
-CHUNKS = (2, 4)  # virtual chunks tried for chunked (interleaved) schedules
+def micro_batches(per_rank: int, fixed: int | None) -> list[int]:
+    """The micro-batch sizes to try for ``per_rank`` sequences per data-parallel rank and
+    step: a fixed one if it divides them, else every divisor up to
+    :data:`MICRO_BATCH_LIMIT` (6, 12 and 18 as published FSDP runs use, not only powers
+    of two)."""
+    if fixed is not None:
+        return [fixed] if per_rank % fixed == 0 else []
+    return [b for b in divisors(per_rank) if b <= MICRO_BATCH_LIMIT]
 
 
-def _schedules(p: int, m: int, layers: int):
+def chunk_counts(p: int, layers: int, fixed: int | None) -> list[int]:
+    """Virtual chunks per stage for a chunked (interleaved) schedule: a fixed count, else
+    every count from 2 up to one block per chunk (``layers // p``) — the engine's partition
+    lets chunks differ by a block, so 3, 5, 6, 12 … are as runnable as 2 and 4."""
+    if fixed is not None:
+        return [fixed] if fixed >= 2 and layers >= p * fixed else []
+    return list(range(2, layers // p + 1))
+
+
+def _schedules(p: int, m: int, layers: int, fixed_chunks: int | None = None, reject=None):
     """(schedule, chunks) pairs the engine can run at (p, m), from the registry; a schedule
-    another one dominates (same bubble, more memory: GPipe under 1F1B) is skipped."""
+    another one dominates (same bubble, more memory: GPipe under 1F1B) is skipped. With
+    fixed chunks, why they cannot run is told to ``reject``."""
     if p == 1:
         yield "1f1b", 1
         return
     for name, sched in SCHEDULES.items():
         if sched.dominated_by:
             continue
-        for v in CHUNKS if sched.chunked else (1,):
-            if layers < p * v:  # chunks may differ by a block, as the engine's partition cuts them
-                continue
+        counts = chunk_counts(p, layers, fixed_chunks) if sched.chunked else [1]
+        if not counts and reject is not None:
+            reject(f"--chunks {fixed_chunks} needs pp × chunks ≤ {layers} layers")
+        for v in counts:
             try:
                 sched.check(p, m, v)
-            except ConfigError:
+            except ConfigError as e:
+                if fixed_chunks is not None and sched.chunked and reject is not None:
+                    reject(str(e))
                 continue
             yield name, v
 
@@ -71,6 +91,8 @@ def candidate_layouts(
         rejected[reason] = rejected.get(reason, 0) + 1
 
     for tp in divisors(gpus):
+        if fixed.get("tp", tp) != tp:
+            continue  # a fixed degree: the others are not candidates (nor reasons)
         if tp > gpus_per_node:
             reject("tensor parallel larger than a node")
             continue
@@ -78,18 +100,20 @@ def candidate_layouts(
             reject("heads or MLP size not divisible by tp")
             continue
         for pp in divisors(gpus // tp):
-            if pp > cfg.n_layers:
+            if pp > cfg.n_layers or fixed.get("pp", pp) != pp:
                 continue
             dp = gpus // (tp * pp)
             if global_batch % dp:
                 reject("global batch not divisible by dp")
                 continue
-            for b in MICRO_BATCHES:
-                if (global_batch // dp) % b:
-                    continue
+            sizes = micro_batches(global_batch // dp, fixed.get("micro_batch"))
+            if not sizes:
+                reject(f"--micro-batch {fixed['micro_batch']} does not divide the per-rank batch")
+            for b in sizes:
                 m = global_batch // (dp * b)
+                schedules = _schedules(pp, m, cfg.n_layers, fixed.get("chunks"), reject)
                 for (schedule, v), zero, recompute in itertools.product(
-                    _schedules(pp, m, cfg.n_layers), ZERO_STAGES if dp > 1 else (0,), RECOMPUTE
+                    schedules, ZERO_STAGES if dp > 1 else (0,), RECOMPUTE
                 ):
                     if zero == 3 and pp > 1:
                         continue  # ZeRO-3 composes with tensor parallel, not with pipelines

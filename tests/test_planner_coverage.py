@@ -1,0 +1,55 @@
+"""The planner searches every layout the engines run and honours what the user fixes:
+every micro-batch dividing the per-rank batch (6, 12, 18 — as published FSDP runs use),
+every interleaved chunk count the layers allow (3, 5, 12 …), and a fixed choice that
+cannot run is refused with its reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from paracube.models.presets import preset
+from paracube.planner import hardware as hw
+from paracube.planner.search import chunk_counts, micro_batches, search
+from paracube.planner.time_model import Cluster
+
+
+def _cluster() -> Cluster:
+    return Cluster(hw.gpu("a100-80gb"), 8, hw.interconnect("nvlink3"), hw.interconnect("ib-hdr"))
+
+
+def test_micro_batches_are_every_divisor_and_a_fixed_one_alone():
+    assert micro_batches(36, None) == [1, 2, 3, 4, 6, 9, 12, 18]
+    assert micro_batches(36, 6) == [6]
+    assert micro_batches(36, 7) == []
+
+
+def test_chunk_counts_are_every_count_the_layers_allow():
+    assert chunk_counts(8, 96, None) == list(range(2, 13))
+    assert chunk_counts(8, 96, 12) == [12]
+    assert chunk_counts(8, 24, 12) == []
+
+
+@pytest.mark.parametrize("b", [6, 12])
+def test_a_fixed_micro_batch_outside_powers_of_two_is_planned(b):
+    """gpt3-175b on 1,024 A100s, global batch 1,536 (Narayanan et al. 2021's): micro-batch
+    6 or 12 gives ranked layouts, every one with that micro-batch."""
+    result = search(preset("gpt3-175b"), _cluster(), 1024, 1536, fixed={"micro_batch": b})
+    assert result.ranked and {c.layout.micro_batch for c in result.ranked} == {b}
+
+
+def test_twelve_interleaved_chunks_are_evaluated():
+    """GPT-3 175B at tp4 pp8 with 12 chunks per stage (96 layers: one block per chunk)."""
+    fixed = {"tp": 4, "pp": 8, "chunks": 12}
+    result = search(preset("gpt3-175b"), _cluster(), 1024, 1536, fixed=fixed)
+    assert result.ranked
+    assert {(c.layout.schedule, c.layout.chunks) for c in result.ranked} == {
+        ("interleaved-1f1b", 12)
+    }
+
+
+def test_a_fixed_choice_that_cannot_run_says_why():
+    result = search(preset("gpt3-1.3b"), _cluster(), 8, 64, fixed={"pp": 8, "chunks": 12})
+    assert not result.ranked
+    assert any("--chunks 12 needs pp × chunks ≤ 24 layers" in why for why in result.rejected)
+    result = search(preset("gpt3-175b"), _cluster(), 1024, 1536, fixed={"micro_batch": 7})
+    assert any("--micro-batch 7 does not divide" in why for why in result.rejected)
