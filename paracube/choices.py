@@ -28,7 +28,8 @@ ON_NAN = ("stop", "skip", "continue")  # a non-finite loss or gradient norm: wha
 METRICS_MODES = ("new", "append", "overwrite")  # an existing --metrics file: refuse, add, replace
 
 # Bytes of one model / activation element in each precision.
-ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# tf32: the planner's fp32 run with TF32 tensor-core matmuls (fp32 values everywhere)
+ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
 
 
 def state_bytes_per_parameter(precision: str) -> tuple[int, int, int]:

@@ -53,3 +53,32 @@ def test_a_fixed_choice_that_cannot_run_says_why():
     assert any("--chunks 12 needs pp × chunks ≤ 24 layers" in why for why in result.rejected)
     result = search(preset("gpt3-175b"), _cluster(), 1024, 1536, fixed={"micro_batch": 7})
     assert any("--micro-batch 7 does not divide" in why for why in result.rejected)
+
+
+@pytest.mark.parametrize(
+    ("precision", "peak"), [("fp32", 19.5e12), ("tf32", 156e12), ("bf16", 312e12)]
+)
+def test_each_precision_runs_at_its_own_units_rate(precision, peak):
+    """gpt3-1.3b on 8 A100s: fp32 on the CUDA cores (19.5 TFLOP/s peak), TF32 and bf16 on
+    the tensor cores (156, 312): every candidate's TFLOP/s per GPU stays below its
+    precision's peak and its MFU is measured against that peak."""
+    result = search(preset("gpt3-1.3b"), _cluster(), 8, 64, precision=precision)
+    assert result.ranked
+    for c in result.ranked:
+        assert c.time.tflops_per_gpu * 1e12 < peak
+        assert c.time.mfu == pytest.approx(c.time.tflops_per_gpu * 1e12 / peak)
+    if precision == "bf16":
+        assert result.ranked[0].time.tflops_per_gpu * 1e12 > 156e12 * 0.5  # tensor cores
+
+
+def test_resnet50_in_fp32_is_bounded_by_the_fp32_peak():
+    """ResNet-50 fp32 on one V100 (15.7 TFLOP/s of fp32): at 3 × 4.1 GFLOPs per image a
+    step cannot beat 15.7e12 / 12.3e9 ≈ 1,280 images/s — the bf16 tensor-core peak would
+    have allowed ten times that."""
+    from paracube.planner.generic import generic, search_generic
+
+    cluster = Cluster(hw.gpu("v100"), 8, hw.interconnect("nvlink2"), hw.interconnect("ib-hdr"))
+    model = generic("resnet50")
+    best = search_generic(model, cluster, 1, 256, "fp32", {}).ranked[0]
+    images = best.time.tokens_per_s
+    assert images < 15.7e12 / (3 * model.forward_flops_per_sample)

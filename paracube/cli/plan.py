@@ -36,7 +36,12 @@ def add_parser(sub) -> None:
     c.add_argument("--inter", default=None, help="inter-node link (default: InfiniBand HDR/NDR)")
     t = p.add_argument_group("training and fixed choices")
     t.add_argument("--global-batch", type=int, default=None, help="sequences per step")
-    t.add_argument("--precision", default="bf16", help="bf16, fp16 or fp32")
+    t.add_argument(
+        "--precision",
+        default="bf16",
+        help="bf16, fp16, fp32 (CUDA cores: torch's default for fp32 matmuls) or tf32 (fp32 "
+        "values, TF32 tensor-core matmuls)",
+    )
     t.add_argument("--layout", default=None, help="evaluate one layout: dp=,tp=,pp=")
     t.add_argument("--micro-batch", type=int, default=None)
     t.add_argument("--schedule", default=None)
@@ -239,8 +244,10 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         raise ParacubeError(
             f"unknown --offload {args.offload!r}: choose one of {', '.join(OFFLOAD)}"
         )
-    if args.precision not in PRECISIONS:
-        raise ParacubeError(f"unknown --precision {args.precision!r}: choose bf16, fp16 or fp32")
+    if args.precision not in (*PRECISIONS, "tf32"):
+        raise ParacubeError(
+            f"unknown --precision {args.precision!r}: choose bf16, fp16, fp32 or tf32"
+        )
 
 
 def _cluster(args):

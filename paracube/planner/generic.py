@@ -21,7 +21,7 @@ from paracube.errors import ConfigError
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import CONTEXT_BYTES, FRAGMENTATION, StageMemory
 from paracube.planner.memory import model_state_bytes
-from paracube.planner.time_model import Cluster, StepEstimate, _ring
+from paracube.planner.time_model import Cluster, StepEstimate, _ring, at_precision
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,7 @@ def evaluate(
         raise ConfigError(
             f"{model.name} is described without layers: data parallel only (tp = pp = 1)"
         )
+    cluster = at_precision(cluster, precision)  # fp32: the CUDA cores' rate, not the tensor cores'
     g, dp, b, m = cluster.gpu, layout.dp, layout.micro_batch, layout.microbatches
     w, gr, o = state_bytes_per_parameter(precision)
     states = model_state_bytes(

@@ -40,6 +40,20 @@ class GPU:
     host_link_bandwidth: float = 0.0
     host_memory_bandwidth: float = 0.0
     host_memory_bytes: float = 0.0  # the node's RAM over its GPUs: what offloaded states may use
+    # fp32 on the CUDA cores (torch's default for fp32 matmuls: TF32 off) and TF32 on the
+    # tensor cores (``torch.backends.cuda.matmul.allow_tf32``), dense, at the boost clock;
+    # 0: the same as ``peak_flops`` (a calibrated CPU measures its one fp32 rate)
+    fp32_flops: float = 0.0
+    tf32_flops: float = 0.0
+
+    def rate(self, precision: str) -> float:
+        """Peak FLOP/s of the units a ``precision`` run's matmuls use: bf16/fp16 tensor
+        cores, fp32 CUDA cores, or TF32 tensor cores (the planner's ``tf32``)."""
+        if precision == "fp32":
+            return self.fp32_flops or self.peak_flops
+        if precision == "tf32":
+            return self.tf32_flops or self.fp32_flops or self.peak_flops
+        return self.peak_flops
 
     @property
     def sustained_fraction(self) -> float:
@@ -74,19 +88,26 @@ HOST_RAM = {"v100": 512 * GB / 8, "a100": 1024 * GB / 8, "h100": 2048 * GB / 8}
 GPUS: dict[str, GPU] = {
     # clocks (MHz): V100 SXM2 1290/1530, A100 SXM4 1095/1410, H100/H200 SXM5 1590/1980;
     # SMs (architecture whitepapers): V100 80, A100 108, H100/H200 SXM5 132
+    # fp32 / TF32 dense (datasheets): V100 15.7 / — (no TF32), A100 19.5 / 156, H100/H200 SXM
+    # 67 / 494.7 TFLOP/s
     "v100": GPU("V100 SXM2 32GB", 125e12, 32 * GB, 900 * GB, 300 * GB, 1290, 1530, sms=80,
+                fp32_flops=15.7e12,
                 host_link_bandwidth=PCIE["v100"], host_memory_bandwidth=HOST_MEMORY["v100"],
                 host_memory_bytes=HOST_RAM["v100"]),
     "a100-40gb": GPU("A100 40GB", 312e12, 40 * GB, 1555 * GB, 600 * GB, 1095, 1410, sms=108,
+                     fp32_flops=19.5e12, tf32_flops=156e12,
                      host_link_bandwidth=PCIE["a100"], host_memory_bandwidth=HOST_MEMORY["a100"],
                 host_memory_bytes=HOST_RAM["a100"]),
     "a100-80gb": GPU("A100 80GB", 312e12, 80 * GB, 2039 * GB, 600 * GB, 1095, 1410, sms=108,
+                     fp32_flops=19.5e12, tf32_flops=156e12,
                      host_link_bandwidth=PCIE["a100"], host_memory_bandwidth=HOST_MEMORY["a100"],
                 host_memory_bytes=HOST_RAM["a100"]),
     "h100": GPU("H100 SXM", 989e12, 80 * GB, 3350 * GB, 900 * GB, 1590, 1980, sms=132,
+                fp32_flops=67e12, tf32_flops=494.7e12,
                 host_link_bandwidth=PCIE["h100"], host_memory_bandwidth=HOST_MEMORY["h100"],
                 host_memory_bytes=HOST_RAM["h100"]),
     "h200": GPU("H200 SXM", 989e12, 141 * GB, 4800 * GB, 900 * GB, 1590, 1980, sms=132,
+                fp32_flops=67e12, tf32_flops=494.7e12,
                 host_link_bandwidth=PCIE["h100"], host_memory_bandwidth=HOST_MEMORY["h100"],
                 host_memory_bytes=HOST_RAM["h100"]),
 }

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from paracube.choices import ELEMENT_BYTES
 from paracube.config import ModelConfig
@@ -201,6 +201,14 @@ def head_time(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> float:
     return head_fwd + head_bwd + loss
 
 
+def at_precision(cluster: Cluster, precision: str) -> Cluster:
+    """``cluster`` with its GPU's peak set to the rate of ``precision``'s matmul units."""
+    rate = cluster.gpu.rate(precision)
+    if rate == cluster.gpu.peak_flops:
+        return cluster
+    return replace(cluster, gpu=replace(cluster.gpu, peak_flops=rate))
+
+
 def estimate(
     cfg: ModelConfig, layout: Layout, cluster: Cluster, precision: str = "bf16"
 ) -> StepEstimate:
@@ -215,6 +223,9 @@ def estimate(
     >>> 0 < est.mfu < 1 and est.step_time > est.compute
     True
     """
+    # the matmul units this precision runs on (fp32: CUDA cores, tf32/bf16/fp16: tensor
+    # cores) set every compute rate below, and MFU is measured against their peak
+    cluster = at_precision(cluster, precision)
     g, p, t, m = cluster.gpu, layout.pp, layout.tp, layout.microbatches
     elem = ELEMENT_BYTES[precision]
     # blocks on the busiest rank: its v chunks of at most ⌈L/(p·v)⌉ blocks each
