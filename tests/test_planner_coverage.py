@@ -82,3 +82,40 @@ def test_resnet50_in_fp32_is_bounded_by_the_fp32_peak():
     best = search_generic(model, cluster, 1, 256, "fp32", {}).ranked[0]
     images = best.time.tokens_per_s
     assert images < 15.7e12 / (3 * model.forward_flops_per_sample)
+
+
+@pytest.mark.parametrize(
+    ("model", "gpu", "gpus", "batch"),
+    [
+        ("gpt3-1.3b", "a100-80gb", 8, 64),
+        ("gpt3-13b", "h100", 64, 256),
+        ("llama2-70b", "h100", 256, 512),
+    ],
+)
+def test_mfu_never_exceeds_the_stated_ceiling(model, gpu, gpus, batch):
+    """For every ranked candidate of a sweep: MFU ≤ the ceiling --explain states (the
+    compute-only MFU in the same FLOP count), which is below 1."""
+    from paracube.planner.hardware import DEFAULT_INTER, DEFAULT_INTRA, INTERCONNECTS
+
+    cluster = Cluster(
+        hw.gpu(gpu), 8, INTERCONNECTS[DEFAULT_INTRA[gpu]], INTERCONNECTS[DEFAULT_INTER[gpu]]
+    )
+    for c in search(preset(model), cluster, gpus, batch, top=50).ranked:
+        assert 0 < c.time.mfu <= c.time.mfu_ceiling < 1
+
+
+def test_zero1_pays_for_its_parameter_all_gather():
+    """ZeRO-1/2 all-gather the updated parameters after each step: without overlap, a
+    ZeRO-1 step is longer than plain data parallelism's by that gather's exposed time at
+    least, less its sharded optimizer step."""
+    from dataclasses import replace
+
+    from paracube.planner.layout import Layout
+    from paracube.planner.time_model import estimate
+
+    cfg, cluster = preset("gpt3-1.3b"), _cluster()
+    plain = Layout(dp=8, micro_batch=4, microbatches=2, overlap_grad_reduce=False)
+    zero1 = replace(plain, zero=1)
+    a, b = estimate(cfg, plain, cluster), estimate(cfg, zero1, cluster)
+    assert b.dp_exposed > a.dp_exposed
+    assert b.optimizer == pytest.approx(a.optimizer / 8)

@@ -90,7 +90,6 @@ def evaluate(
         tokens_per_s=samples / step,
         tflops_per_gpu=tflops,
         mfu=tflops * 1e12 / g.peak_flops,
-        achievable_fraction=g.sustained_fraction,
     )
     return memory, est
 

@@ -112,11 +112,12 @@ def _predicted(best, cluster: Cluster) -> str:
     )
     return (
         f"- Predicted: {t.tokens_per_s:,.0f} tokens/s, {t.tflops_per_gpu:.0f} TFLOP/s per GPU{executed}, "
-        f"MFU {t.mfu:.0%} "
-        f"(the compute model reaches {t.achievable_fraction:.0%} of peak on this layer shape: tensor cores at the "
-        f"base clock, {cluster.gpu.sustained_fraction:.0%} of the boost-clock peak, roofline of each matmul "
-        f"with tile and wave quantization over {cluster.gpu.sms or 'no'} SMs, memory-bound element-wise "
-        f"work, {L.attention} attention; see paracube.planner.time_model)."
+        f"MFU {t.mfu:.0%} of a {t.mfu_ceiling:.0%} ceiling — the MFU of the step's compute alone, "
+        "in the same count of model FLOPs (attention's s×s in full, as the papers' MFU; causal "
+        f"{L.attention} attention executes half of them). The compute runs the tensor cores at the "
+        f"base clock ({cluster.gpu.sustained_fraction:.0%} of the boost-clock peak), each matmul's "
+        f"roofline with tile and wave quantization over {cluster.gpu.sms or 'no'} SMs, and the "
+        "memory-bound element-wise work (paracube.planner.time_model)."
     )
 
 

@@ -72,9 +72,16 @@ class StepEstimate:
     optimizer: float
     tokens_per_s: float
     tflops_per_gpu: float  # model FLOPs (no recomputation) per second per GPU: MFU × peak
-    mfu: float
-    achievable_fraction: float
+    mfu: float  # model FLOPs per second per GPU over the peak of the precision's units
     hardware_tflops_per_gpu: float = 0.0  # FLOPs executed, recomputation included: HFU × peak
+
+    @property
+    def mfu_ceiling(self) -> float:
+        """The MFU this step would reach if its compute were all it did — no communication,
+        bubble, recomputation or optimizer: the compute model's ceiling on MFU, counted in
+        MFU's own FLOPs (attention's s×s in full, as the papers' MFU does, although causal
+        fused attention executes half of them). ``mfu ≤ mfu_ceiling`` by construction."""
+        return self.mfu * self.step_time / self.compute if self.compute else 0.0
 
     @property
     def step_time(self) -> float:
@@ -261,7 +268,6 @@ def estimate(
         tokens_per_s=tokens / step,
         tflops_per_gpu=tflops,
         mfu=tflops * 1e12 / g.peak_flops,
-        achievable_fraction=3 * flops / (fwd + bwd) / g.peak_flops,
         hardware_tflops_per_gpu=hardware,
     )
 
@@ -315,8 +321,9 @@ def dp_exposed_time(
 ) -> float:
     """The data-parallel communication the step waits for: the gradient reduction less what
     hides behind the last backward (a compressed reduction: its own volume, plus the work
-    of compressing, :func:`compressed_reduction`), and under ZeRO-3 the parameter gathers
-    of every micro-batch less what hides behind its compute."""
+    of compressing, :func:`compressed_reduction`); under ZeRO-1/2 the all-gather of the
+    updated parameters less what hides behind the next forward; under ZeRO-3 the parameter
+    gathers of every micro-batch less what hides behind its compute."""
     g, dp, m = cluster.gpu, layout.dp, layout.microbatches
     link = cluster.intra if layout.tp * dp <= cluster.gpus_per_node else cluster.inter
     allreduce = _ring(grad_bytes, dp, link) * (1.5 if layout.zero == 3 else 1.0)
@@ -326,6 +333,14 @@ def dp_exposed_time(
     # behind the last micro-batch's backward, when buckets are reduced as they fill
     hidden = 2 / 3 * per_mb if g.overlaps_communication and layout.overlap_grad_reduce else 0.0
     exposed = max(0.0, allreduce - hidden) + blocking
+    if layout.zero in (1, 2) and dp > 1:
+        # after the optimizer step each rank's updated slice is all-gathered back into the
+        # full parameters (Rajbhandari et al. 2020, P_os / P_os+g: half an all-reduce's
+        # volume) before the next forward can start; with overlapped reductions (Megatron's
+        # --overlap-param-gather) it hides behind the first micro-batch's forward
+        gather = _ring(grad_bytes, dp, link) / 2
+        ahead = per_mb / 3 if g.overlaps_communication and layout.overlap_grad_reduce else 0.0
+        exposed += max(0.0, gather - ahead)
     if layout.zero == 3:  # parameters re-gathered for every micro-batch's forward and backward,
         gather = _ring(grad_bytes, dp, link) / 2  # prefetched behind that micro-batch's compute
         exposed += (
