@@ -88,8 +88,10 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster) -> list[str]:
         )
     if L.zero:
         lines.append(
-            f"- ZeRO-{L.zero} shards {SHARDED_STATES[L.zero]} over the {L.dp} data-parallel ranks to fit: "
-            f"{best.memory.model_states / GB:.1f} GB of model states per GPU."
+            f"- ZeRO-{L.zero} shards {SHARDED_STATES[L.zero]} over the {L.dp} data-parallel ranks: "
+            f"{best.memory.model_states / GB:.1f} GB of model states per GPU, and each rank steps "
+            f"1/{L.dp} of the optimizer ({t.optimizer:.3g} s); the parameter all-gathers it adds are "
+            f"in the {t.dp_exposed:.3g} s of exposed data-parallel communication."
         )
     if L.recompute != "none":
         lines.append(
