@@ -51,6 +51,7 @@ bench: $(BENCH)/.installed
 	$(BENCH)/bin/python benchmarks/bench_compress.py --out benchmarks/results/compress.json
 	$(BENCH)/bin/python benchmarks/bench_convergence.py --out benchmarks/results/convergence.json --plot docs/images/convergence.png
 	$(BENCH)/bin/python benchmarks/bench_async.py --out benchmarks/results/async.json
+	$(BENCH)/bin/python benchmarks/bench_tokenized.py --out benchmarks/results/tokenized.json
 	# needs root for network namespaces: says why and goes on without them
 	-$(BENCH)/bin/python benchmarks/bench_shaped_link.py --out benchmarks/results/shaped_link.json
 	$(BENCH)/bin/python benchmarks/bench_planner.py --out benchmarks/results/planner.json
