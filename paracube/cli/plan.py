@@ -286,10 +286,27 @@ def _search(args, cfg, cluster, fixed: dict):
     return search_generic(cfg, cluster, args.gpus, args.global_batch, args.precision, per_model)
 
 
+def _baseline(args, cfg, cluster):
+    """The fastest layout for the same global batch on one GPU — or on one node when the
+    model does not fit on one — for the speed-up column (None: neither fits)."""
+    from argparse import Namespace
+
+    from paracube.planner.report import Baseline
+
+    for gpus in sorted({1, min(cluster.gpus_per_node, args.gpus)}):
+        if gpus >= args.gpus and gpus != 1:
+            break
+        few = Namespace(**{**vars(args), "gpus": gpus, "top": 1})
+        ranked = _search(few, cfg, cluster, {}).ranked
+        if ranked:
+            return Baseline(gpus, ranked[0])
+    return None
+
+
 def _print(args, cfg, cluster, result) -> None:
     import json
 
-    from paracube.planner.report import explain, table, to_json, torchrun_command
+    from paracube.planner.report import describe, explain, scaling, table, to_json, torchrun_command
 
     g = cluster.gpu
     if args.json:
@@ -306,9 +323,15 @@ def _print(args, cfg, cluster, result) -> None:
         f"{cfg.name}: {args.gpus} × {g.name} ({cluster.gpus_per_node} per node), global batch {args.global_batch} "
         f"{unit}, {args.precision}; {result.evaluated} layouts evaluated, {len(result.ranked)} fit\n"
     )
-    print(table(result.ranked[: args.top], cluster))
-    if args.explain and transformer is not None:
-        print("\n" + explain(result, transformer, cluster, args.gpus))
+    baseline = _baseline(args, cfg, cluster) if result.ranked else None
+    print(table(result.ranked[: args.top], cluster, baseline))
+    if args.explain and result.ranked:
+        text = explain(result, transformer, cluster, args.gpus) if transformer is not None else ""
+        if baseline is not None and result.ranked[0].layout.gpus > baseline.gpus:
+            text += ("\n" if text else f"Why {describe(result.ranked[0].layout)}:\n") + scaling(
+                result.ranked[0], baseline
+            )
+        print("\n" + text)
     if args.emit == "torchrun":
         command = torchrun_command(
             result.ranked[0], args.model, cluster.gpus_per_node, args.precision

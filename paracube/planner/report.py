@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 from paracube.config import ModelConfig
 from paracube.planner.search import Candidate, SearchResult
@@ -34,19 +34,64 @@ def describe(layout) -> str:
     return text
 
 
-def table(cands: list[Candidate], cluster: Cluster) -> str:
+@dataclass(frozen=True)
+class Baseline:
+    """The fastest layout on fewer GPUs — one, or one node when the model does not fit on
+    one — for the same global batch: what every candidate's speed-up is measured against."""
+
+    gpus: int
+    best: Candidate
+
+    def speedup(self, c: Candidate) -> float:
+        return c.time.tokens_per_s / self.best.time.tokens_per_s
+
+    def efficiency(self, c: Candidate) -> float:
+        """Speed-up over the ideal: (GPUs ÷ baseline GPUs) × the baseline's speed."""
+        return self.speedup(c) / (c.layout.gpus / self.gpus)
+
+
+def table(cands: list[Candidate], cluster: Cluster, baseline: Baseline | None = None) -> str:
+    plural = "s" if baseline and baseline.gpus > 1 else ""
+    extra = f" speed-up vs {baseline.gpus} GPU{plural} (efficiency) |" if baseline else ""
     rows = [
-        "| # | layout | memory/GPU | step | tokens (samples)/s | TFLOP/s/GPU | MFU | bubble |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| # | layout | memory/GPU | step | tokens (samples)/s | TFLOP/s/GPU | MFU | bubble |"
+        + extra,
+        "|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if baseline else ""),
     ]
     for i, c in enumerate(cands, 1):
         t = c.time
+        speed = f" {baseline.speedup(c):.2f}× ({baseline.efficiency(c):.0%}) |" if baseline else ""
         rows.append(
             f"| {i} | {describe(c.layout)} | {c.memory.total / GB:.1f} / {cluster.gpu.memory_bytes / GB:.0f} GB | "
             f"{t.step_time:.3g} s | {t.tokens_per_s:,.0f} | {t.tflops_per_gpu:.0f} | {t.mfu:.0%} | "
-            f"{t.bubble / t.step_time:.1%} |"
+            f"{t.bubble / t.step_time:.1%} |" + speed
         )
     return "\n".join(rows)
+
+
+def scaling(best: Candidate, baseline: Baseline) -> str:
+    """The best layout's speed-up in the guide's terms: N times the GPUs give
+    N / (1 + overhead ÷ ideal), where the ideal step is the baseline's split N ways and the
+    overhead is what the step takes beyond it — and which part of the step costs most."""
+    t, n = best.time, best.layout.gpus / baseline.gpus
+    ideal = baseline.best.time.step_time / n  # the same global batch, N times the GPUs
+    overhead = t.step_time - ideal
+    parts = {
+        "exposed data-parallel communication": t.dp_exposed,
+        "tensor-parallel communication": t.tp_comm,
+        "pipeline transfers": t.pp_comm,
+        "the pipeline bubble": t.bubble,
+        "recomputation": t.recompute,
+    }
+    worst, cost = max(parts.items(), key=lambda kv: kv[1])
+    plural = "s" if baseline.gpus > 1 else ""
+    return (
+        f"- Speed-up over {baseline.gpus} GPU{plural} ({describe(baseline.best.layout)}): "
+        f"{baseline.speedup(best):.2f}× on {best.layout.gpus}, {baseline.efficiency(best):.0%} "
+        f"scaling efficiency — N / (1 + overhead ÷ ideal) with N = {n:g}, the ideal step "
+        f"{ideal:.3g} s (the baseline's split {n:g} ways) and {overhead:+.3g} s beyond it; of "
+        f"the step's overheads the largest is {worst} ({cost:.3g} s)."
+    )
 
 
 def explain(result: SearchResult, cfg: ModelConfig, cluster: Cluster, gpus: int) -> str:
