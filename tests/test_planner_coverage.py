@@ -119,3 +119,18 @@ def test_zero1_pays_for_its_parameter_all_gather():
     a, b = estimate(cfg, plain, cluster), estimate(cfg, zero1, cluster)
     assert b.dp_exposed > a.dp_exposed
     assert b.optimizer == pytest.approx(a.optimizer / 8)
+
+
+def test_ethernet_is_shared_by_the_gpus_of_a_node():
+    """One 100 Gb/s NIC per node: 12.5 GB/s over 8 GPUs is 1.56 GB/s each, over 4 GPUs
+    3.1 GB/s — not 12.5 / 8 whatever the node holds."""
+    eth = hw.interconnect("ethernet-100g")
+    for per_node in (4, 8):
+        cluster = Cluster(hw.gpu("a100-80gb"), per_node, hw.interconnect("nvlink3"), eth)
+        assert cluster.inter.bandwidth == pytest.approx(12.5e9 / per_node)
+    assert (
+        Cluster(
+            hw.gpu("a100-80gb"), 8, hw.interconnect("nvlink3"), hw.interconnect("ib-hdr")
+        ).inter.bandwidth
+        == 25e9
+    )

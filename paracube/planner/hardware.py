@@ -72,6 +72,9 @@ class Interconnect:
     # (sequence parallelism). 1 for NCCL, whose ring all-reduce is exactly that pair
     # (docs/formulas.md); measured by `paracube plan --calibrate` for gloo on this machine.
     pair_cost_ratio: float = 1.0
+    # True: ``bandwidth`` is one NIC shared by the node's GPUs (Ethernet), so each GPU gets
+    # bandwidth ÷ GPUs per node (the Cluster divides it); False: per GPU (a rail each)
+    shared_by_node: bool = False
 
 
 # Host side, for --offload: PCIe per direction — Gen3 x16 16 GB/s (V100), Gen4 x16 32 GB/s
@@ -121,7 +124,9 @@ INTERCONNECTS: dict[str, Interconnect] = {
     "nvlink4": Interconnect("NVLink 4 (H100/H200)", 450 * GB, 2e-6),
     "ib-hdr": Interconnect("InfiniBand HDR 200 Gb/s per GPU", 25 * GB, 5e-6),
     "ib-ndr": Interconnect("InfiniBand NDR 400 Gb/s per GPU", 50 * GB, 5e-6),
-    "ethernet-100g": Interconnect("Ethernet 100 Gb/s per node", 12.5 * GB / 8, 20e-6),
+    "ethernet-100g": Interconnect(
+        "Ethernet 100 Gb/s per node", 12.5 * GB, 20e-6, shared_by_node=True
+    ),
 }
 
 DEFAULT_INTRA = {

@@ -58,6 +58,19 @@ class Cluster:
     intra: Interconnect
     inter: Interconnect
 
+    def __post_init__(self) -> None:
+        # a node's one NIC (Ethernet) is shared by its GPUs: each gets its share
+        for name in ("intra", "inter"):
+            link = getattr(self, name)
+            if link.shared_by_node:
+                share = replace(
+                    link,
+                    name=f"{link.name} ÷ {self.gpus_per_node} GPUs",
+                    bandwidth=link.bandwidth / self.gpus_per_node,
+                    shared_by_node=False,
+                )
+                object.__setattr__(self, name, share)
+
 
 @dataclass(frozen=True)
 class StepEstimate:
