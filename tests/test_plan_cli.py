@@ -260,3 +260,28 @@ def test_resnet50_explains_its_speed_up(capsys):
     out = plan(capsys, "--model", "resnet50", "--gpus", "8", "--gpu", "v100", "--global-batch", "256",
                "--precision", "fp16", "--explain")  # fmt: skip
     assert "Speed-up over 1 GPU" in out
+
+
+def test_resnet50_time_to_train_on_one_and_eight_gpus(capsys):
+    """The guide's ResNet-50 question: 90 ImageNet epochs in hours on 8 GPUs and on 1; the
+    hours are the images over the predicted images/s, and their ratio is the speed-up."""
+    import re
+
+    out = plan(capsys, "--model", "resnet50", "--gpus", "8", "--gpu", "v100", "--global-batch", "256",
+               "--precision", "fp16", "--epochs", "90", "--json")  # fmt: skip
+    best_rate = json.loads(out)["candidates"][0]["time"]["tokens_per_s"]
+    text = plan(capsys, "--model", "resnet50", "--gpus", "8", "--gpu", "v100", "--global-batch", "256",
+                "--precision", "fp16", "--epochs", "90")  # fmt: skip
+    found = re.search(
+        r"1,281,167 samples: ([\d.,]+) h on 8 GPUs .* against ([\d.,]+) h on 1 GPU", text
+    )
+    eight, one = (float(g.replace(",", "")) for g in found.groups())
+    assert eight == pytest.approx(90 * 1_281_167 / best_rate / 3600, rel=0.01)
+    assert 1 < one / eight <= 8.05
+
+
+def test_epochs_of_a_model_without_a_dataset_size_needs_it(capsys):
+    err = error(
+        capsys, "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "64", "--epochs", "1"
+    )
+    assert "--epochs 1: needs --train-samples N" in err

@@ -30,6 +30,7 @@ class GenericModel:
     params: float
     forward_flops_per_sample: float
     activation_values_per_sample: float  # saved for backward
+    dataset_samples: int = 0  # one epoch of the dataset it is trained on (0: unknown)
 
 
 def _resnet50_activation_values() -> float:
@@ -45,7 +46,10 @@ def _resnet50_activation_values() -> float:
 
 
 GENERIC: dict[str, GenericModel] = {
-    "resnet50": GenericModel("resnet50", 25_557_032, 2 * 4.09e9, _resnet50_activation_values()),
+    # ImageNet-1k's training set: 1,281,167 images (Russakovsky et al. 2015)
+    "resnet50": GenericModel(
+        "resnet50", 25_557_032, 2 * 4.09e9, _resnet50_activation_values(), 1_281_167
+    ),
 }
 
 
