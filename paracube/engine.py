@@ -25,9 +25,7 @@ from paracube.data.loader import PrefetchLoader
 from paracube.data.sampler import ShardedBatchSampler
 from paracube.data.split import AutoBalance
 from paracube.data_parallel.local import ParameterAveraging
-from paracube.data_parallel.local import parse as parse_dp_mode
 from paracube.data_parallel.ps import Worker
-from paracube.data_parallel.ps import bound as ps_bound
 from paracube.data_parallel.ps import connect as connect_parameter_server
 from paracube.failures import name_failures
 from paracube.heartbeat import Heartbeat
@@ -47,6 +45,7 @@ from paracube.parallelize import parallelize
 from paracube.pipeline.executor import PipelineExecutor
 from paracube.precision import LossScaler
 from paracube.validate import validate
+from paracube.values import dp_mode
 
 __all__ = ["Trainer", "build_optimizer", "lr_at", "make_adamw"]
 
@@ -86,13 +85,13 @@ class Trainer:
         self.optimizer_step = OptimizerStep(
             self.optimizer, self.grad_sync, self.objective, mesh, cfg
         )
-        mode, every = parse_dp_mode(cfg.dp_mode)
+        mode, every = dp_mode(cfg.dp_mode)
         self.averaging = (
             ParameterAveraging(mode, every, self.optimizer, mesh.group("dp"), mesh.ledger)
-            if mode in ("local-sgd", "diloco")
+            if mode in ("local-sgd", "diloco") and every
             else None
         )
-        self.ps_worker = self._connect_parameter_server() if mode == "ps" else None
+        self.ps_worker = self._connect_parameter_server(every) if mode == "ps" else None
         self.activations = ActivationCounter()
         self._activations_counted: tuple[int, int] | None = None  # (step, peak bytes) last counted
         self.step = 0
@@ -100,9 +99,10 @@ class Trainer:
         # Set by train_rank: lets a failing rank name the peer that stopped answering.
         self.heartbeat: Heartbeat | None = None
 
-    def _connect_parameter_server(self) -> Worker:
+    def _connect_parameter_server(self, bound: int | None) -> Worker:
         """--dp-mode ps[:S]: this rank's worker (and on data-parallel rank 0 the server):
-        ``steps × dp`` pushes of batch/dp sequences each, the lr schedule by samples."""
+        ``steps × dp`` pushes of batch/dp sequences each, the lr schedule by samples, a
+        worker at most ``bound`` pushes ahead of the slowest (None: unbounded)."""
         cfg, dp = self.cfg, self.mesh.size("dp")
         return connect_parameter_server(
             self.optimizer,
@@ -111,7 +111,7 @@ class Trainer:
             total=cfg.steps * dp,
             lr_at=lambda update: lr_at(update // dp, cfg),
             clip=cfg.grad_clip,
-            staleness_bound=ps_bound(cfg.dp_mode),
+            staleness_bound=bound,
         )
 
     @property

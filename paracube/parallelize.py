@@ -32,7 +32,6 @@ from paracube.data.batches import RankBatches
 from paracube.data_parallel import DataParallel, FlatDataParallel, Reducer, ShardedDataParallel
 from paracube.data_parallel.compress import make_reducer
 from paracube.data_parallel.local import LocalReduce
-from paracube.data_parallel.local import parse as parse_dp_mode
 from paracube.data_parallel.stale import StaleReduce
 from paracube.materialize import Materializer, PeakMemory, materialize
 from paracube.mesh.mesh import ProcessMesh
@@ -45,6 +44,7 @@ from paracube.pipeline.stage import PipelineChunk
 from paracube.precision import DTYPES
 from paracube.runners import LocalRunner, PipelineRunner
 from paracube.tensor_parallel import TPContext, parallelize_gpt
+from paracube.values import dp_mode
 
 
 @dataclass
@@ -131,9 +131,9 @@ def wrap_data_parallel(
     # --dp-mode local-sgd/diloco: no gradient communication (the parameters are averaged
     # every H steps instead); stale:S: reductions S steps late; else the compressor, or
     # None: uncompressed
-    mode, every = parse_dp_mode(cfg.dp_mode)
+    mode, late = dp_mode(cfg.dp_mode)
     if mode == "stale":  # step t applies step t−S's gradient, reduced on a group of its own
-        reducer: Reducer | None = StaleReduce(every, mesh.twin_group("dp"))
+        reducer: Reducer | None = StaleReduce(late or 0, mesh.twin_group("dp"))
     elif mode != "sync":
         reducer = LocalReduce()
     else:

@@ -82,6 +82,13 @@ def compression(spec: str) -> tuple[str, float]:
     return kind, 0.0
 
 
+def dp_mode(spec: str) -> tuple[str, int | None]:
+    """``--dp-mode`` (checked by the config first): ``"diloco:50"`` → ("diloco", 50),
+    ``"stale:0"`` → ("stale", 0), ``"ps"`` → ("ps", None: no bound), ``"sync"`` → ("sync", None)."""
+    kind, _, text = spec.partition(":")
+    return kind, int(text) if text else None
+
+
 def _number(text: str, kind: type):
     """``kind(text)``, or None where it is no such number (NaN included)."""
     try:

@@ -334,9 +334,8 @@ def _baseline(args, cfg, cluster):
 
     from paracube.planner.report import Baseline
 
-    for gpus in sorted({1, min(cluster.gpus_per_node, args.gpus)}):
-        if gpus >= args.gpus and gpus != 1:
-            break
+    node = cluster.gpus_per_node
+    for gpus in [1, node] if 1 < node < args.gpus else [1]:
         few = Namespace(**{**vars(args), "gpus": gpus, "top": 1})
         ranked = _search(few, cfg, cluster, {}).ranked
         if ranked:

@@ -36,6 +36,7 @@ from paracube.comm.ledger import CommLedger
 from paracube.data_parallel.flat import FlatUnit
 from paracube.data_parallel.reducers import Done, ReduceScatter
 from paracube.data_parallel.shards import Waitable, alloc_storage
+from paracube.values import compression
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -181,15 +182,9 @@ def _orthonormalise_(p: torch.Tensor) -> None:
     p.copy_(q)
 
 
-def parse(spec: str) -> tuple[str, float]:
-    """``"topk:0.01"`` → ("topk", 0.01); ``"fp16"`` → ("fp16", 0)."""
-    kind, _, value = spec.partition(":")
-    return kind, float(value) if value else 0.0
-
-
 def make_reducer(spec: str, zero: int, error_feedback: bool = True):
     """The reducer ``--compress spec`` names under ZeRO stage ``zero`` (None: uncompressed)."""
-    kind, value = parse(spec)
+    kind, value = compression(spec)
     if kind == "none":
         return None
     if kind in DTYPES:
@@ -203,7 +198,7 @@ def wire_bytes(spec: str, units: list[list[tuple[int, ...]]], world: int, elem: 
     """The bytes the ledger counts for one reduction of units holding parameters of the
     given shapes (all-reduce and reduce-scatter count the buffer they reduce, an
     all-gather its gathered size — the convention of ``comm/ops``)."""
-    kind, value = parse(spec)
+    kind, value = compression(spec)
     total = 0
     for shapes in units:
         numel = sum(math.prod(s) for s in shapes)

@@ -41,12 +41,6 @@ class LocalReduce:
         return Done(unit.buffer)
 
 
-def parse(spec: str) -> tuple[str, int]:
-    """``"diloco:50"`` → ("diloco", 50); ``"sync"`` → ("sync", 1)."""
-    kind, _, every = spec.partition(":")
-    return kind, int(every) if every else 1
-
-
 class ParameterAveraging:
     """After every ``every``-th optimizer step, average (local SGD) or take DiLoCo's outer
     step, over the data-parallel group."""

@@ -49,12 +49,6 @@ PUSH_HEAD, REPLY_HEAD = 2, 5  # header floats of each message
 GRADIENT, LEAVE = 1.0, 0.0  # push kinds
 
 
-def bound(spec: str) -> int | None:
-    """``"ps:4"`` → 4; ``"ps"`` → None (no staleness bound)."""
-    _, _, text = spec.partition(":")
-    return int(text) if text else None
-
-
 class Reply(NamedTuple):
     go: bool  # False: the job's pushes are done; the parameters are the final ones
     version: int  # updates the server has applied, after this worker's

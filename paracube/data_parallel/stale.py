@@ -8,7 +8,8 @@ reduction is launched, step t − S's is waited for and written into the bucket,
 optimizer reads it — the delayed-gradient SGD analysed by Langford et al. 2009 ("Slow
 learners are fast") and the 1-step-stale weight update of PipeDream-2BW (Narayanan et al.
 2021). During the first S steps nothing has arrived yet: :attr:`StaleReduce.delivered` is
-False and the engine does not step. ``stale:0`` is synchronous data parallelism.
+False and the engine does not step (a Python-API caller checks it too: stepping on the
+zeroed buffer would apply weight decay alone). ``stale:0`` is synchronous data parallelism.
 
 Memory: S + 1 copies of each bucket in flight (``state_bytes``).
 """

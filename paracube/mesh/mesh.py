@@ -114,6 +114,7 @@ class ProcessMesh:
         )
         self.ledger = CommLedger()
         self._coords = self.layout.coords(self.global_rank)
+        self._twins: dict[str, object] = {}  # axis → its twin group (twin_group)
 
     def group(self, axis: str):
         """The process group of this rank along ``axis``."""
@@ -130,8 +131,6 @@ class ProcessMesh:
         """A second group with the ranks of this rank's ``axis`` group, for collectives
         left in flight across steps (``--dp-mode stale:S``) so that they do not queue
         ahead of each step's own. Collective: every rank creates every such group."""
-        if getattr(self, "_twins", None) is None:
-            self._twins: dict[str, object] = {}
         if axis not in self._twins:
             mine = None
             for ranks in self.layout.groups(axis):

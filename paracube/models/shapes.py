@@ -48,15 +48,23 @@ def block_linears(cfg: ModelConfig) -> list[Linear]:
     ]
 
 
+def block_matrix_dims(cfg: ModelConfig, tp: int = 1) -> list[tuple[int, int]]:
+    """(out, in) of each linear of a block as one tensor-parallel rank holds it: a
+    column-parallel layer's outputs and a row-parallel layer's inputs divided by tp."""
+    return [
+        (
+            lin.out_features // tp if lin.split == "column" else lin.out_features,
+            lin.in_features // tp if lin.split == "row" else lin.in_features,
+        )
+        for lin in block_linears(cfg)
+    ]
+
+
 def smallest_matrix_dim(cfg: ModelConfig, tp: int = 1) -> int:
     """The smallest dimension of any matrix one tensor-parallel rank holds (the block's
-    linears split by columns or rows, the embedding and head by vocabulary)."""
-    dims = [cfg.hidden, -(-cfg.vocab_size // tp)]
-    for lin in block_linears(cfg):
-        out = lin.out_features // tp if lin.split == "column" else lin.out_features
-        inp = lin.in_features // tp if lin.split == "row" else lin.in_features
-        dims += [out, inp]
-    return min(dims)
+    linears, the embedding and head split by vocabulary)."""
+    dims = [d for pair in block_matrix_dims(cfg, tp) for d in pair]
+    return min([cfg.hidden, -(-cfg.vocab_size // tp), *dims])
 
 
 def norm_params(cfg: ModelConfig) -> int:

@@ -346,19 +346,16 @@ def dp_exposed_time(
     # behind the last micro-batch's backward, when buckets are reduced as they fill
     hidden = 2 / 3 * per_mb if g.overlaps_communication and layout.overlap_grad_reduce else 0.0
     exposed = max(0.0, allreduce - hidden) + blocking
+    gather = _ring(grad_bytes, dp, link) / 2  # all parameters from every rank's slice
+    forward = per_mb / 3 if g.overlaps_communication else 0.0  # a micro-batch's forward
     if layout.zero in (1, 2) and dp > 1:
         # after the optimizer step each rank's updated slice is all-gathered back into the
-        # full parameters (Rajbhandari et al. 2020, P_os / P_os+g: half an all-reduce's
-        # volume) before the next forward can start; with overlapped reductions (Megatron's
-        # --overlap-param-gather) it hides behind the first micro-batch's forward
-        gather = _ring(grad_bytes, dp, link) / 2
-        ahead = per_mb / 3 if g.overlaps_communication and layout.overlap_grad_reduce else 0.0
-        exposed += max(0.0, gather - ahead)
+        # full parameters (Rajbhandari et al. 2020, P_os / P_os+g) before the next forward
+        # can start; with overlapped reductions (Megatron's --overlap-param-gather) it hides
+        # behind the first micro-batch's forward
+        exposed += max(0.0, gather - (forward if layout.overlap_grad_reduce else 0.0))
     if layout.zero == 3:  # parameters re-gathered for every micro-batch's forward and backward,
-        gather = _ring(grad_bytes, dp, link) / 2  # prefetched behind that micro-batch's compute
-        exposed += (
-            (m - 1) * 2 * max(0.0, gather - (per_mb / 3 if g.overlaps_communication else 0.0))
-        )
+        exposed += (m - 1) * 2 * max(0.0, gather - forward)  # prefetched behind its compute
     return exposed
 
 
@@ -392,10 +389,8 @@ def compressed_reduction(
         work = (4 * elem * n + gathered) / g.hbm_bandwidth
         return comm, work
     assert cfg is not None, "PowerSGD's volume needs the model's matrix shapes"
-    r, t = int(value), layout.tp
-    pairs = [(lin.out_features, lin.in_features) for lin in shapes.block_linears(cfg)]
-    dims = [(o // t if s.split == "column" else o, i // t if s.split == "row" else i)
-            for (o, i), s in zip(pairs, shapes.block_linears(cfg))]  # fmt: skip
+    r = int(value)
+    dims = shapes.block_matrix_dims(cfg, layout.tp)
     factors = layers * sum((a + b) * r for a, b in dims)
     matrix_elements = layers * sum(a * b for a, b in dims)
     vectors = max(0.0, n - matrix_elements)  # biases, norms (and what is not a block's)
