@@ -166,6 +166,9 @@ class TrainConfig:
     """
 
     model: ModelConfig
+    # None: paracube's reference GPT of shape ``model``; "hf:DIR" a Hugging Face model,
+    # "factory:pkg.mod:fn" a user's (paracube.models.sources): ``model`` is then its shape
+    model_source: str | None = None
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     steps: int = 100
     micro_batch: int = 8

@@ -2,7 +2,8 @@
 
 ::
 
-    GPT(cfg) on "meta"          shapes only: no rank ever holds the whole model
+    the model's spec           paracube's GPT on "meta" (shapes only: no rank ever holds the
+                                whole model), or a Hugging Face / factory model built whole
       → tensor parallel         the declarative plan keeps this rank's slices (Megatron §3)
       → recomputation           full blocks or the attention core (Korthikanti et al. 2022)
       → pipeline split          this rank's chunks of the chain, and the schedule's actions
@@ -19,7 +20,6 @@ parameter after it. (``--balance time|speed`` measure real layers, so they build
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -27,15 +27,18 @@ import torch
 from torch import nn
 
 from paracube.choices import MEASURED_BALANCE
+from paracube.comm import ops
 from paracube.config import TrainConfig
 from paracube.data.batches import RankBatches
 from paracube.data_parallel import DataParallel, FlatDataParallel, Reducer, ShardedDataParallel
 from paracube.data_parallel.compress import make_reducer
 from paracube.data_parallel.local import LocalReduce
 from paracube.data_parallel.stale import StaleReduce
+from paracube.errors import ConfigError
 from paracube.materialize import Materializer, PeakMemory, materialize
 from paracube.mesh.mesh import ProcessMesh
-from paracube.models.gpt import GPT, apply_recompute
+from paracube.models.gpt import apply_recompute
+from paracube.models.spec import ModelSpec, build_model
 from paracube.objective import Objective
 from paracube.optim import is_decayed
 from paracube.pipeline.executor import PipelineExecutor
@@ -43,7 +46,8 @@ from paracube.pipeline.schedules import get_schedule
 from paracube.pipeline.stage import PipelineChunk
 from paracube.precision import DTYPES
 from paracube.runners import LocalRunner, PipelineRunner
-from paracube.tensor_parallel import TPContext, parallelize_gpt
+from paracube.tensor_parallel import TPContext
+from paracube.tensor_parallel.plan import apply_plan
 from paracube.values import dp_mode
 
 
@@ -76,30 +80,53 @@ def parallelize(
     cfg: TrainConfig, mesh: ProcessMesh, objective: Objective, batches: RankBatches
 ) -> ParallelModel:
     """This rank's model, wrapped in the fixed order (module docstring)."""
-    torch.manual_seed(cfg.seed)
     memory = PeakMemory()
-    # On the meta device (shapes only): this rank's shards get their values after the
-    # split (materialize); the time and speed balances measure real layers: built whole.
-    meta = cfg.parallel.balance not in MEASURED_BALANCE
-    with torch.device("meta") if meta else contextlib.nullcontext():
-        model = GPT(cfg.model)
-    parallelize_gpt(model, TPContext(mesh.group("tp"), mesh.ledger, cfg.parallel.sequence_parallel))
-    apply_recompute(model, cfg.recompute, cfg.recompute_blocks)
+    # paracube's GPT on the meta device (shapes only): this rank's shards get their values
+    # after the split (materialize); the time and speed balances measure real layers.
+    spec = build_model(cfg, meta=cfg.parallel.balance not in MEASURED_BALANCE)
+    tensor_parallel(spec, TPContext(mesh.group("tp"), mesh.ledger, cfg.parallel.sequence_parallel))
+    recompute(spec, cfg.recompute, cfg.recompute_blocks)
     if mesh.size("pp") > 1:
-        return _pipelined(model, cfg, mesh, objective, batches, memory)
-    if cfg.zero == 3 and meta:  # ZeRO-3 gives each unit its values just before slicing it
+        return _pipelined(spec, cfg, mesh, objective, batches, memory)
+    model = spec.module
+    if cfg.zero == 3 and spec.meta:  # ZeRO-3 gives each unit its values just before slicing it
         unit_by_unit = Materializer(
             model, list(model.named_parameters()), cfg.model, cfg.seed,
             (mesh.rank("tp"), mesh.size("tp")), _compute_dtype(cfg), mesh.device,
         )  # fmt: skip
-        grad_sync = wrap_data_parallel(model, model, cfg, mesh, objective, unit_by_unit)
+        grad_sync = wrap_data_parallel(model, spec.units, cfg, mesh, objective, unit_by_unit)
         built = memory.growth()
     else:
-        _materialize(model.named_parameters(), [model], cfg, mesh)
+        _materialize(spec, model.named_parameters(), [model], cfg, mesh)
         built = memory.growth()
-        grad_sync = wrap_data_parallel(model.to(mesh.device), model, cfg, mesh, objective)
+        grad_sync = wrap_data_parallel(model.to(mesh.device), spec.units, cfg, mesh, objective)
     runner = LocalRunner(grad_sync, objective, batches, mesh.ledger)
     return ParallelModel(grad_sync, objective, runner, build_bytes=built)
+
+
+def tensor_parallel(spec: ModelSpec, ctx: TPContext) -> None:
+    """The model's declarative plan over the tp group (nothing at tp = 1)."""
+    if ops.group_size(ctx.group) == 1:
+        return
+    if spec.tp_plan is None:
+        raise ConfigError(
+            f"{spec.config.name} has no tensor-parallel plan: give its ModelSpec a tp_plan, or use --tp 1"
+        )
+    apply_plan(spec.module, spec.tp_plan, ctx)
+    spec.rebind()
+    if spec.on_sequence_shards is not None:
+        spec.on_sequence_shards(ops.group_size(ctx.group) if ctx.sequence_parallel else 1)
+
+
+def recompute(spec: ModelSpec, mode: str, blocks: int | None) -> None:
+    """Activation recomputation in the first ``blocks`` units (all if None): paracube's
+    GPT knows full and selective; other models recompute whole units."""
+    if spec.recompute_unit is None:
+        apply_recompute(spec.module, mode, blocks)
+        return
+    chosen = spec.units if blocks is None else spec.units[:blocks]
+    for unit in spec.units:
+        spec.recompute_unit(unit, mode == "full" and unit in chosen)
 
 
 def _compute_dtype(cfg: TrainConfig) -> torch.dtype | None:
@@ -107,25 +134,28 @@ def _compute_dtype(cfg: TrainConfig) -> torch.dtype | None:
     return DTYPES[cfg.precision] if cfg.precision != "fp32" else None
 
 
-def _materialize(named, modules: Sequence[nn.Module], cfg: TrainConfig, mesh: ProcessMesh) -> None:
+def _materialize(
+    spec: ModelSpec, named, modules: Sequence[nn.Module], cfg: TrainConfig, mesh: ProcessMesh
+) -> None:
     """Values for what this rank keeps — initialised in fp32 from the seed, so every
     precision and layout starts alike — in the compute dtype."""
     dtype = _compute_dtype(cfg)
-    materialize(named, modules, cfg.model, cfg.seed, (mesh.rank("tp"), mesh.size("tp")), dtype)
-    if dtype is not None:  # a model built whole (--balance time) is cast here
+    if spec.meta:
+        materialize(named, modules, cfg.model, cfg.seed, (mesh.rank("tp"), mesh.size("tp")), dtype)
+    if dtype is not None:  # a model built whole (--balance time, HF, factories) is cast here
         for module in modules:
             module.to(dtype)
 
 
 def wrap_data_parallel(
     local: nn.Module,
-    model: GPT,
+    units: list[nn.Module],
     cfg: TrainConfig,
     mesh: ProcessMesh,
     objective: Objective,
     materialize_unit: Materializer | None = None,
 ) -> FlatDataParallel:
-    """ZeRO-3 units are the transformer blocks; ZeRO 0–2 bucket every parameter. Gradients
+    """ZeRO-3 units are the transformer blocks (``units``); ZeRO 0–2 bucket every parameter. Gradients
     accumulate and are reduced in fp32 under bf16/fp16 unless asked otherwise."""
     grad_dtype = torch.float32 if cfg.precision != "fp32" and cfg.grad_reduce == "fp32" else None
     # --dp-mode local-sgd/diloco: no gradient communication (the parameters are averaged
@@ -141,7 +171,7 @@ def wrap_data_parallel(
     if cfg.zero == 3:
         return ShardedDataParallel(
             local,
-            list(model.blocks),
+            units,
             mesh.group("dp"),
             mesh.ledger,
             group_key=is_decayed,
@@ -167,7 +197,7 @@ def wrap_data_parallel(
 
 
 def _pipelined(
-    model: GPT,
+    spec: ModelSpec,
     cfg: TrainConfig,
     mesh: ProcessMesh,
     objective: Objective,
@@ -178,9 +208,10 @@ def _pipelined(
 
     par = cfg.parallel
     sample = batches.micro_batch(0, 0)[0] if par.balance in MEASURED_BALANCE else None
-    plan = build_pipeline(model, cfg, mesh.rank("pp"), sample, mesh.ledger, mesh.device)
+    tied = spec.tied_groups()  # by identity: before materialize gives each name its tensor
+    plan = build_pipeline(spec, cfg, mesh.rank("pp"), sample, mesh.ledger, mesh.device)
     named = [(n, p) for chunk in plan.chunks for n, p in chunk.serial_named_parameters()]
-    _materialize(named, plan.chunks, cfg, mesh)
+    _materialize(spec, named, plan.chunks, cfg, mesh)
     built = memory.growth()
     chunks = [c.to(mesh.device) for c in plan.chunks]
     seq = cfg.model.seq_len // (mesh.size("tp") if par.sequence_parallel else 1)
@@ -198,17 +229,34 @@ def _pipelined(
         ledger=mesh.ledger,
         store=plan.store,
     )
-    if cfg.model.tie_embeddings:  # embedding on the first stage, head on the last: one weight
-        tied = next(
-            (
-                p
-                for c in chunks
-                for n, p in c.serial_named_parameters()
-                if n in ("embed.tok.weight", "head.weight")
-            ),
-            None,
-        )
-        objective.tie(tied, mesh.first_last_stage_group())
-    grad_sync = wrap_data_parallel(nn.ModuleList(chunks), model, cfg, mesh, objective)
+    _tie_across_stages(spec.chain_names, tied, chunks, objective, mesh)
+    units = [u for u in spec.units if any(u is m for c in chunks for m in c.modules())]
+    grad_sync = wrap_data_parallel(nn.ModuleList(chunks), units, cfg, mesh, objective)
     runner = PipelineRunner(executor, grad_sync, batches, get_schedule(par.schedule), par.chunks)
     return ParallelModel(grad_sync, objective, runner, executor, plan.description, built)
+
+
+def _tie_across_stages(
+    chain_names: list[str],
+    tied: list[list[str]],
+    chunks: list[PipelineChunk],
+    objective: Objective,
+    mesh: ProcessMesh,
+) -> None:
+    """A parameter tied by identity in the whole model (an embedding and its head) is a
+    copy on each stage holding one of its names: their gradients are summed over the
+    first and last stages (the chain's ends). Found by identity for any model."""
+    for names in tied:
+        where = [i for i, n in enumerate(chain_names) if any(_under(t, n) for t in names)]
+        ends = {0, len(chain_names) - 1}
+        if not set(where) <= ends:
+            raise ConfigError(
+                f"{' and '.join(names)} are tied but not at the ends of the chain: pipelines "
+                "sum tied gradients between the first and last stage only"
+            )
+        here = (p for c in chunks for n, p in c.serial_named_parameters() if n in names)
+        objective.tie(next(here, None), mesh.first_last_stage_group())
+
+
+def _under(param_name: str, module_name: str) -> bool:
+    return param_name.startswith(module_name + ".")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 
 from paracube.cli.train_args import add_parser
-from paracube.config import ParallelConfig, TrainConfig
+from paracube.config import ModelConfig, ParallelConfig, TrainConfig
 from paracube.data.tokenized import is_tokenized, model_vocab, read_index
 from paracube.errors import ParacubeError
+from paracube.models.sources import ModelSource, parse_model, source_config
 
 __all__ = ["add_parser", "cmd_train", "config_from_args"]
 from paracube.options import CheckpointConfig
@@ -16,12 +17,9 @@ from paracube.options import CheckpointConfig
 def config_from_args(args) -> TrainConfig:
     """The job the arguments describe; flags that contradict each other or do nothing in
     this layout are refused, each named."""
-    from paracube.models.presets import preset
-
     _check_flags(args)
-    overrides = {"seq_len": args.seq_len} if args.seq_len is not None else {}
-    if is_tokenized(args.data):  # a preset's embedding sized for the dataset's tokenizer
-        overrides["vocab_size"] = model_vocab(read_index(args.data).vocab_size)
+    source = parse_model(args.model)
+    model = _model_config(source, args)
     pipeline = {
         name: getattr(args, name)
         for name in ("schedule", "chunks", "balance")
@@ -29,7 +27,8 @@ def config_from_args(args) -> TrainConfig:
     }
     steps_per_batch = args.microbatches if args.microbatches is not None else args.grad_accum
     return TrainConfig(
-        model=preset(args.model, **overrides),
+        model=model,
+        model_source=source.spec,
         parallel=ParallelConfig(
             dp=args.dp,
             tp=args.tp,
@@ -83,6 +82,23 @@ def config_from_args(args) -> TrainConfig:
             async_save=args.async_save,
         ),
     )
+
+
+def _model_config(source: ModelSource, args) -> ModelConfig:
+    """The shape of ``--model``: a preset's (its embedding sized for a tokenized dataset's
+    tokenizer), a Hugging Face config's, or a factory's (one call on the meta device)."""
+    if source.kind == "factory":
+        if args.seq_len is not None:
+            raise ParacubeError(
+                f"--seq-len is set by the factory's ModelConfig for --model {source.where}: drop --seq-len"
+            )
+        from paracube.models.spec import factory_config
+
+        return factory_config(source.where)
+    vocab = None
+    if source.kind == "preset" and is_tokenized(args.data):
+        vocab = model_vocab(read_index(args.data).vocab_size)
+    return source_config(source, args.seq_len, vocab)
 
 
 def _check_flags(args) -> None:

@@ -189,7 +189,11 @@ def add_arguments(p) -> None:
     )
     m = p.add_argument_group("model and data")
     m.add_argument(
-        "--model", default="tiny", help="model preset (default tiny); see paracube.models.PRESETS"
+        "--model",
+        default="tiny",
+        help="a preset (default tiny; see paracube.models.PRESETS), hf:DIR (a local Hugging Face "
+        "config.json, optional model.safetensors), or a factory package.module:function "
+        "returning a paracube.models.ModelSpec",
     )
     m.add_argument(
         "--seq-len", type=int, default=None, help="override the preset's sequence length"

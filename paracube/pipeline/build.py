@@ -11,7 +11,7 @@ from paracube.choices import MEASURED_BALANCE
 from paracube.comm import ops
 from paracube.comm.ledger import CommLedger
 from paracube.config import TrainConfig
-from paracube.models.shapes import chain_names
+from paracube.models.spec import ModelSpec
 from paracube.pipeline.balance import gpt_layer_loads
 from paracube.pipeline.partition import describe_split, partition
 from paracube.pipeline.schedules import Action, get_schedule
@@ -30,14 +30,14 @@ class PipelinePlan:
 
 
 def build_pipeline(
-    model,
+    spec: ModelSpec,
     cfg: TrainConfig,
     pp_rank: int,
     sample: torch.Tensor | None = None,
     ledger: CommLedger | None = None,
     device: torch.device | None = None,
 ) -> PipelinePlan:
-    """Split ``model``'s chain of layers into ``pp × chunks`` stages and keep this rank's.
+    """Split the model's chain of layers into ``pp × chunks`` stages and keep this rank's.
 
     With ``balance="time"`` every rank measures each layer on ``sample`` and the slowest
     measurement wins (all-reduce MAX), so all ranks agree on one split; ``"speed"`` keeps
@@ -45,7 +45,7 @@ def build_pipeline(
     """
     par = cfg.parallel
     p, v, m = par.pp, par.chunks, cfg.grad_accum
-    names, layers = chain_names(cfg.model), model.layers()
+    names, layers = spec.chain_names, spec.chain
     unit = _per_micro_batch if par.balance in MEASURED_BALANCE else _load
     if par.balance == "speed":
         assert sample is not None, "the speed balance times the layers on a sample micro-batch"

@@ -28,6 +28,7 @@ from paracube.comm import ops
 from paracube.comm.ledger import CommLedger
 from paracube.config import ModelConfig
 from paracube.models.gpt import GPT
+from paracube.models.spec import tied_groups
 from paracube.tensor_parallel.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -93,13 +94,44 @@ class VocabEmbedding(Style):
 @dataclass(frozen=True)
 class PrepareInput(Style):
     """Before the module runs: f on its input (or all-gather the sequence under SP), once
-    for all the column-parallel linears inside it."""
+    for all the column-parallel linears inside it. The input is the first positional
+    argument, or ``keyword`` when passed by name (Hugging Face passes ``hidden_states=``)."""
+
+    keyword: str = "hidden_states"
 
     def apply(self, module, ctx):
         fn = C.gather_from_sp if ctx.sequence_parallel else C.copy_to_tp
-        module.register_forward_pre_hook(
-            lambda _m, args: (fn(args[0], ctx.group, ctx.ledger), *args[1:])
-        )
+
+        def hook(_m, args, kwargs):
+            if args:
+                return (fn(args[0], ctx.group, ctx.ledger), *args[1:]), kwargs
+            if self.keyword not in kwargs:
+                raise TypeError(
+                    f"{type(module).__name__} was called with neither a positional input nor "
+                    f"{self.keyword}=: give PrepareInput(keyword=...) the name its caller uses"
+                )
+            return args, {**kwargs, self.keyword: fn(kwargs[self.keyword], ctx.group, ctx.ledger)}
+
+        module.register_forward_pre_hook(hook, with_kwargs=True)
+        return module
+
+
+@dataclass(frozen=True)
+class DivideAttrs(Style):
+    """Divide integer attributes by tp — sizes a module's forward reads to split a fused
+    output (GPT-2's ``split_size``: each of q, k, v is H/tp wide on a rank)."""
+
+    names: tuple[str, ...]
+
+    def apply(self, module, ctx):
+        tp = ops.group_size(ctx.group)
+        for name in self.names:
+            value = getattr(module, name)
+            if value % tp:
+                raise ValueError(
+                    f"{type(module).__name__}.{name} = {value} is not divisible by tp {tp}"
+                )
+            setattr(module, name, value // tp)
         return module
 
 
@@ -126,7 +158,7 @@ class SequenceSharded(Style):
         return module
 
 
-def gpt_plan(cfg: ModelConfig) -> dict[str, Style]:
+def gpt_plan(cfg: ModelConfig) -> dict[str, Style | tuple[Style, ...]]:
     """The tensor-parallel plan of :class:`paracube.models.gpt.GPT`.
 
     The fused q|k|v projection is split by heads section by section (each rank n/tp query
@@ -147,17 +179,37 @@ def gpt_plan(cfg: ModelConfig) -> dict[str, Style]:
     }
 
 
-def apply_plan(model: nn.Module, plan: dict[str, Style], ctx: TPContext) -> nn.Module:
-    """Apply ``plan`` in its order; every pattern must match at least one module."""
-    for pattern, style in plan.items():
+Plan = dict[str, "Style | tuple[Style, ...]"]
+
+
+def apply_plan(model: nn.Module, plan: Plan, ctx: TPContext) -> nn.Module:
+    """Apply ``plan`` in its order (a tuple of styles in its own order); every pattern
+    must match at least one module.
+
+    Parameters tied by identity before (an embedding and its LM head) are tied again
+    after: both are split by vocabulary rows the same way, so they share the shard."""
+    tied = tied_groups(model)
+    for pattern, styles in plan.items():
         names = [n for n, _ in model.named_modules() if n and fnmatch.fnmatchcase(n, pattern)]
         if not names:
             raise ValueError(f"tensor-parallel plan entry {pattern!r} matches no module")
-        for name in names:
-            parent_name, _, child = name.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            new = style.apply(getattr(parent, child), ctx)
-            setattr(parent, child, new)
+        for style in styles if isinstance(styles, tuple) else (styles,):
+            for name in names:
+                parent_name, _, child = name.rpartition(".")
+                parent = model.get_submodule(parent_name) if parent_name else model
+                setattr(parent, child, style.apply(getattr(parent, child), ctx))
+    for first, *others in tied:
+        shared = model.get_parameter(first)
+        for name in others:
+            owner, _, attr = name.rpartition(".")
+            module = model.get_submodule(owner)
+            own = getattr(module, attr)
+            if own.shape != shared.shape:
+                raise ValueError(
+                    f"{first} and {name} are tied but the plan shards them differently "
+                    f"({tuple(shared.shape)} vs {tuple(own.shape)})"
+                )
+            setattr(module, attr, shared)
     return model
 
 
@@ -165,10 +217,7 @@ def parallelize_gpt(model: GPT, ctx: TPContext) -> GPT:
     """Shard a full (seeded) GPT for this rank's place in the tensor-parallel group."""
     if ops.group_size(ctx.group) == 1:
         return model
-    tied = model.cfg.tie_embeddings
     apply_plan(model, gpt_plan(model.cfg), ctx)
-    if tied:  # both are split by vocabulary rows the same way: share the shard
-        model.head.weight = model.embed.tok.weight
     return model
 
 

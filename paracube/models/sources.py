@@ -1,0 +1,170 @@
+"""Where a model comes from — torch-free, so the CLI checks a job before starting ranks.
+
+``--model`` takes one of three forms:
+
+- a preset name (``tiny``, ``llama2-7b`` …): paracube's reference GPT;
+- a Hugging Face model — ``hf:DIR`` or ``hf:DIR/config.json``, or a directory holding a
+  ``config.json`` — read locally (nothing is downloaded), with weights from its
+  ``model.safetensors`` when present, else initialised from the seed;
+- a user factory ``package.module:function`` returning a
+  :class:`paracube.models.spec.ModelSpec`.
+
+For a Hugging Face config, its shape is read into a :class:`~paracube.config.ModelConfig`
+(the planner's and the validator's view of the model); the families listed in
+:data:`HF_FAMILIES` are the ones whose tensor-parallel plan and pipeline chain paracube
+ships (:mod:`paracube.models.hf`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+
+from paracube.config import ModelConfig
+from paracube.errors import ConfigError
+
+# model_type → the plan family (paracube.models.hf): Llama's decoder layout is shared by
+# Mistral and Qwen2 (Qwen2 adds q/k/v biases, which the column-parallel layers keep).
+HF_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gpt2": "gpt2"}
+_FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+WEIGHTS_FILE = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """``kind`` is ``preset``, ``hf`` or ``factory``; ``where`` the preset name, the HF
+    model directory, or ``module:function``."""
+
+    kind: str
+    where: str
+
+    @property
+    def spec(self) -> str | None:
+        """What the ranks rebuild the model from (None: the preset's GPT)."""
+        return None if self.kind == "preset" else f"{self.kind}:{self.where}"
+
+
+def parse_model(text: str) -> ModelSource:
+    """``--model``'s value: a preset, ``hf:PATH``, a model directory, or ``module:function``."""
+    from paracube.models.presets import PRESETS
+
+    if text.startswith("hf:"):
+        return ModelSource("hf", hf_directory(text[3:]))
+    if text.startswith("factory:"):
+        text = text[len("factory:") :]
+    elif text in PRESETS:
+        return ModelSource("preset", text)
+    elif os.path.isdir(text) or text.endswith(".json"):
+        return ModelSource("hf", hf_directory(text))
+    if _FACTORY.match(text):
+        return ModelSource("factory", text)
+    raise ConfigError(
+        f"unknown --model {text!r}: give a preset ({', '.join(PRESETS)}), hf:DIR with a "
+        "Hugging Face config.json, or a factory package.module:function"
+    )
+
+
+def hf_directory(path: str) -> str:
+    """The directory of a Hugging Face model given as its directory or its config.json."""
+    directory = (os.path.dirname(path) or ".") if path.endswith(".json") else path
+    config = os.path.join(directory, "config.json")
+    if not os.path.isfile(config):
+        raise ConfigError(
+            f"--model hf:{path}: no config.json at {config}; give a local model directory "
+            "(nothing is downloaded)"
+        )
+    return directory
+
+
+def read_hf_config(directory: str) -> dict:
+    path = os.path.join(directory, "config.json")
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--model hf:{directory}: cannot read {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--model hf:{directory}: {path} is not a JSON object")
+    kind = data.get("model_type")
+    if kind not in HF_FAMILIES:
+        raise ConfigError(
+            f"--model hf:{directory}: model_type {kind!r} is not a supported architecture: "
+            f"supported are {', '.join(HF_FAMILIES)} (or write a factory returning a ModelSpec)"
+        )
+    return data
+
+
+def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = None) -> ModelConfig:
+    """The shape of a Hugging Face config as paracube's :class:`ModelConfig`.
+
+    ``seq_len`` defaults to the model's context (max_position_embeddings / n_positions),
+    capped at 1024 so a default run fits a CPU. ``vocab_size`` overrides the config's (a
+    tokenized dataset's vocabulary)."""
+    kind = data["model_type"]
+    get = data.get
+    if HF_FAMILIES[kind] == "gpt2":
+        hidden, context = get("n_embd", 768), get("n_positions", 1024)
+        shape = dict(
+            n_layers=get("n_layer", 12), hidden=hidden, n_heads=get("n_head", 12),
+            ffn_hidden=get("n_inner") or 4 * hidden, norm="layernorm", activation="gelu",
+            position="learned", tie_embeddings=get("tie_word_embeddings", True), bias=True,
+            norm_eps=get("layer_norm_epsilon", 1e-5), init_std=get("initializer_range", 0.02),
+        )  # fmt: skip
+    else:
+        if get("hidden_act", "silu") != "silu":
+            raise ConfigError(
+                f"{kind} config: hidden_act {get('hidden_act')!r} is not supported (the plan "
+                "shards a SwiGLU MLP; use hidden_act 'silu')"
+            )
+        hidden, heads = get("hidden_size", 4096), get("num_attention_heads", 32)
+        head_dim = get("head_dim") or hidden // heads
+        if head_dim * heads != hidden:
+            raise ConfigError(
+                f"{kind} config: head_dim {head_dim} × {heads} heads ≠ hidden_size {hidden}: "
+                "a decoupled head size is not supported"
+            )
+        context = get("max_position_embeddings", 2048)
+        shape = dict(
+            n_layers=get("num_hidden_layers", 32), hidden=hidden, n_heads=heads,
+            n_kv_heads=get("num_key_value_heads") or heads,
+            ffn_hidden=get("intermediate_size", 11008), norm="rmsnorm", activation="swiglu",
+            position="rope", tie_embeddings=get("tie_word_embeddings", False),
+            bias=bool(get("attention_bias", kind == "qwen2")),
+            norm_eps=get("rms_norm_eps", 1e-6), init_std=get("initializer_range", 0.02),
+        )  # fmt: skip
+    seq = seq_len if seq_len is not None else min(context, 1024)
+    if seq > context:
+        raise ConfigError(
+            f"--seq-len {seq} is longer than the model's context {context}: use --seq-len ≤ {context}"
+        )
+    window = get("sliding_window") if get("use_sliding_window", kind == "mistral") else None
+    if window is not None and window < seq:
+        raise ConfigError(
+            f"{kind} config: sliding_window {window} < --seq-len {seq}: sliding-window attention "
+            f"is not supported; use --seq-len ≤ {window}"
+        )
+    return ModelConfig(
+        vocab_size=vocab_size or get("vocab_size", 32000),
+        seq_len=seq,
+        name=f"hf:{kind}",
+        **shape,
+    )
+
+
+def source_config(
+    source: ModelSource, seq_len: int | None = None, vocab_size: int | None = None
+) -> ModelConfig:
+    """The :class:`ModelConfig` of a preset or Hugging Face source (torch-free). A factory's
+    config comes from calling it (:func:`paracube.models.spec.factory_config`)."""
+    if source.kind == "preset":
+        from paracube.models.presets import preset
+
+        overrides = {"seq_len": seq_len} if seq_len is not None else {}
+        if vocab_size is not None:
+            overrides["vocab_size"] = vocab_size
+        return preset(source.where, **overrides)
+    if source.kind == "hf":
+        return hf_model_config(read_hf_config(source.where), seq_len, vocab_size)
+    raise ValueError("a factory's config is read by calling it (paracube.models.spec)")
