@@ -49,16 +49,20 @@ def train_config(
 
 
 def serial_reference(
-    cfg: TrainConfig, corpus: TokenCorpus, staleness: int = 0
+    cfg: TrainConfig, corpus: TokenCorpus, staleness: int = 0, model=None, logits=None
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
     """The ground truth: one process, the whole global batch in one forward and backward.
 
     ``staleness`` S: step t steps with the gradient of step t − S (none in the first S
-    steps), as ``--dp-mode stale:S`` defines. Returns the loss of every step and the
-    parameters after the last step.
+    steps), as ``--dp-mode stale:S`` defines. ``model`` (default paracube's GPT from the
+    seed) and ``logits(model, tokens)`` (default ``model(tokens)``) train another model,
+    e.g. a plain Hugging Face one. Returns the loss of every step and the parameters
+    after the last step.
     """
-    torch.manual_seed(cfg.seed)
-    model = GPT(cfg.model)
+    if model is None:
+        torch.manual_seed(cfg.seed)
+        model = GPT(cfg.model)
+    forward = logits or (lambda m, x: m(x))
     optimizer = build_optimizer(model, cfg)
     sampler = ShardedBatchSampler(corpus.train, cfg.model.seq_len, cfg.global_batch, cfg.seed)
     losses = []
@@ -66,7 +70,7 @@ def serial_reference(
     for step in range(cfg.steps):
         x, y = sampler.global_batch_at(step)  # (G, T)
         model.zero_grad(set_to_none=True)
-        loss = lm_loss(model(x), y)
+        loss = lm_loss(forward(model, x), y)
         loss.backward()
         losses.append(loss.item())
         if staleness:

@@ -1,0 +1,194 @@
+"""Hugging Face models under every engine, against the plain serial HF model.
+
+The models are ``examples/models/llama-tiny`` (Llama with grouped-query attention: 4 query
+heads, 2 key/value heads) and ``examples/models/gpt2-tiny`` (GPT-2: Conv1D layers, learned
+positions, embedding tied to the head), built from their config.json with random weights
+from the seed. The reference is ``transformers``' own ``LlamaForCausalLM`` /
+``GPT2LMHeadModel`` (its ``forward``, its Conv1D), trained by the serial loop of
+``tests/helpers.py`` on the same global batches; paracube trains it as ``--model hf:DIR``
+under each layout. Per-step loss ≤ 1e-5 relative, parameters within the pipeline tests'
+bounds (3e-5 overall, 3e-4 per tensor).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+import torch
+
+from paracube.config import ParallelConfig, TrainConfig
+from paracube.models.sources import hf_model_config, read_hf_config
+from tests.helpers import assert_losses_close, assert_params_close, serial_reference, small_corpus
+
+pytest.importorskip("transformers")
+
+MODELS = os.path.join(os.path.dirname(__file__), "..", "examples", "models")
+SEQ, STEPS, GLOBAL = 32, 6, 8
+
+
+def model_dir(family: str) -> str:
+    return os.path.abspath(os.path.join(MODELS, f"{family}-tiny"))
+
+
+def hf_config(family: str, zero=0, m=1, steps=STEPS, **parallel) -> TrainConfig:
+    par = ParallelConfig(bucket_mb=0.05, **parallel)
+    directory = model_dir(family)
+    return TrainConfig(
+        model=hf_model_config(read_hf_config(directory), SEQ),
+        model_source=f"hf:{directory}",
+        parallel=par,
+        steps=steps,
+        micro_batch=GLOBAL // (par.dp * m),
+        grad_accum=m,
+        warmup_steps=2,
+        zero=zero,
+        progress=False,
+    )
+
+
+@functools.cache
+def hf_serial(family: str) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The plain HF model (as paracube configures it: SDPA, no dropout) trained serially."""
+    from transformers import AutoModelForCausalLM
+
+    from paracube.models.hf import hf_config_object
+
+    cfg = hf_config(family)
+    torch.manual_seed(cfg.seed)
+    hf = AutoModelForCausalLM.from_config(hf_config_object(model_dir(family)), dtype=torch.float32)
+    return serial_reference(cfg, small_corpus(), model=hf, logits=lambda m, x: m(input_ids=x).logits)
+
+
+def run_hf(cfg: TrainConfig):
+    """One rank: train, return the losses and this rank's parameters at full size under
+    HF's names (Conv1D weights back in HF's (in, out) layout)."""
+    from paracube.engine import Trainer
+    from paracube.mesh.mesh import ProcessMesh
+    from paracube.models.spec import source_of
+    from paracube.tensor_parallel import full_tensor
+
+    torch.set_num_threads(1)
+    trainer = Trainer(cfg, ProcessMesh(cfg.parallel), small_corpus())
+    losses = [trainer.train_step().loss for _ in range(cfg.steps)]
+    transposed = _conv1d_weights(source_of(cfg.model_source or "").where)
+    params = {}
+    with trainer.gathered_parameters():  # ZeRO-3: whole parameters inside
+        for name, p in trainer.serial_named_parameters():
+            full = full_tensor(p, p, trainer.tp_group)
+            params[name] = full.t() if name in transposed else full
+    return losses, params
+
+
+def _conv1d_weights(directory: str) -> set[str]:
+    data = read_hf_config(directory)
+    if data["model_type"] != "gpt2":
+        return set()
+    return {
+        f"transformer.h.{i}.{m}.weight"
+        for i in range(data["n_layer"])
+        for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+    }
+
+
+def merged(results, want) -> dict[str, torch.Tensor]:
+    """Every rank's parameters; a tied head listed by a last stage (HF lists the shared
+    weight once, as the embedding) must equal the embedding."""
+    params: dict[str, torch.Tensor] = {}
+    for _, p in results:
+        params.update(p)
+    for head, embed in (("lm_head.weight", "transformer.wte.weight"),):
+        if head in params and head not in want:
+            assert torch.equal(params.pop(head), params[embed]), "the tied head drifted"
+    return params
+
+
+LAYOUTS = {
+    **{f"dp2-zero{z}": dict(dp=2, zero=z) for z in (0, 1, 2, 3)},
+    "tp2": dict(tp=2),
+    "tp2-sp": dict(tp=2, sequence_parallel=True),
+    "pp2-1f1b": dict(pp=2, m=4),
+    "pp2-interleaved": dict(pp=2, m=4, schedule="interleaved-1f1b", chunks=2),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_hf_model_matches_serial_hf(pools, family, layout):
+    cfg = hf_config(family, **LAYOUTS[layout])
+    want_losses, want_params = hf_serial(family)
+    results = pools(cfg.parallel.world_size).run(run_hf, cfg)
+    for losses, _ in results:
+        assert_losses_close(losses, want_losses)
+    assert_params_close(merged(results, want_params), want_params, tol=3e-5, tensor_tol=3e-4)
+
+
+def test_hf_llama_3d_2x2x2(pools):
+    """dp × tp × pp = 2 × 2 × 2 with sequence parallelism, 8 ranks."""
+    cfg = hf_config("llama", dp=2, tp=2, pp=2, m=2, sequence_parallel=True)
+    want_losses, want_params = hf_serial("llama")
+    results = pools(8).run(run_hf, cfg)
+    for losses, _ in results:
+        assert_losses_close(losses, want_losses)
+    assert_params_close(merged(results, want_params), want_params, tol=3e-5, tensor_tol=3e-4)
+
+
+def test_gpt2_tied_weights_across_stages_are_summed(pools):
+    """The tied embedding/head of GPT-2 on stages 0 and 1: found by identity, summed —
+    the head on the last stage equals the embedding on the first after training (merged()
+    asserts it), and both equal the serial model's one weight."""
+    cfg = hf_config("gpt2", pp=2, m=4)
+    results = pools(2).run(run_hf, cfg)
+    assert "lm_head.weight" in results[1][1] and "transformer.wte.weight" in results[0][1]
+    want = hf_serial("gpt2")[1]
+    got = merged(results, want)
+    assert torch.allclose(got["transformer.wte.weight"], want["transformer.wte.weight"], atol=1e-5)
+
+
+# -- tensor-parallel communication: the Megatron minimum ---------------------------------
+
+
+def count_layer_collectives(sp: bool, per_linear: bool, micro_batches: int = 4):
+    """Forward + backward of one HF Llama decoder layer at tp2, ``micro_batches`` times:
+    the collectives counted by the ledger, by kind."""
+    from paracube.comm.ledger import CommLedger
+    from paracube.models.hf import build_hf, llama_plan
+    from paracube.tensor_parallel.plan import Colwise, TPContext, apply_plan
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    cfg = hf_config("llama")
+    spec = build_hf(model_dir("llama"), cfg.model)
+    plan = dict(llama_plan(cfg.model.n_heads, cfg.model.n_kv_heads, cfg.model.head_dim))
+    if per_linear:  # the naive plan: every column-parallel linear prepares its own input
+        plan = {k: v for k, v in plan.items() if not k.endswith(("self_attn", ".mlp"))}
+        for k in list(plan):
+            if k.endswith(("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")):
+                plan[k] = Colwise()
+    ledger = CommLedger()
+    apply_plan(spec.module, plan, TPContext(None, ledger, sp))
+    spec.rebind()
+    if spec.on_sequence_shards is not None:
+        spec.on_sequence_shards(2 if sp else 1)
+    layer = spec.units[0]
+    ledger.reset()
+    for _ in range(micro_batches):
+        x = torch.randn(2, SEQ // (2 if sp else 1), cfg.model.hidden, requires_grad=True)
+        layer(x).sum().backward()
+    return {k: v["calls"] for k, v in ledger.snapshot().items()}
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_hf_llama_layer_tp_communication_is_megatron_minimum(pools, sp):
+    """One collective at the entry and one at the exit of attention and of the MLP, in
+    forward or backward: per micro-batch 4 all-reduces (2 forward g, 2 backward f), or
+    under SP 4 all-gathers + 4 reduce-scatters. Over a step of 4 micro-batches: 16 (32
+    with SP) — and the plan that prepares each of q, k, v, gate, up on its own makes 28."""
+    got = pools(2).run(count_layer_collectives, sp, False)[0]
+    if sp:
+        assert got == {"all_gather/tp": 16, "reduce_scatter/tp": 16}
+    else:
+        assert got == {"all_reduce/tp": 16}
+        naive = pools(2).run(count_layer_collectives, sp, True)[0]
+        assert naive == {"all_reduce/tp": 28}
