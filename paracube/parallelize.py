@@ -21,7 +21,7 @@ parameter after it. (``--balance time|speed`` measure real layers, so they build
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -38,7 +38,7 @@ from paracube.errors import ConfigError
 from paracube.materialize import Materializer, PeakMemory, materialize
 from paracube.mesh.mesh import ProcessMesh
 from paracube.models.gpt import apply_recompute
-from paracube.models.spec import ModelSpec, build_model
+from paracube.models.spec import ModelSpec, build_model, tied_aliases
 from paracube.objective import Objective
 from paracube.optim import is_decayed
 from paracube.pipeline.executor import PipelineExecutor
@@ -63,6 +63,9 @@ class ParallelModel:
     pipeline: PipelineExecutor | None = None
     description: str | None = None
     build_bytes: int = 0  # how much this rank's peak memory grew while building the model
+    # a tied parameter's later names → its first (the serial model's): a pipeline's last
+    # stage holds the head tied to the first stage's embedding under the head's name
+    tied_aliases: dict[str, str] = field(default_factory=dict)
 
     @property
     def module(self) -> nn.Module:
@@ -84,10 +87,11 @@ def parallelize(
     # paracube's GPT on the meta device (shapes only): this rank's shards get their values
     # after the split (materialize); the time and speed balances measure real layers.
     spec = build_model(cfg, meta=cfg.parallel.balance not in MEASURED_BALANCE)
+    tied = spec.tied_groups()  # by identity: before anything replaces a parameter
     tensor_parallel(spec, TPContext(mesh.group("tp"), mesh.ledger, cfg.parallel.sequence_parallel))
     recompute(spec, cfg.recompute, cfg.recompute_blocks)
     if mesh.size("pp") > 1:
-        return _pipelined(spec, cfg, mesh, objective, batches, memory)
+        return _pipelined(spec, tied, cfg, mesh, objective, batches, memory)
     model = spec.module
     if cfg.zero == 3 and spec.meta:  # ZeRO-3 gives each unit its values just before slicing it
         unit_by_unit = Materializer(
@@ -101,7 +105,9 @@ def parallelize(
         built = memory.growth()
         grad_sync = wrap_data_parallel(model.to(mesh.device), spec.units, cfg, mesh, objective)
     runner = LocalRunner(grad_sync, objective, batches, mesh.ledger)
-    return ParallelModel(grad_sync, objective, runner, build_bytes=built)
+    return ParallelModel(
+        grad_sync, objective, runner, build_bytes=built, tied_aliases=tied_aliases(tied)
+    )
 
 
 def tensor_parallel(spec: ModelSpec, ctx: TPContext) -> None:
@@ -198,6 +204,7 @@ def wrap_data_parallel(
 
 def _pipelined(
     spec: ModelSpec,
+    tied: list[list[str]],
     cfg: TrainConfig,
     mesh: ProcessMesh,
     objective: Objective,
@@ -208,7 +215,6 @@ def _pipelined(
 
     par = cfg.parallel
     sample = batches.micro_batch(0, 0)[0] if par.balance in MEASURED_BALANCE else None
-    tied = spec.tied_groups()  # by identity: before materialize gives each name its tensor
     plan = build_pipeline(spec, cfg, mesh.rank("pp"), sample, mesh.ledger, mesh.device)
     named = [(n, p) for chunk in plan.chunks for n, p in chunk.serial_named_parameters()]
     _materialize(spec, named, plan.chunks, cfg, mesh)
@@ -233,7 +239,9 @@ def _pipelined(
     units = [u for u in spec.units if any(u is m for c in chunks for m in c.modules())]
     grad_sync = wrap_data_parallel(nn.ModuleList(chunks), units, cfg, mesh, objective)
     runner = PipelineRunner(executor, grad_sync, batches, get_schedule(par.schedule), par.chunks)
-    return ParallelModel(grad_sync, objective, runner, executor, plan.description, built)
+    return ParallelModel(
+        grad_sync, objective, runner, executor, plan.description, built, tied_aliases(tied)
+    )
 
 
 def _tie_across_stages(

@@ -97,7 +97,7 @@ def check_run(cfg: TrainConfig, run: RunOptions, local_ranks: int | None = None)
     if ck.init_from is not None:
         from paracube.checkpoint.export import check_init_from
 
-        check_init_from(ck.init_from, cfg.model)
+        check_init_from(ck.init_from, cfg)
 
 
 def check_tensor_parallel(model: ModelConfig, parallel: ParallelConfig) -> None:

@@ -58,7 +58,9 @@ def hf_serial(family: str) -> tuple[list[float], dict[str, torch.Tensor]]:
     cfg = hf_config(family)
     torch.manual_seed(cfg.seed)
     hf = AutoModelForCausalLM.from_config(hf_config_object(model_dir(family)), dtype=torch.float32)
-    return serial_reference(cfg, small_corpus(), model=hf, logits=lambda m, x: m(input_ids=x).logits)
+    return serial_reference(
+        cfg, small_corpus(), model=hf, logits=lambda m, x: m(input_ids=x).logits
+    )
 
 
 def run_hf(cfg: TrainConfig):
@@ -192,3 +194,48 @@ def test_hf_llama_layer_tp_communication_is_megatron_minimum(pools, sp):
         assert got == {"all_reduce/tp": 16}
         naive = pools(2).run(count_layer_collectives, sp, True)[0]
         assert naive == {"all_reduce/tp": 28}
+
+
+# -- checkpoints: a tied HF model saved under one layout, resumed under another -----------
+
+
+def save_after(cfg: TrainConfig, root: str, steps: int) -> list[float]:
+    from paracube.checkpoint.store import save
+    from paracube.engine import Trainer
+    from paracube.mesh.mesh import ProcessMesh
+
+    torch.set_num_threads(1)
+    trainer = Trainer(cfg, ProcessMesh(cfg.parallel), small_corpus())
+    losses = [trainer.train_step().loss for _ in range(steps)]
+    save(trainer, root)
+    return losses
+
+
+def resume_from(cfg: TrainConfig, path: str):
+    from paracube.checkpoint.store import load
+    from paracube.engine import Trainer
+    from paracube.mesh.mesh import ProcessMesh
+
+    torch.set_num_threads(1)
+    trainer = Trainer(cfg, ProcessMesh(cfg.parallel), small_corpus())
+    load(trainer, path)
+    return [trainer.train_step().loss for _ in range(cfg.steps - trainer.step)]
+
+
+@pytest.mark.parametrize(("family", "saved", "loaded"), [
+    ("gpt2", dict(pp=2, m=4), dict(tp=2, dp=2, zero=1)),
+    ("llama", dict(tp=2, sequence_parallel=True), dict(pp=2, m=4)),
+])  # fmt: skip
+def test_hf_checkpoint_reshards_across_layouts(pools, tmp_path, family, saved, loaded):
+    """Saved at step 3 under one layout (GPT-2's tied head on the last stage is saved
+    once, as the embedding), resumed under another: the remaining steps' losses are the
+    serial HF model's."""
+    want, _ = hf_serial(family)
+    cfg_a, cfg_b = hf_config(family, **saved), hf_config(family, **loaded)
+    before = pools(cfg_a.parallel.world_size).run(save_after, cfg_a, str(tmp_path), 3)
+    assert_losses_close(before[0], want[:3])
+    after = pools(cfg_b.parallel.world_size).run(
+        resume_from, cfg_b, str(tmp_path / "step-00000003")
+    )
+    for losses in after:
+        assert_losses_close(losses, want[3:])

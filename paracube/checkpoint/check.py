@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from paracube.checkpoint.store import read_meta, resolve
-from paracube.config import ModelConfig, TrainConfig
+from paracube.config import TrainConfig
 from paracube.errors import ConfigError
 
 
@@ -31,7 +31,7 @@ def check_resume(cfg: TrainConfig) -> Path:
         if key.startswith("model/") and isinstance(md, TensorStorageMetadata)
     }
     hint = "resume with the model it saved"
-    check_shapes(shapes, cfg.model, f"--resume {path}", "in the checkpoint", hint, "a checkpoint")
+    check_shapes(shapes, cfg, f"--resume {path}", "in the checkpoint", hint, "a checkpoint")
     if meta["step"] >= cfg.steps:
         raise ConfigError(
             f"--resume {path}: the checkpoint is at step {meta['step']}, which --steps {cfg.steps} "
@@ -41,21 +41,17 @@ def check_resume(cfg: TrainConfig) -> Path:
 
 
 def check_shapes(
-    shapes: dict, cfg: ModelConfig, where: str, place: str, hint: str, what: str
+    shapes: dict, cfg: TrainConfig, where: str, place: str, hint: str, what: str
 ) -> None:
     """Every parameter of ``cfg``'s model is in ``shapes`` (name → global shape) with its
     shape, or one line naming the first that is not and both shapes."""
-    import torch
+    from paracube.models.spec import serial_shapes
 
-    from paracube.models.gpt import GPT
-
-    with torch.device("meta"):  # shapes only: nothing is allocated
-        model = GPT(cfg)
-    for name, p in model.named_parameters():
+    for name, shape in serial_shapes(cfg).items():
         if name not in shapes:
             raise ConfigError(f"{where}: holds no {name}: {what} of another model")
-        if shapes[name] != tuple(p.shape):
+        if shapes[name] != shape:
             raise ConfigError(
-                f"{where}: {name} is {shapes[name]} {place} but {tuple(p.shape)} in this model "
-                f"(--model {cfg.name}): {hint}"
+                f"{where}: {name} is {shapes[name]} {place} but {shape} in this model "
+                f"(--model {cfg.model.name}): {hint}"
             )

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from paracube.checkpoint.store import read_meta
-from paracube.config import ModelConfig
+from paracube.config import ModelConfig, TrainConfig
 from paracube.errors import ConfigError
 
 MODEL_KEY = "paracube.model"  # the model config, JSON, in the safetensors metadata
@@ -68,7 +68,7 @@ def read_exported(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     return ModelConfig(**json.loads(header[MODEL_KEY])), tensors
 
 
-def check_init_from(path: str, cfg: ModelConfig) -> None:
+def check_init_from(path: str, cfg: TrainConfig) -> None:
     """Before any rank starts: ``path`` is an export whose every tensor fits ``cfg``'s
     model (read from the file's header: no tensor is loaded)."""
     from safetensors import SafetensorError, safe_open

@@ -25,15 +25,16 @@ def trainer_pieces(trainer) -> list[Piece]:
     mesh, opt = trainer.mesh, trainer.optimizer
     names = {id(p): n for n, p in trainer.parallel.serial_named_parameters()}
     tp = (mesh.rank("tp"), mesh.size("tp"))
-    last_stage = mesh.rank("pp") == mesh.size("pp") - 1
-    tied_copy = trainer.cfg.model.tie_embeddings and mesh.size("pp") > 1 and last_stage
+    # a tied weight's later name (a head on the last stage): the copy of the first's, saved
+    # under the first's name by the stage that holds it under that name
+    aliases = trainer.parallel.tied_aliases
     pieces: list[Piece] = []
     for shard, main, entries in opt.held():
         owned = _owned_range(shard, main.numel(), mesh.rank("dp"), mesh.size("dp"))
         for seg in shard.segments:
             name = names[id(seg.param)]
-            tied = tied_copy and name == "head.weight"  # the first stage's embedding is the one
-            key = "embed.tok.weight" if tied else name
+            key = aliases.get(name, name)
+            tied = key != name
             for x0, x1, owner in _runs(seg.start, seg.stop, owned):
                 offset = seg.param_offset + (x0 - seg.start)
                 owner = owner and not tied

@@ -233,7 +233,7 @@ def build_hf(directory: str, shape: ModelConfig) -> ModelSpec:
     family = HF_FAMILIES[config.model_type]
     transposed = _convert_conv1d(hf) if family == "gpt2" else frozenset()
     weights = os.path.join(directory, WEIGHTS_FILE)
-    if os.path.isfile(weights):
+    if os.path.isfile(weights) and not next(hf.parameters()).is_meta:
         load_weights(hf, weights, transposed)
     hf.train()
     v, t = shape.vocab_size, shape.seq_len

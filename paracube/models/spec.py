@@ -150,6 +150,19 @@ def build_model(cfg: TrainConfig, meta: bool = True) -> ModelSpec:
     return spec
 
 
+def serial_shapes(cfg: TrainConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter of the job's serial model by name (a tied one once, under its
+    first name), from a build on the meta device: nothing allocated, no weights read."""
+    with torch.device("meta"):
+        spec = build_model(cfg, meta=True)
+    return {name: tuple(p.shape) for name, p in spec.module.named_parameters()}
+
+
+def tied_aliases(groups: list[list[str]]) -> dict[str, str]:
+    """Each later name of a tied group → the first (the name the serial model lists)."""
+    return {alias: names[0] for names in groups for alias in names[1:]}
+
+
 def source_of(text: str) -> ModelSource:
     """A :attr:`TrainConfig.model_source` back as a :class:`ModelSource`."""
     kind, _, where = text.partition(":")
