@@ -36,6 +36,8 @@ def validate(
     if world is not None:
         cfg.parallel.check_world_size(world)
     check_tensor_parallel(cfg.model, cfg.parallel)
+    if cfg.model_source is not None:
+        check_model_source(cfg, weights=run is not None)
     if cfg.parallel.pp > 1:
         check_pipeline(cfg)
     if is_tokenized(cfg.data):  # the tokenizer's ids must fit the model's embedding
@@ -49,6 +51,24 @@ def validate(
         check_source(cfg.data, cfg.model.seq_len, cfg.val_fraction)
     if run is not None:
         check_run(cfg, run, local_ranks)
+
+
+def check_model_source(cfg: TrainConfig, weights: bool) -> None:
+    """A Hugging Face or factory model: what its engines cannot do, and (``weights``) a
+    model.safetensors that does not fit its config — read from the file's header."""
+    if cfg.recompute == "selective":
+        raise ConfigError(
+            f"--recompute selective needs paracube's own attention (--model {cfg.model.name} "
+            "recomputes whole blocks): use --recompute full"
+        )
+    kind, _, where = cfg.model_source.partition(":")  # type: ignore[union-attr]
+    if kind == "hf" and weights:
+        from paracube.models.sources import WEIGHTS_FILE
+
+        if os.path.isfile(os.path.join(where, WEIGHTS_FILE)):
+            from paracube.models.hf import check_weights
+
+            check_weights(where)
 
 
 def check_run(cfg: TrainConfig, run: RunOptions, local_ranks: int | None = None) -> None:

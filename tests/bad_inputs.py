@@ -141,7 +141,22 @@ CASES: list[tuple[str, list[str], str]] = [
     ("memory", ["train", "--model", "nano", "--seq-len", "200000"], "one step of nano at --seq-len 200000"),
     ("memory", ["train", "--on-nan", "ignore"], "unknown --on-nan 'ignore': choose one of stop, skip, continue"),
     # -- model and data --------------------------------------------------------------
-    ("data", ["train", "--model", "gpt5"], "unknown model preset 'gpt5'"),
+    ("data", ["train", "--model", "gpt5"], "unknown --model 'gpt5': give a preset"),
+    ("data", ["train", "--model", "hf:{tmp}/emptydir"], "no config.json at"),
+    ("data", ["train", "--model", "hf:{tmp}/hf-bert"],
+     "model_type 'bert' is not a supported architecture: supported are llama, mistral, qwen2, gpt2"),
+    ("data", ["train", "--model", "hf:{tmp}/hf-bad-weights", "--seq-len", "32"],
+     "tensor 'model.layers.1.mlp.up_proj.weight' has shape (8, 64) but the config gives (176, 64)"),
+    ("data", ["train", "--model", "hf:{tmp}/hf-llama", "--tp", "4"],
+     "key/value heads (n_kv_heads=2) is not divisible by --tp 4"),
+    ("data", ["train", "--model", "hf:{tmp}/hf-llama", "--seq-len", "512"],
+     "--seq-len 512 is longer than the model's context 256"),
+    ("data", ["train", "--model", "hf:{tmp}/hf-llama", "--recompute", "selective"],
+     "--recompute selective needs paracube's own attention"),
+    ("data", ["train", "--model", "hf:{tmp}/hf-llama", "--data", "{tmp}/tokens-short", "--seq-len", "16"],
+     "its tokenizer's vocabulary (300) is larger than the model's (256)"),
+    ("data", ["train", "--model", "nosuchpackage.models:build"], "cannot import it"),
+    ("data", ["train", "--model", "os:getcwd"], "returned str, not a paracube.models.ModelSpec"),
     ("data", ["train", "--data", "/no/such/file.txt"], "--data /no/such/file.txt: no such file or folder"),
     ("data", ["train", "--data", ""], "--data is empty: give a text file or folder"),
     ("data", ["train", "--data", "{tmp}/empty.txt"], "no text in it (empty)"),
@@ -330,12 +345,36 @@ def prepare(tmp: Path) -> None:
     shapes = {n: tuple(p.shape) for n, p in GPT(preset("nano")).named_parameters()}
     _checkpoint(tmp / "nano-step-5", shapes, step=5)
     (tmp / "w.safetensors").write_bytes(b"")
+    _hf_models(tmp)
     step = {"step": 0, "step_time": 0.1, "tokens_per_s": 1000.0}
     (tmp / "before-ranks.jsonl").write_text(json.dumps(step) + "\n")
     for name, model, layers, world in (("nano-dp2", "nano", 2, 2), ("small-dp1", "small", 4, 1)):
         ranks = {"step_time": [0.1] * world, "compute": [0.08] * world}
         run = {"model": {"name": model, "n_layers": layers}, "micro_batch": 4}
         (tmp / f"{name}.jsonl").write_text(json.dumps({**step, "ranks": ranks, "run": run}) + "\n")
+
+
+def _hf_models(tmp: Path) -> None:
+    """The shipped tiny Llama config; a BERT config; and the Llama's weights with one
+    tensor of another shape."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    llama = Path(__file__).parent.parent / "examples" / "models" / "llama-tiny" / "config.json"
+    for name in ("hf-llama", "hf-bad-weights"):
+        (tmp / name).mkdir()
+        shutil.copy(llama, tmp / name / "config.json")
+    (tmp / "hf-bert").mkdir()
+    (tmp / "hf-bert" / "config.json").write_text('{"model_type": "bert", "hidden_size": 64}')
+    from paracube.models.hf import hf_config_object
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_config(hf_config_object(str(tmp / "hf-llama")))
+    state = {n: p.detach().clone() for n, p in hf.named_parameters()}
+    state["model.layers.1.mlp.up_proj.weight"] = torch.zeros(8, 64)
+    save_file(state, str(tmp / "hf-bad-weights" / "model.safetensors"))
 
 
 def _tokens(path: Path, train: int, val: int) -> None:

@@ -239,3 +239,27 @@ def test_hf_checkpoint_reshards_across_layouts(pools, tmp_path, family, saved, l
     )
     for losses in after:
         assert_losses_close(losses, want[3:])
+
+
+def test_hf_weights_from_model_safetensors(pools, tmp_path):
+    """A directory written by ``save_pretrained`` (config.json + model.safetensors, GPT-2's
+    Conv1D weights in HF's (in, out) layout, the tied head omitted): paracube trains those
+    weights — not the seed's — under tp2, equal to the plain HF model loaded from them."""
+    from transformers import AutoModelForCausalLM
+
+    from paracube.models.hf import hf_config_object
+
+    g = torch.Generator().manual_seed(7)
+    hf = AutoModelForCausalLM.from_config(hf_config_object(model_dir("gpt2")))
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0.0, 0.05, generator=g)
+    hf.save_pretrained(tmp_path)
+    cfg = hf_config("gpt2", tp=2, steps=3)
+    cfg = TrainConfig(**{**vars(cfg), "model_source": f"hf:{tmp_path}"})
+    want, _ = serial_reference(
+        cfg, small_corpus(), model=hf, logits=lambda m, x: m(input_ids=x).logits
+    )
+    for losses, _ in pools(2).run(run_hf, cfg):
+        assert_losses_close(losses, want)
+    assert abs(want[0] - hf_serial("gpt2")[0][0]) > 1e-3  # other weights than the seed's

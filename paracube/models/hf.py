@@ -230,11 +230,11 @@ def build_hf(directory: str, shape: ModelConfig) -> ModelSpec:
 
     config = hf_config_object(directory)
     hf = AutoModelForCausalLM.from_config(config, dtype=torch.get_default_dtype())
-    family = HF_FAMILIES[config.model_type]
-    transposed = _convert_conv1d(hf) if family == "gpt2" else frozenset()
     weights = os.path.join(directory, WEIGHTS_FILE)
     if os.path.isfile(weights) and not next(hf.parameters()).is_meta:
-        load_weights(hf, weights, transposed)
+        load_weights(hf, weights)
+    family = HF_FAMILIES[config.model_type]
+    transposed = _convert_conv1d(hf) if family == "gpt2" else frozenset()
     hf.train()
     v, t = shape.vocab_size, shape.seq_len
     if family == "gpt2":
@@ -271,32 +271,50 @@ def build_hf(directory: str, shape: ModelConfig) -> ModelSpec:
     )  # fmt: skip
 
 
-def load_weights(hf: nn.Module, path: str, transposed: frozenset[str]) -> None:
-    """``model.safetensors`` into ``hf``: every tensor must match a parameter by name and
-    shape (a tied head may be absent), else one line naming the first mismatch."""
-    from safetensors.torch import load_file
+def check_weights(directory: str) -> None:
+    """Before any rank starts: ``model.safetensors`` fits the config — shapes from a meta
+    build and the file's header, no tensor read."""
+    from safetensors import SafetensorError, safe_open
+    from transformers import AutoModelForCausalLM
 
-    state = load_file(path)
+    path = os.path.join(directory, WEIGHTS_FILE)
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(hf_config_object(directory))
+    try:
+        with safe_open(path, framework="pt") as f:
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except (OSError, SafetensorError) as e:
+        raise ConfigError(f"{path}: not a safetensors file ({e})") from None
+    _check_fits(hf, shapes, path)  # HF's own layout (GPT-2's Conv1D not converted yet)
+
+
+def _check_fits(hf: nn.Module, shapes: dict[str, tuple[int, ...]], path: str) -> None:
+    """Every parameter of ``hf`` in ``shapes`` with its shape (a tied one may be absent),
+    and no tensor that is not a parameter; else one line naming the first mismatch."""
     params = dict(hf.named_parameters(remove_duplicate=False))
     tied = {n for group in tied_groups(hf) for n in group[1:]}
     for name, p in params.items():
-        if name not in state:
-            if name in tied:
-                continue
+        if name not in shapes and name not in tied:
             raise ConfigError(
                 f"{path}: no tensor {name!r} (shape {tuple(p.shape)}) for this config"
             )
-        t = state[name].t() if name in transposed else state[name]
-        if t.shape != p.shape:
+        if name in shapes and shapes[name] != tuple(p.shape):
             raise ConfigError(
-                f"{path}: tensor {name!r} has shape {tuple(state[name].shape)} but the config "
-                f"gives {tuple(p.shape if name not in transposed else p.t().shape)}"
+                f"{path}: tensor {name!r} has shape {shapes[name]} but the config gives "
+                f"{tuple(p.shape)}: weights of another model"
             )
-    extra = sorted(set(state) - set(params))
+    extra = sorted(set(shapes) - set(params))
     if extra:
         raise ConfigError(f"{path}: tensor {extra[0]!r} is not a parameter of this config")
-    with torch.no_grad():
-        for name, p in params.items():
-            if name in state:
-                t = state[name].t() if name in transposed else state[name]
-                p.copy_(t)
+
+
+@torch.no_grad()
+def load_weights(hf: nn.Module, path: str) -> None:
+    """``model.safetensors`` into the HF model as built (before any conversion)."""
+    from safetensors.torch import load_file
+
+    state = load_file(path)
+    _check_fits(hf, {k: tuple(t.shape) for k, t in state.items()}, path)
+    for name, p in hf.named_parameters():
+        if name in state:
+            p.copy_(state[name])
