@@ -368,8 +368,9 @@ def _hf_models(tmp: Path) -> None:
         shutil.copy(llama, tmp / name / "config.json")
     (tmp / "hf-bert").mkdir()
     (tmp / "hf-bert" / "config.json").write_text('{"model_type": "bert", "hidden_size": 64}')
-    from paracube.models.hf import hf_config_object
     from transformers import AutoModelForCausalLM
+
+    from paracube.models.hf import hf_config_object
 
     hf = AutoModelForCausalLM.from_config(hf_config_object(str(tmp / "hf-llama")))
     state = {n: p.detach().clone() for n, p in hf.named_parameters()}
