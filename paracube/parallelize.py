@@ -37,8 +37,14 @@ from paracube.data_parallel.stale import StaleReduce
 from paracube.errors import ConfigError
 from paracube.materialize import Materializer, PeakMemory, materialize
 from paracube.mesh.mesh import ProcessMesh
-from paracube.models.gpt import apply_recompute
-from paracube.models.spec import ModelSpec, build_model, tied_aliases
+from paracube.models.gpt import GPT, apply_recompute
+from paracube.models.spec import (
+    ModelSpec,
+    build_model,
+    check_plan,
+    checkpoint_forward,
+    tied_aliases,
+)
 from paracube.objective import Objective
 from paracube.optim import is_decayed
 from paracube.pipeline.executor import PipelineExecutor
@@ -114,10 +120,8 @@ def tensor_parallel(spec: ModelSpec, ctx: TPContext) -> None:
     """The model's declarative plan over the tp group (nothing at tp = 1)."""
     if ops.group_size(ctx.group) == 1:
         return
-    if spec.tp_plan is None:
-        raise ConfigError(
-            f"{spec.config.name} has no tensor-parallel plan: give its ModelSpec a tp_plan, or use --tp 1"
-        )
+    check_plan(spec, tp=ops.group_size(ctx.group), sequence_parallel=ctx.sequence_parallel)
+    assert spec.tp_plan is not None  # check_plan refused a model without one
     apply_plan(spec.module, spec.tp_plan, ctx)
     spec.rebind()
     if spec.on_sequence_shards is not None:
@@ -127,12 +131,12 @@ def tensor_parallel(spec: ModelSpec, ctx: TPContext) -> None:
 def recompute(spec: ModelSpec, mode: str, blocks: int | None) -> None:
     """Activation recomputation in the first ``blocks`` units (all if None): paracube's
     GPT knows full and selective; other models recompute whole units."""
-    if spec.recompute_unit is None:
+    if isinstance(spec.module, GPT):
         apply_recompute(spec.module, mode, blocks)
         return
     chosen = spec.units if blocks is None else spec.units[:blocks]
-    for unit in spec.units:
-        spec.recompute_unit(unit, mode == "full" and unit in chosen)
+    for unit in chosen if mode == "full" else []:
+        (spec.recompute_unit or checkpoint_forward)(unit, True)
 
 
 def _compute_dtype(cfg: TrainConfig) -> torch.dtype | None:

@@ -14,6 +14,7 @@ DOCUMENTED = [
     "paracube.planner.time_model",
     "paracube.mesh.layout",
     "paracube.data_parallel.ddp",
+    "paracube.models.spec",
 ]
 
 

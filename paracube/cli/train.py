@@ -88,13 +88,10 @@ def _model_config(source: ModelSource, args) -> ModelConfig:
     """The shape of ``--model``: a preset's (its embedding sized for a tokenized dataset's
     tokenizer), a Hugging Face config's, or a factory's (one call on the meta device)."""
     if source.kind == "factory":
-        if args.seq_len is not None:
-            raise ParacubeError(
-                f"--seq-len is set by the factory's ModelConfig for --model {source.where}: drop --seq-len"
-            )
         from paracube.models.spec import factory_config
 
-        return factory_config(source.where)
+        shape = factory_config(source.where, args.tp, args.sequence_parallel)
+        return shape if args.seq_len is None else shape.replace(seq_len=args.seq_len)
     vocab = None
     if source.kind == "preset" and is_tokenized(args.data):
         vocab = model_vocab(read_index(args.data).vocab_size)

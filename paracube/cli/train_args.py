@@ -196,7 +196,10 @@ def add_arguments(p) -> None:
         "returning a paracube.models.ModelSpec",
     )
     m.add_argument(
-        "--seq-len", type=int, default=None, help="override the preset's sequence length"
+        "--seq-len",
+        type=int,
+        default=None,
+        help="the training window (default: the preset's, a Hugging Face model's context up to 1024, or a factory's)",
     )
     m.add_argument(
         "--data", default=None, help="text file or folder (default: embedded stdlib corpus)"

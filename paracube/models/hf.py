@@ -265,7 +265,7 @@ def build_hf(directory: str, shape: ModelConfig) -> ModelSpec:
             rotary.shards = shards
 
     return ModelSpec(
-        module, shape, chain, [*names, "lm_head"], layers, plan,
+        module, shape, chain, [*names, "lm_head"], layers, plan, sequence_parallel=True,
         recompute_unit=_set_recompute, transposed=transposed,
         on_sequence_shards=on_sequence_shards,
     )  # fmt: skip

@@ -30,6 +30,8 @@ A user factory (``paracube train --model pkg.mod:build``) returns one::
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -49,7 +51,10 @@ class ModelSpec:
     chain_names: list[str]
     units: list[nn.Module]
     tp_plan: dict | None = None
-    # set the units' full recomputation (a unit's own switch; None: wrap their forward)
+    # the plan shards the sequence under --sequence-parallel (scatters after the embedding,
+    # marks the norms): a plan without it would see whole sequences where it expects T/tp
+    sequence_parallel: bool = False
+    # set a unit's full recomputation (None: its forward is wrapped in a checkpoint)
     recompute_unit: Callable[[nn.Module, bool], None] | None = None
     # a module built on the meta device, given values per shard by paracube.materialize
     # (paracube's GPT); otherwise every rank builds it whole from the seed
@@ -120,8 +125,38 @@ def gpt_spec(model: nn.Module) -> ModelSpec:
     cfg = model.cfg
     return ModelSpec(
         model, cfg, model.layers(), chain_names(cfg), list(model.blocks), gpt_plan(cfg),
-        meta=next(model.parameters()).is_meta,
+        sequence_parallel=True, meta=next(model.parameters()).is_meta,
     )  # fmt: skip
+
+
+def checkpoint_forward(unit: nn.Module, on: bool) -> None:
+    """Full recomputation of any module (Chen et al. 2016): its forward runs under a
+    non-reentrant checkpoint — activations inside it are recomputed in backward, and the
+    hooks on the module (ZeRO-3's gather) run once per call, around it."""
+    from torch.utils.checkpoint import checkpoint
+
+    original = unit.__dict__.pop("forward", None) or unit.forward
+    if on:
+        unit.forward = lambda *a, **kw: (
+            checkpoint(original, *a, use_reentrant=False, **kw)
+            if torch.is_grad_enabled()
+            else original(*a, **kw)
+        )
+
+
+def check_plan(spec: ModelSpec, tp: int, sequence_parallel: bool) -> None:
+    """A model without a tensor-parallel plan at tp > 1, or whose plan does not shard
+    the sequence under --sequence-parallel, is refused (it would run whole tensors where
+    the layout expects shards)."""
+    if tp > 1 and spec.tp_plan is None:
+        raise ConfigError(
+            f"{spec.config.name} has no tensor-parallel plan: give its ModelSpec a tp_plan, or use --tp 1"
+        )
+    if sequence_parallel and not spec.sequence_parallel:
+        raise ConfigError(
+            f"{spec.config.name}'s tensor-parallel plan does not shard the sequence: drop "
+            "--sequence-parallel, or write the plan for it and set ModelSpec.sequence_parallel"
+        )
 
 
 def build_model(cfg: TrainConfig, meta: bool = True) -> ModelSpec:
@@ -142,11 +177,12 @@ def build_model(cfg: TrainConfig, meta: bool = True) -> ModelSpec:
 
         return build_hf(source.where, cfg.model)
     spec = call_factory(source.where)
-    if spec.config != cfg.model:
+    if spec.config.replace(seq_len=cfg.model.seq_len) != cfg.model:  # --seq-len: the window
         raise ConfigError(
             f"--model {source.where}: the factory returned a different model on this rank "
             "(it must build the same model every time it is called)"
         )
+    spec.config = cfg.model
     return spec
 
 
@@ -170,7 +206,10 @@ def source_of(text: str) -> ModelSource:
 
 
 def call_factory(target: str) -> ModelSpec:
-    """Import ``package.module:function`` and call it; it must return a ModelSpec."""
+    """Import ``package.module:function`` (from the working directory too, as ``python
+    -m`` would) and call it; it must return a ModelSpec."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     module_name, _, fn_name = target.partition(":")
     try:
         fn = getattr(importlib.import_module(module_name), fn_name)
@@ -189,7 +228,10 @@ def call_factory(target: str) -> ModelSpec:
     return spec
 
 
-def factory_config(target: str) -> ModelConfig:
-    """A factory's model shape, from one call on the meta device (nothing allocated)."""
+def factory_config(target: str, tp: int = 1, sequence_parallel: bool = False) -> ModelConfig:
+    """A factory's model shape, from one call on the meta device (nothing allocated),
+    its plan checked against the layout."""
     with torch.device("meta"):
-        return call_factory(target).config
+        spec = call_factory(target)
+    check_plan(spec, tp, sequence_parallel)
+    return spec.config
