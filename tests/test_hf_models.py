@@ -29,7 +29,28 @@ SEQ, STEPS, GLOBAL = 32, 6, 8
 
 
 def model_dir(family: str) -> str:
+    if family in ("qwen2", "mistral"):
+        return _generated(family)
     return os.path.abspath(os.path.join(MODELS, f"{family}-tiny"))
+
+
+@functools.cache
+def _generated(family: str) -> str:
+    """Tiny Qwen2 (q/k/v biases, tied embedding) and Mistral configs, written once."""
+    import tempfile
+
+    from transformers import MistralConfig, Qwen2Config
+
+    kind, extra = {
+        "qwen2": (Qwen2Config, dict(tie_word_embeddings=True)),
+        "mistral": (MistralConfig, dict(sliding_window=None)),
+    }[family]
+    directory = tempfile.mkdtemp(prefix=f"paracube-{family}-")
+    kind(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **extra,
+    ).save_pretrained(directory)  # fmt: skip
+    return directory
 
 
 def hf_config(family: str, zero=0, m=1, steps=STEPS, **parallel) -> TrainConfig:
@@ -100,7 +121,12 @@ def merged(results, want) -> dict[str, torch.Tensor]:
     params: dict[str, torch.Tensor] = {}
     for _, p in results:
         params.update(p)
-    for head, embed in (("lm_head.weight", "transformer.wte.weight"),):
+    for head, embed in (
+        ("lm_head.weight", "transformer.wte.weight"),
+        ("lm_head.weight", "model.embed_tokens.weight"),
+    ):
+        if embed not in params:
+            continue
         if head in params and head not in want:
             assert torch.equal(params.pop(head), params[embed]), "the tied head drifted"
     return params
@@ -118,6 +144,19 @@ LAYOUTS = {
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_hf_model_matches_serial_hf(pools, family, layout):
+    cfg = hf_config(family, **LAYOUTS[layout])
+    want_losses, want_params = hf_serial(family)
+    results = pools(cfg.parallel.world_size).run(run_hf, cfg)
+    for losses, _ in results:
+        assert_losses_close(losses, want_losses)
+    assert_params_close(merged(results, want_params), want_params, tol=3e-5, tensor_tol=3e-4)
+
+
+@pytest.mark.parametrize("layout", ["tp2-sp", "pp2-1f1b"])
+@pytest.mark.parametrize("family", ["qwen2", "mistral"])
+def test_llama_family_models_match_serial_hf(pools, family, layout):
+    """Mistral and Qwen2 (its q/k/v biases column-parallel, its tied embedding) take
+    Llama's plan."""
     cfg = hf_config(family, **LAYOUTS[layout])
     want_losses, want_params = hf_serial(family)
     results = pools(cfg.parallel.world_size).run(run_hf, cfg)
