@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from paracube.cli.train_args import add_parser
 from paracube.config import ModelConfig, ParallelConfig, TrainConfig
 from paracube.data.tokenized import is_tokenized, model_vocab, read_index
 from paracube.errors import ParacubeError
-from paracube.models.sources import ModelSource, parse_model, source_config
+from paracube.models.sources import (
+    ModelSource,
+    dropouts_turned_off,
+    parse_model,
+    read_hf_config,
+    source_config,
+)
 
 __all__ = ["add_parser", "cmd_train", "config_from_args"]
 from paracube.options import CheckpointConfig
@@ -92,6 +99,14 @@ def _model_config(source: ModelSource, args) -> ModelConfig:
 
         shape = factory_config(source.where, args.tp, args.sequence_parallel)
         return shape if args.seq_len is None else shape.replace(seq_len=args.seq_len)
+    if source.kind == "hf":
+        off = dropouts_turned_off(read_hf_config(source.where))
+        if off:
+            print(
+                f"paracube: note: --model hf:{source.where}: dropout off ({', '.join(off)}): "
+                "paracube trains without dropout, so that every layout computes the same model",
+                file=sys.stderr,
+            )
     vocab = None
     if source.kind == "preset" and is_tokenized(args.data):
         vocab = model_vocab(read_index(args.data).vocab_size)

@@ -36,7 +36,7 @@ from torch.utils.checkpoint import checkpoint
 from paracube.config import ModelConfig
 from paracube.errors import ConfigError
 from paracube.models.gpt import check_tokens
-from paracube.models.sources import HF_FAMILIES, WEIGHTS_FILE, read_hf_config
+from paracube.models.sources import HF_DROPOUTS, HF_FAMILIES, WEIGHTS_FILE, read_hf_config
 from paracube.models.spec import Borrowed, ModelSpec, tied_groups
 from paracube.tensor_parallel.plan import (
     Colwise,
@@ -209,13 +209,7 @@ def hf_config_object(directory: str):
 
     data = read_hf_config(directory)
     config = AutoConfig.for_model(**data)
-    for name in (
-        "resid_pdrop",
-        "embd_pdrop",
-        "attn_pdrop",
-        "attention_dropout",
-        "summary_first_dropout",
-    ):
+    for name in HF_DROPOUTS:
         if hasattr(config, name):
             setattr(config, name, 0.0)
     config.use_cache = False

@@ -96,6 +96,26 @@ def read_hf_config(directory: str) -> dict:
     return data
 
 
+# the dropout probabilities of the supported configs: paracube trains without dropout
+# (as Megatron's large-model recipes do) so that every layout computes the same function
+HF_DROPOUTS = (
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "attention_dropout",
+    "summary_first_dropout",
+)
+
+
+def dropouts_turned_off(data: dict) -> list[str]:
+    """``name=p`` of every non-zero dropout of a Hugging Face config (set to 0 in training)."""
+    return [
+        f"{n}={data[n]:g}"
+        for n in HF_DROPOUTS
+        if isinstance(data.get(n), (int, float)) and data[n] > 0
+    ]
+
+
 def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = None) -> ModelConfig:
     """The shape of a Hugging Face config as paracube's :class:`ModelConfig`.
 
