@@ -302,3 +302,29 @@ def test_hf_weights_from_model_safetensors(pools, tmp_path):
     for losses, _ in pools(2).run(run_hf, cfg):
         assert_losses_close(losses, want)
     assert abs(want[0] - hf_serial("gpt2")[0][0]) > 1e-3  # other weights than the seed's
+
+
+def conv1d_parallel_outputs():
+    """GPT-2's Conv1D through ColumnParallelLinear / RowParallelLinear.from_linear at tp2."""
+    from transformers.pytorch_utils import Conv1D
+
+    from paracube.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+    torch.manual_seed(0)
+    up, down = Conv1D(32, 8), Conv1D(8, 32)  # (nf, nx): 8 → 32 → 8
+    x = torch.randn(3, 5, 8)
+    col = ColumnParallelLinear.from_linear(up, None, input_mode="copy")
+    row = RowParallelLinear.from_linear(down, None, output_mode="reduce")
+    return row(col(x)), down(up(x))
+
+
+def test_conv1d_is_accepted_by_the_parallel_linears(pools):
+    for got, want in pools(2).run(conv1d_parallel_outputs):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_from_linear_refuses_other_modules():
+    from paracube.tensor_parallel import ColumnParallelLinear
+
+    with pytest.raises(TypeError, match="needs an nn.Linear or a Conv1D, got Embedding"):
+        ColumnParallelLinear.from_linear(torch.nn.Embedding(4, 4), None)

@@ -137,8 +137,19 @@ class _ParallelLinear(_TPModule, DefersWeightGrad):
     gradients (:mod:`paracube.weight_grad`)."""
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group, ledger=None, **kw):
-        return cls(linear.weight, linear.bias, group, ledger, **kw)  # type: ignore[call-arg, arg-type]
+    def from_linear(cls, linear: nn.Module, group, ledger=None, **kw):
+        """From an ``nn.Linear`` (weight (out, in)), or a GPT-2 style ``Conv1D`` (weight
+        (in, out), ``nf`` outputs): its weight is transposed into the Linear layout."""
+        if isinstance(linear, nn.Linear):
+            weight = linear.weight
+        elif hasattr(linear, "nf") and hasattr(linear, "nx"):  # transformers' Conv1D
+            weight = linear.weight.T
+        else:
+            raise TypeError(
+                f"{cls.__name__}.from_linear needs an nn.Linear or a Conv1D, got "
+                f"{type(linear).__name__}: shard its linear submodules instead"
+            )
+        return cls(weight, linear.bias, group, ledger, **kw)  # type: ignore[call-arg, arg-type]
 
 
 class ColumnParallelLinear(_ParallelLinear):
