@@ -140,10 +140,11 @@ class _ParallelLinear(_TPModule, DefersWeightGrad):
     def from_linear(cls, linear: nn.Module, group, ledger=None, **kw):
         """From an ``nn.Linear`` (weight (out, in)), or a GPT-2 style ``Conv1D`` (weight
         (in, out), ``nf`` outputs): its weight is transposed into the Linear layout."""
+        weight: torch.Tensor
         if isinstance(linear, nn.Linear):
             weight = linear.weight
         elif hasattr(linear, "nf") and hasattr(linear, "nx"):  # transformers' Conv1D
-            weight = linear.weight.T
+            weight = linear.get_parameter("weight").T
         else:
             raise TypeError(
                 f"{cls.__name__}.from_linear needs an nn.Linear or a Conv1D, got "
