@@ -214,7 +214,9 @@ CASES: list[tuple[str, list[str], str]] = [
     ("checkpoints", ["export", "{tmp}/nothing", "--out", "{tmp}/w2.safetensors"],
      "export {tmp}/nothing: no such folder"),
     ("checkpoints", ["export", "{tmp}/emptydir", "--out", "{tmp}/w2.safetensors"], "no checkpoint: no paracube.json"),
-    ("checkpoints", ["export", "{tmp}/nano-step-5", "--out", "{tmp}/w.bin"], "the file must end in .safetensors"),
+    ("checkpoints", ["export", "{tmp}/nano-step-5", "--out", "{tmp}/w.bin"],
+     "was not saved from one (--model hf:DIR): give a .safetensors file"),
+    ("checkpoints", ["export", "{tmp}/nano-step-5", "--out", "{tmp}/emptydir"], "exists: give a new folder"),
     ("checkpoints", ["export", "{tmp}/nano-step-5", "--out", "{tmp}/w.safetensors"],
      "--out {tmp}/w.safetensors exists: choose another path, or remove it first"),
     # -- diagnosis and injected faults ----------------------------------------------

@@ -89,30 +89,20 @@ def run_hf(cfg: TrainConfig):
     HF's names (Conv1D weights back in HF's (in, out) layout)."""
     from paracube.engine import Trainer
     from paracube.mesh.mesh import ProcessMesh
+    from paracube.models.hf import conv1d_weight_names
     from paracube.models.spec import source_of
     from paracube.tensor_parallel import full_tensor
 
     torch.set_num_threads(1)
     trainer = Trainer(cfg, ProcessMesh(cfg.parallel), small_corpus())
     losses = [trainer.train_step().loss for _ in range(cfg.steps)]
-    transposed = _conv1d_weights(source_of(cfg.model_source or "").where)
+    transposed = conv1d_weight_names(read_hf_config(source_of(cfg.model_source or "").where))
     params = {}
     with trainer.gathered_parameters():  # ZeRO-3: whole parameters inside
         for name, p in trainer.serial_named_parameters():
             full = full_tensor(p, p, trainer.tp_group)
             params[name] = full.t() if name in transposed else full
     return losses, params
-
-
-def _conv1d_weights(directory: str) -> set[str]:
-    data = read_hf_config(directory)
-    if data["model_type"] != "gpt2":
-        return set()
-    return {
-        f"transformer.h.{i}.{m}.weight"
-        for i in range(data["n_layer"])
-        for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
-    }
 
 
 def merged(results, want) -> dict[str, torch.Tensor]:
@@ -328,3 +318,20 @@ def test_from_linear_refuses_other_modules():
 
     with pytest.raises(TypeError, match="needs an nn.Linear or a Conv1D, got Embedding"):
         ColumnParallelLinear.from_linear(torch.nn.Embedding(4, 4), None)
+
+
+def test_export_of_an_hf_checkpoint_loads_with_from_pretrained(pools, tmp_path):
+    """GPT-2 trained under tp2 × pp2 (Conv1D held as Linear, the tied head on the last
+    stage), saved, exported with ``paracube export CKPT --out DIR``: transformers'
+    ``from_pretrained`` loads the folder, and its weights are the serial HF run's."""
+    from transformers import AutoModelForCausalLM
+
+    from paracube.cli import main
+
+    cfg = hf_config("gpt2", tp=2, pp=2, m=4)
+    pools(4).run(save_after, cfg, str(tmp_path), STEPS)
+    out = tmp_path / "exported"
+    assert main(["export", str(tmp_path / f"step-{STEPS:08d}"), "--out", str(out)]) == 0
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    got = {n: p.detach() for n, p in loaded.named_parameters()}
+    assert_params_close(got, hf_serial("gpt2")[1], tol=3e-5, tensor_tol=3e-4)

@@ -26,13 +26,47 @@ MODEL_KEY = "paracube.model"  # the model config, JSON, in the safetensors metad
 
 def export(checkpoint: Path, out: str) -> tuple[ModelConfig, int]:
     """Write ``checkpoint``'s weights to ``out`` (safetensors); returns (model, step)."""
-    import torch.distributed.checkpoint as dcp
     from safetensors.torch import save_file
+
+    meta, tensors = consolidated(checkpoint)
+    save_file(
+        tensors, out, metadata={MODEL_KEY: json.dumps(meta["model"]), "step": str(meta["step"])}
+    )
+    return ModelConfig(**meta["model"]), meta["step"]
+
+
+def export_hf(checkpoint: Path, out: str) -> tuple[ModelConfig, int]:
+    """Write a Hugging Face model's checkpoint as a folder ``from_pretrained`` loads:
+    its config.json and model.safetensors, in HF's layout (GPT-2's Conv1D weights (in,
+    out) again; a tied head once, as the embedding)."""
+    from safetensors.torch import save_file
+
+    from paracube.models.hf import conv1d_weight_names
+
+    data = read_meta(checkpoint).get("hf_config")
+    if data is None:
+        raise ConfigError(
+            f"--out {out} is a folder, for a Hugging Face model's checkpoint, but {checkpoint} "
+            "was not saved from one (--model hf:DIR): give a .safetensors file"
+        )
+    meta, tensors = consolidated(checkpoint)
+    transposed = conv1d_weight_names(data)
+    tensors = {k: (t.t() if k in transposed else t).contiguous() for k, t in tensors.items()}
+    Path(out).mkdir(parents=True)
+    with open(Path(out) / "config.json", "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+    save_file(tensors, str(Path(out) / "model.safetensors"), metadata={"format": "pt"})
+    return ModelConfig(**meta["model"]), meta["step"]
+
+
+def consolidated(checkpoint: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The checkpoint's facts and its full fp32 weights by serial name (one process: DCP
+    reshards every saved piece into one tensor per name)."""
+    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     meta = read_meta(checkpoint)
-    cfg = ModelConfig(**meta["model"])
     reader = FileSystemReader(str(checkpoint))
     saved = reader.read_metadata().state_dict_metadata
     state = {
@@ -43,11 +77,7 @@ def export(checkpoint: Path, out: str) -> tuple[ModelConfig, int]:
     with warnings.catch_warnings():  # "no process group: a single process" — yes
         warnings.simplefilter("ignore")
         dcp.load(state, storage_reader=reader, no_dist=True)
-    tensors = {key.removeprefix("model/"): t.contiguous() for key, t in state.items()}
-    save_file(
-        tensors, out, metadata={MODEL_KEY: json.dumps(meta["model"]), "step": str(meta["step"])}
-    )
-    return cfg, meta["step"]
+    return meta, {key.removeprefix("model/"): t.contiguous() for key, t in state.items()}
 
 
 def read_exported(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:

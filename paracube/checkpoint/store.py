@@ -113,8 +113,16 @@ def _begin(trainer, root: str | Path) -> tuple[Path, Path]:
 
 
 def _meta(trainer) -> dict:
+    source = trainer.cfg.model_source
+    hf = {}
+    if source is not None and source.startswith("hf:"):  # for an export to a HF folder
+        from paracube.models.sources import read_hf_config
+
+        hf = {"hf_config": read_hf_config(source[3:])}
     return {
         **trainer_facts(trainer),
+        **hf,
+        "model_source": source,
         "model": dataclasses.asdict(trainer.cfg.model),
         "layout": dataclasses.asdict(trainer.cfg.parallel),
         "zero": trainer.cfg.zero,

@@ -201,6 +201,17 @@ def _convert_conv1d(model: nn.Module) -> frozenset[str]:
     return frozenset(f"{n}.weight" for n in names)
 
 
+def conv1d_weight_names(data: dict) -> frozenset[str]:
+    """The weights GPT-2 stores as Conv1D (in, out) — held here as nn.Linear (out, in)."""
+    if HF_FAMILIES.get(data.get("model_type", "")) != "gpt2":
+        return frozenset()
+    return frozenset(
+        f"transformer.h.{i}.{m}.weight"
+        for i in range(data.get("n_layer", 12))
+        for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+    )
+
+
 def hf_config_object(directory: str):
     """The ``transformers`` config, made ready for training in paracube: SDPA attention,
     no dropout (paracube trains without it, as Megatron's large-model recipes do; the
