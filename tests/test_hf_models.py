@@ -128,6 +128,8 @@ LAYOUTS = {
     "tp2-sp": dict(tp=2, sequence_parallel=True),
     "pp2-1f1b": dict(pp=2, m=4),
     "pp2-interleaved": dict(pp=2, m=4, schedule="interleaved-1f1b", chunks=2),
+    "pp2-gpipe": dict(pp=2, m=4, schedule="gpipe"),
+    "pp2-zb-h1": dict(pp=2, m=4, schedule="zb-h1"),  # HF's nn.Linear weight gradients deferred
 }
 
 

