@@ -136,7 +136,11 @@ LAYOUTS = {
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_hf_model_matches_serial_hf(pools, family, layout):
-    cfg = hf_config(family, **LAYOUTS[layout])
+    assert_matches_serial_hf(pools, family, hf_config(family, **LAYOUTS[layout]))
+
+
+def assert_matches_serial_hf(pools, family: str, cfg: TrainConfig) -> None:
+    """Every rank's losses are the serial HF run's, and its parameters merged are too."""
     want_losses, want_params = hf_serial(family)
     results = pools(cfg.parallel.world_size).run(run_hf, cfg)
     for losses, _ in results:
@@ -149,22 +153,13 @@ def test_hf_model_matches_serial_hf(pools, family, layout):
 def test_llama_family_models_match_serial_hf(pools, family, layout):
     """Mistral and Qwen2 (its q/k/v biases column-parallel, its tied embedding) take
     Llama's plan."""
-    cfg = hf_config(family, **LAYOUTS[layout])
-    want_losses, want_params = hf_serial(family)
-    results = pools(cfg.parallel.world_size).run(run_hf, cfg)
-    for losses, _ in results:
-        assert_losses_close(losses, want_losses)
-    assert_params_close(merged(results, want_params), want_params, tol=3e-5, tensor_tol=3e-4)
+    assert_matches_serial_hf(pools, family, hf_config(family, **LAYOUTS[layout]))
 
 
 def test_hf_llama_3d_2x2x2(pools):
     """dp × tp × pp = 2 × 2 × 2 with sequence parallelism, 8 ranks."""
     cfg = hf_config("llama", dp=2, tp=2, pp=2, m=2, sequence_parallel=True)
-    want_losses, want_params = hf_serial("llama")
-    results = pools(8).run(run_hf, cfg)
-    for losses, _ in results:
-        assert_losses_close(losses, want_losses)
-    assert_params_close(merged(results, want_params), want_params, tol=3e-5, tensor_tol=3e-4)
+    assert_matches_serial_hf(pools, "llama", cfg)
 
 
 def test_gpt2_tied_weights_across_stages_are_summed(pools):
