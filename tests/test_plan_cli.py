@@ -163,6 +163,21 @@ def test_emitted_command_is_a_valid_train_job(capsys, model, gpus, batch):
             ["--model", "llama2-70b", "--gpus", "8", "--global-batch", "64", "--offload", "none"],
             "fits no layout on 8 × A100 80GB",
         ),
+        (  # recomputation ruled out: the refusal says what it would do
+            [
+                "--model",
+                "llama2-70b",
+                "--gpus",
+                "8",
+                "--global-batch",
+                "64",
+                "--offload",
+                "none",
+                "--recompute",
+                "none",
+            ],
+            "use --recompute full (blocks keep only their input)",
+        ),
         (
             ["--model", "tiny", "--gpus", "8", "--global-batch", "8", "--attention", "paged"],
             "unknown --attention 'paged': choose fused or unfused",

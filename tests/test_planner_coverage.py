@@ -134,3 +134,64 @@ def test_ethernet_is_shared_by_the_gpus_of_a_node():
         ).inter.bandwidth
         == 25e9
     )
+
+
+# -- --recompute-blocks: recomputation in as few blocks as fit --------------------------
+
+
+def test_layout_counts_each_ranks_recomputed_blocks():
+    """The engine recomputes the model's first N blocks: with 8 layers on pp2 × 2 chunks
+    (parts of 2 blocks: rank 0 holds blocks 0–1 and 4–5, rank 1 blocks 2–3 and 6–7), the
+    first 5 blocks are 3 on rank 0 (0, 1, 4) and 2 on rank 1 (2, 3)."""
+    from paracube.planner.layout import Layout
+
+    layout = Layout(pp=2, chunks=2, recompute="full", recompute_blocks=5)
+    assert [layout.recomputed_blocks(r, 8) for r in (0, 1)] == [3, 2]
+    every = Layout(pp=2, chunks=2, recompute="full")
+    assert [every.recomputed_blocks(r, 8) for r in (0, 1)] == [4, 4]
+    assert Layout(pp=2).recomputed_blocks(0, 8) == 0
+    assert "--recompute-blocks 5" in " ".join(layout.to_args())
+
+
+def test_search_proposes_the_fewest_recomputed_blocks_that_fit():
+    """llama2-7b, one A100 80GB, micro-batch 8: no recomputation does not fit, recomputing
+    every block does; the plan recomputes only the first N blocks — the fewest that fit
+    (N − 1 does not) — and it is faster than recomputing all of them."""
+    from dataclasses import replace
+
+    from paracube.planner.layout_memory import peak_memory
+    from paracube.planner.time_model import estimate
+
+    cfg, cluster = preset("llama2-7b"), _cluster()
+    capacity = cluster.gpu.memory_bytes
+    result = search(cfg, cluster, 1, 8, fixed={"micro_batch": 8})
+    partial = [c for c in result.ranked if c.layout.recompute_blocks is not None]
+    assert partial, "no layout with --recompute-blocks was proposed"
+    best = partial[0]
+    n = best.layout.recompute_blocks
+    assert 0 < n < cfg.n_layers
+    assert best.memory.total <= capacity
+    fewer = replace(best.layout, recompute_blocks=n - 1)
+    assert peak_memory(cfg, fewer, "bf16").total > capacity
+    assert peak_memory(cfg, replace(best.layout, recompute="none"), "bf16").total > capacity
+    every = replace(best.layout, recompute_blocks=None)
+    slower = estimate(cfg, every, cluster).step_time
+    assert best.time.step_time < slower
+    assert best.time.recompute == pytest.approx(
+        slower_recompute(cfg, every, cluster) * n / cfg.n_layers
+    )
+
+
+def slower_recompute(cfg, layout, cluster) -> float:
+    from paracube.planner.time_model import estimate
+
+    return estimate(cfg, layout, cluster).recompute
+
+
+def test_a_fixed_recompute_full_keeps_every_block():
+    """A chosen --recompute full means every block, as paracube train takes it (the
+    published Megatron runs recomputed all of them)."""
+    result = search(
+        preset("llama2-7b"), _cluster(), 1, 8, fixed={"micro_batch": 8, "recompute": "full"}
+    )
+    assert result.ranked and all(c.layout.recompute_blocks is None for c in result.ranked)

@@ -393,8 +393,14 @@ def _nothing_fits(result, cfg, g, args) -> int:
     from paracube.planner.report import describe
 
     more = math.ceil(args.gpus * need / g.memory_bytes)
+    # recomputation was ruled out by the user's choice: say what it would do
+    recompute = (
+        "--recompute full (blocks keep only their input), "
+        if getattr(args, "recompute", None) not in (None, "full")
+        else ""
+    )
     raise ParacubeError(
         f"{cfg.name} fits no layout on {args.gpus} × {g.name}: the leanest ({describe(result.smallest_misfit.layout)}) "
         f"needs {need / 1e9:.1f} GB per GPU, {need / g.memory_bytes:.1f}× the {g.memory_bytes / 1e9:.0f} GB; "
-        f"use about {more} GPUs or more, GPUs with more memory, or a smaller global batch / micro-batch"
+        f"use {recompute}about {more} GPUs or more, GPUs with more memory, or a smaller global batch / micro-batch"
     )

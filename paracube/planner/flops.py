@@ -43,15 +43,19 @@ def model_flops_per_token(cfg) -> float:
     return 3 * forward_flops_per_token(cfg)
 
 
-def hardware_flops_per_token(cfg, recompute: str) -> float:
+def hardware_flops_per_token(cfg, recompute: str, share: float = 1.0) -> float:
     """FLOPs the GPUs execute per token: the model FLOPs plus the recomputed forward — every
     block under full recomputation (SC21 Eq. 3 for GPT shapes), the attention core under
-    selective recomputation. HFU's numerator."""
-    extra = {
-        "none": 0.0,
-        "full": forward_flops_per_token(cfg, head=False),
-        "selective": cfg.n_layers * 4 * cfg.seq_len * cfg.n_heads * cfg.head_dim,
-    }[recompute]
+    selective recomputation; ``share`` of the blocks under --recompute-blocks. HFU's
+    numerator."""
+    extra = (
+        share
+        * {
+            "none": 0.0,
+            "full": forward_flops_per_token(cfg, head=False),
+            "selective": cfg.n_layers * 4 * cfg.seq_len * cfg.n_heads * cfg.head_dim,
+        }[recompute]
+    )
     return model_flops_per_token(cfg) + extra
 
 

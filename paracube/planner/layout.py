@@ -35,6 +35,9 @@ class Layout:
     chunks: int = 1
     zero: int = 0
     recompute: str = "none"
+    # recomputation in the model's first N blocks only (the engine's --recompute-blocks;
+    # None: every block) — the memory-for-time trade between none and full
+    recompute_blocks: int | None = None
     sequence_parallel: bool = False
     attention: str = "fused"  # "unfused": s×s scores materialized (Megatron before FlashAttention)
     # gradients all-reduced bucket by bucket during the last backward (paracube, PyTorch DDP,
@@ -45,6 +48,21 @@ class Layout:
     # gradient compression of the data-parallel reduction (--compress): none, fp16, bf16,
     # topk:RATIO, powersgd:RANK
     compress: str = "none"
+
+    def recomputed_blocks(self, rank: int, n_layers: int) -> int:
+        """Blocks pipeline rank ``rank`` recomputes: of its ``chunks`` parts of ⌈L/(p·v)⌉
+        blocks (parts rank, rank + p, …), those among the model's first
+        ``recompute_blocks`` — all of them when that is None; none without recompute."""
+        per_part = -(-n_layers // (self.pp * self.chunks))
+        if self.recompute == "none":
+            return 0
+        if self.recompute_blocks is None:
+            return per_part * self.chunks
+        parts = (rank + j * self.pp for j in range(self.chunks))
+        return sum(
+            max(0, min((k + 1) * per_part, n_layers, self.recompute_blocks) - k * per_part)
+            for k in parts
+        )
 
     @property
     def gpus(self) -> int:
@@ -67,6 +85,7 @@ class Layout:
             sequence_parallel=par.sequence_parallel,
             zero=cfg.zero,
             recompute=cfg.recompute,
+            recompute_blocks=cfg.recompute_blocks,
             offload=cfg.offload == "optimizer",
             compress=cfg.compress,
         )
@@ -93,6 +112,8 @@ class Layout:
             args.append(f"--zero {self.zero}")
         if self.recompute != "none":
             args.append(f"--recompute {self.recompute}")
+        if self.recompute != "none" and self.recompute_blocks is not None:
+            args.append(f"--recompute-blocks {self.recompute_blocks}")
         if self.offload:
             args.append("--offload optimizer")
         if self.compress != "none":

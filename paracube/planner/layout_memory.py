@@ -67,16 +67,21 @@ def stage_bytes(
     # the final norm sits with the head
     head = (0 if (cfg.tie_embeddings and p == 1) else shapes.head_params(cfg, tp=t)) + norm
     w, g, o = state_bytes_per_parameter(precision)
-    act_layer = activation_bytes_per_layer(
-        s,
-        layout.micro_batch,
-        h,
-        cfg.n_heads,
-        t=t,
-        sequence_parallel=layout.sequence_parallel,
-        recompute=layout.recompute,
-        attention=layout.attention,
-    ) * (w / 2)  # Korthikanti's constants are for 16-bit activations
+
+    def act_layer(recompute: str) -> float:
+        return activation_bytes_per_layer(
+            s,
+            layout.micro_batch,
+            h,
+            cfg.n_heads,
+            t=t,
+            sequence_parallel=layout.sequence_parallel,
+            recompute=recompute,
+            attention=layout.attention,
+        ) * (w / 2)  # Korthikanti's constants are for 16-bit activations
+
+    # --recompute-blocks: the stage's recomputed blocks keep their input only, the rest all
+    redone = min(blocks, layout.recomputed_blocks(index, cfg.n_layers))
     params = blocks * shapes.block_params(cfg, tp=t)
     if index == 0:
         params += shapes.embed_params(cfg, tp=t)
@@ -90,7 +95,9 @@ def stage_bytes(
     in_flight = get_schedule(layout.schedule).in_flight(
         p, layout.microbatches, layout.chunks, stage=index
     )
-    acts = act_layer * blocks * in_flight
+    acts = (
+        act_layer(layout.recompute) * redone + act_layer("none") * (blocks - redone)
+    ) * in_flight
     if index == 0:
         acts += layout.micro_batch * s * h * w * in_flight  # the embedding output
     if index == p - 1:

@@ -25,6 +25,8 @@ def describe(layout) -> str:
         text += f" zero{layout.zero}"
     if layout.recompute != "none":
         text += f" recompute={layout.recompute}"
+        if getattr(layout, "recompute_blocks", None) is not None:
+            text += f"[first {layout.recompute_blocks} blocks]"
     if layout.sequence_parallel:
         text += " sp"
     if getattr(layout, "offload", False):

@@ -178,6 +178,12 @@ def search(
             )  # the states moved to host RAM
             if fits_host and peak_memory(cfg, offloaded, precision).total <= capacity:
                 layout, mem = offloaded, peak_memory(cfg, offloaded, precision)
+        # a chosen --recompute full means every block (as paracube train takes it)
+        if mem.total <= capacity and layout.recompute == "full" and "recompute" not in fixed:
+            fewest = fewest_recomputed(cfg, layout, mem, capacity, precision)
+            if fewest is None:
+                continue  # it fits without recomputation: that layout is its own candidate
+            layout, mem = fewest
         if mem.total > capacity:
             result.rejected["does not fit in GPU memory"] = (
                 result.rejected.get("does not fit in GPU memory", 0) + 1
@@ -189,6 +195,28 @@ def search(
     rank(result.ranked)
     del result.ranked[top * 50 :]
     return result
+
+
+def fewest_recomputed(
+    cfg: ModelConfig, layout: Layout, mem: StageMemory, capacity: float, precision: str
+) -> tuple[Layout, StageMemory] | None:
+    """A full-recompute layout that fits, with recomputation in as few of the model's first
+    blocks as still fit (the engine's --recompute-blocks): memory falls as blocks are
+    added, so the fewest is found by bisection; every block if none fewer fits; None when
+    the layout fits without recomputation."""
+    if peak_memory(cfg, replace(layout, recompute="none"), precision).total <= capacity:
+        return None
+    low, high = 0, cfg.n_layers  # high fits (it is every block), low = no recompute
+    best = (layout, mem)
+    while high - low > 1:
+        mid = (low + high) // 2
+        trial = replace(layout, recompute_blocks=mid)
+        trial_mem = peak_memory(cfg, trial, precision)
+        if trial_mem.total <= capacity:
+            high, best = mid, (trial, trial_mem)
+        else:
+            low = mid
+    return best
 
 
 def simplicity(layout: Layout) -> tuple:

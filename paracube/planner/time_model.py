@@ -256,8 +256,10 @@ def estimate(
     # selective recomputation re-runs the attention core (fused attention keeps nothing it
     # could drop, so the planner never gains from it there)
     core = attention_core(cfg, layout, g, elem)[0]
-    recompute = m * layers * {"none": 0.0, "full": fwd, "selective": core}[layout.recompute]
-    tp_comm = _tp_comm(cfg, layout, cluster, layers, elem)
+    # under --recompute-blocks the first stage, holding the first blocks, redoes the most
+    redone = layout.recomputed_blocks(0, cfg.n_layers)
+    recompute = m * redone * {"none": 0.0, "full": fwd, "selective": core}[layout.recompute]
+    tp_comm = _tp_comm(cfg, layout, cluster, layers, elem, redone)
     pp_comm = pp_transfer_time(cfg, layout, cluster, elem)
     overhead = get_schedule(layout.schedule).idle_over_busy(p, m, layout.chunks)
     bubble = overhead * (compute + recompute + tp_comm) if p > 1 else 0.0
@@ -268,7 +270,10 @@ def estimate(
     tokens = layout.dp * layout.micro_batch * m * cfg.seq_len
     tflops = tokens * model_flops_per_token(cfg) / (step * layout.gpus) / 1e12
     hardware = (
-        tokens * hardware_flops_per_token(cfg, layout.recompute) / (step * layout.gpus) / 1e12
+        tokens
+        * hardware_flops_per_token(cfg, layout.recompute, _recomputed_share(cfg, layout))
+        / (step * layout.gpus)
+        / 1e12
     )
     return StepEstimate(
         compute=compute,
@@ -285,14 +290,24 @@ def estimate(
     )
 
 
-def _tp_comm(cfg: ModelConfig, layout: Layout, cluster: Cluster, layers: int, elem: int) -> float:
+def _recomputed_share(cfg: ModelConfig, layout: Layout) -> float:
+    """The model's blocks under recomputation: all, or the first --recompute-blocks."""
+    n = layout.recompute_blocks
+    return 1.0 if n is None else min(n, cfg.n_layers) / cfg.n_layers
+
+
+def _tp_comm(
+    cfg: ModelConfig, layout: Layout, cluster: Cluster, layers: int, elem: int, redone: int
+) -> float:
     """Tensor-parallel collectives of one step on the busiest rank: four per block and
-    micro-batch of b·s·h values (Shoeybi et al. 2019), one more forward's worth under full
-    recomputation, plus the embedding's, the head's and the loss's."""
+    micro-batch of b·s·h values (Shoeybi et al. 2019), one more forward's worth in each of
+    the ``redone`` blocks under full recomputation, plus the embedding's, the head's and
+    the loss's."""
     t, m = layout.tp, layout.microbatches
     n = layout.micro_batch * cfg.seq_len * cfg.hidden * elem  # b·s·h values
     link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
-    comm = m * layers * block_tp_comm(cfg, layout, cluster, elem)
+    plain = block_tp_comm(cfg, replace(layout, recompute="none"), cluster, elem)
+    comm = m * (layers * plain + (redone * plain / 2 if layout.recompute == "full" else 0.0))
     if t > 1:  # the vocabulary-parallel embedding's all-reduce and the head's input gradient,
         # and the loss's two all-reduces of (b, s) statistics
         comm += m * (
