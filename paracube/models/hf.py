@@ -49,9 +49,9 @@ from paracube.tensor_parallel.plan import (
 )
 
 
-def llama_plan(n_heads: int, n_kv_heads: int, head_dim: int) -> dict:
-    """Llama / Mistral / Qwen2 (``LlamaDecoderLayer`` names)."""
-    del n_heads, n_kv_heads, head_dim  # separate projections: nothing fused to split by section
+def llama_plan() -> dict:
+    """Llama / Mistral / Qwen2 (``LlamaDecoderLayer`` names); q, k and v are separate
+    projections, so nothing is split section by section."""
     attn, mlp = "model.layers.*.self_attn", "model.layers.*.mlp"
     return {
         "model.embed_tokens": (VocabEmbedding(), ScatterOutputSP()),
@@ -258,7 +258,7 @@ def build_hf(directory: str, shape: ModelConfig) -> ModelSpec:
         embed = TokenEmbedding(hf, v, t)
         layers, final = list(body.layers), body.norm
         names = ["model", *(f"model.layers.{i}" for i in range(len(layers))), "model.norm"]
-        plan = llama_plan(shape.n_heads, shape.n_kv_heads, shape.head_dim)
+        plan = llama_plan()
         rotary = RotaryTables(body.rotary_emb)
     for layer in layers:
         _wrap_layer(layer, rotary)
