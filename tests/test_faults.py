@@ -239,7 +239,21 @@ def test_two_nodes_meet_at_the_endpoint(tmp_path):
     assert (code_a, code_b) == (0, 0), err_a + err_b
     assert [r["step"] for r in first.records()] == [0, 1, 2]
     for err in (err_a, err_b):
+        err = _without_store_teardown_race(err)
         assert "error" not in err.lower() and "Traceback" not in err, err
+
+
+def _without_store_teardown_race(err: str) -> str:
+    """After the job, torch's elastic agent on each node closes the rendezvous through the
+    store the first node hosts; when that node has already exited, torch's C++ logs a
+    warning with a stack dump ("[W… TCPStore.cpp] … recvVector failed … Connection was
+    likely closed"). Seen once in a full-suite run, with both nodes at exit 0 and the whole
+    record written: torch's teardown, after the job — cut from what is checked."""
+    start = err.find("[W")
+    tail = err[start:]
+    if start >= 0 and "TCPStore" in tail and "Connection was likely closed" in tail:
+        return err[:start]
+    return err
 
 
 def test_a_killed_rank_restarts_from_the_last_checkpoint(tmp_path):
