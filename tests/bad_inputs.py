@@ -157,6 +157,8 @@ CASES: list[tuple[str, list[str], str]] = [
      "its tokenizer's vocabulary (300) is larger than the model's (256)"),
     ("data", ["train", "--model", "nosuchpackage.models:build"], "cannot import it"),
     ("data", ["train", "--model", "os:getcwd"], "returned str, not a paracube.models.ModelSpec"),
+    ("data", ["train", "--model", "tests.factories:chain_without_the_norm"],
+     "parameter norm.weight is in none of the chain's modules"),
     ("data", ["train", "--data", "/no/such/file.txt"], "--data /no/such/file.txt: no such file or folder"),
     ("data", ["train", "--data", ""], "--data is empty: give a text file or folder"),
     ("data", ["train", "--data", "{tmp}/empty.txt"], "no text in it (empty)"),

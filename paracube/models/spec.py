@@ -225,6 +225,13 @@ def call_factory(target: str) -> ModelSpec:
         raise ConfigError(
             f"--model {target}: {len(spec.chain)} chain modules but {len(spec.chain_names)} names"
         )
+    covered = {id(p) for layer in spec.chain for p in layer.parameters()}
+    missing = [n for n, p in spec.module.named_parameters() if id(p) not in covered]
+    if missing:  # a pipeline stage holds only its chain modules: this one would never train
+        raise ConfigError(
+            f"--model {target}: parameter {missing[0]} is in none of the chain's modules, so a "
+            "pipeline would never train it: add its module to the chain"
+        )
     return spec
 
 
