@@ -136,7 +136,7 @@ def recompute(spec: ModelSpec, mode: str, blocks: int | None) -> None:
         return
     chosen = spec.units if blocks is None else spec.units[:blocks]
     for unit in chosen if mode == "full" else []:
-        (spec.recompute_unit or checkpoint_forward)(unit, True)
+        (spec.recompute_unit or checkpoint_forward)(unit)
 
 
 def _compute_dtype(cfg: TrainConfig) -> torch.dtype | None:

@@ -16,6 +16,7 @@ from paracube.config import ModelConfig, ParallelConfig, TrainConfig
 from paracube.data.source import BYTE_VOCABULARY, check_source
 from paracube.data.tokenized import check_tokenized, is_tokenized
 from paracube.errors import ConfigError
+from paracube.models.sources import WEIGHTS_FILE, source_of
 from paracube.options import RunOptions
 from paracube.pipeline.schedules import check_schedule
 
@@ -61,14 +62,12 @@ def check_model_source(cfg: TrainConfig, weights: bool) -> None:
             f"--recompute selective needs paracube's own attention (--model {cfg.model.name} "
             "recomputes whole blocks): use --recompute full"
         )
-    kind, _, where = cfg.model_source.partition(":")  # type: ignore[union-attr]
-    if kind == "hf" and weights:
-        from paracube.models.sources import WEIGHTS_FILE
-
-        if os.path.isfile(os.path.join(where, WEIGHTS_FILE)):
+    source = source_of(cfg.model_source)  # type: ignore[arg-type]
+    if source.kind == "hf" and weights:
+        if os.path.isfile(os.path.join(source.where, WEIGHTS_FILE)):
             from paracube.models.hf import check_weights
 
-            check_weights(where)
+            check_weights(source.where)
 
 
 def check_run(cfg: TrainConfig, run: RunOptions, local_ranks: int | None = None) -> None:

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from paracube.config import ParallelConfig, TrainConfig
-from paracube.models.sources import hf_model_config, read_hf_config
+from paracube.models.sources import hf_model_config, read_hf_config, source_of
 from tests.helpers import assert_losses_close, assert_params_close, serial_reference, small_corpus
 
 pytest.importorskip("transformers")
@@ -90,7 +90,6 @@ def run_hf(cfg: TrainConfig):
     from paracube.engine import Trainer
     from paracube.mesh.mesh import ProcessMesh
     from paracube.models.hf import conv1d_weight_names
-    from paracube.models.spec import source_of
     from paracube.tensor_parallel import full_tensor
 
     torch.set_num_threads(1)

@@ -16,7 +16,7 @@ to the engines as a :class:`~paracube.models.spec.ModelSpec`:
   GQA's key/value heads split like the query heads (``tp`` must divide both);
 - GPT-2's ``Conv1D`` (weight stored (in, out)) is converted to ``nn.Linear`` (out, in) at
   build time, for every layout, so the same plans apply; its weights are transposed when
-  read from (or compared with) HF files — :attr:`ModelSpec.transposed` names them.
+  written back in HF's layout — :func:`conv1d_weight_names` names them.
 
 Writing a plan for another model: a dict from module-path patterns to styles
 (``Colwise``, ``Rowwise``, ``VocabEmbedding``, ``PrepareInput``, ``SequenceSharded``,
@@ -146,6 +146,9 @@ class RotaryTables:
         self.rotary, self.shards = rotary, 1
         self._cache: dict = {}
 
+    def set_shards(self, shards: int) -> None:
+        self.shards = shards
+
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         seq = x.shape[1] * self.shards
         key = (seq, x.device, x.dtype)
@@ -177,8 +180,8 @@ def _wrap_layer(layer: nn.Module, rotary: RotaryTables | None) -> None:
     layer.forward = types.MethodType(forward, layer)
 
 
-def _set_recompute(unit: nn.Module, on: bool) -> None:
-    setattr(unit, "paracube_recompute", on)  # noqa: B010
+def _recompute(unit: nn.Module) -> None:
+    setattr(unit, "paracube_recompute", True)  # noqa: B010
 
 
 def _to_linear(conv) -> nn.Linear:
@@ -190,7 +193,7 @@ def _to_linear(conv) -> nn.Linear:
     return linear
 
 
-def _convert_conv1d(model: nn.Module) -> frozenset[str]:
+def _convert_conv1d(model: nn.Module) -> None:
     from transformers.pytorch_utils import Conv1D
 
     names = [n for n, m in model.named_modules() if isinstance(m, Conv1D)]
@@ -198,7 +201,6 @@ def _convert_conv1d(model: nn.Module) -> frozenset[str]:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
         setattr(parent, child, _to_linear(getattr(parent, child)))
-    return frozenset(f"{n}.weight" for n in names)
 
 
 def conv1d_weight_names(data: dict) -> frozenset[str]:
@@ -238,11 +240,10 @@ def build_hf(directory: str, shape: ModelConfig) -> ModelSpec:
     weights = os.path.join(directory, WEIGHTS_FILE)
     if os.path.isfile(weights) and not next(hf.parameters()).is_meta:
         load_weights(hf, weights)
-    family = HF_FAMILIES[config.model_type]
-    transposed = _convert_conv1d(hf) if family == "gpt2" else frozenset()
     hf.train()
     v, t = shape.vocab_size, shape.seq_len
-    if family == "gpt2":
+    if HF_FAMILIES[config.model_type] == "gpt2":
+        _convert_conv1d(hf)
         body = hf.transformer
         embed: nn.Module = PositionalEmbedding(hf, v, t)
         layers, final = list(body.h), body.ln_f
@@ -263,16 +264,10 @@ def build_hf(directory: str, shape: ModelConfig) -> ModelSpec:
     for layer in layers:
         _wrap_layer(layer, rotary)
     chain = [embed, *layers, final, hf.lm_head]
-    module = CausalLM(hf, chain)
-
-    def on_sequence_shards(shards: int) -> None:
-        if rotary is not None:
-            rotary.shards = shards
-
     return ModelSpec(
-        module, shape, chain, [*names, "lm_head"], layers, plan, sequence_parallel=True,
-        recompute_unit=_set_recompute, transposed=transposed,
-        on_sequence_shards=on_sequence_shards,
+        CausalLM(hf, chain), shape, chain, [*names, "lm_head"], layers, plan,
+        sequence_parallel=True, recompute_unit=_recompute,
+        on_sequence_shards=rotary.set_shards if rotary is not None else None,
     )  # fmt: skip
 
 

@@ -46,6 +46,13 @@ class ModelSource:
         return None if self.kind == "preset" else f"{self.kind}:{self.where}"
 
 
+def source_of(text: str) -> ModelSource:
+    """A :attr:`TrainConfig.model_source` (``hf:DIR``, ``factory:pkg.mod:fn``) back as a
+    :class:`ModelSource`."""
+    kind, _, where = text.partition(":")
+    return ModelSource(kind, where)
+
+
 def parse_model(text: str) -> ModelSource:
     """``--model``'s value: a preset, ``hf:PATH``, a model directory, or ``module:function``."""
     from paracube.models.presets import PRESETS

@@ -29,18 +29,19 @@ A user factory (``paracube train --model pkg.mod:build``) returns one::
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from paracube.config import ModelConfig, TrainConfig
 from paracube.errors import ConfigError
-from paracube.models.sources import ModelSource
+from paracube.models.sources import source_of
 
 
 @dataclass
@@ -54,13 +55,11 @@ class ModelSpec:
     # the plan shards the sequence under --sequence-parallel (scatters after the embedding,
     # marks the norms): a plan without it would see whole sequences where it expects T/tp
     sequence_parallel: bool = False
-    # set a unit's full recomputation (None: its forward is wrapped in a checkpoint)
-    recompute_unit: Callable[[nn.Module, bool], None] | None = None
+    # turn on a unit's full recomputation (None: its forward is wrapped in a checkpoint)
+    recompute_unit: Callable[[nn.Module], None] | None = None
     # a module built on the meta device, given values per shard by paracube.materialize
     # (paracube's GPT); otherwise every rank builds it whole from the seed
     meta: bool = False
-    # weights held transposed from the source's files (GPT-2's Conv1D as nn.Linear)
-    transposed: frozenset[str] = field(default_factory=frozenset)
     # called after tensor parallelism with its size under sequence parallelism (else 1):
     # models whose blocks derive positions from the activation's length
     on_sequence_shards: Callable[[int], None] | None = None
@@ -129,19 +128,18 @@ def gpt_spec(model: nn.Module) -> ModelSpec:
     )  # fmt: skip
 
 
-def checkpoint_forward(unit: nn.Module, on: bool) -> None:
+def checkpoint_forward(unit: nn.Module) -> None:
     """Full recomputation of any module (Chen et al. 2016): its forward runs under a
     non-reentrant checkpoint — activations inside it are recomputed in backward, and the
     hooks on the module (ZeRO-3's gather) run once per call, around it."""
     from torch.utils.checkpoint import checkpoint
 
-    original = unit.__dict__.pop("forward", None) or unit.forward
-    if on:
-        unit.forward = lambda *a, **kw: (
-            checkpoint(original, *a, use_reentrant=False, **kw)
-            if torch.is_grad_enabled()
-            else original(*a, **kw)
-        )
+    original = unit.forward
+    unit.forward = lambda *a, **kw: (
+        checkpoint(original, *a, use_reentrant=False, **kw)
+        if torch.is_grad_enabled()
+        else original(*a, **kw)
+    )
 
 
 def check_plan(spec: ModelSpec, tp: int, sequence_parallel: bool) -> None:
@@ -167,10 +165,8 @@ def build_model(cfg: TrainConfig, meta: bool = True) -> ModelSpec:
 
     torch.manual_seed(cfg.seed)
     if cfg.model_source is None:
-        if meta:
-            with torch.device("meta"):
-                return gpt_spec(GPT(cfg.model))
-        return gpt_spec(GPT(cfg.model))
+        with torch.device("meta") if meta else contextlib.nullcontext():
+            return gpt_spec(GPT(cfg.model))
     source = source_of(cfg.model_source)
     if source.kind == "hf":
         from paracube.models.hf import build_hf
@@ -197,12 +193,6 @@ def serial_shapes(cfg: TrainConfig) -> dict[str, tuple[int, ...]]:
 def tied_aliases(groups: list[list[str]]) -> dict[str, str]:
     """Each later name of a tied group → the first (the name the serial model lists)."""
     return {alias: names[0] for names in groups for alias in names[1:]}
-
-
-def source_of(text: str) -> ModelSource:
-    """A :attr:`TrainConfig.model_source` back as a :class:`ModelSource`."""
-    kind, _, where = text.partition(":")
-    return ModelSource(kind, where)
 
 
 def call_factory(target: str) -> ModelSpec:
