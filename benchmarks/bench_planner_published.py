@@ -32,20 +32,30 @@ def main() -> None:
         },
     )
     print(
-        "| source | model | GPUs | tp×pp×dp | batch | b | FLOPs counted | published TFLOP/s/GPU "
-        "| predicted | predicted ÷ published | note |"
+        "| source | model | seq | GPUs | tp×pp×dp | batch | b | recompute | FLOPs counted "
+        "| published TFLOP/s/GPU | predicted | predicted ÷ published | note |"
     )
-    print("|---|---|---:|---|---:|---:|---|---:|---:|---:|---|")
+    print("|---|---|---:|---:|---|---:|---:|---|---|---:|---:|---:|---|")
     for r in results:
         print(
-            f"| {r['source']} | {r['model']} | {r['gpus']} | {r['layout']} | {r['batch']} | {r['micro_batch']} | "
-            f"{r['counting']} | {r['published_tflops']} | {r['predicted_tflops']} | {r['ratio']:.2f} | {r['note']} |"
+            f"| {r['source']} | {r['model']} | {r['seq_len']} | {r['gpus']} | {r['layout']} | "
+            f"{r['batch']} | {r['micro_batch']} | {r['recompute']} | {r['counting']} | "
+            f"{r['published_tflops']} | {r['predicted_tflops']} | {r['ratio']:.2f} | {r['note']} |"
         )
-    ratios = [r["ratio"] for r in results]
+    print("\n| stack | runs | predicted ÷ published | median | within ±15 % | beyond ±30 % |")
+    print("|---|---:|---|---:|---:|---:|")
+    for stack in dict.fromkeys(r["stack"] for r in results):
+        print(summary(stack, [r["ratio"] for r in results if r["stack"] == stack]))
+    print(summary("all", [r["ratio"] for r in results]))
+
+
+def summary(name: str, ratios: list[float]) -> str:
     within = sum(abs(x - 1) <= 0.15 for x in ratios)
-    print(
-        f"\npredicted ÷ published: {min(ratios):.2f}–{max(ratios):.2f}, median "
-        f"{sorted(ratios)[len(ratios) // 2]:.2f}; within ±15 % for {within} of {len(ratios)} runs"
+    beyond = sum(abs(x - 1) > 0.30 for x in ratios)
+    median = sorted(ratios)[len(ratios) // 2]
+    return (
+        f"| {name} | {len(ratios)} | {min(ratios):.2f}–{max(ratios):.2f} | {median:.2f} | "
+        f"{within} | {beyond} |"
     )
 
 

@@ -24,11 +24,12 @@ NVLINK = Cluster(hw.gpu("a100-80gb"), 8, hw.interconnect("nvlink3"), hw.intercon
     "spec,precision", [("bf16", "fp32"), ("topk:0.01", "bf16"), ("powersgd:4", "bf16")]
 )
 def test_compression_pays_across_ethernet_and_not_over_nvlink(spec, precision):
-    """dp=16 over two nodes joined by 100 Gb/s Ethernet: the compressed step is faster
-    than the plain one (bf16 against an fp32 run's 4-byte gradients); dp=8 inside one
-    NVLink node: it is not (the plain reduction hides behind the backward; compressing
-    only adds work)."""
-    across = Layout(dp=16, micro_batch=4, microbatches=2, zero=1)
+    """tp=8 filling each node and dp=16 across 16 nodes joined by 100 Gb/s Ethernet (each
+    data-parallel group has one member per node, so the eight groups share each node's
+    NIC): the compressed step is faster than the plain one (bf16 against an fp32 run's
+    4-byte gradients); dp=8 inside one NVLink node: it is not (the plain reduction hides
+    behind the backward; compressing only adds work)."""
+    across = Layout(dp=16, tp=8, micro_batch=4, microbatches=2, zero=1)
     plain, compressed = (
         estimate(GPT, replace(across, compress=c), ETHERNET, precision).step_time
         for c in ("none", spec)

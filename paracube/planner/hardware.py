@@ -45,6 +45,9 @@ class GPU:
     # 0: the same as ``peak_flops`` (a calibrated CPU measures its one fp32 rate)
     fp32_flops: float = 0.0
     tf32_flops: float = 0.0
+    # measured fraction of the peak a GPU sustains on large matmuls at its power limit with
+    # every GPU of the node busy (0: derive it from the clocks, base ÷ boost)
+    measured_sustained: float = 0.0
 
     def rate(self, precision: str) -> float:
         """Peak FLOP/s of the units a ``precision`` run's matmuls use: bf16/fp16 tensor
@@ -57,9 +60,11 @@ class GPU:
 
     @property
     def sustained_fraction(self) -> float:
-        """Peak at the base clock over peak at boost: a long training run at full power
-        draw is only guaranteed the base clock (datasheets), so that is what the planner
-        assumes the tensor cores run at."""
+        """The fraction of the peak the tensor cores sustain through a training run: a
+        measurement at the power limit where one is published (Hopper), else the peak at
+        the base clock over the peak at boost — all a GPU guarantees at full power draw."""
+        if self.measured_sustained:
+            return self.measured_sustained
         return self.base_mhz / self.boost_mhz if self.boost_mhz else 1.0
 
 
@@ -87,6 +92,20 @@ HOST_MEMORY = {"v100": 154 * GB / 8, "a100": 410 * GB / 8, "h100": 614 * GB / 8}
 # System memory per GPU: DGX-1 512 GB, DGX A100 1 TB, DGX H100/H200 2 TB, over 8 GPUs.
 HOST_RAM = {"v100": 512 * GB / 8, "a100": 1024 * GB / 8, "h100": 2048 * GB / 8}
 
+# FlashAttention-2 on Hopper: "only 35% utilization on the H100 GPU" (Shah et al. 2024,
+# FlashAttention-3, abstract) — it does not use Hopper's asynchronous tensor-core and TMA
+# instructions; FLOPs counted as executed (the causal half). On Ampere: "50–73% of the
+# theoretical maximum FLOPs/s on A100" (Dao 2023, FlashAttention-2, abstract) — the forward
+# at the top of that range; the backward, 2.5× the forward's work, at the bottom: 50 %.
+FLASH2_HOPPER = 0.35 * 989e12
+FLASH2_AMPERE = 0.50 * 312e12
+# Hopper at its 700 W limit: the maximum *sustainable* matmul rate measured on an 8-GPU H200
+# node with every GPU computing, 698.6 TFLOP/s mean over 40 runs at 1405–1527 MHz (Bekman,
+# "Machine Learning Engineering", compute/accelerator/benchmarks, mamf-finder MSMF; the
+# H100 SXM shares its silicon, clocks and power limit) — below the base-clock figure, since
+# dense tensor-core work meets the power limit before the clock floor.
+HOPPER_SUSTAINED = 698.6e12 / 989e12
+
 # fmt: off
 GPUS: dict[str, GPU] = {
     # clocks (MHz): V100 SXM2 1290/1530, A100 SXM4 1095/1410, H100/H200 SXM5 1590/1980;
@@ -98,19 +117,21 @@ GPUS: dict[str, GPU] = {
                 host_link_bandwidth=PCIE["v100"], host_memory_bandwidth=HOST_MEMORY["v100"],
                 host_memory_bytes=HOST_RAM["v100"]),
     "a100-40gb": GPU("A100 40GB", 312e12, 40 * GB, 1555 * GB, 600 * GB, 1095, 1410, sms=108,
-                     fp32_flops=19.5e12, tf32_flops=156e12,
+                     fp32_flops=19.5e12, tf32_flops=156e12, attention_rate=FLASH2_AMPERE,
                      host_link_bandwidth=PCIE["a100"], host_memory_bandwidth=HOST_MEMORY["a100"],
                 host_memory_bytes=HOST_RAM["a100"]),
     "a100-80gb": GPU("A100 80GB", 312e12, 80 * GB, 2039 * GB, 600 * GB, 1095, 1410, sms=108,
-                     fp32_flops=19.5e12, tf32_flops=156e12,
+                     fp32_flops=19.5e12, tf32_flops=156e12, attention_rate=FLASH2_AMPERE,
                      host_link_bandwidth=PCIE["a100"], host_memory_bandwidth=HOST_MEMORY["a100"],
                 host_memory_bytes=HOST_RAM["a100"]),
     "h100": GPU("H100 SXM", 989e12, 80 * GB, 3350 * GB, 900 * GB, 1590, 1980, sms=132,
-                fp32_flops=67e12, tf32_flops=494.7e12,
+                fp32_flops=67e12, tf32_flops=494.7e12, attention_rate=FLASH2_HOPPER,
+                measured_sustained=HOPPER_SUSTAINED,
                 host_link_bandwidth=PCIE["h100"], host_memory_bandwidth=HOST_MEMORY["h100"],
                 host_memory_bytes=HOST_RAM["h100"]),
     "h200": GPU("H200 SXM", 989e12, 141 * GB, 4800 * GB, 900 * GB, 1590, 1980, sms=132,
-                fp32_flops=67e12, tf32_flops=494.7e12,
+                fp32_flops=67e12, tf32_flops=494.7e12, attention_rate=FLASH2_HOPPER,
+                measured_sustained=HOPPER_SUSTAINED,
                 host_link_bandwidth=PCIE["h100"], host_memory_bandwidth=HOST_MEMORY["h100"],
                 host_memory_bytes=HOST_RAM["h100"]),
 }

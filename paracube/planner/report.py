@@ -87,13 +87,34 @@ def scaling(best: Candidate, baseline: Baseline) -> str:
     }
     worst, cost = max(parts.items(), key=lambda kv: kv[1])
     plural = "s" if baseline.gpus > 1 else ""
+    if overhead >= 0:
+        beyond = f"{overhead:.3g} s beyond it"
+    else:  # the baseline itself pays for fitting in fewer GPUs (offload, recomputation, …)
+        beyond = (
+            f"{-overhead:.3g} s below it — more than linear, as the baseline pays to fit in "
+            f"{baseline.gpus} GPU{plural} ({baseline_cost(baseline.best)}) what this layout does not"
+        )
     return (
         f"- Speed-up over {baseline.gpus} GPU{plural} ({describe(baseline.best.layout)}): "
         f"{baseline.speedup(best):.2f}× on {best.layout.gpus}, {baseline.efficiency(best):.0%} "
         f"scaling efficiency — N / (1 + overhead ÷ ideal) with N = {n:g}, the ideal step "
-        f"{ideal:.3g} s (the baseline's split {n:g} ways) and {overhead:+.3g} s beyond it; of "
+        f"{ideal:.3g} s (the baseline's split {n:g} ways) and {beyond}; of "
         f"the step's overheads the largest is {worst} ({cost:.3g} s)."
     )
+
+
+def baseline_cost(cand: Candidate) -> str:
+    """The largest part of a step beyond its compute, named with its seconds."""
+    t = cand.time
+    parts = {
+        "the optimizer step": t.optimizer,
+        "exposed data-parallel communication": t.dp_exposed,
+        "tensor-parallel communication": t.tp_comm,
+        "the pipeline bubble": t.bubble,
+        "recomputation": t.recompute,
+    }
+    name, seconds = max(parts.items(), key=lambda kv: kv[1])
+    return f"{name}: {seconds:.3g} s of its {t.step_time:.3g} s step"
 
 
 def explain(result: SearchResult, cfg: ModelConfig, cluster: Cluster, gpus: int) -> str:
@@ -163,11 +184,22 @@ def _predicted(best, cluster: Cluster) -> str:
         f"- Predicted: {t.tokens_per_s:,.0f} tokens/s, {t.tflops_per_gpu:.0f} TFLOP/s per GPU{executed}, "
         f"MFU {t.mfu:.0%} of a {t.mfu_ceiling:.0%} ceiling — the MFU of the step's compute alone, "
         "in the same count of model FLOPs (attention's s×s in full, as the papers' MFU; causal "
-        f"{L.attention} attention executes half of them). The compute runs the tensor cores at the "
-        f"base clock ({cluster.gpu.sustained_fraction:.0%} of the boost-clock peak), each matmul's "
+        f"{L.attention} attention executes half of them). The compute runs the tensor cores at "
+        f"{sustained(cluster.gpu)}, each matmul's "
         f"roofline with tile and wave quantization over {cluster.gpu.sms or 'no'} SMs, and the "
         "memory-bound element-wise work (paracube.planner.time_model)."
     )
+
+
+def sustained(g) -> str:
+    """Where the planner's tensor-core rate comes from, in words."""
+    if g.measured_sustained:
+        return (
+            f"the rate measured at the power limit with the whole node busy "
+            f"({g.sustained_fraction:.0%} of the peak; FlashAttention-2 at "
+            f"{g.attention_rate / g.peak_flops:.0%})"
+        )
+    return f"the base clock ({g.sustained_fraction:.0%} of the boost-clock peak)"
 
 
 def _alternatives(result: SearchResult) -> list[str]:

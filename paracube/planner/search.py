@@ -69,7 +69,10 @@ def _schedules(p: int, m: int, layers: int, fixed_chunks: int | None = None, rej
             continue
         counts = chunk_counts(p, layers, fixed_chunks) if sched.chunked else [1]
         if not counts and reject is not None:
-            reject(f"--chunks {fixed_chunks} needs pp × chunks ≤ {layers} layers")
+            if fixed_chunks is not None:
+                reject(f"--chunks {fixed_chunks} needs pp × chunks ≤ {layers} layers")
+            else:
+                reject(f"{name} needs pp × 2 chunks ≤ {layers} layers")
         for v in counts:
             try:
                 sched.check(p, m, v)
@@ -132,6 +135,9 @@ def candidate_layouts(
                         overlap_grad_reduce=fixed.get("overlap_grad_reduce", True),
                         offload=fixed.get("offload", False),
                         compress=fixed.get("compress", "none"),
+                        recompute_blocks=(
+                            fixed.get("recompute_blocks") if recompute == "full" else None
+                        ),
                     )
                     if all(getattr(layout, k) == val for k, val in fixed.items()):
                         yield layout
@@ -179,7 +185,8 @@ def search(
             if fits_host and peak_memory(cfg, offloaded, precision).total <= capacity:
                 layout, mem = offloaded, peak_memory(cfg, offloaded, precision)
         # a chosen --recompute full means every block (as paracube train takes it)
-        if mem.total <= capacity and layout.recompute == "full" and "recompute" not in fixed:
+        user_chose = "recompute" in fixed or "recompute_blocks" in fixed
+        if mem.total <= capacity and layout.recompute == "full" and not user_chose:
             fewest = fewest_recomputed(cfg, layout, mem, capacity, precision)
             if fewest is None:
                 continue  # it fits without recomputation: that layout is its own candidate

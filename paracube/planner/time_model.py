@@ -353,14 +353,16 @@ def dp_exposed_time(
     updated parameters less what hides behind the next forward; under ZeRO-3 the parameter
     gathers of every micro-batch less what hides behind its compute."""
     g, dp, m = cluster.gpu, layout.dp, layout.microbatches
-    link = cluster.intra if layout.tp * dp <= cluster.gpus_per_node else cluster.inter
+    link = dp_link(layout, cluster)
     allreduce = _ring(grad_bytes, dp, link) * (1.5 if layout.zero == 3 else 1.0)
     blocking = 0.0
     if layout.compress != "none" and dp > 1:
         allreduce, blocking = compressed_reduction(layout, cfg, g, link, grad_bytes / elem, layers)
-    # behind the last micro-batch's backward, when buckets are reduced as they fill
-    hidden = 2 / 3 * per_mb if g.overlaps_communication and layout.overlap_grad_reduce else 0.0
-    exposed = max(0.0, allreduce - hidden) + blocking
+    overlapped = g.overlaps_communication and layout.overlap_grad_reduce
+    # behind the last micro-batch's backward, when buckets are reduced as they fill — all
+    # but the last bucket, which fills when the backward ends: it is always waited for
+    hidden = 2 / 3 * per_mb if overlapped else 0.0
+    exposed = max(allreduce - hidden, last_bucket_time(layout, link, grad_bytes, elem)) + blocking
     gather = _ring(grad_bytes, dp, link) / 2  # all parameters from every rank's slice
     forward = per_mb / 3 if g.overlaps_communication else 0.0  # a micro-batch's forward
     if layout.zero in (1, 2) and dp > 1:
@@ -372,6 +374,45 @@ def dp_exposed_time(
     if layout.zero == 3:  # parameters re-gathered for every micro-batch's forward and backward,
         exposed += (m - 1) * 2 * max(0.0, gather - forward)  # prefetched behind its compute
     return exposed
+
+
+def dp_link(layout: Layout, cluster: Cluster) -> Interconnect:
+    """The link a data-parallel ring runs at, per GPU. Ranks are ordered tensor-parallel
+    innermost, then data-parallel (Megatron's order), so a node holds
+    k = min(dp, GPUs per node ÷ tp) members of each data-parallel group. Within one node the
+    ring runs on NVLink. Across nodes NCCL runs one ring per NIC: each member's rail carries
+    1/k of the group's inter-node traffic, so the group sees k × the per-GPU network
+    bandwidth — capped by NVLink, which carries the rest of each ring."""
+    members = min(layout.dp, max(1, cluster.gpus_per_node // layout.tp))
+    if layout.tp * layout.dp <= cluster.gpus_per_node:
+        return cluster.intra
+    if members == 1:
+        return cluster.inter
+    bandwidth = min(cluster.intra.bandwidth, members * cluster.inter.bandwidth)
+    return replace(
+        cluster.inter,
+        name=f"{cluster.inter.name} × {members} rails",
+        bandwidth=bandwidth,
+    )
+
+
+def bucket_elements(dp: int) -> float:
+    """Gradient elements per reduction bucket: Megatron-Core's default
+    max(40M, 1M × dp) — larger groups get larger buckets so that each collective's
+    2(dp − 1) latency steps stay small beside its transfer time."""
+    return max(40e6, 1e6 * dp)
+
+
+def last_bucket_time(layout: Layout, link: Interconnect, grad_bytes: float, elem: int) -> float:
+    """The reduction nothing can hide: the last bucket (the first blocks' and the embedding's
+    gradients) is complete only when the backward ends. Its size grows with the group
+    (:func:`bucket_elements`) and its ring takes 2(dp − 1) latency steps, so at fixed work per
+    replica the step slows as replicas are added. Without overlap the whole reduction is
+    exposed anyway (0 here)."""
+    if layout.dp <= 1 or not layout.overlap_grad_reduce:
+        return 0.0
+    bucket = min(grad_bytes, elem * bucket_elements(layout.dp))
+    return _ring(bucket, layout.dp, link) * (1.5 if layout.zero == 3 else 1.0)
 
 
 def compressed_reduction(

@@ -1,0 +1,81 @@
+"""The planner at scale and on Hopper (pure math): data-parallel rings across nodes use every
+member's rail, the last gradient bucket cannot hide, so the step slows as replicas are added
+at fixed work per replica; Hopper runs at its measured sustained rate and FlashAttention-2's."""
+
+from __future__ import annotations
+
+import pytest
+
+from paracube.models.presets import preset
+from paracube.planner import hardware as hw
+from paracube.planner.layout import Layout
+from paracube.planner.time_model import (
+    Cluster,
+    _ring,
+    attention_core,
+    bucket_elements,
+    dp_link,
+    estimate,
+)
+
+A100 = Cluster(hw.gpu("a100-80gb"), 8, hw.interconnect("nvlink3"), hw.interconnect("ib-hdr"))
+H100 = Cluster(hw.gpu("h100"), 8, hw.interconnect("nvlink4"), hw.interconnect("ib-ndr"))
+
+
+def test_data_parallel_time_grows_with_replicas_at_fixed_work_per_replica():
+    """GPT-3 175B at tp 8 × pp 8, the same micro-batches per replica: 96 → 288 replicas
+    leaves the compute unchanged and makes the exposed reduction larger (Megatron-Core's
+    bucket grows with the group, 1M elements per rank, and its ring has 2(dp − 1) steps), so
+    the step time grows."""
+    cfg = preset("gpt3-175b")
+    base = dict(tp=8, pp=8, micro_batch=1, microbatches=32, schedule="1f1b", recompute="full")
+    small, large = (estimate(cfg, Layout(dp=dp, **base), A100) for dp in (96, 288))
+    assert large.compute == small.compute
+    assert large.dp_exposed > small.dp_exposed > 0
+    assert large.step_time > small.step_time
+    assert bucket_elements(96) == 96e6 and bucket_elements(8) == 40e6
+
+
+def test_ring_across_nodes_runs_on_every_members_rail():
+    """NCCL runs one ring per NIC: a group with k members per node spreads its inter-node
+    traffic over k rails (k × the per-GPU InfiniBand bandwidth, at most NVLink's); with tensor
+    parallelism filling the node each group has one member per node and one rail; inside a
+    node the ring is on NVLink."""
+    fsdp = Layout(dp=64, zero=3)
+    assert dp_link(fsdp, A100).bandwidth == 8 * A100.inter.bandwidth
+    assert dp_link(fsdp, H100).bandwidth == min(H100.intra.bandwidth, 8 * H100.inter.bandwidth)
+    assert dp_link(Layout(dp=64, tp=8), A100) == A100.inter
+    assert dp_link(Layout(dp=32, tp=2), A100).bandwidth == 4 * A100.inter.bandwidth
+    assert dp_link(Layout(dp=4, tp=2), A100) == A100.intra
+    # one Ethernet NIC per node: a lone group gets all of it, eight groups an eighth each
+    eth = Cluster(
+        hw.gpu("a100-80gb"), 8, hw.interconnect("nvlink3"), hw.interconnect("ethernet-100g")
+    )
+    nic = hw.interconnect("ethernet-100g").bandwidth
+    assert dp_link(Layout(dp=16), eth).bandwidth == pytest.approx(nic)
+    assert dp_link(Layout(dp=16, tp=8), eth).bandwidth == pytest.approx(nic / 8)
+
+
+def test_last_bucket_is_exposed_even_when_the_reduction_hides():
+    """A model whose whole reduction hides behind the last backward still waits for the last
+    bucket: exactly its ring on the group's link."""
+    cfg = preset("gpt3-1.3b")
+    layout = Layout(dp=64, micro_batch=8, microbatches=1)
+    est = estimate(cfg, layout, A100)
+    bucket = 2 * bucket_elements(64)
+    assert est.dp_exposed == pytest.approx(_ring(bucket, 64, dp_link(layout, A100)))
+
+
+def test_hopper_runs_at_its_measured_sustained_rates():
+    """H100/H200: matmuls at the sustained rate measured at the power limit with the whole
+    node busy (698.6 of 989 TFLOP/s), FlashAttention-2 at its published 35 % of peak; the
+    A100 keeps the base-clock fraction and FlashAttention-2's 50 %."""
+    h100, a100 = hw.gpu("h100"), hw.gpu("a100-80gb")
+    assert h100.sustained_fraction == pytest.approx(698.6 / 989)
+    assert a100.sustained_fraction == pytest.approx(1095 / 1410)
+    cfg = preset("llama3-8b")
+    layout = Layout(micro_batch=1, microbatches=1)
+    seconds, flops = attention_core(cfg, layout, h100)
+    assert seconds == pytest.approx(flops / (0.35 * 989e12))
+    seconds, flops = attention_core(cfg, layout, a100)
+    assert seconds == pytest.approx(flops / (0.50 * 312e12))
