@@ -139,18 +139,36 @@ def test_ethernet_is_shared_by_the_gpus_of_a_node():
 # -- --recompute-blocks: recomputation in as few blocks as fit --------------------------
 
 
-def test_layout_counts_each_ranks_recomputed_blocks():
-    """The engine recomputes the model's first N blocks: with 8 layers on pp2 × 2 chunks
-    (parts of 2 blocks: rank 0 holds blocks 0–1 and 4–5, rank 1 blocks 2–3 and 6–7), the
-    first 5 blocks are 3 on rank 0 (0, 1, 4) and 2 on rank 1 (2, 3)."""
+def test_each_ranks_blocks_are_the_engines_split():
+    """The planner sizes and times every pipeline rank from the engine's own split (the
+    parameter-balanced partition ``paracube train`` runs): llama3-8b on pp4, whose 128k
+    vocabulary makes the embedding and the head weigh ~2.4 blocks each, gives the first and
+    last ranks fewer blocks than ⌈32/4⌉ and the middle ones more; each rank recomputes those
+    of its blocks among the model's first N."""
+    from paracube.pipeline.balance import gpt_layer_loads
+    from paracube.pipeline.partition import partition
     from paracube.planner.layout import Layout
+    from paracube.planner.stages import rank_shares, recomputed_blocks
 
-    layout = Layout(pp=2, chunks=2, recompute="full", recompute_blocks=5)
-    assert [layout.recomputed_blocks(r, 8) for r in (0, 1)] == [3, 2]
+    cfg = preset("llama3-8b")
+    shares = rank_shares(cfg, 4)
+    bounds = partition(cfg.n_layers + 3, 4, gpt_layer_loads(cfg, "params", micro_batch=1, p=4))
+    # chain index i is block i − 1 (the chain starts with the embedding)
+    assert [s.blocks for s in shares] == [
+        tuple(i - 1 for i in range(a, b) if 1 <= i <= cfg.n_layers) for a, b in bounds
+    ]
+    sizes = [len(s.blocks) for s in shares]
+    assert sum(sizes) == 32 and sizes[0] < 8 and sizes[-1] < 8 and max(sizes) > 8
+    assert shares[0].embedding and shares[-1].head and not shares[1].head
+    # interleaved: rank r holds parts r, r + p, …; --recompute-blocks counts the first N
+    inter = rank_shares(cfg, 2, 2)
+    layout = Layout(pp=2, chunks=2, recompute="full", recompute_blocks=10)
+    first_ten = [sum(b < 10 for b in s.blocks) for s in inter]
+    assert [recomputed_blocks(s, layout) for s in inter] == first_ten and sum(first_ten) == 10
     every = Layout(pp=2, chunks=2, recompute="full")
-    assert [every.recomputed_blocks(r, 8) for r in (0, 1)] == [4, 4]
-    assert Layout(pp=2).recomputed_blocks(0, 8) == 0
-    assert "--recompute-blocks 5" in " ".join(layout.to_args())
+    assert [recomputed_blocks(s, every) for s in inter] == [len(s.blocks) for s in inter]
+    assert recomputed_blocks(inter[0], Layout(pp=2)) == 0
+    assert "--recompute-blocks 10" in " ".join(layout.to_args())
 
 
 def test_search_proposes_the_fewest_recomputed_blocks_that_fit():

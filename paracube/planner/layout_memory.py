@@ -1,7 +1,9 @@
 """Peak memory per GPU of a whole parallel layout (pure math on ModelConfig).
 
-For the stage that needs the most — the first (embedding, and the most micro-batches in
-flight) or the last (head and logits) — the sum of:
+For every pipeline rank, holding the blocks of the engine's own split
+(:mod:`paracube.planner.stages`) — the peak is the rank that needs the most: the first
+(embedding, the most micro-batches in flight), the last (head and logits) or one between
+with more blocks — the sum of:
 
 - model states of its parameters under ZeRO (``memory.model_state_bytes``), with tensor
   parallelism splitting the matrices (norm weights are replicated: counted in full);
@@ -14,7 +16,6 @@ flight) or the last (head and logits) — the sum of:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from paracube.choices import state_bytes_per_parameter
@@ -23,6 +24,7 @@ from paracube.models import shapes
 from paracube.pipeline.schedules import get_schedule
 from paracube.planner.layout import Layout
 from paracube.planner.memory import activation_bytes_per_layer, model_state_bytes
+from paracube.planner.stages import rank_shares, recomputed_blocks
 
 CONTEXT_BYTES = 1e9
 FRAGMENTATION = 0.10
@@ -41,15 +43,26 @@ class StageMemory:
 
 
 def stage_memory(cfg: ModelConfig, layout: Layout, precision: str = "bf16") -> list[StageMemory]:
-    """Memory of the first and (if different) the last pipeline stage, per GPU, each
-    holding ⌈L/(p·v)⌉ blocks per chunk."""
+    """Memory per GPU of every pipeline rank, first to last, each holding the blocks the
+    engine's own split gives it (:mod:`paracube.planner.stages`)."""
     p = layout.pp
-    per_stage = math.ceil(cfg.n_layers / (p * layout.chunks)) * layout.chunks
-    names = ("first", "last") if p > 1 else ("first",)
+    shares = rank_shares(cfg, p, layout.chunks)
     return [
-        stage_bytes(cfg, layout, index, per_stage, precision, name)
-        for name, index in zip(names, (0, p - 1))
+        stage_bytes(
+            cfg,
+            layout,
+            index,
+            len(share.blocks),
+            precision,
+            _rank_name(index, p),
+            redone=recomputed_blocks(share, layout),
+        )
+        for index, share in enumerate(shares)
     ]
+
+
+def _rank_name(index: int, p: int) -> str:
+    return "first" if index == 0 else "last" if index == p - 1 else f"rank {index}"
 
 
 def stage_bytes(
@@ -59,9 +72,11 @@ def stage_bytes(
     blocks: int,
     precision: str = "bf16",
     name: str = "",
+    redone: int | None = None,
 ) -> StageMemory:
     """Memory per GPU of pipeline stage ``index`` holding ``blocks`` transformer blocks (the
-    first stage also the embedding, the last the final norm and head)."""
+    first stage also the embedding, the last the final norm and head), ``redone`` of them
+    recomputed (default: all of them under recomputation)."""
     h, s, V, t, p = cfg.hidden, cfg.seq_len, cfg.vocab_size, layout.tp, layout.pp
     norm = shapes.norm_params(cfg)  # replicated
     # the final norm sits with the head
@@ -81,7 +96,8 @@ def stage_bytes(
         ) * (w / 2)  # Korthikanti's constants are for 16-bit activations
 
     # --recompute-blocks: the stage's recomputed blocks keep their input only, the rest all
-    redone = min(blocks, layout.recomputed_blocks(index, cfg.n_layers))
+    if redone is None:
+        redone = 0 if layout.recompute == "none" else blocks
     params = blocks * shapes.block_params(cfg, tp=t)
     if index == 0:
         params += shapes.embed_params(cfg, tp=t)

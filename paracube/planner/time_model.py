@@ -41,6 +41,7 @@ from paracube.planner.flops import hardware_flops_per_token, model_flops_per_tok
 from paracube.planner.hardware import GPU, Interconnect
 from paracube.planner.layout import Layout
 from paracube.planner.memory import activation_bytes_per_layer
+from paracube.planner.stages import RankShare, rank_shares, recomputed_blocks
 
 
 @dataclass(frozen=True)
@@ -246,26 +247,27 @@ def estimate(
     # the matmul units this precision runs on (fp32: CUDA cores, tf32/bf16/fp16: tensor
     # cores) set every compute rate below, and MFU is measured against their peak
     cluster = at_precision(cluster, precision)
-    g, p, t, m = cluster.gpu, layout.pp, layout.tp, layout.microbatches
+    g, p, m = cluster.gpu, layout.pp, layout.microbatches
     elem = ELEMENT_BYTES[precision]
-    # blocks on the busiest rank: its v chunks of at most ⌈L/(p·v)⌉ blocks each
-    layers = math.ceil(cfg.n_layers / (p * layout.chunks)) * layout.chunks
     fwd, bwd, flops = layer_time(cfg, layout, g, elem)
-    per_mb = layers * (fwd + bwd) + head_time(cfg, layout, g, elem)  # the busiest stage's F + B
-    compute = m * per_mb
     # selective recomputation re-runs the attention core (fused attention keeps nothing it
     # could drop, so the planner never gains from it there)
     core = attention_core(cfg, layout, g, elem)[0]
-    # under --recompute-blocks the first stage, holding the first blocks, redoes the most
-    redone = layout.recomputed_blocks(0, cfg.n_layers)
-    recompute = m * redone * {"none": 0.0, "full": fwd, "selective": core}[layout.recompute]
-    tp_comm = _tp_comm(cfg, layout, cluster, layers, elem, redone)
+    redo = {"none": 0.0, "full": fwd, "selective": core}[layout.recompute]
+    # every pipeline rank with the blocks the engine's split gives it; the slowest sets the pace
+    ranks = [
+        _rank_step(cfg, layout, cluster, share, elem, fwd + bwd, redo)
+        for share in rank_shares(cfg, p, layout.chunks)
+    ]
+    busiest = max(ranks, key=lambda r: r.compute + r.recompute + r.tp_comm)
+    compute, recompute, tp_comm = busiest.compute, busiest.recompute, busiest.tp_comm
     pp_comm = pp_transfer_time(cfg, layout, cluster, elem)
     overhead = get_schedule(layout.schedule).idle_over_busy(p, m, layout.chunks)
     bubble = overhead * (compute + recompute + tp_comm) if p > 1 else 0.0
-    shard = shapes.parameter_count(cfg) / (t * p)  # parameters on one rank
-    dp_exposed = dp_exposed_time(layout, cluster, elem * shard, per_mb, cfg, layers, elem)
-    optimizer = optimizer_time(layout, g, shard, elem)
+    # each rank's own gradient reduction and optimizer step after its last backward
+    dp_exposed, optimizer = max(
+        ((r.dp_exposed, r.optimizer) for r in ranks), key=lambda pair: sum(pair)
+    )
     step = compute + recompute + tp_comm + pp_comm + bubble + dp_exposed + optimizer
     tokens = layout.dp * layout.micro_batch * m * cfg.seq_len
     tflops = tokens * model_flops_per_token(cfg) / (step * layout.gpus) / 1e12
@@ -287,6 +289,48 @@ def estimate(
         tflops_per_gpu=tflops,
         mfu=tflops * 1e12 / g.peak_flops,
         hardware_tflops_per_gpu=hardware,
+    )
+
+
+@dataclass(frozen=True)
+class _RankTime:
+    compute: float
+    recompute: float
+    tp_comm: float
+    dp_exposed: float
+    optimizer: float
+
+
+def _rank_step(
+    cfg: ModelConfig,
+    layout: Layout,
+    cluster: Cluster,
+    share: RankShare,
+    elem: int,
+    block: float,
+    redo: float,
+) -> _RankTime:
+    """One pipeline rank's step parts: its blocks' forward + backward (``block`` seconds
+    each per micro-batch), the head's on the last rank, the recomputation of its recomputed
+    blocks (``redo`` each), its tensor-parallel collectives, and its own gradient reduction
+    and optimizer step over its parameters."""
+    g, t, m = cluster.gpu, layout.tp, layout.microbatches
+    blocks = len(share.blocks)
+    redone = recomputed_blocks(share, layout)
+    per_mb = blocks * block + (head_time(cfg, layout, g, elem) if share.head else 0.0)
+    params = blocks * shapes.block_params(cfg, tp=t)
+    if share.embedding:
+        params += shapes.embed_params(cfg, tp=t)
+    if share.head:
+        params += shapes.norm_params(cfg)
+        if not (cfg.tie_embeddings and share.embedding):  # one copy when both are here
+            params += shapes.head_params(cfg, tp=t)
+    return _RankTime(
+        compute=m * per_mb,
+        recompute=m * redone * redo,
+        tp_comm=_tp_comm(cfg, layout, cluster, blocks, elem, redone),
+        dp_exposed=dp_exposed_time(layout, cluster, elem * params, per_mb, cfg, blocks, elem),
+        optimizer=optimizer_time(layout, g, params, elem),
     )
 
 

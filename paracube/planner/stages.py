@@ -1,0 +1,62 @@
+"""Which blocks each pipeline rank holds: the engine's own split (pure math).
+
+``paracube train`` cuts the chain ``embed, blocks.0 … blocks.L-1, norm, head`` into
+``pp × chunks`` contiguous parts balanced by parameters (``--balance params``, its default;
+:func:`paracube.pipeline.partition.partition` over
+:func:`paracube.pipeline.balance.gpt_layer_loads`), part ``k`` on rank ``k mod pp``. The
+planner times and sizes every rank from that same split rather than assuming ⌈L/(p·v)⌉
+blocks each: a large vocabulary makes the embedding and the head weigh several blocks, so
+the engine gives the first and last ranks fewer blocks and the middle ones more.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from paracube.config import ModelConfig
+from paracube.models import shapes
+from paracube.pipeline.balance import gpt_layer_loads
+from paracube.pipeline.partition import partition
+from paracube.planner.layout import Layout
+
+
+@dataclass(frozen=True)
+class RankShare:
+    """What one pipeline rank holds over all its chunks."""
+
+    blocks: tuple[int, ...]  # the model's block indices, 0 … L-1
+    embedding: bool
+    head: bool  # the final norm and the output head
+
+
+@functools.cache  # searches ask for the same (model, pp, chunks) many times
+def rank_shares(cfg: ModelConfig, pp: int, chunks: int = 1) -> tuple[RankShare, ...]:
+    """Each pipeline rank's share of the model under the engine's parameter-balanced split."""
+    L = cfg.n_layers
+    if pp == 1:
+        return (RankShare(tuple(range(L)), True, True),)
+    chain = len(shapes.chain_names(cfg))  # embed, L blocks, norm, head
+    load = gpt_layer_loads(cfg, "params", micro_batch=1, p=pp)
+    bounds = partition(chain, pp * chunks, load)
+    held: list[list[int]] = [[] for _ in range(pp)]
+    for part, (start, end) in enumerate(bounds):
+        held[part % pp].extend(range(start, end))
+    return tuple(
+        RankShare(
+            blocks=tuple(i - 1 for i in items if 1 <= i <= L),
+            embedding=0 in items,
+            head=L + 2 in items,
+        )
+        for items in held
+    )
+
+
+def recomputed_blocks(share: RankShare, layout: Layout) -> int:
+    """The rank's blocks under recomputation: the engine recomputes the model's first
+    ``recompute_blocks`` blocks (all of them when unset), none without recompute."""
+    if layout.recompute == "none":
+        return 0
+    if layout.recompute_blocks is None:
+        return len(share.blocks)
+    return sum(1 for block in share.blocks if block < layout.recompute_blocks)
