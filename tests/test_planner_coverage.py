@@ -213,3 +213,27 @@ def test_a_fixed_recompute_full_keeps_every_block():
         preset("llama2-7b"), _cluster(), 1, 8, fixed={"micro_batch": 8, "recompute": "full"}
     )
     assert result.ranked and all(c.layout.recompute_blocks is None for c in result.ranked)
+
+
+def test_a_jobs_balance_sets_the_planned_split():
+    """``train --predict`` plans the split the job's ``--balance`` makes: by memory, the
+    first 1F1B rank (most micro-batches in flight) gets fewer blocks than by parameters —
+    the engine's own partition over the engine's own loads, and the launch line keeps the
+    choice."""
+    from paracube.pipeline.balance import gpt_layer_loads
+    from paracube.pipeline.partition import partition
+    from paracube.planner.layout import Layout
+    from paracube.planner.stages import layout_shares
+
+    cfg = preset("gpt3-1.3b")
+    base = dict(pp=4, micro_batch=4, microbatches=16, schedule="1f1b")
+    by_params = layout_shares(cfg, Layout(**base))
+    layout = Layout(**base, balance="memory")
+    by_memory = layout_shares(cfg, layout)
+    load = gpt_layer_loads(cfg, "memory", micro_batch=4, p=4, schedule="1f1b", m=16)
+    bounds = partition(cfg.n_layers + 3, 4, load)
+    assert [len(s.blocks) for s in by_memory] == [
+        sum(1 for i in range(a, b) if 1 <= i <= cfg.n_layers) for a, b in bounds
+    ]
+    assert len(by_memory[0].blocks) < len(by_params[0].blocks)
+    assert "--balance memory" in " ".join(layout.to_args())

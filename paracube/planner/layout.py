@@ -48,6 +48,9 @@ class Layout:
     # gradient compression of the data-parallel reduction (--compress): none, fp16, bf16,
     # topk:RATIO, powersgd:RANK
     compress: str = "none"
+    # how the engine cuts the pipeline stages (--balance): params (its default), flops or
+    # memory; the measured ones (time, speed) are planned with their FLOPs estimate
+    balance: str = "params"
 
     @property
     def gpus(self) -> int:
@@ -73,6 +76,7 @@ class Layout:
             recompute_blocks=cfg.recompute_blocks,
             offload=cfg.offload == "optimizer",
             compress=cfg.compress,
+            balance=par.balance,
         )
 
     def to_args(self, precision: str = "bf16", gpus_per_node: int | None = None) -> list[str]:
@@ -90,6 +94,7 @@ class Layout:
             args.append(
                 f"--schedule {self.schedule}"
                 + (f" --chunks {self.chunks}" if self.chunks > 1 else "")
+                + (f" --balance {self.balance}" if self.balance != "params" else "")
             )
         if self.sequence_parallel:
             args.append("--sequence-parallel")

@@ -24,7 +24,7 @@ from paracube.models import shapes
 from paracube.pipeline.schedules import get_schedule
 from paracube.planner.layout import Layout
 from paracube.planner.memory import activation_bytes_per_layer, model_state_bytes
-from paracube.planner.stages import rank_shares, recomputed_blocks
+from paracube.planner.stages import layout_shares, recomputed_blocks
 
 CONTEXT_BYTES = 1e9
 FRAGMENTATION = 0.10
@@ -46,7 +46,7 @@ def stage_memory(cfg: ModelConfig, layout: Layout, precision: str = "bf16") -> l
     """Memory per GPU of every pipeline rank, first to last, each holding the blocks the
     engine's own split gives it (:mod:`paracube.planner.stages`)."""
     p = layout.pp
-    shares = rank_shares(cfg, p, layout.chunks)
+    shares = layout_shares(cfg, layout)
     return [
         stage_bytes(
             cfg,

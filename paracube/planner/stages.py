@@ -1,7 +1,7 @@
 """Which blocks each pipeline rank holds: the engine's own split (pure math).
 
 ``paracube train`` cuts the chain ``embed, blocks.0 … blocks.L-1, norm, head`` into
-``pp × chunks`` contiguous parts balanced by parameters (``--balance params``, its default;
+``pp × chunks`` contiguous parts balanced by its ``--balance`` (parameters by default;
 :func:`paracube.pipeline.partition.partition` over
 :func:`paracube.pipeline.balance.gpt_layer_loads`), part ``k`` on rank ``k mod pp``. The
 planner times and sizes every rank from that same split rather than assuming ⌈L/(p·v)⌉
@@ -30,14 +30,42 @@ class RankShare:
     head: bool  # the final norm and the output head
 
 
+def layout_shares(cfg: ModelConfig, layout: Layout) -> tuple[RankShare, ...]:
+    """Each pipeline rank's share under the split the engine makes for ``layout``: by its
+    ``--balance`` (parameters unless the job says otherwise; the measured balances by their
+    FLOPs estimate, as the engine starts from before it measures)."""
+    if layout.balance == "params":  # depends on nothing but the model: cached once
+        return rank_shares(cfg, layout.pp, layout.chunks)
+    return rank_shares(
+        cfg,
+        layout.pp,
+        layout.chunks,
+        layout.balance,
+        micro_batch=layout.micro_batch,
+        schedule=layout.schedule,
+        microbatches=layout.microbatches,
+    )
+
+
 @functools.cache  # searches ask for the same (model, pp, chunks) many times
-def rank_shares(cfg: ModelConfig, pp: int, chunks: int = 1) -> tuple[RankShare, ...]:
-    """Each pipeline rank's share of the model under the engine's parameter-balanced split."""
+def rank_shares(
+    cfg: ModelConfig,
+    pp: int,
+    chunks: int = 1,
+    balance: str = "params",
+    *,
+    micro_batch: int = 1,
+    schedule: str = "1f1b",
+    microbatches: int = 1,
+) -> tuple[RankShare, ...]:
+    """Each pipeline rank's share of the model under the engine's split by ``balance``."""
     L = cfg.n_layers
     if pp == 1:
         return (RankShare(tuple(range(L)), True, True),)
     chain = len(shapes.chain_names(cfg))  # embed, L blocks, norm, head
-    load = gpt_layer_loads(cfg, "params", micro_batch=1, p=pp)
+    load = gpt_layer_loads(
+        cfg, balance, micro_batch=micro_batch, p=pp, schedule=schedule, m=microbatches
+    )
     bounds = partition(chain, pp * chunks, load)
     held: list[list[int]] = [[] for _ in range(pp)]
     for part, (start, end) in enumerate(bounds):

@@ -41,7 +41,7 @@ from paracube.planner.flops import hardware_flops_per_token, model_flops_per_tok
 from paracube.planner.hardware import GPU, Interconnect
 from paracube.planner.layout import Layout
 from paracube.planner.memory import activation_bytes_per_layer
-from paracube.planner.stages import RankShare, rank_shares, recomputed_blocks
+from paracube.planner.stages import RankShare, layout_shares, recomputed_blocks
 
 
 @dataclass(frozen=True)
@@ -257,7 +257,7 @@ def estimate(
     # every pipeline rank with the blocks the engine's split gives it; the slowest sets the pace
     ranks = [
         _rank_step(cfg, layout, cluster, share, elem, fwd + bwd, redo)
-        for share in rank_shares(cfg, p, layout.chunks)
+        for share in layout_shares(cfg, layout)
     ]
     busiest = max(ranks, key=lambda r: r.compute + r.recompute + r.tp_comm)
     compute, recompute, tp_comm = busiest.compute, busiest.recompute, busiest.tp_comm
