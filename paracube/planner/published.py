@@ -21,6 +21,11 @@ Sources:
 - Llama 3: Dubey et al. 2024, "The Llama 3 Herd of Models", Table 4 and §3.3 (405B on
   H100, tp 8, pp 16, sequence 8192, 16M tokens per batch, BF16 MFU; no activation
   checkpointing).
+- Megatron-Core: NVIDIA/Megatron-LM ``README.md``, "Performance Benchmarking": GPT-3 175B
+  "strong scaled ... from 96 H100 GPUs to 4608 GPUs, using the same batch size of 1152
+  sequences", MFU 47 % → 42 %; the section's benchmark configuration (vocabulary 131,072,
+  sequence 4096, DP/TP/PP communication overlapped) and the README's parallelism guide for
+  GPT-3 175B (TP 4, PP 8); virtual stages, micro-batch and ZeRO are left to the planner.
 - MosaicML: mosaicml/llm-foundry, ``scripts/train/benchmarking/README.md``, table
   "H100 80GB BF16" (MPT models on Composer's FSDP, FULL_SHARD over every GPU — ZeRO-3 with no
   tensor or pipeline parallelism —, amp_bf16, the micro-batch the sweep found, activation
@@ -62,7 +67,15 @@ def gpt(heads: int, hidden: int, layers: int) -> ModelConfig:
 
 def runs() -> list[dict]:
     """Every published run, with the planner options that describe its software."""
-    return _sc21() + _korthikanti() + _mt_nlg() + _llama3() + _mosaic_h100() + _torchtitan()
+    return (
+        _sc21()
+        + _korthikanti()
+        + _mt_nlg()
+        + _llama3()
+        + _megatron_core_h100()
+        + _mosaic_h100()
+        + _torchtitan()
+    )
 
 
 # The stack each source ran: the accuracy is reported per stack (Megatron's own software,
@@ -73,6 +86,7 @@ STACKS = {
     "Korthikanti (SP+sel.)": "Megatron-LM",
     "MT-NLG": "DeepSpeed pipeline + Megatron TP",
     "Llama 3": "Meta production (H100)",
+    "Megatron-Core": "Megatron-Core (H100)",
     "MosaicML": "FSDP-only: Composer (H100)",
     "torchtitan": "FSDP-only: FSDP2 (A100)",
 }
@@ -155,6 +169,20 @@ def _llama3() -> list[dict]:
         _run("Llama 3", preset("llama3-405b"), "h100", 128 * dp, 2048, "bf16",
              dict(layout, dp=dp), "model", tflops)
         for dp, tflops in [(64, 430), (128, 400)]  # data-parallel size, model TFLOP/s per GPU
+    ]
+
+
+def _megatron_core_h100() -> list[dict]:
+    """Megatron-Core's GPT-3 175B strong scaling on H100: 1152 sequences per step on 96 and
+    4608 GPUs, TP 4 × PP 8 interleaved, sequence parallel; model TFLOP/s = MFU × 989."""
+    cfg = ModelConfig(n_layers=96, hidden=12288, n_heads=96, vocab_size=131072, seq_len=4096,
+                      name="GPT-3 175B (131k vocab)")
+    layout = dict(tp=4, pp=8, schedule="interleaved-1f1b", sequence_parallel=True,
+                  attention="fused", overlap_grad_reduce=True)
+    return [
+        _run("Megatron-Core", cfg, "h100", gpus, 1152, "bf16", dict(layout, dp=gpus // 32),
+             "model", round(mfu * 989.4, 1))
+        for gpus, mfu in [(96, 0.47), (4608, 0.42)]
     ]
 
 
