@@ -213,7 +213,7 @@ def test_predictions_track_published_megatron_runs():
     assert not off
 
 
-def test_megatron_class_runs_on_h100_stay_within_30_percent():
+def test_megatron_class_runs_stay_within_30_percent():
     """The runs of Megatron's own software and Meta's production stack, A100 and H100
     (Megatron-LM, Megatron-Core's strong scaling on 96 and 4,608 H100s, Llama 3 405B): none
     predicted beyond ±30 %, the bound the issue sets for every run. (The FSDP-only stacks do
