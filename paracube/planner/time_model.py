@@ -5,9 +5,10 @@ fitted to a published result:
 
 - **compute**: each GEMM of a layer (per GPU: its tensor-parallel shard) takes the roofline
   time max(2·M·N·K / sustained peak, bytes moved / HBM bandwidth), the sustained peak being
-  the datasheet peak scaled from the boost to the base clock (all a GPU guarantees at full
-  power draw); attention's two batched matmuls
-  likewise; the element-wise work (norms, softmax, GELU, residuals) moves the layer's
+  the rate measured at the power limit where one is published (Hopper), else the datasheet
+  peak scaled from the boost to the base clock (all a GPU guarantees at full power draw);
+  fused attention at FlashAttention-2's published rate (``GPU.attention_rate``); the
+  element-wise work (norms, softmax, GELU, residuals) moves the layer's
   activations twice through HBM (Korthikanti's per-layer bytes, read + write). Backward
   is twice the forward. The resulting FLOP rate, divided by peak, is the *achievable
   fraction* the planner states. Recompute adds the recomputed forward (full) or the
@@ -16,14 +17,17 @@ fitted to a published result:
   reduce-scatter pairs) of b·s·h 16-bit values in a ring over t ranks on the intra-node
   link: 2(t−1)/t·n/B + 2(t−1)·α each (docs/formulas.md); not overlapped. A pair costs the
   all-reduce on NCCL; on a calibrated gloo link, the measured pair ÷ all-reduce ratio.
-- **pipeline**: the bubble adds the schedule's idle ÷ busy time at unit costs (the schedule
-  registry): (p−1)/m of the stage's work for GPipe and 1F1B, (p−1)/(v·m) interleaved,
-  (p−1)/(3m) for ZB-H1 (its (p−1)(F+I−W) idle at F = I = W);
+- **pipeline**: every rank holds the blocks of the engine's own split
+  (:mod:`paracube.planner.stages`), the busiest one sets the pace; the bubble adds the
+  schedule's idle ÷ busy time at unit costs (the schedule registry): (p−1)/m of the
+  stage's work for GPipe and 1F1B, (p−1)/(v·m) interleaved, (p−1)/(3m) for ZB-H1 (its
+  (p−1)(F+I−W) idle at F = I = W);
   each micro-batch crosses a stage boundary twice (activation, gradient) on the link
   between stages.
-- **data parallel**: a ring all-reduce of the stage's 16-bit gradient shard (ZeRO-3:
-  1.5× the volume) on the slowest link the group spans, overlapped with the backward of the
-  last micro-batch — only what sticks out is counted.
+- **data parallel**: a ring all-reduce of each rank's 16-bit gradient shard (ZeRO-3:
+  1.5× the volume) on the group's link (:func:`dp_link`: NVLink inside a node, across
+  nodes k members' rails), overlapped with the backward of the last micro-batch — only what
+  sticks out is counted, and never less than the last bucket (:func:`last_bucket_time`).
 """
 
 from __future__ import annotations
