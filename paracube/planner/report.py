@@ -6,8 +6,9 @@ import math
 from dataclasses import asdict, dataclass
 
 from paracube.config import ModelConfig
+from paracube.planner.hardware import GPU
 from paracube.planner.search import Candidate, SearchResult
-from paracube.planner.time_model import Cluster
+from paracube.planner.time_model import Cluster, StepEstimate
 
 GB = 1e9
 SHARDED_STATES = {
@@ -78,14 +79,7 @@ def scaling(best: Candidate, baseline: Baseline) -> str:
     t, n = best.time, best.layout.gpus / baseline.gpus
     ideal = baseline.best.time.step_time / n  # the same global batch, N times the GPUs
     overhead = t.step_time - ideal
-    parts = {
-        "exposed data-parallel communication": t.dp_exposed,
-        "tensor-parallel communication": t.tp_comm,
-        "pipeline transfers": t.pp_comm,
-        "the pipeline bubble": t.bubble,
-        "recomputation": t.recompute,
-    }
-    worst, cost = max(parts.items(), key=lambda kv: kv[1])
+    worst, cost = largest_overhead(t, optimizer=False)
     plural = "s" if baseline.gpus > 1 else ""
     if overhead >= 0:
         beyond = f"{overhead:.3g} s beyond it"
@@ -103,18 +97,25 @@ def scaling(best: Candidate, baseline: Baseline) -> str:
     )
 
 
-def baseline_cost(cand: Candidate) -> str:
-    """The largest part of a step beyond its compute, named with its seconds."""
-    t = cand.time
+def largest_overhead(t: StepEstimate, optimizer: bool = True) -> tuple[str, float]:
+    """The largest part of a step beyond its compute, by name, with its seconds (the
+    optimizer step among them when ``optimizer``)."""
     parts = {
-        "the optimizer step": t.optimizer,
         "exposed data-parallel communication": t.dp_exposed,
         "tensor-parallel communication": t.tp_comm,
+        "pipeline transfers": t.pp_comm,
         "the pipeline bubble": t.bubble,
         "recomputation": t.recompute,
     }
-    name, seconds = max(parts.items(), key=lambda kv: kv[1])
-    return f"{name}: {seconds:.3g} s of its {t.step_time:.3g} s step"
+    if optimizer:
+        parts["the optimizer step"] = t.optimizer
+    return max(parts.items(), key=lambda kv: kv[1])
+
+
+def baseline_cost(cand: Candidate) -> str:
+    """What a baseline pays beyond its compute, the largest part named with its seconds."""
+    name, seconds = largest_overhead(cand.time)
+    return f"{name}: {seconds:.3g} s of its {cand.time.step_time:.3g} s step"
 
 
 def explain(result: SearchResult, cfg: ModelConfig, cluster: Cluster, gpus: int) -> str:
@@ -191,7 +192,7 @@ def _predicted(best, cluster: Cluster) -> str:
     )
 
 
-def sustained(g) -> str:
+def sustained(g: GPU) -> str:
     """Where the planner's tensor-core rate comes from, in words."""
     if g.measured_sustained:
         return (
