@@ -23,7 +23,9 @@ DP_MODES = ("sync", "local-sgd", "diloco", "stale", "ps")
 GRAD_REDUCE = ("fp32", "compute")  # dtype of gradient accumulation/reduction under bf16/fp16
 BALANCE = ("params", "flops", "memory", "time", "speed")  # how pipeline stages are cut
 MEASURED_BALANCE = ("time", "speed")  # measured on the ranks' real layers (built whole)
-ATTENTION = ("fused", "unfused")  # planner: FlashAttention/SDPA, or s×s scores materialized
+# planner: FlashAttention-2 (SDPA), FlashAttention in Triton, or s×s scores materialized
+ATTENTION = ("fused", "fused-triton", "unfused")
+FUSED_ATTENTION = ("fused", "fused-triton")  # kernels that never store the s×s scores
 ON_NAN = ("stop", "skip", "continue")  # a non-finite loss or gradient norm: what then
 METRICS_MODES = ("new", "append", "overwrite")  # an existing --metrics file: refuse, add, replace
 

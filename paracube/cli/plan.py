@@ -69,7 +69,8 @@ def add_parser(sub) -> None:
     t.add_argument(
         "--attention",
         default=None,
-        help="fused (FlashAttention / PyTorch SDPA, paracube's default) or unfused (s×s scores "
+        help="fused (FlashAttention-2 / PyTorch SDPA, paracube's default), fused-triton "
+        "(FlashAttention in Triton, as MPT's attn_impl: triton) or unfused (s×s scores "
         "materialized, as Megatron-LM before 2022)",
     )
     t.add_argument(
@@ -250,7 +251,9 @@ def _check_args(args, whole_nodes: bool = True) -> None:
             choices = ", ".join(str(a) for a in allowed)
             raise ParacubeError(f"unknown --{name} {value!r}: choose one of {choices}")
     if args.attention is not None and args.attention not in ATTENTION:
-        raise ParacubeError(f"unknown --attention {args.attention!r}: choose fused or unfused")
+        raise ParacubeError(
+            f"unknown --attention {args.attention!r}: choose one of {', '.join(ATTENTION)}"
+        )
     if args.compress is not None:
         compression(args.compress)  # train's names and ranges
     if args.offload is not None and args.offload not in OFFLOAD:

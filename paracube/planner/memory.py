@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paracube.choices import ATTENTION, RECOMPUTE
+from paracube.choices import ATTENTION, FUSED_ATTENTION, RECOMPUTE
 from paracube.errors import ConfigError
 
 
@@ -78,7 +78,7 @@ def activation_bytes_per_layer(
 ) -> float:
     """Korthikanti et al. 2022, Table 2 (16-bit activations, with dropout masks).
 
-    ``attention="fused"`` is a FlashAttention-style kernel (Dao et al. 2022; PyTorch's
+    ``attention="fused"`` (or ``"fused-triton"``) is a FlashAttention-style kernel (Dao et al. 2022; PyTorch's
     ``scaled_dot_product_attention``, which paracube's model uses): it never stores the
     s×s score, softmax and dropout tensors (5·a·s/h), only a per-row log-sum-exp — the
     same bytes as selective recomputation, which it makes moot."""
@@ -89,7 +89,7 @@ def activation_bytes_per_layer(
     sbh = s * b * h
     if recompute == "full":
         return 2.0 * sbh / (t if sequence_parallel else 1)
-    if attention == "fused":
+    if attention in FUSED_ATTENTION:
         recompute = "selective"
     scores = 5 * a * s / h  # the s×s score, softmax and dropout tensors
     if sequence_parallel:

@@ -153,23 +153,42 @@ def _ring(bytes_: float, ranks: int, link: Interconnect) -> float:
     return 2 * (ranks - 1) / ranks * bytes_ / link.bandwidth + 2 * (ranks - 1) * link.latency
 
 
+# How much slower than FlashAttention-2 a fused kernel runs its (forward, backward): 1 for
+# FlashAttention-2 itself (PyTorch's SDPA); FlashAttention in Triton (Dao's
+# flash_attn_triton, MPT's ``attn_impl: triton``) — "FlashAttention-2 is around 1.3-1.5×
+# faster than FlashAttention in Triton in the forward pass and around 2× faster in the
+# backward pass" (Dao 2023, FlashAttention-2, §4.1): the middle of the forward's range.
+FUSED_SLOWDOWN = {"fused": (1.0, 1.0), "fused-triton": (1.4, 2.0)}
+
+
 def attention_core(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> tuple[float, float]:
     """(seconds, FLOPs) of the attention core's forward — softmax(QKᵀ)·V — on one GPU for
     one micro-batch: what selective recomputation re-runs. Its backward takes twice as long
-    (four matmuls for two; FlashAttention's five include recomputing QKᵀ: 2.5×)."""
+    (four matmuls for two; FlashAttention's five include recomputing QKᵀ: 2.5×, and a
+    slower kernel's backward more: :func:`attention_core_backward`)."""
     b, s, heads = layout.micro_batch, cfg.seq_len, cfg.n_heads / layout.tp
     flops = 4 * b * heads * s * s * cfg.head_dim  # QKᵀ and attention·V over the full s×s
     rate = g.peak_flops * g.sustained_fraction
-    if layout.attention == "fused":
+    if layout.attention in FUSED_SLOWDOWN:
         # FlashAttention skips the blocks above the causal diagonal: half the work is done,
         # and the scores never leave on-chip memory.
-        return flops / 2 / (g.attention_rate or rate), flops / 2
+        forward = FUSED_SLOWDOWN[layout.attention][0]
+        return forward * flops / 2 / (g.attention_rate or rate), flops / 2
     # Unfused (Megatron before FlashAttention): two batched matmuls that write and read the
     # s×s scores, then scale-mask-softmax and dropout passes over them — Korthikanti's
     # 5·a·s/h bytes per s·b·h (16-bit scores and probabilities, 1-byte mask), read and written.
     matmuls = max(flops / rate, 2 * 2 * b * heads * s * s / g.hbm_bandwidth)
     passes = 2 * 5 * b * heads * s * s * (elem / 2) / g.hbm_bandwidth
     return matmuls + passes, flops
+
+
+def attention_core_backward(layout: Layout, forward: float) -> float:
+    """Seconds of the attention core's backward, from its forward's: two matmuls per forward
+    one (unfused); FlashAttention's 2.5× the forward's work at its backward's own rate."""
+    if layout.attention not in FUSED_SLOWDOWN:
+        return 2.0 * forward
+    slow_forward, slow_backward = FUSED_SLOWDOWN[layout.attention]
+    return 2.5 * forward * slow_backward / slow_forward
 
 
 def layer_time(
@@ -193,7 +212,7 @@ def layer_time(
         s, b, h, cfg.n_heads, t=t, sequence_parallel=layout.sequence_parallel, attention="fused"
     )
     elementwise = 2 * acts * (elem / 2) / g.hbm_bandwidth
-    core_bwd = (2.5 if layout.attention == "fused" else 2.0) * core_time
+    core_bwd = attention_core_backward(layout, core_time)
     if (
         all(g.activation_rates) and cfg.activation != "swiglu"
     ):  # a compute-bound GELU (calibrated CPU)
