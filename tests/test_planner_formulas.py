@@ -226,13 +226,33 @@ def test_megatron_class_runs_stay_within_30_percent():
     assert all(abs(r["ratio"] - 1) <= 0.30 for r in checked), [r["ratio"] for r in checked]
 
 
-def test_mpt_shapes_give_the_published_parameter_counts():
-    """The MPT shapes paracube.planner.published builds from llm-foundry's yamls give every
-    parameter count of its H100 benchmark table exactly (the position table grows with the
-    sequence), so the table's MFU converts to throughput on the very model it measured."""
-    from paracube.planner.published import MOSAIC_H100, mpt
+def test_four_in_five_published_runs_within_15_percent():
+    """Across every published run paracube holds (221: Megatron-LM, MT-NLG, Llama 3,
+    Megatron-Core, llm-foundry's three MPT tables, torchtitan), predicted ÷ published lies
+    within ±15 % for at least 80 % of them — the issue's bar. The FSDP-only A100 runs, as
+    described (MPT's Triton FlashAttention), land within ±15 % in at least 90 % of cases.
+    (The issue's second bar, none beyond ±30 %, is not met: BENCHMARKS.md lists the 11.)"""
+    from paracube.planner.published import evaluate, runs
 
-    for name, seq, *_, params in MOSAIC_H100:
+    checked = [evaluate(r) for r in runs()]
+    assert len(checked) == 221
+    within = [abs(r["ratio"] - 1) <= 0.15 for r in checked]
+    assert sum(within) >= 0.8 * len(checked), sum(within)
+    composer_a100 = [
+        ok for ok, r in zip(within, checked) if r["stack"] == "FSDP-only: Composer (A100)"
+    ]
+    assert len(composer_a100) == 139 and sum(composer_a100) >= 0.9 * 139
+
+
+def test_mpt_shapes_give_the_published_parameter_counts():
+    """The MPT shapes paracube.planner.mosaic builds from llm-foundry's yamls give every
+    parameter count of its H100 and A100 benchmark tables exactly (the position table grows
+    with the sequence), so each MFU converts to throughput on the very model it measured."""
+    from paracube.planner.mosaic import TABLES, mpt
+
+    rows = [row for table in TABLES.values() for row in table]
+    assert len(rows) == 52 + 61 + 78  # every row of the three tables
+    for name, seq, *_, params in rows:
         assert parameter_count(mpt(name, seq)) == params, (name, seq)
 
 
@@ -309,6 +329,32 @@ def test_fused_attention_drops_the_score_tensors():
     assert stage_memory(cfg, selective)[0].activations == stage_memory(cfg, fused)[0].activations
     with pytest.raises(ConfigError, match="unknown attention"):
         activation_bytes_per_layer(s, b, h, a, attention="paged")
+
+
+def test_triton_flash_attention_runs_at_its_published_speed():
+    """FlashAttention in Triton (MPT's ``attn_impl: triton``) stores what FlashAttention-2
+    stores, and is timed at the FlashAttention-2 paper's comparison (§4.1): its forward
+    takes 1.3-1.5× FlashAttention-2's, its backward about 2× — so a long-sequence layer's
+    attention time grows by between those factors, and the whole layer by less."""
+    from paracube.planner.layout import Layout
+    from paracube.planner.layout_memory import stage_memory
+    from paracube.planner.time_model import attention_core, layer_time
+
+    cfg, g = preset("gpt3-1.3b"), gpu("h100")
+    flash2, triton = (
+        Layout(dp=8, micro_batch=1),
+        Layout(dp=8, micro_batch=1, attention="fused-triton"),
+    )
+    forward2, flops2 = attention_core(cfg, flash2, g)
+    forward3, flops3 = attention_core(cfg, triton, g)
+    assert flops3 == flops2 and 1.3 <= forward3 / forward2 <= 1.5
+    assert stage_memory(cfg, triton)[0].activations == stage_memory(cfg, flash2)[0].activations
+    f2, b2, _ = layer_time(cfg, flash2, g)
+    f3, b3, _ = layer_time(cfg, triton, g)
+    # the backward's attention core: 2.5 × the forward's work, twice as slow as FlashAttention-2
+    assert b3 - b2 == pytest.approx(2.5 * forward2 * (2.0 - 1.0))
+    assert f3 - f2 == pytest.approx(forward3 - forward2)
+    assert 1.0 < (f3 + b3) / (f2 + b2) < 2.0
 
 
 def test_gradient_reduction_after_backward_is_all_exposed():

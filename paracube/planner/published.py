@@ -26,13 +26,11 @@ Sources:
   sequences", MFU 47 % → 42 %; the section's benchmark configuration (vocabulary 131,072,
   sequence 4096, DP/TP/PP communication overlapped) and the README's parallelism guide for
   GPT-3 175B (TP 4, PP 8); virtual stages, micro-batch and ZeRO are left to the planner.
-- MosaicML: mosaicml/llm-foundry, ``scripts/train/benchmarking/README.md``, table
-  "H100 80GB BF16" (MPT models on Composer's FSDP, FULL_SHARD over every GPU — ZeRO-3 with no
-  tensor or pipeline parallelism —, amp_bf16, the micro-batch the sweep found, activation
-  checkpointing as listed, FlashAttention (MPT's Triton kernel); MFU by the README's formula,
-  the same model FLOPs as Korthikanti Eq. 7). Every row of the table is here. The MPT shapes
-  (mosaicml/llm-foundry ``scripts/train/yamls/pretrain/mpt-*.yaml``: learned positions, tied
-  embedding, 50,368 tokens) give the table's parameter counts exactly (a test checks it).
+- MosaicML: mosaicml/llm-foundry, ``scripts/train/benchmarking/README.md``, every row of
+  its H100 80GB, A100 80GB and A100 40GB BF16 tables (:mod:`paracube.planner.mosaic`: MPT
+  models on Composer's FSDP FULL_SHARD — ZeRO-3 with no tensor or pipeline parallelism —,
+  FlashAttention in Triton; MFU by the README's formula, the same model FLOPs as
+  Korthikanti Eq. 7).
 - torchtitan: pytorch/torchtitan, ``docs/performance.md`` (Llama 2 and Llama 3 on 64
   A100-80GB with FSDP2, local batch 1–2; tokens/s per GPU converted to model TFLOP/s here
   with paracube's own FLOP count). The rows with the checkpointing paracube implements: none,
@@ -45,6 +43,7 @@ from __future__ import annotations
 from paracube.config import ModelConfig
 from paracube.models.presets import preset
 from paracube.planner import hardware as hw
+from paracube.planner import mosaic
 from paracube.planner.flops import hardware_flops_per_token, model_flops_per_token
 from paracube.planner.search import Candidate, search
 from paracube.planner.time_model import Cluster, estimate
@@ -73,10 +72,16 @@ def runs() -> list[dict]:
         + _mt_nlg()
         + _llama3()
         + _megatron_core_h100()
-        + _mosaic_h100()
+        + _mosaic()
         + _torchtitan()
     )
 
+
+MOSAIC_SOURCE = {
+    "h100": "MosaicML (H100)",
+    "a100-80gb": "MosaicML (A100 80GB)",
+    "a100-40gb": "MosaicML (A100 40GB)",
+}
 
 # The stack each source ran: the accuracy is reported per stack (Megatron's own software,
 # DeepSpeed's pipeline engine, Meta's production stack, the FSDP-only ones).
@@ -87,7 +92,9 @@ STACKS = {
     "MT-NLG": "DeepSpeed pipeline + Megatron TP",
     "Llama 3": "Meta production (H100)",
     "Megatron-Core": "Megatron-Core (H100)",
-    "MosaicML": "FSDP-only: Composer (H100)",
+    "MosaicML (H100)": "FSDP-only: Composer (H100)",
+    "MosaicML (A100 80GB)": "FSDP-only: Composer (A100)",
+    "MosaicML (A100 40GB)": "FSDP-only: Composer (A100)",
     "torchtitan": "FSDP-only: FSDP2 (A100)",
 }
 
@@ -186,94 +193,19 @@ def _megatron_core_h100() -> list[dict]:
     ]
 
 
-def mpt(name: str, seq_len: int) -> ModelConfig:
-    """An MPT model of llm-foundry's benchmark sweep: GPT blocks (LayerNorm, GELU MLP of 4·h,
-    biases), learned positions, tied embedding, a 50,368-token vocabulary."""
-    hidden, heads, layers = MPT_SHAPES[name]
-    return ModelConfig(n_layers=layers, hidden=hidden, n_heads=heads, vocab_size=50368,
-                       seq_len=seq_len, tie_embeddings=True, name=f"MPT-{name}")
-
-
-# d_model, n_heads, n_layers (llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml)
-MPT_SHAPES = {"760m": (1536, 12, 24), "1b": (2048, 16, 24), "3b": (2560, 20, 32),
-              "7b": (4096, 32, 32), "13b": (5120, 40, 40), "30b": (7168, 56, 48),
-              "70b": (8192, 64, 80)}
-
-# model, sequence, GPUs, MFU %, micro-batch, global batch, activation checkpointing,
-# parameters as the table counts them
-MOSAIC_H100 = [
-    ("70b", 2048, 64, 42.57, 8, 2048, True, 64862437376),
-    ("70b", 2048, 32, 36.15, 2, 1024, True, 64862437376),
-    ("30b", 8192, 8, 29.92, 1, 168, True, 30019254272),
-    ("30b", 4096, 8, 35.86, 1, 168, True, 29989894144),
-    ("30b", 2048, 32, 43.92, 14, 1344, True, 29975214080),
-    ("30b", 2048, 16, 43.07, 10, 480, True, 29975214080),
-    ("30b", 2048, 8, 38.11, 3, 504, True, 29975214080),
-    ("30b", 1024, 8, 38.76, 6, 1008, True, 29967874048),
-    ("13b", 32768, 8, 31.68, 1, 24, True, 13011240960),
-    ("13b", 16384, 8, 35.55, 3, 72, True, 12927354880),
-    ("13b", 4096, 8, 41.6, 10, 240, True, 12864440320),
-    ("13b", 2048, 64, 39.86, 2, 128, False, 12853954560),
-    ("13b", 2048, 32, 39.95, 2, 64, False, 12853954560),
-    ("13b", 2048, 16, 39.58, 2, 32, False, 12853954560),
-    ("13b", 2048, 8, 39.79, 2, 16, False, 12853954560),
-    ("13b", 1024, 8, 44.27, 40, 960, True, 12848711680),
-    ("7b", 65536, 8, 28.59, 1, 16, True, 6918905856),
-    ("7b", 32768, 8, 30.94, 2, 32, True, 6784688128),
-    ("7b", 8192, 8, 37.14, 8, 128, True, 6684024832),
-    ("7b", 4096, 8, 40.42, 16, 256, True, 6667247616),
-    ("7b", 2048, 8, 46.44, 6, 48, False, 6658859008),
-    ("7b", 1024, 8, 42.83, 64, 1024, True, 6654664704),
-    ("3b", 65536, 8, 26.81, 1, 16, True, 2814366720),
-    ("3b", 32768, 8, 28.84, 3, 144, True, 2730480640),
-    ("3b", 16384, 8, 36.34, 1, 48, False, 2688537600),
-    ("3b", 8192, 8, 40.31, 3, 144, False, 2667566080),
-    ("3b", 4096, 8, 42.31, 5, 240, False, 2657080320),
-    ("3b", 2048, 64, 40.8, 6, 1152, False, 2651837440),
-    ("3b", 2048, 32, 41.7, 6, 576, False, 2651837440),
-    ("3b", 2048, 16, 43.73, 10, 480, False, 2651837440),
-    ("3b", 1024, 8, 46.2, 20, 960, False, 2649216000),
-    ("3b", 512, 8, 46.32, 40, 1920, False, 2647905280),
-    ("1b", 65536, 8, 26.34, 1, 16, True, 1445974016),
-    ("1b", 32768, 8, 33.54, 1, 32, False, 1378865152),
-    ("1b", 16384, 8, 35.22, 2, 64, False, 1345310720),
-    ("1b", 8192, 8, 37.73, 3, 96, False, 1328533504),
-    ("1b", 4096, 8, 40.26, 7, 224, False, 1320144896),
-    ("1b", 2048, 64, 40.85, 20, 1280, False, 1315950592),
-    ("1b", 2048, 32, 41.52, 20, 640, False, 1315950592),
-    ("1b", 2048, 16, 42.36, 20, 320, False, 1315950592),
-    ("1b", 2048, 8, 41.82, 14, 112, False, 1315950592),
-    ("1b", 1024, 8, 41.95, 18, 576, False, 1313853440),
-    ("1b", 512, 8, 43.21, 56, 1792, False, 1312804864),
-    ("760m", 32768, 8, 31.84, 1, 16, False, 807656448),
-    ("760m", 16384, 8, 33.57, 3, 48, False, 782490624),
-    ("760m", 8192, 8, 34.84, 6, 96, False, 769907712),
-    ("760m", 4096, 8, 35.83, 12, 192, False, 763616256),
-    ("760m", 2048, 32, 37.57, 24, 768, False, 760470528),
-    ("760m", 2048, 16, 37.89, 24, 384, False, 760470528),
-    ("760m", 2048, 8, 34.9, 24, 384, False, 760470528),
-    ("760m", 1024, 8, 39.76, 48, 768, False, 758897664),
-    ("760m", 512, 8, 40.42, 96, 1536, False, 758111232),
-]
-
-
-def mosaic_tokens_per_s(mfu: float, params: int, cfg: ModelConfig) -> float:
-    """Tokens/s per GPU behind a README MFU: MFU × 989 TFLOP/s over the README's FLOPs per
-    token, 6 × parameters (the position table included) + 12·L·h·s of attention."""
-    per_token = 6 * params + 12 * cfg.n_layers * cfg.hidden * cfg.seq_len
-    return mfu / 100 * 989.4e12 / per_token
-
-
-def _mosaic_h100() -> list[dict]:
-    """llm-foundry's H100 BF16 table: FSDP FULL_SHARD over every GPU; the throughput behind
-    each MFU, in paracube's model FLOPs (which leave the position table out)."""
+def _mosaic() -> list[dict]:
+    """llm-foundry's H100 and A100 tables (:mod:`paracube.planner.mosaic`): the throughput
+    behind each MFU, in paracube's model FLOPs (which leave the position table out)."""
     out = []
-    for name, s, n, mfu, b, B, ckpt, params in MOSAIC_H100:
-        cfg = mpt(name, s)
-        fixed = dict(dp=n, tp=1, pp=1, zero=3, micro_batch=b, attention="fused",
-                     recompute="full" if ckpt else "none")
-        tflops = mosaic_tokens_per_s(mfu, params, cfg) * model_flops_per_token(cfg) / 1e12
-        out.append(_run("MosaicML", cfg, "h100", n, B, "bf16", fixed, "model", round(tflops, 1)))
+    for gpu, rows in mosaic.TABLES.items():
+        for name, s, n, mfu, b, B, ckpt, params in rows:
+            cfg = mosaic.mpt(name, s)
+            fixed = dict(dp=n, tp=1, pp=1, zero=3, micro_batch=b, attention="fused-triton",
+                         recompute="full" if ckpt else "none")
+            tflops = (mosaic.tokens_per_s(mfu, params, cfg, mosaic.PEAK_BF16[gpu])
+                      * model_flops_per_token(cfg) / 1e12)
+            out.append(_run(MOSAIC_SOURCE[gpu], cfg, gpu, n, B, "bf16", fixed, "model",
+                            round(tflops, 1)))
     return out
 
 
