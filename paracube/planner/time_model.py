@@ -7,7 +7,8 @@ fitted to a published result:
   time max(2·M·N·K / sustained peak, bytes moved / HBM bandwidth), the sustained peak being
   the rate measured at the power limit where one is published (Hopper), else the datasheet
   peak scaled from the boost to the base clock (all a GPU guarantees at full power draw);
-  fused attention at FlashAttention-2's published rate (``GPU.attention_rate``); the
+  fused attention at FlashAttention-2's published rate (``GPU.attention_rate``; FlashAttention
+  in Triton at the FlashAttention-2 paper's comparison, :data:`FUSED_SLOWDOWN`); the
   element-wise work (norms, softmax, GELU, residuals) moves the layer's
   activations twice through HBM (Korthikanti's per-layer bytes, read + write). Backward
   is twice the forward. The resulting FLOP rate, divided by peak, is the *achievable
