@@ -231,7 +231,7 @@ def test_four_in_five_published_runs_within_15_percent():
     Megatron-Core, llm-foundry's three MPT tables, torchtitan), predicted ÷ published lies
     within ±15 % for at least 80 % of them — the issue's bar. The FSDP-only A100 runs, as
     described (MPT's Triton FlashAttention), land within ±15 % in at least 90 % of cases.
-    (The issue's second bar, none beyond ±30 %, is not met: BENCHMARKS.md lists the 11.)"""
+    (The issue's second bar, none beyond ±30 %, is not met: BENCHMARKS.md lists them.)"""
     from paracube.planner.published import evaluate, runs
 
     checked = [evaluate(r) for r in runs()]

@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 
 from paracube.models.presets import preset
+from paracube.models.shapes import parameter_count
 from paracube.planner import hardware as hw
 from paracube.planner.layout import Layout
 from paracube.planner.time_model import (
+    OVERLAP_SLOWDOWN,
     Cluster,
     _ring,
     attention_core,
@@ -58,12 +60,36 @@ def test_ring_across_nodes_runs_on_every_members_rail():
 
 def test_last_bucket_is_exposed_even_when_the_reduction_hides():
     """A model whose whole reduction hides behind the last backward still waits for the last
-    bucket: exactly its ring on the group's link."""
+    bucket: exactly its ring on the group's link — plus the slowdown of the backward the
+    hidden reduction runs beside (OVERLAP_SLOWDOWN of its seconds)."""
     cfg = preset("gpt3-1.3b")
     layout = Layout(dp=64, micro_batch=8, microbatches=1)
     est = estimate(cfg, layout, A100)
+    link = dp_link(layout, A100)
     bucket = 2 * bucket_elements(64)
-    assert est.dp_exposed == pytest.approx(_ring(bucket, 64, dp_link(layout, A100)))
+    reduction = _ring(2 * parameter_count(cfg), 64, link)
+    assert reduction < 2 / 3 * est.compute  # all of it hides behind the backward
+    assert est.dp_exposed == pytest.approx(_ring(bucket, 64, link) + OVERLAP_SLOWDOWN * reduction)
+
+
+def test_communication_beside_compute_slows_it():
+    """Collectives hidden behind compute cost the compute they run beside 18.9 % of their
+    seconds (arXiv 2507.03114): a reduction left until after the backward costs no such
+    slowdown, and ZeRO-3's per-micro-batch gathers, all hidden, cost more with more
+    micro-batches than the reduction alone."""
+    cfg = preset("gpt3-1.3b")
+    overlapped = estimate(cfg, Layout(dp=64, micro_batch=8, microbatches=1), A100)
+    after = estimate(
+        cfg, Layout(dp=64, micro_batch=8, microbatches=1, overlap_grad_reduce=False), A100
+    )
+    link = dp_link(Layout(dp=64), A100)
+    assert after.dp_exposed == pytest.approx(_ring(2 * parameter_count(cfg), 64, link))
+    assert overlapped.dp_exposed < after.dp_exposed
+    one, four = (
+        estimate(cfg, Layout(dp=64, zero=3, micro_batch=8, microbatches=m), A100) for m in (1, 4)
+    )
+    gather = _ring(2 * parameter_count(cfg), 64, link) / 2
+    assert four.dp_exposed - one.dp_exposed == pytest.approx(OVERLAP_SLOWDOWN * 3 * 2 * gather)
 
 
 def test_hopper_runs_at_its_measured_sustained_rates():

@@ -28,7 +28,8 @@ fitted to a published result:
 - **data parallel**: a ring all-reduce of each rank's 16-bit gradient shard (ZeRO-3:
   1.5× the volume) on the group's link (:func:`dp_link`: NVLink inside a node, across
   nodes k members' rails), overlapped with the backward of the last micro-batch — only what
-  sticks out is counted, and never less than the last bucket (:func:`last_bucket_time`).
+  sticks out is counted, and never less than the last bucket (:func:`last_bucket_time`);
+  what hides slows the compute it runs beside by :data:`OVERLAP_SLOWDOWN` of its seconds.
 """
 
 from __future__ import annotations
@@ -415,11 +416,12 @@ def dp_exposed_time(
     layers: int = 0,
     elem: int = 2,
 ) -> float:
-    """The data-parallel communication the step waits for: the gradient reduction less what
+    """The step time data-parallel communication costs: the gradient reduction less what
     hides behind the last backward (a compressed reduction: its own volume, plus the work
     of compressing, :func:`compressed_reduction`); under ZeRO-1/2 the all-gather of the
     updated parameters less what hides behind the next forward; under ZeRO-3 the parameter
-    gathers of every micro-batch less what hides behind its compute."""
+    gathers of every micro-batch less what hides behind its compute — and, for what does
+    hide, the compute it slows down (:data:`OVERLAP_SLOWDOWN`)."""
     g, dp, m = cluster.gpu, layout.dp, layout.microbatches
     link = dp_link(layout, cluster)
     allreduce = _ring(grad_bytes, dp, link) * (1.5 if layout.zero == 3 else 1.0)
@@ -433,15 +435,28 @@ def dp_exposed_time(
     exposed = max(allreduce - hidden, last_bucket_time(layout, link, grad_bytes, elem)) + blocking
     gather = _ring(grad_bytes, dp, link) / 2  # all parameters from every rank's slice
     forward = per_mb / 3 if g.overlaps_communication else 0.0  # a micro-batch's forward
+    beside_compute = min(allreduce, hidden)  # seconds of collectives running beside compute
     if layout.zero in (1, 2) and dp > 1:
         # after the optimizer step each rank's updated slice is all-gathered back into the
         # full parameters (Rajbhandari et al. 2020, P_os / P_os+g) before the next forward
         # can start; with overlapped reductions (Megatron's --overlap-param-gather) it hides
         # behind the first micro-batch's forward
-        exposed += max(0.0, gather - (forward if layout.overlap_grad_reduce else 0.0))
+        behind = forward if layout.overlap_grad_reduce else 0.0
+        exposed += max(0.0, gather - behind)
+        beside_compute += min(gather, behind)
     if layout.zero == 3:  # parameters re-gathered for every micro-batch's forward and backward,
         exposed += (m - 1) * 2 * max(0.0, gather - forward)  # prefetched behind its compute
-    return exposed
+        beside_compute += (m - 1) * 2 * min(gather, forward)
+    return exposed + OVERLAP_SLOWDOWN * beside_compute
+
+
+# Compute that runs while a collective is in flight runs slower — the collective's kernels
+# hold SMs and HBM bandwidth: "overlapping computation and communication can result in an
+# average computational slowdown of 18.9%" against the same compute alone ("Characterizing
+# Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning: Performance
+# and Power Implications", arXiv 2507.03114, abstract; GPT and Llama models on A100, H100,
+# MI250, MI210). Charged on the seconds of communication that hide behind compute.
+OVERLAP_SLOWDOWN = 0.189
 
 
 def dp_link(layout: Layout, cluster: Cluster) -> Interconnect:
