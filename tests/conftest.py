@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -22,8 +24,13 @@ class Pools:
         return pool
 
     def close(self) -> None:
+        # every pool's ranks leave at once, and all of them share one short wait: idle ranks
+        # hold nothing that needs more than destroying their process group
         for pool in self._pools.values():
-            pool.close()
+            pool.stop()
+        deadline = time.monotonic() + 5
+        for pool in self._pools.values():
+            pool.close(deadline=deadline)
 
 
 @pytest.fixture(scope="session")

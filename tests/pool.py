@@ -17,6 +17,7 @@ import multiprocessing as mp
 import os
 import queue
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -76,6 +77,7 @@ class WorkerPool:
         os.unlink(self._init_file)  # FileStore creates it
         self._tasks = [ctx.Queue() for _ in range(world)]
         self._results = ctx.Queue()
+        self._stopping = False
         self._procs = [
             ctx.Process(
                 target=_worker,
@@ -114,12 +116,22 @@ class WorkerPool:
             raise AssertionError(f"{fn.__name__} failed:\n" + "\n".join(errors))
         return [got[r] for r in range(self.world)]
 
-    def close(self, force: bool = False) -> None:
-        if not force:
+    def stop(self) -> None:
+        """Ask every rank to leave its loop (close() then waits for them); once."""
+        if not self._stopping:
+            self._stopping = True
             for q in self._tasks:
                 q.put(None)
+
+    def close(self, force: bool = False, deadline: float | None = None) -> None:
+        """End the ranks: asked to leave, given until ``deadline`` (time.monotonic(); 10 s
+        from now by default) — one deadline for all of them, not one wait each — then
+        killed; ``force`` kills at once."""
+        if not force:
+            self.stop()
+            end = time.monotonic() + 10 if deadline is None else deadline
             for p in self._procs:
-                p.join(timeout=10)
+                p.join(timeout=max(0.0, end - time.monotonic()))
         for p in self._procs:
             if p.is_alive():
                 p.kill()
