@@ -101,7 +101,7 @@ def largest_overhead(t: StepEstimate, optimizer: bool = True) -> tuple[str, floa
     """The largest part of a step beyond its compute, by name, with its seconds (the
     optimizer step among them when ``optimizer``)."""
     parts = {
-        "exposed data-parallel communication": t.dp_exposed,
+        "data-parallel communication": t.dp_exposed,
         "tensor-parallel communication": t.tp_comm,
         "pipeline transfers": t.pp_comm,
         "the pipeline bubble": t.bubble,
@@ -137,7 +137,8 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster) -> list[str]:
         lines.append(
             "- The model's states fit on one GPU (with ZeRO where shown), so every GPU holds a replica and "
             "only gradients cross the network, once per step, overlapped with the last backward: "
-            f"{t.dp_exposed:.3g} s exposed of a {t.step_time:.3g} s step."
+            f"{t.dp_exposed:.3g} s of a {t.step_time:.3g} s step (what sticks out, and the "
+            "compute it slows while it hides)."
         )
     if L.tp > 1:
         lines.append(
@@ -160,7 +161,7 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster) -> list[str]:
             f"- ZeRO-{L.zero} shards {SHARDED_STATES[L.zero]} over the {L.dp} data-parallel ranks: "
             f"{best.memory.model_states / GB:.1f} GB of model states per GPU, and each rank steps "
             f"1/{L.dp} of the optimizer ({t.optimizer:.3g} s); the parameter all-gathers it adds are "
-            f"in the {t.dp_exposed:.3g} s of exposed data-parallel communication."
+            f"in the {t.dp_exposed:.3g} s the data-parallel communication costs."
         )
     if L.recompute != "none":
         lines.append(
