@@ -270,6 +270,21 @@ def test_every_candidate_shows_its_speed_up_and_the_explanation_states_it(capsys
     assert "Speed-up over 1 GPU" in out and "N / (1 + overhead ÷ ideal) with N = 4" in out
 
 
+def test_the_speed_up_baseline_runs_the_same_software(capsys):
+    """A fixed attention kernel describes the software, not the layout: the one-GPU
+    baseline runs it too, so a slower kernel does not show as lost scaling (gpt3-1.3b on
+    8 H100s, data parallel: the same speed-up with FlashAttention-2 or in Triton)."""
+    import re
+
+    def speedup(*extra: str) -> float:
+        out = plan(capsys, "--model", "gpt3-1.3b", "--gpus", "8", "--gpu", "h100",
+                   "--global-batch", "64", "--top", "1", *extra)  # fmt: skip
+        row = next(line for line in out.splitlines() if line.startswith("| 1 |"))
+        return float(re.search(r"\| ([\d.]+)× \(\d+%\) \|$", row).group(1))
+
+    assert speedup("--attention", "fused-triton") == pytest.approx(speedup(), abs=0.02)
+
+
 def test_a_model_too_large_for_one_gpu_is_measured_against_one_node(capsys):
     """gpt3-13b does not fit one A100-80GB: speed-ups over one 8-GPU node."""
     out = plan(capsys, "--model", "gpt3-13b", "--gpus", "32", "--global-batch", "256")

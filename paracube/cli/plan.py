@@ -330,6 +330,11 @@ def _time_to_train(args, cfg, best, baseline) -> str:
     return line + "."
 
 
+# Fixed choices that describe the software rather than the layout: the speed-up's baseline
+# runs them too.
+SOFTWARE = ("attention", "overlap_grad_reduce")
+
+
 def _baseline(args, cfg, cluster):
     """The fastest layout for the same global batch on one GPU — or on one node when the
     model does not fit on one — for the speed-up column (None: neither fits)."""
@@ -338,9 +343,11 @@ def _baseline(args, cfg, cluster):
     from paracube.planner.report import Baseline
 
     node = cluster.gpus_per_node
+    # the same software (its attention kernel, whether it overlaps reductions), any layout
+    software = {k: v for k, v in _plan_fixed(args, args.gpus).items() if k in SOFTWARE}
     for gpus in [1, node] if 1 < node < args.gpus else [1]:
         few = Namespace(**{**vars(args), "gpus": gpus, "top": 1})
-        ranked = _search(few, cfg, cluster, {}).ranked
+        ranked = _search(few, cfg, cluster, software).ranked
         if ranked:
             return Baseline(gpus, ranked[0])
     return None
