@@ -78,10 +78,10 @@ def activation_bytes_per_layer(
 ) -> float:
     """Korthikanti et al. 2022, Table 2 (16-bit activations, with dropout masks).
 
-    ``attention="fused"`` (or ``"fused-triton"``) is a FlashAttention-style kernel (Dao et al. 2022; PyTorch's
-    ``scaled_dot_product_attention``, which paracube's model uses): it never stores the
-    s×s score, softmax and dropout tensors (5·a·s/h), only a per-row log-sum-exp — the
-    same bytes as selective recomputation, which it makes moot."""
+    ``attention="fused"`` (or ``"fused-triton"``) is a FlashAttention-style kernel (Dao et
+    al. 2022; PyTorch's ``scaled_dot_product_attention``, which paracube's model uses): it
+    never stores the s×s score, softmax and dropout tensors (5·a·s/h), only a per-row
+    log-sum-exp — the same bytes as selective recomputation, which it makes moot."""
     if recompute not in RECOMPUTE:
         raise ConfigError(f"unknown recompute {recompute!r}: choose one of {', '.join(RECOMPUTE)}")
     if attention not in ATTENTION:
