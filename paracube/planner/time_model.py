@@ -38,7 +38,7 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
-from paracube.choices import ELEMENT_BYTES
+from paracube.choices import ELEMENT_BYTES, FUSED_ATTENTION
 from paracube.config import ModelConfig
 from paracube.errors import ConfigError
 from paracube.models import shapes
@@ -160,7 +160,9 @@ def _ring(bytes_: float, ranks: int, link: Interconnect) -> float:
 # flash_attn_triton, MPT's ``attn_impl: triton``) — "FlashAttention-2 is around 1.3-1.5×
 # faster than FlashAttention in Triton in the forward pass and around 2× faster in the
 # backward pass" (Dao 2023, FlashAttention-2, §4.1): the middle of the forward's range.
+# One entry per kernel of choices.FUSED_ATTENTION, which owns the names.
 FUSED_SLOWDOWN = {"fused": (1.0, 1.0), "fused-triton": (1.4, 2.0)}
+assert FUSED_SLOWDOWN.keys() == set(FUSED_ATTENTION), "a fused kernel without its timing"
 
 
 def attention_core(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> tuple[float, float]:
@@ -171,7 +173,7 @@ def attention_core(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> t
     b, s, heads = layout.micro_batch, cfg.seq_len, cfg.n_heads / layout.tp
     flops = 4 * b * heads * s * s * cfg.head_dim  # QKᵀ and attention·V over the full s×s
     rate = g.peak_flops * g.sustained_fraction
-    if layout.attention in FUSED_SLOWDOWN:
+    if layout.attention in FUSED_ATTENTION:
         # FlashAttention skips the blocks above the causal diagonal: half the work is done,
         # and the scores never leave on-chip memory.
         forward = FUSED_SLOWDOWN[layout.attention][0]
@@ -187,7 +189,7 @@ def attention_core(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> t
 def attention_core_backward(layout: Layout, forward: float) -> float:
     """Seconds of the attention core's backward, from its forward's: two matmuls per forward
     one (unfused); FlashAttention's 2.5× the forward's work at its backward's own rate."""
-    if layout.attention not in FUSED_SLOWDOWN:
+    if layout.attention not in FUSED_ATTENTION:
         return 2.0 * forward
     slow_forward, slow_backward = FUSED_SLOWDOWN[layout.attention]
     return 2.5 * forward * slow_backward / slow_forward
