@@ -34,11 +34,20 @@ METRICS_MODES = ("new", "append", "overwrite")  # an existing --metrics file: re
 ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
 
 
-def state_bytes_per_parameter(precision: str) -> tuple[int, int, int]:
+def gradient_bytes(elem: int, grad_reduce: str = "fp32") -> int:
+    """Bytes of one gradient element, as it is accumulated and reduced, for ``elem``-byte
+    weights: 4 under ``--grad-reduce fp32`` (the default, as Megatron-LM forces for bf16:
+    "bfloat16 requires gradient accumulation and all-reduce to be done in fp32",
+    megatron/training/arguments.py), else the weights' own."""
+    return 4 if grad_reduce == "fp32" else elem
+
+
+def state_bytes_per_parameter(precision: str, grad_reduce: str = "fp32") -> tuple[int, int, int]:
     """(weights, gradients, optimizer states) bytes per parameter under Adam.
 
-    fp32: 4 + 4 + 8 (the two moments). bf16/fp16: 2 + 2 + 12 — 16-bit weights and
-    gradients, fp32 master weights and moments (Rajbhandari et al. 2020, ZeRO's K = 12).
+    fp32: 4 + 4 + 8 (the two moments). bf16/fp16: 2 + 4 + 12 — 16-bit weights, fp32
+    gradients (:func:`gradient_bytes`; 2 under ``--grad-reduce compute``: ZeRO's 2 + 2 + 12),
+    fp32 master weights and moments (Rajbhandari et al. 2020, ZeRO's K = 12).
     """
     elem = ELEMENT_BYTES[precision]
-    return (elem, elem, 8 if elem == 4 else 12)
+    return (elem, gradient_bytes(elem, grad_reduce), 8 if elem == 4 else 12)

@@ -126,7 +126,7 @@ def rank_memory_bytes(cfg: TrainConfig) -> float:
     except that ``--balance time|speed`` time the real layers: every rank builds them whole."""
     par = cfg.parallel
     params = shapes.parameter_count(cfg.model)
-    weights, grads, optimizer = state_bytes_per_parameter(cfg.precision)
+    weights, grads, optimizer = state_bytes_per_parameter(cfg.precision, cfg.grad_reduce)
     shard = params / (par.tp * par.pp)
     dp = par.dp
     states = shard * (

@@ -307,6 +307,11 @@ CASES: list[tuple[str, list[str], str]] = [
      "unknown --offload 'disk'"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--compress", "topk:2"],
      "--compress topk:2: RATIO must be a number in (0, 1]"),
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--grad-reduce", "int8"],
+     "unknown --grad-reduce 'int8'"),
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--precision", "tf32",
+              "--grad-reduce", "compute"],
+     "--grad-reduce compute is for --precision bf16 or fp16"),
     # -- plan on a mixed cluster ----------------------------------------------------------
     ("plan", [*MIXED[:4], "8xa100-80gb,8xtpu9", *MIXED[5:]], "unknown device type 'tpu9'"),
     ("plan", [*MIXED[:4], "8a100,8xv100", *MIXED[5:]], "'8a100' is not COUNTxTYPE"),

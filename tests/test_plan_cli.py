@@ -7,6 +7,7 @@ import json
 import pytest
 
 from paracube.cli import main
+from paracube.planner.hardware import interconnect
 
 
 def plan(capsys, *argv) -> str:
@@ -224,6 +225,35 @@ def test_software_options_describe_the_run(capsys):
     assert (
         modern["time"]["hardware_tflops_per_gpu"] > modern["time"]["tflops_per_gpu"]
     )  # recompute counted
+
+
+def test_grad_reduce_is_part_of_the_software(capsys):
+    """--grad-reduce compute halves the gradient bytes the reduction moves and each GPU
+    holds, the launch command carries it, and the speed-up's baseline runs it too."""
+    argv = [
+        "--model",
+        "gpt3-1.3b",
+        "--gpus",
+        "64",
+        "--global-batch",
+        "512",
+        "--layout",
+        "dp=64,tp=1,pp=1",
+        "--micro-batch",
+        "8",
+        "--zero",
+        "0",
+        "--no-overlap-grad-reduce",
+    ]
+    fp32, compute = best(capsys, *argv), best(capsys, *argv, "--grad-reduce", "compute")
+    # half the bytes; the ring's 2(dp − 1) latency steps stay
+    latency = 2 * 63 * interconnect("ib-hdr").latency
+    assert 2 * compute["time"]["dp_exposed"] - fp32["time"]["dp_exposed"] == pytest.approx(latency)
+    assert compute["memory"]["model_states"] < fp32["memory"]["model_states"]
+    assert compute["layout"]["grad_reduce"] == "compute"
+    assert "--grad-reduce compute" in plan(
+        capsys, *argv, "--grad-reduce", "compute", "--emit", "torchrun"
+    )
 
 
 def test_fits_nothing_says_by_how_much_and_what_would_fit(capsys):

@@ -83,17 +83,20 @@ def test_gpu_catalog():
 
 def test_layout_memory_answers_the_guides_questions():
     """'Memory runs out although the parameters fit': LLaMA-2 7B's bf16 weights (13.5 GB)
-    fit an 80 GB A100, but weights + gradients + Adam states (16 bytes per parameter,
-    108 GB) do not; ZeRO-3 over 8 GPUs, or tp=4, makes it fit."""
+    fit an 80 GB A100, but weights + gradients + Adam states (16 bytes per parameter with
+    bf16 gradients, 108 GB; 18 with the fp32 gradients paracube and Megatron reduce by
+    default, 121 GB) do not; ZeRO-3 over 8 GPUs, or tp=4, makes it fit."""
     from paracube.planner.layout import Layout
     from paracube.planner.layout_memory import peak_memory
 
     cfg = preset("llama2-7b")
     a100 = gpu("a100-80gb").memory_bytes
     assert 2 * parameter_count(cfg) < a100
-    alone = peak_memory(cfg, Layout(micro_batch=1))
+    alone = peak_memory(cfg, Layout(micro_batch=1, grad_reduce="compute"))
     assert alone.model_states == pytest.approx(16 * parameter_count(cfg), rel=0.01)
     assert alone.total > a100
+    fp32_grads = peak_memory(cfg, Layout(micro_batch=1)).model_states
+    assert fp32_grads == pytest.approx(18 * parameter_count(cfg), rel=0.01)
     assert peak_memory(cfg, Layout(dp=8, zero=3, micro_batch=1, recompute="selective")).total < a100
     assert peak_memory(cfg, Layout(tp=4, micro_batch=1, sequence_parallel=True)).total < a100
 
@@ -367,7 +370,7 @@ def test_gradient_reduction_after_backward_is_all_exposed():
     overlapped = estimate(cfg, Layout(dp=32, micro_batch=4, microbatches=1), cluster)
     layout = Layout(dp=32, micro_batch=4, microbatches=1, overlap_grad_reduce=False)
     after = estimate(cfg, layout, cluster)
-    full = _ring(2 * parameter_count(cfg), 32, dp_link(layout, cluster))
+    full = _ring(4 * parameter_count(cfg), 32, dp_link(layout, cluster))  # fp32 gradients
     assert after.dp_exposed == pytest.approx(full) and overlapped.dp_exposed < full
 
 

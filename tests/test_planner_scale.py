@@ -18,6 +18,7 @@ from paracube.planner.time_model import (
     bucket_elements,
     dp_link,
     estimate,
+    reduction_time,
 )
 
 A100 = Cluster(hw.gpu("a100-80gb"), 8, hw.interconnect("nvlink3"), hw.interconnect("ib-hdr"))
@@ -66,8 +67,8 @@ def test_last_bucket_is_exposed_even_when_the_reduction_hides():
     layout = Layout(dp=64, micro_batch=8, microbatches=1)
     est = estimate(cfg, layout, A100)
     link = dp_link(layout, A100)
-    bucket = 2 * bucket_elements(64)
-    reduction = _ring(2 * parameter_count(cfg), 64, link)
+    bucket = 4 * bucket_elements(64)  # fp32 gradients: the default --grad-reduce fp32
+    reduction = _ring(4 * parameter_count(cfg), 64, link)
     assert reduction < 2 / 3 * est.compute  # all of it hides behind the backward
     assert est.dp_exposed == pytest.approx(_ring(bucket, 64, link) + OVERLAP_SLOWDOWN * reduction)
 
@@ -83,13 +84,52 @@ def test_communication_beside_compute_slows_it():
         cfg, Layout(dp=64, micro_batch=8, microbatches=1, overlap_grad_reduce=False), A100
     )
     link = dp_link(Layout(dp=64), A100)
-    assert after.dp_exposed == pytest.approx(_ring(2 * parameter_count(cfg), 64, link))
+    assert after.dp_exposed == pytest.approx(_ring(4 * parameter_count(cfg), 64, link))
     assert overlapped.dp_exposed < after.dp_exposed
     one, four = (
         estimate(cfg, Layout(dp=64, zero=3, micro_batch=8, microbatches=m), A100) for m in (1, 4)
     )
     gather = _ring(2 * parameter_count(cfg), 64, link) / 2
     assert four.dp_exposed - one.dp_exposed == pytest.approx(OVERLAP_SLOWDOWN * 3 * 2 * gather)
+
+
+def test_gradients_are_reduced_in_the_dtype_the_job_states():
+    """Under bf16 the engine accumulates and reduces gradients in fp32 unless told
+    --grad-reduce compute (as Megatron-LM forces for bf16): the planner's reduction moves 4
+    bytes per gradient by default and 2 with compute; ZeRO-3's parameter gathers stay in bf16
+    whatever the gradients; and the model states hold 4- or 2-byte gradients to match."""
+    from paracube.planner.layout_memory import peak_memory
+
+    cfg = preset("gpt3-1.3b")
+    n = parameter_count(cfg)
+    after = dict(dp=64, micro_batch=8, microbatches=1, overlap_grad_reduce=False)
+    link = dp_link(Layout(dp=64), A100)
+    fp32, compute = (
+        estimate(cfg, Layout(**after, grad_reduce=r), A100) for r in ("fp32", "compute")
+    )
+    assert fp32.dp_exposed == pytest.approx(_ring(4 * n, 64, link))
+    assert compute.dp_exposed == pytest.approx(_ring(2 * n, 64, link))
+    zero3 = Layout(dp=64, zero=3)
+    assert reduction_time(n, zero3, link, 2) == pytest.approx(
+        _ring(4 * n, 64, link) / 2 + _ring(2 * n, 64, link)
+    )
+    states = {
+        r: peak_memory(cfg, Layout(micro_batch=1, grad_reduce=r)).model_states
+        for r in ("fp32", "compute")
+    }
+    assert states["fp32"] - states["compute"] == pytest.approx(2 * n, rel=0.01)
+
+
+def test_the_layout_carries_the_jobs_gradient_dtype():
+    """A train job's --grad-reduce reaches the planner's layout and back into the launch
+    flags (one translation each way)."""
+    from paracube.config import TrainConfig
+
+    job = TrainConfig(model=preset("nano"), precision="bf16", grad_reduce="compute")
+    layout = Layout.from_config(job)
+    assert layout.grad_reduce == "compute"
+    assert "--grad-reduce compute" in " ".join(layout.to_args("bf16"))
+    assert "--grad-reduce" not in " ".join(Layout().to_args("bf16"))  # fp32: the default
 
 
 def test_hopper_runs_at_its_measured_sustained_rates():

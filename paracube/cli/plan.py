@@ -80,6 +80,12 @@ def add_parser(sub) -> None:
         help="data-parallel gradients reduced during the last backward (default, as paracube does) "
         "or only after it (--no-overlap-grad-reduce: Megatron-LM 2021, DeepSpeed's pipeline engine)",
     )
+    t.add_argument(
+        "--grad-reduce",
+        default=None,
+        help="under bf16/fp16, gradients accumulated and reduced in fp32 (default, as paracube "
+        "train and Megatron do) or in the compute dtype (compute: half the bytes)",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--top", type=int, default=5)
     o.add_argument("--explain", action="store_true", help="the reasoning, in plain language")
@@ -166,6 +172,7 @@ def _plan_fixed(args, gpus: int) -> dict:
         "sequence_parallel",
         "attention",
         "overlap_grad_reduce",
+        "grad_reduce",
     ):
         if getattr(args, name) is not None:
             fixed[name] = getattr(args, name)
@@ -220,7 +227,7 @@ MAX_GPUS = 2**20
 
 
 def _check_args(args, whole_nodes: bool = True) -> None:
-    from paracube.choices import ATTENTION, OFFLOAD, PRECISIONS, RECOMPUTE, ZERO_STAGES
+    from paracube.choices import ATTENTION, GRAD_REDUCE, OFFLOAD, PRECISIONS, RECOMPUTE, ZERO_STAGES
     from paracube.pipeline.schedules import SCHEDULES
     from paracube.values import compression
 
@@ -253,6 +260,15 @@ def _check_args(args, whole_nodes: bool = True) -> None:
     if args.attention is not None and args.attention not in ATTENTION:
         raise ParacubeError(
             f"unknown --attention {args.attention!r}: choose one of {', '.join(ATTENTION)}"
+        )
+    if args.grad_reduce is not None and args.grad_reduce not in GRAD_REDUCE:
+        raise ParacubeError(
+            f"unknown --grad-reduce {args.grad_reduce!r}: choose one of {', '.join(GRAD_REDUCE)}"
+        )
+    if args.grad_reduce == "compute" and args.precision in ("fp32", "tf32"):
+        raise ParacubeError(
+            f"--grad-reduce compute is for --precision bf16 or fp16: under {args.precision} "
+            "gradients are reduced in fp32 anyway; drop the flag or choose a lower precision"
         )
     if args.compress is not None:
         compression(args.compress)  # train's names and ranges
@@ -332,7 +348,7 @@ def _time_to_train(args, cfg, best, baseline) -> str:
 
 # Fixed choices that describe the software rather than the layout: the speed-up's baseline
 # runs them too.
-SOFTWARE = ("attention", "overlap_grad_reduce")
+SOFTWARE = ("attention", "overlap_grad_reduce", "grad_reduce")
 
 
 def _baseline(args, cfg, cluster):
@@ -343,7 +359,7 @@ def _baseline(args, cfg, cluster):
     from paracube.planner.report import Baseline
 
     node = cluster.gpus_per_node
-    # the same software (its attention kernel, whether it overlaps reductions), any layout
+    # the same software (its attention kernel, whether and in what dtype it reduces), any layout
     software = {k: v for k, v in _plan_fixed(args, args.gpus).items() if k in SOFTWARE}
     for gpus in [1, node] if 1 < node < args.gpus else [1]:
         few = Namespace(**{**vars(args), "gpus": gpus, "top": 1})

@@ -21,7 +21,7 @@ from paracube.errors import ConfigError
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import CONTEXT_BYTES, FRAGMENTATION, StageMemory
 from paracube.planner.memory import model_state_bytes
-from paracube.planner.time_model import Cluster, StepEstimate, _ring, at_precision
+from paracube.planner.time_model import Cluster, StepEstimate, at_precision, reduction_time
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def evaluate(
         )
     cluster = at_precision(cluster, precision)  # fp32: the CUDA cores' rate, not the tensor cores'
     g, dp, b, m = cluster.gpu, layout.dp, layout.micro_batch, layout.microbatches
-    w, gr, o = state_bytes_per_parameter(precision)
+    w, gr, o = state_bytes_per_parameter(precision, layout.grad_reduce)
     states = model_state_bytes(
         model.params, layout.zero, dp, weight_bytes=w, grad_bytes=gr, optimizer_bytes=o
     ).total
@@ -77,8 +77,9 @@ def evaluate(
     flops = 3 * model.forward_flops_per_sample * b
     per_mb = flops / (g.peak_flops * g.sustained_fraction) + 3 * 2 * acts / g.hbm_bandwidth
     link = cluster.intra if dp <= cluster.gpus_per_node else cluster.inter
-    allreduce = _ring(w * model.params, dp, link) * (1.5 if layout.zero == 3 else 1.0)
-    exposed = max(0.0, allreduce - (2 / 3 * per_mb if g.overlaps_communication else 0.0))
+    allreduce = reduction_time(model.params, layout, link, w)
+    overlapped = g.overlaps_communication and layout.overlap_grad_reduce
+    exposed = max(0.0, allreduce - (2 / 3 * per_mb if overlapped else 0.0))
     optimizer = 7 * 4 * model.params / (dp if layout.zero else 1) / g.hbm_bandwidth
     step = m * per_mb + exposed + optimizer
     samples = dp * b * m
@@ -112,7 +113,13 @@ def search_generic(
     for b in sorted({per_gpu // 2**k for k in range(12) if per_gpu % 2**k == 0}):
         for zero in (0, 1, 2, 3) if gpus > 1 else (0,):
             layout = Layout(
-                dp=gpus, micro_batch=b, microbatches=global_batch // (gpus * b), zero=zero
+                dp=gpus,
+                micro_batch=b,
+                microbatches=global_batch // (gpus * b),
+                zero=zero,
+                # the software, as fixed
+                overlap_grad_reduce=fixed.get("overlap_grad_reduce", True),
+                grad_reduce=fixed.get("grad_reduce", "fp32"),
             )
             if any(getattr(layout, k) != v for k, v in fixed.items()):
                 continue

@@ -19,8 +19,9 @@ from paracube.config import TrainConfig
 @dataclass(frozen=True, kw_only=True)
 class Layout:
     """dp × tp × pp, micro-batch b and m micro-batches per step, the pipeline schedule
-    and its chunks, ZeRO stage, recomputation, sequence parallelism, and two facts about
-    the training software (fused attention; gradient reduction overlapped with backward).
+    and its chunks, ZeRO stage, recomputation, sequence parallelism, and three facts about
+    the training software (the attention kernel; gradient reduction overlapped with
+    backward; the dtype gradients are reduced in).
 
     >>> Layout(dp=8, tp=8, pp=4, micro_batch=1, microbatches=32, zero=1).gpus
     256
@@ -43,6 +44,9 @@ class Layout:
     # gradients all-reduced bucket by bucket during the last backward (paracube, PyTorch DDP,
     # Megatron-Core --overlap-grad-reduce) or only after it (Megatron-LM 2021, DeepSpeed's pipeline engine)
     overlap_grad_reduce: bool = True
+    # dtype gradients are accumulated and reduced in under bf16/fp16 (the engine's
+    # --grad-reduce): fp32 (its default, Megatron's for bf16) or the compute dtype
+    grad_reduce: str = "fp32"
     # fp32 master weights and optimizer states in host memory, stepped by the CPU (ZeRO-Offload)
     offload: bool = False
     # gradient compression of the data-parallel reduction (--compress): none, fp16, bf16,
@@ -74,6 +78,7 @@ class Layout:
             zero=cfg.zero,
             recompute=cfg.recompute,
             recompute_blocks=cfg.recompute_blocks,
+            grad_reduce=cfg.grad_reduce,
             offload=cfg.offload == "optimizer",
             compress=cfg.compress,
             balance=par.balance,
@@ -110,4 +115,6 @@ class Layout:
             args.append(f"--compress {self.compress}")
         if precision != "fp32":
             args.append(f"--precision {precision}")
+            if self.grad_reduce != "fp32":
+                args.append(f"--grad-reduce {self.grad_reduce}")
         return args

@@ -81,7 +81,7 @@ def stage_bytes(
     norm = shapes.norm_params(cfg)  # replicated
     # the final norm sits with the head
     head = (0 if (cfg.tie_embeddings and p == 1) else shapes.head_params(cfg, tp=t)) + norm
-    w, g, o = state_bytes_per_parameter(precision)
+    w, g, o = state_bytes_per_parameter(precision, layout.grad_reduce)
 
     def act_layer(recompute: str) -> float:
         return activation_bytes_per_layer(

@@ -100,9 +100,7 @@ def _pipeline(cfg: ModelConfig, order, stages, layout: Layout, precision: str):
     for k, (a, b) in enumerate(bounds):  # each stage's gradient reduction and optimizer
         pool = order[pool_of[k]]
         shard = (b - a) * shapes.block_params(cfg, tp=layout.tp)
-        dp_exposed = dp_exposed_time(
-            layout, pool.cluster, elem * shard, stage_times[k], cfg, b - a, elem
-        )
+        dp_exposed = dp_exposed_time(layout, pool.cluster, shard, stage_times[k], cfg, b - a, elem)
         optimizer = optimizer_time(layout, pool.gpu, shard, elem)
         rest.append(m * stage_times[k] + dp_exposed + optimizer)
     step = max(rest) + bubble + pp_transfer_time(cfg, layout, link, elem)

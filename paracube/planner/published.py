@@ -51,6 +51,15 @@ from paracube.planner.time_model import Cluster, estimate
 # Megatron-LM 2021 and DeepSpeed's pipeline engine: unfused attention, no sequence parallelism,
 # gradients all-reduced after the last backward
 MEGATRON_2021 = dict(attention="unfused", sequence_parallel=False, overlap_grad_reduce=False)
+# The dtype gradients are reduced in (the planner's default: fp32). Megatron-LM under fp16
+# reduces fp16 gradients unless asked (--accumulate-allreduce-grads-in-fp32 defaults off);
+# under bf16 it forces fp32 ("bfloat16 requires gradient accumulation and all-reduce to be
+# done in fp32", megatron/training/arguments.py) — MT-NLG's Megatron-DeepSpeed and
+# Megatron-Core alike. Llama 3: "we use FP32 gradient accumulation during backward
+# computation over multiple micro-batches and also reduce-scatter gradients in FP32 across
+# data parallel workers in FSDP" (§3.3.4). Composer: the sweep's FSDP mixed_precision
+# DEFAULT (reduce_dtype float32); torchtitan: mixed_precision_reduce "float32".
+MEGATRON_FP16 = dict(grad_reduce="compute")
 
 
 def gpt(heads: int, hidden: int, layers: int) -> ModelConfig:
@@ -128,7 +137,7 @@ def _sc21() -> list[dict]:
         layout = dict(dp=n // (tp * pp), tp=tp, pp=pp, schedule="1f1b", recompute="full")
         out.append(
             _run("SC21", gpt(a, h, L), "a100-80gb", n, B, "fp16",
-                 dict(layout, **MEGATRON_2021), "hardware", tflops)
+                 dict(layout, **MEGATRON_2021, **MEGATRON_FP16), "hardware", tflops)
         )
     return out
 
@@ -147,7 +156,7 @@ def _korthikanti() -> list[dict]:
         cfg = gpt(a, h, L)
         flops = B * cfg.seq_len * model_flops_per_token(cfg)
         base = dict(dp=1, tp=8, pp=pp, micro_batch=1, schedule="1f1b", attention="unfused",
-                    overlap_grad_reduce=False)
+                    overlap_grad_reduce=False, **MEGATRON_FP16)
         for source, seconds, recompute, sp in [
             ("Korthikanti (full)", full_s, "full", False),
             ("Korthikanti (SP+sel.)", sel_s, "selective", True),

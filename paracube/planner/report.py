@@ -34,6 +34,8 @@ def describe(layout) -> str:
         text += " offload"
     if getattr(layout, "compress", "none") != "none":
         text += f" compress={layout.compress}"
+    if getattr(layout, "grad_reduce", "fp32") != "fp32":
+        text += f" grads={layout.grad_reduce}"
     return text
 
 

@@ -133,6 +133,7 @@ def candidate_layouts(
                         sequence_parallel=fixed.get("sequence_parallel", True) and tp > 1,
                         attention=fixed.get("attention", "fused"),
                         overlap_grad_reduce=fixed.get("overlap_grad_reduce", True),
+                        grad_reduce=fixed.get("grad_reduce", "fp32"),
                         offload=fixed.get("offload", False),
                         compress=fixed.get("compress", "none"),
                         recompute_blocks=(

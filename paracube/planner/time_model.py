@@ -25,11 +25,13 @@ fitted to a published result:
   (p−1)(F+I−W) idle at F = I = W);
   each micro-batch crosses a stage boundary twice (activation, gradient) on the link
   between stages.
-- **data parallel**: a ring all-reduce of each rank's 16-bit gradient shard (ZeRO-3:
-  1.5× the volume) on the group's link (:func:`dp_link`: NVLink inside a node, across
-  nodes k members' rails), overlapped with the backward of the last micro-batch — only what
-  sticks out is counted, and never less than the last bucket (:func:`last_bucket_time`);
-  what hides slows the compute it runs beside by :data:`OVERLAP_SLOWDOWN` of its seconds.
+- **data parallel**: a ring all-reduce of each rank's gradient shard in the dtype it is
+  reduced in (fp32 by default, as paracube and Megatron do under bf16; ZeRO-3: a
+  reduce-scatter plus two parameter all-gathers, :func:`reduction_time`) on the group's
+  link (:func:`dp_link`: NVLink inside a node, across nodes k members' rails), overlapped
+  with the backward of the last micro-batch — only what sticks out is counted, and never
+  less than the last bucket (:func:`last_bucket_time`); what hides slows the compute it
+  runs beside by :data:`OVERLAP_SLOWDOWN` of its seconds.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
-from paracube.choices import ELEMENT_BYTES, FUSED_ATTENTION
+from paracube.choices import ELEMENT_BYTES, FUSED_ATTENTION, gradient_bytes
 from paracube.config import ModelConfig
 from paracube.errors import ConfigError
 from paracube.models import shapes
@@ -356,7 +358,7 @@ def _rank_step(
         compute=m * per_mb,
         recompute=m * redone * redo,
         tp_comm=_tp_comm(cfg, layout, cluster, blocks, elem, redone),
-        dp_exposed=dp_exposed_time(layout, cluster, elem * params, per_mb, cfg, blocks, elem),
+        dp_exposed=dp_exposed_time(layout, cluster, params, per_mb, cfg, blocks, elem),
         optimizer=optimizer_time(layout, g, params, elem),
     )
 
@@ -409,33 +411,46 @@ def pp_transfer_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, elem: i
     return 2 * layout.microbatches * (per_message + link.latency)
 
 
+def reduction_time(params: float, layout: Layout, link: Interconnect, elem: int) -> float:
+    """Seconds of one rank's gradient reduction over ``params`` elements on ``link``: a
+    ring all-reduce of the gradients in the dtype they are reduced in (``elem``-byte
+    weights; :func:`~paracube.choices.gradient_bytes`); under ZeRO-3 a reduce-scatter
+    (half a ring) plus the backward's and the forward's parameter all-gathers (half a ring
+    each, in the weights' dtype)."""
+    grads = params * gradient_bytes(elem, layout.grad_reduce)
+    if layout.zero != 3:
+        return _ring(grads, layout.dp, link)
+    return _ring(grads, layout.dp, link) / 2 + _ring(params * elem, layout.dp, link)
+
+
 def dp_exposed_time(
     layout: Layout,
     cluster: Cluster,
-    grad_bytes: float,
+    params: float,
     per_mb: float,
     cfg: ModelConfig | None = None,
     layers: int = 0,
     elem: int = 2,
 ) -> float:
-    """The step time data-parallel communication costs: the gradient reduction less what
-    hides behind the last backward (a compressed reduction: its own volume, plus the work
-    of compressing, :func:`compressed_reduction`); under ZeRO-1/2 the all-gather of the
-    updated parameters less what hides behind the next forward; under ZeRO-3 the parameter
-    gathers of every micro-batch less what hides behind its compute — and, for what does
-    hide, the compute it slows down (:data:`OVERLAP_SLOWDOWN`)."""
+    """The step time data-parallel communication costs for a rank of ``params`` parameters:
+    the gradient reduction (:func:`reduction_time`) less what hides behind the last backward
+    (a compressed reduction: its own volume, plus the work of compressing,
+    :func:`compressed_reduction`); under ZeRO-1/2 the all-gather of the updated parameters
+    less what hides behind the next forward; under ZeRO-3 the parameter gathers of every
+    micro-batch less what hides behind its compute — and, for what does hide, the compute
+    it slows down (:data:`OVERLAP_SLOWDOWN`)."""
     g, dp, m = cluster.gpu, layout.dp, layout.microbatches
     link = dp_link(layout, cluster)
-    allreduce = _ring(grad_bytes, dp, link) * (1.5 if layout.zero == 3 else 1.0)
+    allreduce = reduction_time(params, layout, link, elem)
     blocking = 0.0
     if layout.compress != "none" and dp > 1:
-        allreduce, blocking = compressed_reduction(layout, cfg, g, link, grad_bytes / elem, layers)
+        allreduce, blocking = compressed_reduction(layout, cfg, g, link, params, layers)
     overlapped = g.overlaps_communication and layout.overlap_grad_reduce
     # behind the last micro-batch's backward, when buckets are reduced as they fill — all
     # but the last bucket, which fills when the backward ends: it is always waited for
     hidden = 2 / 3 * per_mb if overlapped else 0.0
-    exposed = max(allreduce - hidden, last_bucket_time(layout, link, grad_bytes, elem)) + blocking
-    gather = _ring(grad_bytes, dp, link) / 2  # all parameters from every rank's slice
+    exposed = max(allreduce - hidden, last_bucket_time(layout, link, params, elem)) + blocking
+    gather = _ring(params * elem, dp, link) / 2  # all parameters from every rank's slice
     forward = per_mb / 3 if g.overlaps_communication else 0.0  # a micro-batch's forward
     beside_compute = min(allreduce, hidden)  # seconds of collectives running beside compute
     if layout.zero in (1, 2) and dp > 1:
@@ -488,7 +503,7 @@ def bucket_elements(dp: int) -> float:
     return max(40e6, 1e6 * dp)
 
 
-def last_bucket_time(layout: Layout, link: Interconnect, grad_bytes: float, elem: int) -> float:
+def last_bucket_time(layout: Layout, link: Interconnect, params: float, elem: int) -> float:
     """The reduction nothing can hide: the last bucket (the first blocks' and the embedding's
     gradients) is complete only when the backward ends. Its size grows with the group
     (:func:`bucket_elements`) and its ring takes 2(dp − 1) latency steps, so at fixed work per
@@ -496,8 +511,7 @@ def last_bucket_time(layout: Layout, link: Interconnect, grad_bytes: float, elem
     exposed anyway (0 here)."""
     if layout.dp <= 1 or not layout.overlap_grad_reduce:
         return 0.0
-    bucket = min(grad_bytes, elem * bucket_elements(layout.dp))
-    return _ring(bucket, layout.dp, link) * (1.5 if layout.zero == 3 else 1.0)
+    return reduction_time(min(params, bucket_elements(layout.dp)), layout, link, elem)
 
 
 def compressed_reduction(
@@ -515,9 +529,12 @@ def compressed_reduction(
     - topk:R: an all-gather of ⌈R·n⌉ (int32 index, value) pairs from every rank — a ring
       all-gather moves (dp − 1)/dp of the gathered bytes — plus selecting them (four passes
       over the gradient in HBM: magnitude, selection, gather, the residual) and densifying;
-    - powersgd:r: per matrix (n × m) the factors P (n × r) and Q (m × r), each all-reduced
-      in turn, and four matmuls of 2·n·m·r FLOPs; the vectors whole. paracube runs it in
-      the gradient hook, so it blocks the backward: nothing of it hides.
+    - powersgd:r: per matrix M (n × m) the factors P (n × r) and Q (m × r), each all-reduced
+      in turn, and four matmuls of 2·n·m·r FLOPs (Vogels et al. 2019, Algorithm 1: P = MQ,
+      Q = MᵀP, the approximation PQᵀ, the error M − PQᵀ), each touching the n × m matrix
+      once in HBM — at r ≪ n, m memory-bound (2r FLOPs per 4-byte element): the roofline of
+      the two; the vectors whole. paracube runs it in the gradient hook, so it blocks the
+      backward: nothing of it hides.
     """
     dp, elem = layout.dp, 4  # what the compressors read and write: fp32 gradient buffers
     kind, _, value = layout.compress.partition(":")
@@ -537,4 +554,7 @@ def compressed_reduction(
     vectors = max(0.0, n - matrix_elements)  # biases, norms (and what is not a block's)
     comm = _ring(elem * factors / 2, dp, link) * 2 + _ring(elem * vectors, dp, link)
     flops = layers * sum(4 * 2 * a * b * r for a, b in dims)
-    return 0.0, comm + flops / (g.peak_flops * g.sustained_fraction)
+    work = max(
+        flops / (g.peak_flops * g.sustained_fraction), 4 * elem * matrix_elements / g.hbm_bandwidth
+    )
+    return 0.0, comm + work
