@@ -45,7 +45,8 @@ from paracube.models.presets import preset
 from paracube.planner import hardware as hw
 from paracube.planner import mosaic
 from paracube.planner.flops import hardware_flops_per_token, model_flops_per_token
-from paracube.planner.search import Candidate, search
+from paracube.planner.layout_memory import peak_memory
+from paracube.planner.search import Candidate, candidate_layouts, search
 from paracube.planner.time_model import Cluster, estimate
 
 # Megatron-LM 2021 and DeepSpeed's pipeline engine: unfused attention, no sequence parallelism,
@@ -244,6 +245,7 @@ def _torchtitan() -> list[dict]:
 
 def evaluate(row: dict) -> dict:
     key = row["gpu"]
+    fixed = {"offload": False, **row["fixed"]}  # no published run moved its optimizer to the host
     cluster = Cluster(
         hw.gpu(key),
         8,
@@ -256,20 +258,30 @@ def evaluate(row: dict) -> dict:
         row["gpus"],
         row["batch"],
         precision=row["precision"],
-        fixed={"offload": False, **row["fixed"]},  # no published run moved its optimizer to the host
+        fixed=fixed,
         top=1,
     )
     note = ""
     if result.ranked:
         best = result.ranked[0]
-    elif result.smallest_misfit is not None:  # the run happened, so time it anyway and say so
-        misfit = result.smallest_misfit
-        best = Candidate(
-            misfit.layout,
-            misfit.memory,
-            estimate(row["cfg"], misfit.layout, cluster, row["precision"]),
+    elif result.smallest_misfit is not None:
+        # The run happened, so it fit: time the layout the planner would choose were its
+        # memory model not stricter than the run — the fastest of those the paper allows —
+        # and say so.
+        best = max(
+            (
+                Candidate(
+                    layout,
+                    peak_memory(row["cfg"], layout, row["precision"]),
+                    estimate(row["cfg"], layout, cluster, row["precision"]),
+                )
+                for layout in candidate_layouts(
+                    row["cfg"], row["gpus"], cluster.gpus_per_node, row["batch"], fixed, {}
+                )
+            ),
+            key=lambda c: c.time.tokens_per_s,
         )
-        note = f"memory model: {misfit.memory.total / 1e9:.0f} GB > {cluster.gpu.memory_bytes / 1e9:.0f} GB"
+        note = f"memory model: {best.memory.total / 1e9:.0f} GB > {cluster.gpu.memory_bytes / 1e9:.0f} GB"
     else:
         raise ValueError(
             f"{row['source']} {row['cfg'].name}: the planner finds no layout ({result.rejected})"
