@@ -136,9 +136,10 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster) -> list[str]:
     L, t = best.layout, best.time
     lines = []
     if L.tp == 1 and L.pp == 1:
+        dtype = "in fp32" if L.grad_reduce == "fp32" else "in the compute dtype"
         lines.append(
             "- The model's states fit on one GPU (with ZeRO where shown), so every GPU holds a replica and "
-            "only gradients cross the network, once per step, overlapped with the last backward: "
+            f"only gradients cross the network ({dtype}), once per step, overlapped with the last backward: "
             f"{t.dp_exposed:.3g} s of a {t.step_time:.3g} s step (what sticks out, and the "
             "compute it slows while it hides)."
         )
