@@ -178,10 +178,15 @@ def test_model_state_bytes_equal_zero_formula(pools, zero, dp):
 
 def test_bf16_model_states_equal_mixed_precision_formula(pools):
     """bf16 weights (2Ψ), fp32 gradients (4Ψ, the default --grad-reduce fp32) and fp32
-    master + moments (12Ψ), ZeRO-2 over 2 ranks."""
+    master + moments (12Ψ), ZeRO-2 over 2 ranks — the planner's figure for the same job."""
+    from paracube.planner.layout import Layout
+    from paracube.planner.layout_memory import stage_memory
+
     cfg = zcfg(2, dp=2, steps=1, precision="bf16")
     psi = _psi(cfg.model)
     want = model_state_bytes(psi, 2, 2, weight_bytes=2, grad_bytes=4, optimizer_bytes=12)
+    planned = stage_memory(cfg.model, Layout.from_config(cfg), cfg.precision)[0].model_states
+    assert planned == pytest.approx(want.total)
     for _, _, metrics in pools(2).run(run_engine, cfg):
         mem = metrics[-1].memory
         assert (mem["weights"], mem["gradients"], mem["optimizer"]) == (
