@@ -83,17 +83,19 @@ def test_the_uneven_split_is_the_best_there_is():
 
 def test_pipeline_stages_by_speed_and_memory():
     """gpt3-13b on 16 H100 + 16 A100-40GB: in every pipeline plan the stages on H100s hold
-    more blocks on average than those on A100s (3.3× their sustained rate; the best plan's
-    cut is printed by the CLI), every stage fits its own GPU's memory, and the blocks add
-    up to the model's."""
+    at least as many blocks on average as those on A100s — more in the fastest plan (3.3×
+    their sustained rate; its cut is printed by the CLI), the same only where memory binds
+    both —, every stage fits its own GPU's memory, and the blocks add up to the model's."""
     pools = parse_pools("16xh100,16xa100-40gb", 8)
     cfg = preset("gpt3-13b")
     plans = pipeline_plans(cfg, pools, 512, "bf16", {"zero": 1, "recompute": "none"})
     assert plans
+    fastest = min(plans, key=lambda plan: plan.step_time)
     for plan in plans:
         (fast, _, fast_blocks), (slow, _, slow_blocks) = plan.shares
         assert (fast, slow) == ("h100", "a100-40gb")  # the larger memory first
-        assert sum(fast_blocks) / len(fast_blocks) > sum(slow_blocks) / len(slow_blocks)
+        more = sum(fast_blocks) / len(fast_blocks) - sum(slow_blocks) / len(slow_blocks)
+        assert more > 0 if plan is fastest else more >= 0
         assert sum(fast_blocks) + sum(slow_blocks) == cfg.n_layers
         blocks = list(fast_blocks) + list(slow_blocks)
         memories = [pools[0].gpu.memory_bytes] * len(fast_blocks) + [

@@ -157,8 +157,8 @@ def chain_train_flops(cfg: ModelConfig, b: int) -> list[float]:
 def chain_saved_bytes(cfg: ModelConfig, b: int, elem: int = 4) -> list[int]:
     """Activation bytes each chain layer keeps per micro-batch (no recomputation); their
     sum is :func:`model_saved_bytes`."""
-    n, s = b * cfg.seq_len, cfg.seq_len
-    embed = 8 * n + (8 * s if cfg.position == "learned" else 0)  # int64 token and position indices
+    n = b * cfg.seq_len
+    embed, _ = end_saved_bytes(cfg, b, elem=elem)
     head = n * cfg.hidden * elem + _loss_bytes(cfg, n, elem)
     return [
         embed,
@@ -166,6 +166,20 @@ def chain_saved_bytes(cfg: ModelConfig, b: int, elem: int = 4) -> list[int]:
         _norm_bytes(cfg, n, elem),
         head,
     ]
+
+
+def end_saved_bytes(
+    cfg: ModelConfig, b: int, *, elem: int = 4, tp: int = 1, sequence_parallel: bool = False
+) -> tuple[int, int]:
+    """(first, last) pipeline stage's bytes kept outside the blocks per micro-batch: the
+    int64 token (and position) indices; the final norm, the head's input (gathered under
+    sequence parallelism) and the loss's fp32 log-softmax over this rank's 1/tp of the
+    vocabulary, its targets and total weight."""
+    n, s = b * cfg.seq_len, cfg.seq_len
+    first = 8 * n + (8 * s if cfg.position == "learned" else 0)
+    ts = tp if sequence_parallel else 1
+    last = _norm_bytes(cfg, n, elem) // ts + n * cfg.hidden * elem + _loss_bytes(cfg, n, elem, tp)
+    return first, last
 
 
 # -- activation bytes kept for backward -------------------------------------------------
@@ -186,8 +200,8 @@ def chain_saved_bytes(cfg: ModelConfig, b: int, elem: int = 4) -> list[int]:
 #   silu(gate), product)
 #
 # With GELU, LayerNorm, learned positions and no TP: N·(16·h·E + 4·E + 4a) bytes, i.e.
-# 16·s·b·h at E = 2 against Korthikanti et al.'s 34·s·b·h for Megatron's layer (dropout
-# masks, unfused attention). Selective recomputation re-runs the core from q, k, v (its
+# 32·s·b·h bytes at E = 2 against Korthikanti et al.'s 34·s·b·h for Megatron's layer
+# (dropout masks, unfused attention). Selective recomputation re-runs the core from q, k, v (its
 # log-sum-exp is not kept); full recomputation keeps only the block's input, N·h·E/t_s.
 
 
@@ -242,10 +256,10 @@ def model_saved_bytes(
     return sum(chain) + chosen * (recomputed - chain[1])
 
 
-def _loss_bytes(cfg: ModelConfig, n: int, elem: int) -> int:
-    """The loss keeps an fp32 log-softmax, its int64 targets (a tensor of their own) and
-    the total weight."""
-    return n * cfg.vocab_size * max(elem, 4) + 8 * n + 4
+def _loss_bytes(cfg: ModelConfig, n: int, elem: int, tp: int = 1) -> int:
+    """The loss keeps an fp32 log-softmax (over this rank's 1/tp of the vocabulary), its
+    int64 targets (a tensor of their own) and the total weight."""
+    return n * cfg.vocab_size // tp * max(elem, 4) + 8 * n + 4
 
 
 def _norm_bytes(cfg: ModelConfig, n: int, elem: int) -> int:

@@ -7,9 +7,15 @@ with more blocks — the sum of:
 
 - model states of its parameters under ZeRO (``memory.model_state_bytes``), with tensor
   parallelism splitting the matrices (norm weights are replicated: counted in full);
-- activations: Korthikanti's per-layer bytes × its layers × the micro-batches it holds
-  at the schedule's peak (the schedule registry's ``in_flight``), plus the embedding output
-  and, on the last stage, the logits (b·s·V/t, kept in fp32 for the loss: 4 bytes);
+- activations: what each block keeps for backward × its layers × the micro-batches it
+  holds at the schedule's peak (the schedule registry's ``in_flight``) — with fused
+  attention the model's own blocks counted op by op
+  (:func:`paracube.models.shapes.block_saved_bytes`: at tp = 1 the count the engine's
+  saved-tensor counter is tested against; its tensor-parallel shares follow the same ops),
+  with unfused attention (Megatron's layer before
+  FlashAttention) Korthikanti's per-layer bytes; plus, on the first stage, what the
+  embedding keeps (the token indices; Megatron's layer: its output) and, on the last, the
+  final norm's, the head's and the loss's (the fp32 log-softmax, b·s·V/t × 4 bytes);
 - an allowance, stated here: 1 GB for the CUDA context and communication buffers, and
   10 % of the rest for allocator fragmentation.
 """
@@ -18,9 +24,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paracube.choices import state_bytes_per_parameter
+from paracube.choices import FUSED_ATTENTION, state_bytes_per_parameter
 from paracube.config import ModelConfig
 from paracube.models import shapes
+from paracube.models.shapes import block_saved_bytes, end_saved_bytes
 from paracube.pipeline.schedules import get_schedule
 from paracube.planner.layout import Layout
 from paracube.planner.memory import activation_bytes_per_layer, model_state_bytes
@@ -84,6 +91,15 @@ def stage_bytes(
     w, g, o = state_bytes_per_parameter(precision, layout.grad_reduce)
 
     def act_layer(recompute: str) -> float:
+        if layout.attention in FUSED_ATTENTION:  # the model's own blocks, op by op
+            return block_saved_bytes(
+                cfg,
+                layout.micro_batch,
+                elem=w,
+                tp=t,
+                sequence_parallel=layout.sequence_parallel,
+                recompute=recompute,
+            )
         return activation_bytes_per_layer(
             s,
             layout.micro_batch,
@@ -114,10 +130,18 @@ def stage_bytes(
     acts = (
         act_layer(layout.recompute) * redone + act_layer("none") * (blocks - redone)
     ) * in_flight
+    first: float
+    last: float
+    if layout.attention in FUSED_ATTENTION:  # the model's own ends, op by op
+        first, last = end_saved_bytes(
+            cfg, layout.micro_batch, elem=w, tp=t, sequence_parallel=layout.sequence_parallel
+        )
+    else:  # Megatron's: the embedding output, and the fp32 logits for the loss
+        first, last = layout.micro_batch * s * h * w, layout.micro_batch * s * V / t * 4
     if index == 0:
-        acts += layout.micro_batch * s * h * w * in_flight  # the embedding output
+        acts += first * in_flight
     if index == p - 1:
-        acts += layout.micro_batch * s * V / t * 4  # fp32 logits for the loss
+        acts += last
     allowance = CONTEXT_BYTES + FRAGMENTATION * (states + acts)
     return StageMemory(name, states, acts, allowance)
 

@@ -279,8 +279,8 @@ def estimate(
     g, p, m = cluster.gpu, layout.pp, layout.microbatches
     elem = ELEMENT_BYTES[precision]
     fwd, bwd, flops = layer_time(cfg, layout, g, elem)
-    # selective recomputation re-runs the attention core (fused attention keeps nothing it
-    # could drop, so the planner never gains from it there)
+    # selective recomputation re-runs the attention core (under fused attention it drops
+    # only the kernel's log-sum-exp, so the planner seldom gains from it there)
     core = attention_core(cfg, layout, g, elem)[0]
     redo = {"none": 0.0, "full": fwd, "selective": core}[layout.recompute]
     # every pipeline rank with the blocks the engine's split gives it; the slowest sets the pace
