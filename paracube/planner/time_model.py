@@ -9,8 +9,9 @@ fitted to a published result:
   peak scaled from the boost to the base clock (all a GPU guarantees at full power draw);
   fused attention at FlashAttention-2's published rate (``GPU.attention_rate``; FlashAttention
   in Triton at the FlashAttention-2 paper's comparison, :data:`FUSED_SLOWDOWN`); the
-  element-wise work (norms, softmax, GELU, residuals) moves the layer's
-  activations twice through HBM (Korthikanti's per-layer bytes, read + write). Backward
+  element-wise work (norms, activation function, rotary, residuals) moves what the layer
+  keeps for backward twice through HBM (read + write: the model's own count, or
+  Korthikanti's per-layer bytes for Megatron's unfused layer). Backward
   is twice the forward. The resulting FLOP rate, divided by peak, is the *achievable
   fraction* the planner states. Recompute adds the recomputed forward (full) or the
   attention core (selective).
@@ -211,13 +212,22 @@ def layer_time(
         fwd, bwd = fwd + f, bwd + bw
     flops = sum(2 * m * n * k for m, n, k in gemms)
     core_time, core_flops = attention_core(cfg, layout, g, elem)
-    # element-wise work outside the core (norms, GELU, dropout, residuals): read and write
-    # the layer's other activations (Korthikanti's 34·s·b·h, /t under sequence parallelism)
-    # in forward; backward reads them and the incoming gradient and writes one: twice that
-    acts = activation_bytes_per_layer(
-        s, b, h, cfg.n_heads, t=t, sequence_parallel=layout.sequence_parallel, attention="fused"
-    )
-    elementwise = 2 * acts * (elem / 2) / g.hbm_bandwidth
+    # element-wise work outside the matmuls (norms, the activation function, rotary
+    # positions, residuals): read and write what the block keeps for backward in forward;
+    # backward reads it and the incoming gradient and writes one: twice that. What it keeps:
+    # the model's own blocks op by op (models/shapes.py — RMSNorm's fp32 copies, SwiGLU's
+    # gate and product, rotated q and k), or Megatron's 2021 layer (Korthikanti's 34·s·b·h,
+    # /t under sequence parallelism) when attention is unfused
+    acts: float
+    if layout.attention in FUSED_ATTENTION:
+        acts = shapes.block_saved_bytes(
+            cfg, b, elem=elem, tp=t, sequence_parallel=layout.sequence_parallel
+        )
+    else:
+        acts = activation_bytes_per_layer(  # the s×s passes are the core's (attention_core)
+            s, b, h, cfg.n_heads, t=t, sequence_parallel=layout.sequence_parallel, attention="fused"
+        ) * (elem / 2)
+    elementwise = 2 * acts / g.hbm_bandwidth
     core_bwd = attention_core_backward(layout, core_time)
     if (
         all(g.activation_rates) and cfg.activation != "swiglu"
