@@ -172,11 +172,11 @@ def end_saved_bytes(
     cfg: ModelConfig, b: int, *, elem: int = 4, tp: int = 1, sequence_parallel: bool = False
 ) -> tuple[int, int]:
     """(first, last) pipeline stage's bytes kept outside the blocks per micro-batch: the
-    int64 token (and position) indices; the final norm, the head's input (gathered under
-    sequence parallelism) and the loss's fp32 log-softmax over this rank's 1/tp of the
-    vocabulary, its targets and total weight."""
+    int64 token (and position) indices — under tensor parallelism also a bool per token
+    outside this rank's vocabulary shard —; the final norm, the head's input (gathered under
+    sequence parallelism) and what the loss keeps (:func:`_loss_bytes`)."""
     n, s = b * cfg.seq_len, cfg.seq_len
-    first = 8 * n + (8 * s if cfg.position == "learned" else 0)
+    first = 8 * n + (8 * s if cfg.position == "learned" else 0) + (n if tp > 1 else 0)
     ts = tp if sequence_parallel else 1
     last = _norm_bytes(cfg, n, elem) // ts + n * cfg.hidden * elem + _loss_bytes(cfg, n, elem, tp)
     return first, last
@@ -257,9 +257,12 @@ def model_saved_bytes(
 
 
 def _loss_bytes(cfg: ModelConfig, n: int, elem: int, tp: int = 1) -> int:
-    """The loss keeps an fp32 log-softmax (over this rank's 1/tp of the vocabulary), its
-    int64 targets (a tensor of their own) and the total weight."""
-    return n * cfg.vocab_size // tp * max(elem, 4) + 8 * n + 4
+    """The loss keeps an fp32 log-softmax and its int64 targets (a tensor of their own),
+    and the total weight; the vocabulary-parallel loss (tp > 1) its fp32 probabilities over
+    this rank's 1/tp of the vocabulary, the shard-local int64 targets and a bool per token
+    whose target lies outside the shard."""
+    kept = n * cfg.vocab_size // tp * max(elem, 4) + 8 * n
+    return kept + (4 if tp == 1 else n)
 
 
 def _norm_bytes(cfg: ModelConfig, n: int, elem: int) -> int:

@@ -10,8 +10,8 @@ with more blocks — the sum of:
 - activations: what each block keeps for backward × its layers × the micro-batches it
   holds at the schedule's peak (the schedule registry's ``in_flight``) — with fused
   attention the model's own blocks counted op by op
-  (:func:`paracube.models.shapes.block_saved_bytes`: at tp = 1 the count the engine's
-  saved-tensor counter is tested against; its tensor-parallel shares follow the same ops),
+  (:func:`paracube.models.shapes.block_saved_bytes`, which the engine's saved-tensor
+  counter reproduces to the byte, with and without tensor and sequence parallelism),
   with unfused attention (Megatron's layer before
   FlashAttention) Korthikanti's per-layer bytes; plus, on the first stage, what the
   embedding keeps (the token indices; Megatron's layer: its output) and, on the last, the
