@@ -244,6 +244,24 @@ def test_tensor_parallel_activations_equal_the_planners_count(pools, sp):
     assert peak == planned
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_pipeline_first_stage_activations_equal_the_planners_count(pools, schedule):
+    """The first pipeline stage holds the schedule's in-flight micro-batches (1F1B: p,
+    GPipe: m): its counted peak is the planner's first-stage figure — plus, per micro-batch
+    in flight, the 8·b bytes by which the sampler's (b, T + 1) window, of which the token ids
+    are a view, is wider than the ids (as in the single-stage test above)."""
+    from paracube.pipeline.schedules import get_schedule
+    from paracube.planner.layout import Layout
+    from paracube.planner.layout_memory import stage_memory
+
+    cfg = zcfg(0, dp=1, pp=2, accum=4, steps=1, model=DEEP, schedule=schedule)
+    peak = pools(2).run(run_engine, cfg)[0][2][-1].memory["activations_peak"]
+    layout = Layout.from_config(cfg)
+    planned = stage_memory(cfg.model, layout, cfg.precision)[0].activations
+    in_flight = get_schedule(schedule).in_flight(2, 4, 1, stage=0)
+    assert peak == planned + 8 * cfg.micro_batch * in_flight
+
+
 # -- mixed precision ---------------------------------------------------------------------
 
 

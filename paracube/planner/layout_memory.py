@@ -11,7 +11,8 @@ with more blocks — the sum of:
   holds at the schedule's peak (the schedule registry's ``in_flight``) — with fused
   attention the model's own blocks counted op by op
   (:func:`paracube.models.shapes.block_saved_bytes`, which the engine's saved-tensor
-  counter reproduces to the byte, with and without tensor and sequence parallelism),
+  counter reproduces to the byte — one stage, tensor and sequence parallel, and a first
+  pipeline stage under 1F1B and GPipe),
   with unfused attention (Megatron's layer before
   FlashAttention) Korthikanti's per-layer bytes; plus, on the first stage, what the
   embedding keeps (the token indices; Megatron's layer: its output) and, on the last, the
