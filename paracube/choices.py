@@ -39,6 +39,10 @@ def gradient_bytes(elem: int, grad_reduce: str = "fp32") -> int:
     weights: 4 under ``--grad-reduce fp32`` (the default, as Megatron-LM forces for bf16:
     "bfloat16 requires gradient accumulation and all-reduce to be done in fp32",
     megatron/training/arguments.py), else the weights' own."""
+    if grad_reduce not in GRAD_REDUCE:
+        from paracube.errors import ConfigError
+
+        raise ConfigError(f"unknown grad_reduce {grad_reduce!r}: choose fp32 or compute")
     return 4 if grad_reduce == "fp32" else elem
 
 

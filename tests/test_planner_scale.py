@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from paracube.errors import ConfigError
 from paracube.models.presets import preset
 from paracube.models.shapes import parameter_count
 from paracube.planner import hardware as hw
@@ -118,6 +119,8 @@ def test_gradients_are_reduced_in_the_dtype_the_job_states():
         for r in ("fp32", "compute")
     }
     assert states["fp32"] - states["compute"] == pytest.approx(2 * n, rel=0.01)
+    with pytest.raises(ConfigError, match="unknown grad_reduce 'int8'"):  # never a silent guess
+        estimate(cfg, Layout(**after, grad_reduce="int8"), A100)
 
 
 def test_the_layout_carries_the_jobs_gradient_dtype():

@@ -12,8 +12,7 @@ with more blocks — the sum of:
   attention the model's own blocks counted op by op
   (:func:`paracube.models.shapes.block_saved_bytes`, which the engine's saved-tensor
   counter reproduces to the byte — one stage, tensor and sequence parallel, and a first
-  pipeline stage under 1F1B and GPipe),
-  with unfused attention (Megatron's layer before
+  pipeline stage under 1F1B and GPipe), with unfused attention (Megatron's layer before
   FlashAttention) Korthikanti's per-layer bytes; plus, on the first stage, what the
   embedding keeps (the token indices; Megatron's layer: its output) and, on the last, the
   final norm's, the head's and the loss's (the fp32 log-softmax, b·s·V/t × 4 bytes);
@@ -28,7 +27,6 @@ from dataclasses import dataclass
 from paracube.choices import FUSED_ATTENTION, state_bytes_per_parameter
 from paracube.config import ModelConfig
 from paracube.models import shapes
-from paracube.models.shapes import block_saved_bytes, end_saved_bytes
 from paracube.pipeline.schedules import get_schedule
 from paracube.planner.layout import Layout
 from paracube.planner.memory import activation_bytes_per_layer, model_state_bytes
@@ -93,7 +91,7 @@ def stage_bytes(
 
     def act_layer(recompute: str) -> float:
         if layout.attention in FUSED_ATTENTION:  # the model's own blocks, op by op
-            return block_saved_bytes(
+            return shapes.block_saved_bytes(
                 cfg,
                 layout.micro_batch,
                 elem=w,
@@ -134,7 +132,7 @@ def stage_bytes(
     first: float
     last: float
     if layout.attention in FUSED_ATTENTION:  # the model's own ends, op by op
-        first, last = end_saved_bytes(
+        first, last = shapes.end_saved_bytes(
             cfg, layout.micro_batch, elem=w, tp=t, sequence_parallel=layout.sequence_parallel
         )
     else:  # Megatron's: the embedding output, and the fp32 logits for the loss
