@@ -256,6 +256,22 @@ def test_grad_reduce_is_part_of_the_software(capsys):
     )
 
 
+def test_backward_prefetch_is_part_of_the_software(capsys):
+    """--no-backward-prefetch (FSDP1's BACKWARD_POST) leaves ZeRO-3's backward gathers
+    exposed: the same layout plans slower, for a transformer and for a model described
+    without layers alike, and the layout says which software it planned."""
+    for model, batch in (("gpt3-1.3b", "64"), ("resnet50", "256")):
+        argv = ["--model", model, "--gpus", "16", "--global-batch", batch, "--zero", "3"]
+        argv += ["--micro-batch", "4"]
+        pre, post = best(capsys, *argv), best(capsys, *argv, "--no-backward-prefetch")
+        assert post["time"]["dp_exposed"] > pre["time"]["dp_exposed"]
+        assert post["time"]["step_time"] > pre["time"]["step_time"]
+        assert (pre["layout"]["backward_prefetch"], post["layout"]["backward_prefetch"]) == (
+            True,
+            False,
+        )
+
+
 def test_fits_nothing_says_by_how_much_and_what_would_fit(capsys):
     argv = ["--model", "llama2-70b", "--gpus", "8", "--global-batch", "64"]
     err = error(capsys, *argv, "--offload", "none")

@@ -123,6 +123,31 @@ def test_gradients_are_reduced_in_the_dtype_the_job_states():
         estimate(cfg, Layout(**after, grad_reduce="int8"), A100)
 
 
+def test_zero3_backward_gathers_without_prefetch_are_waited_for():
+    """FSDP1's BACKWARD_POST (Composer's default) gathers a unit's parameters only after the
+    backward before it: every micro-batch's backward waits for a half ring of the rank's
+    bf16 weights. With prefetching (paracube, FSDP2) the same gathers hide behind compute;
+    below ZeRO-3 there is nothing to gather, and the flag changes nothing."""
+    cfg = preset("gpt3-13b")
+    n = parameter_count(cfg)
+    for m in (1, 3):
+        base = dict(dp=16, zero=3, micro_batch=2, microbatches=m, recompute="none")
+        pre, post = (
+            estimate(cfg, Layout(**base, backward_prefetch=p), H100) for p in (True, False)
+        )
+        gather = _ring(2 * n, 16, dp_link(Layout(**base), H100)) / 2
+        # the prefetched gathers hid and slowed the compute beside them; waited for, they
+        # no longer slow it but cost their own seconds, once per micro-batch
+        assert post.dp_exposed - pre.dp_exposed == pytest.approx(
+            m * gather * (1 - OVERLAP_SLOWDOWN)
+        )
+        assert post.compute == pre.compute and post.step_time > pre.step_time
+    zero1 = dict(dp=16, zero=1, micro_batch=2, microbatches=2)
+    assert estimate(cfg, Layout(**zero1, backward_prefetch=False), H100) == estimate(
+        cfg, Layout(**zero1), H100
+    )
+
+
 def test_the_layout_carries_the_jobs_gradient_dtype():
     """A train job's --grad-reduce reaches the planner's layout and back into the launch
     flags (one translation each way)."""

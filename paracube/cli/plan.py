@@ -81,6 +81,14 @@ def add_parser(sub) -> None:
         "or only after it (--no-overlap-grad-reduce: Megatron-LM 2021, DeepSpeed's pipeline engine)",
     )
     t.add_argument(
+        "--backward-prefetch",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="ZeRO-3: the next unit's parameters gathered during this unit's backward "
+        "(default, as paracube, FSDP2 and FSDP1's BACKWARD_PRE do) or only after it "
+        "(--no-backward-prefetch: FSDP1's BACKWARD_POST, Composer's default)",
+    )
+    t.add_argument(
         "--grad-reduce",
         default=None,
         help="under bf16/fp16, gradients accumulated and reduced in fp32 (default, as paracube "
@@ -173,6 +181,7 @@ def _plan_fixed(args, gpus: int) -> dict:
         "attention",
         "overlap_grad_reduce",
         "grad_reduce",
+        "backward_prefetch",
     ):
         if getattr(args, name) is not None:
             fixed[name] = getattr(args, name)
@@ -348,7 +357,7 @@ def _time_to_train(args, cfg, best, baseline) -> str:
 
 # Fixed choices that describe the software rather than the layout: the speed-up's baseline
 # runs them too.
-SOFTWARE = ("attention", "overlap_grad_reduce", "grad_reduce")
+SOFTWARE = ("attention", "overlap_grad_reduce", "grad_reduce", "backward_prefetch")
 
 
 def _baseline(args, cfg, cluster):

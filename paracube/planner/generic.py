@@ -21,7 +21,13 @@ from paracube.errors import ConfigError
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import CONTEXT_BYTES, FRAGMENTATION, StageMemory
 from paracube.planner.memory import model_state_bytes
-from paracube.planner.time_model import Cluster, StepEstimate, at_precision, reduction_time
+from paracube.planner.time_model import (
+    Cluster,
+    StepEstimate,
+    at_precision,
+    reduction_time,
+    waited_gathers,
+)
 
 
 @dataclass(frozen=True)
@@ -77,9 +83,10 @@ def evaluate(
     flops = 3 * model.forward_flops_per_sample * b
     per_mb = flops / (g.peak_flops * g.sustained_fraction) + 3 * 2 * acts / g.hbm_bandwidth
     link = cluster.intra if dp <= cluster.gpus_per_node else cluster.inter
-    allreduce = reduction_time(model.params, layout, link, w)
+    waited = waited_gathers(layout, link, model.params, w)  # ZeRO-3 without backward prefetch
+    allreduce = reduction_time(model.params, layout, link, w) - waited / m
     overlapped = g.overlaps_communication and layout.overlap_grad_reduce
-    exposed = max(0.0, allreduce - (2 / 3 * per_mb if overlapped else 0.0))
+    exposed = max(0.0, allreduce - (2 / 3 * per_mb if overlapped else 0.0)) + waited
     optimizer = 7 * 4 * model.params / (dp if layout.zero else 1) / g.hbm_bandwidth
     step = m * per_mb + exposed + optimizer
     samples = dp * b * m
@@ -120,6 +127,7 @@ def search_generic(
                 # the software, as fixed
                 overlap_grad_reduce=fixed.get("overlap_grad_reduce", True),
                 grad_reduce=fixed.get("grad_reduce", "fp32"),
+                backward_prefetch=fixed.get("backward_prefetch", True),
             )
             if any(getattr(layout, k) != v for k, v in fixed.items()):
                 continue

@@ -19,9 +19,9 @@ from paracube.config import TrainConfig
 @dataclass(frozen=True, kw_only=True)
 class Layout:
     """dp × tp × pp, micro-batch b and m micro-batches per step, the pipeline schedule
-    and its chunks, ZeRO stage, recomputation, sequence parallelism, and three facts about
+    and its chunks, ZeRO stage, recomputation, sequence parallelism, and four facts about
     the training software (the attention kernel; gradient reduction overlapped with
-    backward; the dtype gradients are reduced in).
+    backward; the dtype gradients are reduced in; ZeRO-3's backward gathers prefetched).
 
     >>> Layout(dp=8, tp=8, pp=4, micro_batch=1, microbatches=32, zero=1).gpus
     256
@@ -47,6 +47,11 @@ class Layout:
     # dtype gradients are accumulated and reduced in under bf16/fp16 (the engine's
     # --grad-reduce): fp32 (its default, Megatron's for bf16) or the compute dtype
     grad_reduce: str = "fp32"
+    # ZeRO-3: each unit's parameters all-gathered for backward before the backward of the
+    # unit after it (paracube, FSDP2, FSDP1's BACKWARD_PRE), hidden behind that compute; or
+    # only once that backward is done (FSDP1's BACKWARD_POST, Composer's default), so every
+    # backward waits for its own gather
+    backward_prefetch: bool = True
     # fp32 master weights and optimizer states in host memory, stepped by the CPU (ZeRO-Offload)
     offload: bool = False
     # gradient compression of the data-parallel reduction (--compress): none, fp16, bf16,

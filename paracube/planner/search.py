@@ -134,6 +134,7 @@ def candidate_layouts(
                         attention=fixed.get("attention", "fused"),
                         overlap_grad_reduce=fixed.get("overlap_grad_reduce", True),
                         grad_reduce=fixed.get("grad_reduce", "fp32"),
+                        backward_prefetch=fixed.get("backward_prefetch", True),
                         offload=fixed.get("offload", False),
                         compress=fixed.get("compress", "none"),
                         recompute_blocks=(

@@ -451,7 +451,9 @@ def dp_exposed_time(
     it slows down (:data:`OVERLAP_SLOWDOWN`)."""
     g, dp, m = cluster.gpu, layout.dp, layout.microbatches
     link = dp_link(layout, cluster)
-    allreduce = reduction_time(params, layout, link, elem)
+    waited = waited_gathers(layout, link, params, elem)
+    # the first micro-batch's backward gathers hide with the reduction unless waited for
+    allreduce = reduction_time(params, layout, link, elem) - waited / m
     blocking = 0.0
     if layout.compress != "none" and dp > 1:
         allreduce, blocking = compressed_reduction(layout, cfg, g, link, params, layers)
@@ -460,6 +462,7 @@ def dp_exposed_time(
     # but the last bucket, which fills when the backward ends: it is always waited for
     hidden = 2 / 3 * per_mb if overlapped else 0.0
     exposed = max(allreduce - hidden, last_bucket_time(layout, link, params, elem)) + blocking
+    exposed += waited
     gather = _ring(params * elem, dp, link) / 2  # all parameters from every rank's slice
     forward = per_mb / 3 if g.overlaps_communication else 0.0  # a micro-batch's forward
     beside_compute = min(allreduce, hidden)  # seconds of collectives running beside compute
@@ -472,9 +475,22 @@ def dp_exposed_time(
         exposed += max(0.0, gather - behind)
         beside_compute += min(gather, behind)
     if layout.zero == 3:  # parameters re-gathered for every micro-batch's forward and backward,
-        exposed += (m - 1) * 2 * max(0.0, gather - forward)  # prefetched behind its compute
-        beside_compute += (m - 1) * 2 * min(gather, forward)
+        prefetched = 2 if layout.backward_prefetch else 1  # behind its compute (or waited_gathers)
+        exposed += (m - 1) * prefetched * max(0.0, gather - forward)
+        beside_compute += (m - 1) * prefetched * min(gather, forward)
     return exposed + OVERLAP_SLOWDOWN * beside_compute
+
+
+def waited_gathers(layout: Layout, link: Interconnect, params: float, elem: int) -> float:
+    """Seconds of ZeRO-3 backward all-gathers nothing hides, per step: without backward
+    prefetching (FSDP1's ``BACKWARD_POST``) a unit's gather is issued only "after the current
+    set of parameters' gradient computation" (PyTorch, ``torch.distributed.fsdp.
+    BackwardPrefetch``), so the next unit's backward waits for it — every micro-batch's
+    backward waits for all of its rank's parameters, a half ring of ``params`` ``elem``-byte
+    weights. 0 with prefetching, or below ZeRO-3."""
+    if layout.zero != 3 or layout.backward_prefetch or layout.dp == 1:
+        return 0.0
+    return layout.microbatches * _ring(params * elem, layout.dp, link) / 2
 
 
 # Compute that runs while a collective is in flight runs slower — the collective's kernels
