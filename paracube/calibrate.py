@@ -7,11 +7,12 @@ a CPU's attention kernel runs far below its matmul rate, unlike a GPU's FlashAtt
 the rate of the MLP's GELU (tanh form, as paracube's model), forward and backward per element
 — compute-bound on a CPU, where a GPU's fused kernel is bound by memory —
 the memory bandwidth (a large copy), and gloo's latency and bandwidth
-between two local processes, for a point-to-point transfer and for an all-reduce (4 KiB
-and 8 MiB each, fastest of ten: α and β of the α-β model), and what an all-gather plus a
-reduce-scatter pair costs against the all-reduce it replaces under sequence parallelism
-(1 MiB, an activation's size: on NCCL the pair *is* a ring all-reduce, ratio 1; gloo
-implements the three separately). It saves them as JSON; the planner
+between two local processes, for a point-to-point transfer (4 KiB and 8 MiB, fastest of
+ten) and for an all-reduce (the same sizes, issued in a row as a step issues them: α and β
+of the α-β model), and what an all-gather plus a reduce-scatter pair costs against the
+all-reduce it replaces under sequence parallelism (1 MiB, an activation's size, in a row
+too: on NCCL the pair *is* a ring all-reduce, ratio 1; gloo implements the three
+separately). It saves them as JSON; the planner
 (:mod:`paracube.planner.local`) then treats "this machine" as a GPU whose peak is the
 measured matmul rate × threads per rank. This module measures (torch, processes); the
 planner only reads the file.
@@ -27,16 +28,21 @@ from pathlib import Path
 from paracube.planner.local import DEFAULT_PATH
 
 
-def _matmul_rate(n: int = 512, repeats: int = 20) -> float:
+def _matmul_rate(n: int = 512, repeats: int = 10, rounds: int = 5) -> float:
+    """FLOP/s of one thread's n³ fp32 matmul: the median of ``rounds`` rounds (a shared
+    machine's clock and neighbours move a single round by a quarter)."""
     import torch
 
     torch.set_num_threads(1)
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    return 2 * n**3 * repeats / (time.perf_counter() - start)
+    rates = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        rates.append(2 * n**3 * repeats / (time.perf_counter() - start))
+    return sorted(rates)[rounds // 2]
 
 
 def _attention_rate(
@@ -110,7 +116,7 @@ def _pingpong(rank: int, port: int, out) -> None:
     reduce: dict[int, float] = {}
     for size in (1024, 2 << 20):  # floats: 4 KiB and 8 MiB
         buf = torch.zeros(size)
-        times, reduce_times = [], []
+        times = []
         for i in range(11):
             start = time.perf_counter()
             if rank == 0:
@@ -119,30 +125,39 @@ def _pingpong(rank: int, port: int, out) -> None:
             else:
                 dist.recv(buf, 0)
                 dist.send(buf, 0)
-            mid = time.perf_counter()
-            dist.all_reduce(buf)
             if i:
-                times.append((mid - start) / 2)
-                reduce_times.append(time.perf_counter() - mid)
+                times.append((time.perf_counter() - start) / 2)
         # the fastest of ten: the transfer itself, without the scheduler's noise
         p2p[size * 4] = min(times)
-        reduce[size * 4] = min(reduce_times)
-    # Sequence parallelism's pair against the all-reduce it replaces, at 1 MiB (full size),
-    # fastest of ten each, as above.
+        reduce[size * 4] = _in_a_row(lambda buf=buf: dist.all_reduce(buf))
+    # Sequence parallelism's pair against the all-reduce it replaces, at 1 MiB (full size).
     full, half = torch.zeros(1 << 18), torch.zeros(1 << 17)
-    pair, whole = [], []
-    for i in range(11):
-        start = time.perf_counter()
-        dist.all_gather_into_tensor(full, half)
-        dist.reduce_scatter_tensor(half, full)
-        mid = time.perf_counter()
-        dist.all_reduce(full)
-        if i:
-            pair.append(mid - start)
-            whole.append(time.perf_counter() - mid)
+
+    def pair() -> None:
+        dist.all_gather_single(full, half)
+        dist.reduce_scatter_single(half, full)
+
+    ratio = _in_a_row(pair) / _in_a_row(lambda: dist.all_reduce(full))
     if rank == 0:
-        out.put({"p2p": p2p, "all_reduce": reduce, "pair_ratio": min(pair) / min(whole)})
+        out.put({"p2p": p2p, "all_reduce": reduce, "pair_ratio": ratio})
     dist.destroy_process_group()
+
+
+def _in_a_row(collective, calls: int = 10, rounds: int = 5) -> float:
+    """Seconds per call of a collective issued as a training step issues them — one after
+    another, each rank going on as soon as its part is done — so that what the step sees is
+    in the figure: the ranks' skew and gloo's threads contending with the next call. The
+    median of ``rounds`` rounds of ``calls`` calls (after one to warm up). An idle pair's
+    fastest single call is 2-3× quicker than this and predicted tensor parallel's 18 calls a
+    step at half their measured cost."""
+    collective()
+    rates = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            collective()
+        rates.append((time.perf_counter() - start) / calls)
+    return sorted(rates)[rounds // 2]
 
 
 def _alpha_beta(points: dict) -> tuple[float, float]:
