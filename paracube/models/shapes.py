@@ -12,7 +12,7 @@ s sequence, b micro-batch, N = b·s tokens, t tensor-parallel ranks, E bytes per
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, lru_cache
 from typing import NamedTuple
 
 from paracube.config import ModelConfig
@@ -168,6 +168,7 @@ def chain_saved_bytes(cfg: ModelConfig, b: int, elem: int = 4) -> list[int]:
     ]
 
 
+@lru_cache(maxsize=4096)  # the planner's search asks for a few shapes often
 def end_saved_bytes(
     cfg: ModelConfig, b: int, *, elem: int = 4, tp: int = 1, sequence_parallel: bool = False
 ) -> tuple[int, int]:
@@ -205,6 +206,7 @@ def end_saved_bytes(
 # log-sum-exp is not kept); full recomputation keeps only the block's input, N·h·E/t_s.
 
 
+@lru_cache(maxsize=4096)  # the planner's search asks for a few shapes often
 def block_saved_bytes(
     cfg: ModelConfig,
     b: int,

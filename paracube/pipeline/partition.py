@@ -45,6 +45,8 @@ def partition(
                 if fits is not None and not fits(k - 1, i, j):
                     break  # a longer part holds more: it cannot fit either
                 run += load(k - 1, i)
+                if run >= best[k][j]:
+                    break  # loads are not negative: a longer part cannot do better
                 cand = max(best[k - 1][i], run)
                 if cand < best[k][j]:
                     best[k][j], cut[k][j] = cand, i

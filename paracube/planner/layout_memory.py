@@ -22,7 +22,9 @@ with more blocks — the sum of:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from paracube.choices import FUSED_ATTENTION, state_bytes_per_parameter
 from paracube.config import ModelConfig
@@ -71,22 +73,26 @@ def _rank_name(index: int, p: int) -> str:
     return "first" if index == 0 else "last" if index == p - 1 else f"rank {index}"
 
 
-def stage_bytes(
-    cfg: ModelConfig,
-    layout: Layout,
-    index: int,
-    blocks: int,
-    precision: str = "bf16",
-    name: str = "",
-    redone: int | None = None,
-) -> StageMemory:
-    """Memory per GPU of pipeline stage ``index`` holding ``blocks`` transformer blocks (the
-    first stage also the embedding, the last the final norm and head), ``redone`` of them
-    recomputed (default: all of them under recomputation)."""
+class _LayoutTerms(NamedTuple):
+    """What every pipeline rank of one layout shares: bytes per parameter of each model
+    state, what one block keeps (recomputed, and not), the parameter counts, and what the
+    model's two ends keep."""
+
+    weight: int
+    gradient: int
+    optimizer: int
+    act_recomputed: float
+    act_kept: float
+    block_params: float
+    embed_params: float
+    head_params: float
+    first: float
+    last: float
+
+
+@functools.lru_cache(maxsize=1 << 12)  # every rank of a layout, and its search twins
+def _layout_terms(cfg: ModelConfig, layout: Layout, precision: str) -> _LayoutTerms:
     h, s, V, t, p = cfg.hidden, cfg.seq_len, cfg.vocab_size, layout.tp, layout.pp
-    norm = shapes.norm_params(cfg)  # replicated
-    # the final norm sits with the head
-    head = (0 if (cfg.tie_embeddings and p == 1) else shapes.head_params(cfg, tp=t)) + norm
     w, g, o = state_bytes_per_parameter(precision, layout.grad_reduce)
 
     def act_layer(recompute: str) -> float:
@@ -110,25 +116,6 @@ def stage_bytes(
             attention=layout.attention,
         ) * (w / 2)  # Korthikanti's constants are for 16-bit activations
 
-    # --recompute-blocks: the stage's recomputed blocks keep their input only, the rest all
-    if redone is None:
-        redone = 0 if layout.recompute == "none" else blocks
-    params = blocks * shapes.block_params(cfg, tp=t)
-    if index == 0:
-        params += shapes.embed_params(cfg, tp=t)
-    if index == p - 1:
-        params += head
-    if layout.offload:  # master weights and optimizer states live in host memory
-        o = 0
-    states = model_state_bytes(
-        params, layout.zero, layout.dp, weight_bytes=w, grad_bytes=g, optimizer_bytes=o
-    ).total
-    in_flight = get_schedule(layout.schedule).in_flight(
-        p, layout.microbatches, layout.chunks, stage=index
-    )
-    acts = (
-        act_layer(layout.recompute) * redone + act_layer("none") * (blocks - redone)
-    ) * in_flight
     first: float
     last: float
     if layout.attention in FUSED_ATTENTION:  # the model's own ends, op by op
@@ -137,13 +124,69 @@ def stage_bytes(
         )
     else:  # Megatron's: the embedding output, and the fp32 logits for the loss
         first, last = layout.micro_batch * s * h * w, layout.micro_batch * s * V / t * 4
+    # the final norm sits with the head (replicated under tp)
+    head = (0 if (cfg.tie_embeddings and p == 1) else shapes.head_params(cfg, tp=t)) + (
+        shapes.norm_params(cfg)
+    )
+    return _LayoutTerms(
+        weight=w,
+        gradient=g,
+        optimizer=0 if layout.offload else o,  # offloaded: in host memory
+        act_recomputed=act_layer(layout.recompute),
+        act_kept=act_layer("none"),
+        block_params=shapes.block_params(cfg, tp=t),
+        embed_params=shapes.embed_params(cfg, tp=t),
+        head_params=head,
+        first=first,
+        last=last,
+    )
+
+
+def stage_bytes(
+    cfg: ModelConfig,
+    layout: Layout,
+    index: int,
+    blocks: int,
+    precision: str = "bf16",
+    name: str = "",
+    redone: int | None = None,
+) -> StageMemory:
+    """Memory per GPU of pipeline stage ``index`` holding ``blocks`` transformer blocks (the
+    first stage also the embedding, the last the final norm and head), ``redone`` of them
+    recomputed (default: all of them under recomputation)."""
+    terms = _layout_terms(cfg, layout, precision)
+    p = layout.pp
+    # --recompute-blocks: the stage's recomputed blocks keep their input only, the rest all
+    if redone is None:
+        redone = 0 if layout.recompute == "none" else blocks
+    params = blocks * terms.block_params
     if index == 0:
-        acts += first * in_flight
+        params += terms.embed_params
     if index == p - 1:
-        acts += last
+        params += terms.head_params
+    states = model_state_bytes(
+        params,
+        layout.zero,
+        layout.dp,
+        weight_bytes=terms.weight,
+        grad_bytes=terms.gradient,
+        optimizer_bytes=terms.optimizer,
+    ).total
+    in_flight = get_schedule(layout.schedule).in_flight(
+        p, layout.microbatches, layout.chunks, stage=index
+    )
+    acts = (terms.act_recomputed * redone + terms.act_kept * (blocks - redone)) * in_flight
+    if index == 0:
+        acts += terms.first * in_flight
+    if index == p - 1:
+        acts += terms.last
     allowance = CONTEXT_BYTES + FRAGMENTATION * (states + acts)
     return StageMemory(name, states, acts, allowance)
 
 
-def peak_memory(cfg: ModelConfig, layout: Layout, precision: str = "bf16") -> StageMemory:
+@functools.lru_cache(maxsize=1 << 16)  # a search asks again for a layout's offloaded and
+def peak_memory(  # recompute-"none" twins, which are candidates of their own
+    cfg: ModelConfig, layout: Layout, precision: str = "bf16"
+) -> StageMemory:
+    """The pipeline rank that needs the most memory (:func:`stage_memory`)."""
     return max(stage_memory(cfg, layout, precision), key=lambda m: m.total)
