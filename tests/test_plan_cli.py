@@ -270,6 +270,10 @@ def test_backward_prefetch_is_part_of_the_software(capsys):
             True,
             False,
         )
+    explained = plan(capsys, "--model", "gpt3-1.3b", "--gpus", "16", "--global-batch", "64",
+                     "--zero", "3", "--layout", "dp=16,tp=1,pp=1", "--no-backward-prefetch",
+                     "--explain")  # fmt: skip
+    assert "every backward waits for its own gathers" in explained
 
 
 def test_fits_nothing_says_by_how_much_and_what_would_fit(capsys):

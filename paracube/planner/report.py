@@ -139,9 +139,18 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster) -> list[str]:
         dtype = "in fp32" if L.grad_reduce == "fp32" else "in the compute dtype"
         lines.append(
             "- The model's states fit on one GPU (with ZeRO where shown), so every GPU holds a replica and "
-            f"only gradients cross the network ({dtype}), once per step, overlapped with the last backward: "
-            f"{t.dp_exposed:.3g} s of a {t.step_time:.3g} s step (what sticks out, and the "
-            "compute it slows while it hides)."
+            f"only gradients cross the network ({dtype}), once per step, "
+            + (
+                "overlapped with the last backward: "
+                if L.overlap_grad_reduce
+                else "after the last backward: "
+            )
+            + f"{t.dp_exposed:.3g} s of a {t.step_time:.3g} s step"
+            + (
+                " (what sticks out, and the compute it slows while it hides)."
+                if L.overlap_grad_reduce
+                else "."
+            )
         )
     if L.tp > 1:
         lines.append(
@@ -164,7 +173,13 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster) -> list[str]:
             f"- ZeRO-{L.zero} shards {SHARDED_STATES[L.zero]} over the {L.dp} data-parallel ranks: "
             f"{best.memory.model_states / GB:.1f} GB of model states per GPU, and each rank steps "
             f"1/{L.dp} of the optimizer ({t.optimizer:.3g} s); the parameter all-gathers it adds are "
-            f"in the {t.dp_exposed:.3g} s the data-parallel communication costs."
+            f"in the {t.dp_exposed:.3g} s the data-parallel communication costs"
+            + (
+                " — without backward prefetching (FSDP1's BACKWARD_POST) every backward waits for "
+                "its own gathers, none of them hidden."
+                if L.zero == 3 and not L.backward_prefetch
+                else "."
+            )
         )
     if L.recompute != "none":
         lines.append(
