@@ -1,8 +1,10 @@
 """The planner's predictions against paracube's own measured runs on this machine.
 
-Calibrates this machine (`paracube plan --calibrate`), then runs `paracube train
---predict` for several layouts of the GPT preset ``small`` (2 ranks × 1 thread) and
-tabulates predicted vs measured step time and model-state memory per rank.
+For each of several layouts of the GPT preset ``small`` (2 ranks × 1 thread): calibrates
+this machine (`paracube plan --calibrate`) and at once runs `paracube train --predict`, and
+tabulates predicted vs measured step time and model-state memory per rank. Calibrating
+right before each run keeps a shared machine's drift (its speed moves by 10-25 % over
+minutes) out of the comparison.
 
     python benchmarks/bench_planner.py --out benchmarks/results/planner.json
 """
@@ -49,15 +51,15 @@ def main() -> None:
     p.add_argument("--out", default="benchmarks/results/planner.json")
     args = p.parse_args()
     env = {**os.environ, "PARACUBE_CALIBRATION": str(Path(tempfile.mkdtemp()) / "calibration.json")}
-    cal = subprocess.run(
-        [sys.executable, "-m", "paracube", "plan", "--calibrate"],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    print(cal.stdout.strip())
     rows = []
     for name, flags in LAYOUTS.items():
+        cal = subprocess.run(
+            [sys.executable, "-m", "paracube", "plan", "--calibrate"],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        print(f"{name}: {cal.stdout.strip()}")
         run = subprocess.run(
             [
                 sys.executable,
@@ -88,11 +90,12 @@ def main() -> None:
                 "ratio": round(pred / meas, 3),
                 "model_states_predicted_mib": mem_p,
                 "model_states_counted_mib": mem_c,
+                "calibration": cal.stdout.strip(),
             }
         )
     write_json(
         args.out,
-        {"benchmark": "planner", "model": "small", "calibration": cal.stdout.strip(), "rows": rows},
+        {"benchmark": "planner", "model": "small", "rows": rows},
     )
     print(
         "\n| layout | predicted ms/step | measured ms/step | predicted ÷ measured "

@@ -137,7 +137,13 @@ def _pingpong(rank: int, port: int, out) -> None:
         dist.all_gather_single(full, half)
         dist.reduce_scatter_single(half, full)
 
-    ratio = _in_a_row(pair) / _in_a_row(lambda: dist.all_reduce(full))
+    # the two measured in turns, round by round, so that the machine's drift between them
+    # cancels in each round's ratio; the median round
+    ratios = sorted(
+        _in_a_row(pair, rounds=1) / _in_a_row(lambda: dist.all_reduce(full), rounds=1)
+        for _ in range(7)
+    )
+    ratio = ratios[len(ratios) // 2]
     if rank == 0:
         out.put({"p2p": p2p, "all_reduce": reduce, "pair_ratio": ratio})
     dist.destroy_process_group()
