@@ -199,7 +199,7 @@ def measured_bubble_run(schedule):
     cfg = TrainConfig(
         model=preset("tiny", n_layers=4),
         parallel=ParallelConfig(pp=2, schedule=schedule),
-        steps=8,
+        steps=9,
         micro_batch=16,
         grad_accum=4,
         progress=False,
@@ -207,11 +207,13 @@ def measured_bubble_run(schedule):
     trainer = Trainer(cfg, ProcessMesh(cfg.parallel), small_corpus())
     steps = [trainer.train_step().pipeline for _ in range(cfg.steps)][2:]  # after warm-up
     kinds = steps[0]["action_seconds"]
-    return {  # averages over the measured steps
-        "bubble_measured": sum(s["bubble_measured"] for s in steps) / len(steps),
-        "action_seconds": {
-            k: sum(s["action_seconds"][k] for s in steps) / len(steps) for k in kinds
-        },
+
+    def median(values):  # a step the shared machine preempted does not move it
+        return sorted(values)[len(values) // 2]
+
+    return {  # medians over the measured steps
+        "bubble_measured": median([s["bubble_measured"] for s in steps]),
+        "action_seconds": {k: median([s["action_seconds"][k] for s in steps]) for k in kinds},
         "latency": trainer.pipeline.measure_latency(),
     }
 
