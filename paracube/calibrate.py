@@ -15,7 +15,8 @@ too: on NCCL the pair *is* a ring all-reduce, ratio 1; gloo implements the three
 separately). It saves them as JSON; the planner
 (:mod:`paracube.planner.local`) then treats "this machine" as a GPU whose peak is the
 measured matmul rate × threads per rank. This module measures (torch, processes); the
-planner only reads the file.
+planner only reads the file. On a machine with CUDA it measures the GPU too
+(:mod:`paracube.calibrate_gpu`).
 """
 
 from __future__ import annotations
@@ -133,9 +134,11 @@ def _pingpong(rank: int, port: int, out) -> None:
     # Sequence parallelism's pair against the all-reduce it replaces, at 1 MiB (full size).
     full, half = torch.zeros(1 << 18), torch.zeros(1 << 17)
 
+    from paracube.comm.ops import all_gather_flat, reduce_scatter_flat
+
     def pair() -> None:
-        dist.all_gather_single(full, half)
-        dist.reduce_scatter_single(half, full)
+        all_gather_flat(full, half)
+        reduce_scatter_flat(half, full)
 
     # the two measured in turns, round by round, so that the machine's drift between them
     # cancels in each round's ratio; the median round
@@ -201,6 +204,10 @@ def _link() -> dict:
 
 
 def calibrate(path: Path = DEFAULT_PATH) -> dict:
+    """Measure this machine's CPU and gloo (what ``paracube train`` on CPU ranks uses) and,
+    where CUDA is available, its first GPU (:mod:`paracube.calibrate_gpu`); save them."""
+    import torch
+
     gelu_forward, gelu_backward = _activation_rates()
     data = {
         "matmul_flops_per_thread": _matmul_rate(),
@@ -211,6 +218,10 @@ def calibrate(path: Path = DEFAULT_PATH) -> dict:
         **_link(),
         "cores": os.cpu_count() or 1,
     }
+    if torch.cuda.is_available():
+        from paracube.calibrate_gpu import calibrate_gpu
+
+        data["gpu"] = calibrate_gpu()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2))
     return data

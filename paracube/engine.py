@@ -194,7 +194,7 @@ class Trainer:
     def train_step(self) -> StepMetrics:
         """One optimizer step over this rank's micro-batches; a collective that fails
         inside it is re-raised naming the rank, its coordinates, the step and the phase."""
-        timer = PhaseTimer()
+        timer = PhaseTimer(torch.cuda.synchronize if self.mesh.device.type == "cuda" else None)
         if self.heartbeat is not None:
             self.heartbeat.at(self.step, timer)
         with self.naming_failures(timer):

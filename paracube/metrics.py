@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
@@ -15,9 +16,15 @@ COMPUTE = ("forward", "backward", "optimizer")  # what an injected slow rank slo
 
 class PhaseTimer:
     """Accumulates wall-clock seconds per named phase of one step, and the phases' spans
-    (``(name, start, end)``, seconds from the timer's start) for a step's timeline."""
+    (``(name, start, end)``, seconds from the timer's start) for a step's timeline.
 
-    def __init__(self) -> None:
+    ``sync`` waits for the device (``torch.cuda.synchronize`` on a GPU): a CUDA kernel is
+    queued and returns at once, so without it a phase measures the launching, and its
+    kernels' time lands in whichever later phase first waits for a result (Megatron-LM's
+    timers synchronize the same way). A CPU rank computes as it goes: None."""
+
+    def __init__(self, sync: Callable[[], None] | None = None) -> None:
+        self.sync = sync
         self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         self.current: str | None = None  # the phase running now (named in error messages)
         self.origin = time.perf_counter()
@@ -29,6 +36,8 @@ class PhaseTimer:
         """Time ``name``. A compute phase runs the injected slow rank's compute clock
         (:mod:`paracube.inject`): its waits for peers inside the phase are not slowed
         (slowing a wait for the other ranks by a factor would feed on itself)."""
+        if self.sync is not None:
+            self.sync()  # what earlier phases queued is theirs
         start = time.perf_counter()
         self.current = name
         slept = inject.slept()
@@ -41,6 +50,8 @@ class PhaseTimer:
             if name in COMPUTE:
                 inject.stop_compute()
             self.injected += inject.slept() - slept
+            if self.sync is not None:
+                self.sync()
             end = time.perf_counter()
             self.seconds[name] = self.seconds.get(name, 0.0) + end - start
             self.spans.append((name, start - self.origin, end - self.origin))

@@ -110,6 +110,8 @@ def summary(history: list[StepMetrics], first_val: float | None, wall: float) ->
             )
             + (f", parameter server {mib['ps_server']:.2f} MiB" if "ps_server" in mib else "")
         )
+        if "cuda_max_allocated" in mem:
+            lines.append(allocator_gap(mem))
     if vals:
         start = f"{first_val:.4f} → " if first_val is not None else ""
         lines.insert(1, f"paracube: validation loss {start}{vals[-1]:.4f}")
@@ -127,33 +129,59 @@ def staleness(counts: dict[int, int]) -> str:
     )
 
 
-def prediction(cfg: TrainConfig, history: list[StepMetrics], threads: int, local_ranks: int) -> str:
-    """The planner's predicted step time and model-state memory next to the measured ones."""
+def prediction(
+    cfg: TrainConfig,
+    history: list[StepMetrics],
+    threads: int,
+    local_ranks: int,
+    device_name: str | None = None,
+) -> str:
+    """The planner's predicted step time and model-state memory next to the measured ones.
+
+    On CPU ranks the planner sees this machine as ``paracube calibrate`` measured it; on a
+    GPU (``device_name``, CUDA's name for it) as the calibration measured that GPU and, on a
+    second line, as the catalog's datasheet entry for it."""
     from paracube.models.shapes import model_saved_bytes
     from paracube.planner import local
+    from paracube.planner.hardware import DEFAULT_INTRA, GPUS, INTERCONNECTS, catalog_key
     from paracube.planner.layout import Layout
     from paracube.planner.layout_memory import stage_memory
     from paracube.planner.time_model import Cluster, estimate
 
     data = local.load()
-    if data is None:
-        return "paracube: --predict: no calibration of this machine; run `paracube plan --calibrate` first"
-    rank_gpu, link = local.local_hardware(data, threads, local_ranks)
+    # (label, GPU, link) per prediction; the first is the calibrated one
+    hardware: list = []
+    if device_name is None:
+        if data is None:
+            return "paracube: --predict: no calibration of this machine; run `paracube plan --calibrate` first"
+        hardware.append(("calibrated", *local.local_hardware(data, threads, local_ranks)))
+    else:
+        if data is not None and (calibrated := local.calibrated_gpu(data)) is not None:
+            hardware.append(("calibrated", *calibrated))
+        if (key := catalog_key(device_name)) is not None:
+            listed = GPUS[key]
+            hardware.append((f"{listed.name} datasheet", listed, INTERCONNECTS[DEFAULT_INTRA[key]]))
+        if not hardware:
+            return (
+                f"paracube: --predict: {device_name} is not in the planner's catalog and not "
+                "calibrated; run `paracube calibrate` on this machine first"
+            )
     layout = Layout.from_config(cfg)
-    est = estimate(
-        cfg.model,
-        layout,
-        Cluster(rank_gpu, cfg.parallel.world_size, link, link),
-        precision=cfg.precision,
-    )
+    times = [
+        estimate(
+            cfg.model, layout, Cluster(rank_gpu, cfg.parallel.world_size, link, link),
+            precision=cfg.precision,
+        ).step_time
+        for _, rank_gpu, link in hardware
+    ]  # fmt: skip
     steady = sorted(m.step_time for m in history[1:] or history)
     measured = steady[len(steady) // 2]
     predicted_states = stage_memory(cfg.model, layout, cfg.precision)[0].model_states
     mem = history[-1].memory or {}  # counted where all model states coexist (see OptimizerStep)
     counted = mem["weights"] + mem["gradients"] + mem["optimizer"]
     line = (
-        f"paracube: predicted step {est.step_time * 1e3:.1f} ms, measured median {measured * 1e3:.1f} ms "
-        f"(predicted/measured {est.step_time / measured:.2f}); model states on rank 0: predicted "
+        f"paracube: predicted step {times[0] * 1e3:.1f} ms, measured median {measured * 1e3:.1f} ms "
+        f"(predicted/measured {times[0] / measured:.2f}; {hardware[0][0]}); model states on rank 0: predicted "
         f"{predicted_states / MIB:.2f} MiB, counted {counted / MIB:.2f} MiB"
     )
     if (
@@ -170,4 +198,26 @@ def prediction(cfg: TrainConfig, history: list[StepMetrics], threads: int, local
             f"; saved activations per micro-batch: predicted {want / MIB:.2f} MiB, "
             f"counted peak {mem['activations_peak'] / MIB:.2f} MiB"
         )
+    for (label, _, _), time in zip(hardware[1:], times[1:]):
+        line += (
+            f"\nparacube: predicted step {time * 1e3:.1f} ms with the {label} "
+            f"(predicted/measured {time / measured:.2f})"
+        )
     return line
+
+
+def allocator_gap(mem: dict[str, int]) -> str:
+    """The CUDA allocator's peak beside what paracube counts (model states, the saved
+    activations' peak, ZeRO-3's gathered parameters): the rest is the transient tensors
+    nothing keeps — backward's gradients of activations in flight, the fp32 logits and
+    their gradient, kernels' workspaces — which counting does not see."""
+    counted = sum(
+        mem.get(k, 0)
+        for k in ("weights", "gradients", "optimizer", "activations_peak", "params_peak")
+    )
+    peak = mem["cuda_max_allocated"]
+    return (
+        f"paracube: CUDA allocator peak {peak / MIB:.0f} MiB; counted {counted / MIB:.0f} MiB "
+        f"(model states + saved activations peak); uncounted transients {(peak - counted) / MIB:.0f} MiB "
+        f"({100 * (peak - counted) / peak:.0f} % of the peak)"
+    )

@@ -190,7 +190,11 @@ def _train(trainer, cfg: TrainConfig, run: RunOptions, threads: int) -> None:
             print(f"paracube: straggler: {s.line()}", flush=True)
         if run.predict:
             local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-            print(report.prediction(cfg, history, threads, local_ranks), flush=True)
+            import torch
+
+            on_gpu = trainer.mesh.device.type == "cuda"
+            device_name = torch.cuda.get_device_name(trainer.mesh.device) if on_gpu else None
+            print(report.prediction(cfg, history, threads, local_ranks, device_name), flush=True)
 
 
 def _run_header(trainer, cfg: TrainConfig, run: RunOptions, threads: int) -> dict:

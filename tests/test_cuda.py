@@ -106,3 +106,29 @@ def test_offloaded_optimizer_trains_as_on_the_gpu(tmp_path, precision):
     memory = runs["optimizer"][-1]["memory"]
     assert memory["optimizer"] == 0 and memory["optimizer_host"] > 0
     assert runs["none"][-1]["memory"]["optimizer"] == memory["optimizer_host"]
+
+
+@pytest.mark.cuda
+def test_phases_time_the_gpu_kernels_not_their_launch():
+    """A CUDA kernel is queued and returns at once: the trainer's PhaseTimer waits for the
+    device at a phase's edges, so the phase holds its kernels' time (without, it holds a
+    few microseconds of launching)."""
+    from paracube.metrics import PhaseTimer
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    a @ a
+    torch.cuda.synchronize()
+    for sync in (torch.cuda.synchronize, None):
+        timer = PhaseTimer(sync)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with timer.phase("forward"):
+            start.record()
+            for _ in range(20):
+                a @ a
+            end.record()
+        end.synchronize()
+        kernels = start.elapsed_time(end) / 1e3
+        if sync is not None:
+            assert timer.seconds["forward"] >= 0.95 * kernels
+        else:
+            assert timer.seconds["forward"] < 0.5 * kernels  # what the sync is for

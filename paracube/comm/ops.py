@@ -15,6 +15,12 @@ import torch.distributed as dist
 from paracube import inject
 from paracube.comm.ledger import CommLedger
 
+# torch 2.13 names the flat collectives ``*_single`` and deprecates the ``*_tensor`` names
+# (a FutureWarning per call); an older torch — a GPU image's — has only those, with the
+# same arguments.
+all_gather_flat = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+reduce_scatter_flat = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+
 
 def group_size(group) -> int:
     """Ranks in ``group``; ``None`` is the default (world) group, as in torch.distributed."""
@@ -187,7 +193,7 @@ def all_gather_into(
         tag,
         nbytes(out),
         ledger,
-        lambda: dist.all_gather_single(out, shard, group=group, async_op=True),
+        lambda: all_gather_flat(out, shard, group=group, async_op=True),
         out,
         async_op,
     )
@@ -212,7 +218,7 @@ def reduce_scatter_into(
         tag,
         nbytes(tensor),
         ledger,
-        lambda: dist.reduce_scatter_single(out, tensor, group=group, async_op=True),
+        lambda: reduce_scatter_flat(out, tensor, group=group, async_op=True),
         out,
         async_op,
     )

@@ -166,6 +166,18 @@ DEFAULT_INTER = {
 }
 
 
+def catalog_key(device_name: str) -> str | None:
+    """The catalog entry of a GPU as CUDA names it (``torch.cuda.get_device_name``:
+    "NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"), None if not listed."""
+    name = device_name.lower()
+    for model in ("h200", "h100", "v100"):
+        if model in name:
+            return model
+    if "a100" in name:
+        return "a100-40gb" if "40gb" in name else "a100-80gb"
+    return None
+
+
 def gpu(name: str) -> GPU:
     key = name.lower()
     if key not in GPUS:

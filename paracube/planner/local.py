@@ -11,7 +11,14 @@ import os
 from pathlib import Path
 
 from paracube.errors import ConfigError
-from paracube.planner.hardware import GPU, Interconnect
+from paracube.planner.hardware import (
+    DEFAULT_INTRA,
+    GPU,
+    GPUS,
+    INTERCONNECTS,
+    Interconnect,
+    catalog_key,
+)
 
 DEFAULT_PATH = Path(
     os.environ.get("PARACUBE_CALIBRATION", Path.home() / ".cache" / "paracube" / "calibration.json")
@@ -82,3 +89,45 @@ def local_hardware(
         data["allreduce_latency"] / 2,
         pair_cost_ratio=data.get("gather_scatter_pair_ratio", 1.0),
     )
+
+
+def _gemm_key(shape: tuple[int, int, int]) -> str:
+    return "x".join(map(str, shape))
+
+
+def calibrated_gpu(data: dict) -> tuple[GPU, Interconnect] | None:
+    """The GPU ``paracube calibrate`` measured (its ``gpu`` section), as the planner's GPU,
+    and the catalog's link for it (one GPU measures no link); None without a section.
+
+    Its peak is the measured 8192³ bf16 rate over that shape's own wave efficiency (so that
+    the time model's tile and wave quantization is not charged twice), sustained as
+    measured (fraction 1); attention, fp32 and TF32 rates and HBM bandwidth measured too.
+    What one GPU cannot measure — NVLink, the host link — is the catalog entry's, where
+    the GPU is listed."""
+    from paracube.calibrate_gpu import HEADLINE
+    from paracube.planner.time_model import wave_efficiency
+
+    measured = data.get("gpu")
+    if not measured:
+        return None
+    key = catalog_key(measured["name"])
+    listed = GPUS.get(key) if key else None
+    m, n, _ = HEADLINE
+    peak = measured["matmul"]["bf16"][_gemm_key(HEADLINE)] / wave_efficiency(m, n, measured["sms"])
+    rank = GPU(
+        f"{measured['name']} (calibrated)",
+        peak,
+        memory_bytes=measured["memory_bytes"],
+        hbm_bandwidth=measured["memory_bandwidth"],
+        nvlink_bandwidth=listed.nvlink_bandwidth if listed else 0.0,
+        sms=measured["sms"],
+        attention_rate=measured["attention"]["flops"],
+        fp32_flops=measured["matmul"]["fp32"],
+        tf32_flops=measured["matmul"]["tf32"],
+        measured_sustained=1.0,
+        host_link_bandwidth=listed.host_link_bandwidth if listed else 0.0,
+        host_memory_bandwidth=listed.host_memory_bandwidth if listed else 0.0,
+        host_memory_bytes=listed.host_memory_bytes if listed else 0.0,
+    )
+    link = INTERCONNECTS[DEFAULT_INTRA[key] if key else "nvlink4"]
+    return rank, link

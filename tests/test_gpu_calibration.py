@@ -1,0 +1,94 @@
+"""Reading a GPU calibration (``paracube calibrate`` on a CUDA machine) into the planner.
+
+The measuring itself needs a GPU (``benchmarks/gpu_check.sh``); what the planner makes of
+a measured section is pure arithmetic, checked here on a section made up from the time
+model's own GEMM model, so that the right reading reproduces it exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from paracube.calibrate_gpu import ATTENTION_SHAPE, GEMM_SHAPES
+from paracube.cli.calibrate import gpu_lines
+from paracube.planner import local
+from paracube.planner.hardware import GPUS, catalog_key
+from paracube.planner.time_model import wave_efficiency
+
+SUSTAINED = 800e12  # the made-up GPU's tensor-core rate before tile and wave losses
+SMS = 132
+
+
+def _section(name: str = "NVIDIA H200") -> dict:
+    bf16 = {f"{m}x{n}x{k}": SUSTAINED * wave_efficiency(m, n, SMS) for m, n, k in GEMM_SHAPES}
+    return {
+        "gpu": {
+            "name": name,
+            "sms": SMS,
+            "memory_bytes": 150e9,
+            "torch": "2.x",
+            "cuda": "13.0",
+            "matmul": {"bf16": bf16, "fp32": 50e12, "tf32": 400e12},
+            "attention": {
+                "shape": list(ATTENTION_SHAPE),
+                "forward_s": 1e-3,
+                "forward_backward_s": 3.5e-3,
+                "forward_flops": 500e12,
+                "backward_flops": 500e12,
+                "flops": 500e12,
+            },
+            "memory_bandwidth": 4.3e12,
+        }
+    }
+
+
+@pytest.mark.parametrize(
+    "device, key",
+    [
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA H100 80GB HBM3", "h100"),
+        ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
+        ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
+        ("Tesla V100-SXM2-32GB", "v100"),
+        ("NVIDIA GeForce RTX 4090", None),
+    ],
+)
+def test_cuda_device_names_find_their_catalog_entry(device, key):
+    assert catalog_key(device) == key
+
+
+def test_calibrated_peak_is_the_headline_rate_before_its_waves():
+    """The 8192³ rate already lost its tile and wave quantization: the peak is that rate over
+    the shape's wave efficiency, so the time model (which derates every GEMM by its own)
+    reproduces every measured shape, the headline's included."""
+    gpu, link = local.calibrated_gpu(_section())
+    assert gpu.peak_flops == pytest.approx(SUSTAINED)
+    assert gpu.sustained_fraction == 1.0
+    for m, n, _ in GEMM_SHAPES:
+        modelled = gpu.peak_flops * gpu.sustained_fraction * wave_efficiency(m, n, gpu.sms)
+        assert modelled == pytest.approx(SUSTAINED * wave_efficiency(m, n, SMS))
+    assert (gpu.attention_rate, gpu.rate("fp32"), gpu.rate("tf32")) == (500e12, 50e12, 400e12)
+    assert gpu.hbm_bandwidth == 4.3e12 and gpu.memory_bytes == 150e9
+    # what one GPU cannot measure comes from its catalog entry
+    assert gpu.host_link_bandwidth == GPUS["h200"].host_link_bandwidth
+    assert link.name.startswith("NVLink 4")
+
+
+def test_a_calibration_without_a_gpu_section_has_no_calibrated_gpu():
+    assert local.calibrated_gpu({"matmul_flops_per_thread": 1e9}) is None
+
+
+def test_the_report_sets_each_shape_beside_both_models():
+    lines = gpu_lines(_section())
+    rows = [line for line in lines if line.startswith("  ")]
+    assert len(rows) == len(GEMM_SHAPES)
+    h200 = GPUS["h200"]
+    for row, (m, n, _) in zip(rows, GEMM_SHAPES):
+        measured, calibrated, sheet = (float(x) for x in row.split(": ")[1].split(" | "))
+        waves = wave_efficiency(m, n, SMS)
+        assert measured == calibrated == round(SUSTAINED * waves / 1e12)
+        assert sheet == round(h200.peak_flops * h200.sustained_fraction * waves / 1e12)
+    assert "catalog entry: H200 SXM" in lines[0]
+    # a GPU the catalog does not list is still reported, without datasheet columns
+    unlisted = gpu_lines(_section("NVIDIA GeForce RTX 4090"))
+    assert "not in the planner's catalog" in unlisted[0]
+    assert all(line.endswith(" | -") for line in unlisted if line.startswith("  "))
