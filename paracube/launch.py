@@ -30,7 +30,8 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from paracube.errors import ParacubeError
 
@@ -87,6 +88,12 @@ def launch_local(
     logs = tempfile.mkdtemp(prefix="paracube-")  # the agent's per-run files; removed below
     explained = os.path.join(logs, "explained")  # a rank that prints the job's end writes it
     os.environ[EXPLAINED_ENV] = explained
+    # the grace a stopped group gets before SIGKILL is LaunchConfig's from torch 2.13 (an
+    # older torch — a GPU image's — has its own fixed grace)
+    known = {f.name for f in fields(LaunchConfig)}
+    grace: dict[str, Any] = (
+        {"shutdown_timeout": SHUTDOWN_GRACE} if "shutdown_timeout" in known else {}
+    )
     config = LaunchConfig(
         min_nodes=nodes.count,
         max_nodes=nodes.count,
@@ -97,7 +104,7 @@ def launch_local(
         monitor_interval=0.1,
         start_method="spawn",
         logs_specs=DefaultLogsSpecs(log_dir=logs),
-        shutdown_timeout=SHUTDOWN_GRACE,
+        **grace,
     )
     try:
         codes = elastic_launch(config, entrypoint)(*args)
