@@ -3,7 +3,8 @@
 ``paracube calibrate`` on a machine with CUDA adds a ``gpu`` section to the calibration:
 the GPU's name, SMs and memory; the bf16 tensor-core rate at several GEMM shapes (square
 ones, and a transformer block's at 16,384 tokens: the shapes whose tile and wave
-quantization ``planner.time_model.wave_efficiency`` models); fp32 on the CUDA cores and
+quantization ``planner.time_model.wave_efficiency`` models) and the head's with GPT-2's
+vocabulary, plain and padded as the GPT runs it; fp32 on the CUDA cores and
 TF32 on the tensor cores (8192³); the fused causal attention of
 ``scaled_dot_product_attention`` (bf16, forward and forward + backward, counted as the
 planner counts it); and the memory bandwidth of a device-to-device copy. The planner reads
@@ -16,26 +17,31 @@ Every figure is the median of rounds timed with CUDA events after warm-up, on ra
 
 from __future__ import annotations
 
-# (m, n, k) of an (m×k)·(k×n) product. The squares show the rate's climb with size; the
-# transformer shapes are GPT-3 1.3B's (h = 2048) and a 6.7B's (h = 4096) linear layers at
-# 16,384 tokens (micro-batch 8 × 2048): QKV, projection, MLP up and down, and the head.
-GEMM_SHAPES: tuple[tuple[int, int, int], ...] = (
+# (m, n, k) of an (m×k)·(k×n) product. The squares show the rate's climb with size. The
+# block shapes are a transformer block's linear layers at 16,384 tokens (micro-batch 8 ×
+# 2048): QKV, projection, MLP up and down of GPT-3 1.3B (h = 2048) and of a 6.7B (h =
+# 4096) — what training runs, and what the calibrated GPU's peak is taken from. The head's
+# shape has GPT-2's 50,257-token vocabulary, whose odd rows keep the product off the
+# tensor cores' fast kernels.
+SQUARES: tuple[tuple[int, int, int], ...] = (
     (1024, 1024, 1024),
     (2048, 2048, 2048),
     (4096, 4096, 4096),
     (8192, 8192, 8192),
     (16384, 16384, 16384),
+)
+BLOCK_SHAPES: tuple[tuple[int, int, int], ...] = (
     (16384, 6144, 2048),
     (16384, 2048, 2048),
     (16384, 8192, 2048),
     (16384, 2048, 8192),
-    (16384, 50257, 2048),
     (16384, 12288, 4096),
     (16384, 4096, 4096),
     (16384, 16384, 4096),
     (16384, 4096, 16384),
 )
-HEADLINE = (8192, 8192, 8192)  # the rate the planner's calibrated GPU takes as its peak
+HEAD_SHAPE = (16384, 50257, 2048)
+GEMM_SHAPES = SQUARES + BLOCK_SHAPES + (HEAD_SHAPE,)
 # FlashAttention-2's benchmark shape (Dao 2023, Fig. 4: head dim 128, 16k tokens per batch)
 # at GPT-3 1.3B's sequence: batch 8 × 16 heads × 2048 × 128
 ATTENTION_SHAPE = (8, 16, 2048, 128)
@@ -80,12 +86,32 @@ def _matmul_rates(device) -> dict:
     before = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = False
-        fp32 = _gemm_rate(*HEADLINE, torch.float32, device)
+        fp32 = _gemm_rate(8192, 8192, 8192, torch.float32, device)
         torch.backends.cuda.matmul.allow_tf32 = True
-        tf32 = _gemm_rate(*HEADLINE, torch.float32, device)
+        tf32 = _gemm_rate(8192, 8192, 8192, torch.float32, device)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
     return {"bf16": bf16, "fp32": fp32, "tf32": tf32}
+
+
+def _head_rates(device) -> dict:
+    """The head's forward + backward (bf16) at :data:`HEAD_SHAPE` as the model runs it: a
+    plain ``F.linear`` over the 50,257-token vocabulary, and the GPT's padded products
+    (``models.gpt.Head``); FLOP/s of the three products (6·m·n·k)."""
+    import torch
+    import torch.nn.functional as F
+
+    from paracube.models.gpt import _PaddedHeadProduct
+
+    m, vocab, k = HEAD_SHAPE
+    x = torch.randn(m, k, dtype=torch.bfloat16, device=device, requires_grad=True)
+    w = torch.randn(vocab, k, dtype=torch.bfloat16, device=device, requires_grad=True)
+    grad = torch.randn(m, vocab, dtype=torch.bfloat16, device=device)
+    rates = {}
+    for name, product in (("plain", F.linear), ("padded", _PaddedHeadProduct.apply)):
+        seconds = _timed(lambda product=product: product(x, w).backward(grad), 5)
+        rates[name] = 6 * m * vocab * k / seconds
+    return rates
 
 
 def _attention_rates(device) -> dict:
@@ -145,6 +171,7 @@ def calibrate_gpu() -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "matmul": _matmul_rates(device),
+        "head": _head_rates(device),
         "attention": _attention_rates(device),
         "memory_bandwidth": _copy_bandwidth(device),
     }

@@ -28,6 +28,7 @@ def _section(name: str = "NVIDIA H200") -> dict:
             "torch": "2.x",
             "cuda": "13.0",
             "matmul": {"bf16": bf16, "fp32": 50e12, "tf32": 400e12},
+            "head": {"plain": 130e12, "padded": 600e12},
             "attention": {
                 "shape": list(ATTENTION_SHAPE),
                 "forward_s": 1e-3,
@@ -56,10 +57,11 @@ def test_cuda_device_names_find_their_catalog_entry(device, key):
     assert catalog_key(device) == key
 
 
-def test_calibrated_peak_is_the_headline_rate_before_its_waves():
-    """The 8192³ rate already lost its tile and wave quantization: the peak is that rate over
-    the shape's wave efficiency, so the time model (which derates every GEMM by its own)
-    reproduces every measured shape, the headline's included."""
+def test_calibrated_peak_is_the_block_shapes_rate_before_their_waves():
+    """Each measured rate already lost its shape's tile and wave quantization: the peak is
+    the block shapes' median rate over their wave efficiencies, so the time model (which
+    derates every GEMM by its own) reproduces every measured shape of a GPU whose only
+    loss is those waves."""
     gpu, link = local.calibrated_gpu(_section())
     assert gpu.peak_flops == pytest.approx(SUSTAINED)
     assert gpu.sustained_fraction == 1.0
@@ -88,6 +90,7 @@ def test_the_report_sets_each_shape_beside_both_models():
         assert measured == calibrated == round(SUSTAINED * waves / 1e12)
         assert sheet == round(h200.peak_flops * h200.sustained_fraction * waves / 1e12)
     assert "catalog entry: H200 SXM" in lines[0]
+    assert any("plain F.linear 130, padded as the GPT runs it 600 TFLOP/s" in x for x in lines)
     # a GPU the catalog does not list is still reported, without datasheet columns
     unlisted = gpu_lines(_section("NVIDIA GeForce RTX 4090"))
     assert "not in the planner's catalog" in unlisted[0]

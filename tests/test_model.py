@@ -84,3 +84,20 @@ def test_narayanan_parameter_formula_for_gpt3():
     l, h, V, s = cfg.n_layers, cfg.hidden, cfg.vocab_size, cfg.seq_len
     formula = 12 * l * h**2 * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
     assert parameter_count(cfg) == pytest.approx(formula, rel=1e-6)
+
+
+def test_padded_head_product_is_the_linear_and_its_gradients():
+    """The head's GPU path (products over a vocabulary padded to VOCAB_ALIGN with zero rows,
+    the padded logits dropped) is x·Wᵀ exactly: the same values and, by gradcheck in
+    float64, the same gradients — for a vocabulary that needs padding (1,001 → 1,024)."""
+    from paracube.models.gpt import VOCAB_ALIGN, _PaddedHeadProduct
+
+    torch.manual_seed(0)
+    vocab = 1001
+    assert vocab % VOCAB_ALIGN
+    x = torch.randn(2, 3, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(vocab, 16, dtype=torch.float64, requires_grad=True)
+    out = _PaddedHeadProduct.apply(x, w)
+    assert out.shape == (2, 3, vocab)
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, w))
+    assert torch.autograd.gradcheck(_PaddedHeadProduct.apply, (x, w))

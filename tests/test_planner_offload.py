@@ -18,7 +18,9 @@ def test_offload_moves_the_optimizer_states_off_the_gpu_and_charges_the_host():
     """A100-80GB, gpt3-1.3b, dp=8: offloaded, the GPU holds Ψ·(2 + 2) bytes of states
     instead of Ψ·(2 + 2 + 12) — the 12 (fp32 master and Adam's moments) are in host memory —
     and the step pays the gradient down and the values up over PCIe (2 + 2 bytes a
-    parameter at 32 GB/s) and the CPU's Adam (28 bytes a parameter of host bandwidth)."""
+    parameter at 32 GB/s) and the CPU's norm and Adam (4 + 28 bytes a parameter of host
+    bandwidth), where on the GPU the norm, Adam and the bf16 write-back (4 + 28 + 6 bytes)
+    were on HBM."""
     from paracube.models.shapes import parameter_count
     from paracube.planner import hardware as hw
     from paracube.planner.layout import Layout
@@ -35,8 +37,8 @@ def test_offload_moves_the_optimizer_states_off_the_gpu_and_charges_the_host():
     params = parameter_count(GPT)
     assert gone == pytest.approx(12 * params)
     extra = estimate(GPT, off, cluster).optimizer - estimate(GPT, base, cluster).optimizer
-    want = 4 * params / g.host_link_bandwidth + 28 * params / g.host_memory_bandwidth
-    assert extra == pytest.approx(want - 28 * params / g.hbm_bandwidth)
+    want = 4 * params / g.host_link_bandwidth + 32 * params / g.host_memory_bandwidth
+    assert extra == pytest.approx(want - 38 * params / g.hbm_bandwidth)
 
 
 def test_the_search_offloads_only_what_does_not_fit(capsys):

@@ -36,7 +36,7 @@ def gpu_lines(data: dict) -> list[str]:
     shape's bf16 rate against the time model's — the calibrated peak, and the catalog's
     sustained datasheet peak, each derated by that shape's tile and wave quantization — and
     the fp32, TF32, attention and memory rates against the datasheet's."""
-    from paracube.calibrate_gpu import GEMM_SHAPES
+    from paracube.calibrate_gpu import GEMM_SHAPES, HEAD_SHAPE
     from paracube.planner import local
     from paracube.planner.hardware import GPUS, catalog_key
     from paracube.planner.time_model import wave_efficiency
@@ -63,8 +63,15 @@ def gpu_lines(data: dict) -> list[str]:
             f"  {m}×{n}×{k}: {rate / T:.0f} | {calibrated.peak_flops * waves / T:.0f} | {sheet}"
         )
     attention = measured["attention"]
+    if "head" in measured:  # (a calibration before the head was measured has none)
+        lines.append(
+            f"the head {HEAD_SHAPE[0]}×{HEAD_SHAPE[1]}×{HEAD_SHAPE[2]}, forward + backward: plain "
+            f"F.linear {measured['head']['plain'] / T:.0f}, padded as the GPT runs it "
+            f"{measured['head']['padded'] / T:.0f} TFLOP/s"
+        )
     lines += [
-        f"bf16 peak (8192³ over its wave efficiency): {calibrated.peak_flops / T:.0f} TFLOP/s"
+        f"bf16 peak (the block shapes' median, each over its wave efficiency): "
+        f"{calibrated.peak_flops / T:.0f} TFLOP/s"
         + (
             f"; datasheet {listed.peak_flops / T:.0f} × sustained {listed.sustained_fraction:.3f} "
             f"= {listed.peak_flops * listed.sustained_fraction / T:.0f}"

@@ -191,6 +191,57 @@ class Embedding(nn.Module):
         return x
 
 
+# A 16-bit GEMM gets the tensor cores' fast kernels only when each matrix's rows start 16
+# bytes apart (NVIDIA, "Matrix Multiplication Background User's Guide", Tensor Core
+# Requirements). GPT-2's 50,257-token vocabulary makes the logits' rows odd: on an H200 the
+# head's products ran at 136 TFLOP/s against 650-790 for the block's (benchmarks/
+# gpu_check.sh), a fifth of a GPT-3 1.3B step. Megatron-LM pads the vocabulary itself
+# (--make-vocab-size-divisible-by 128), which adds embeddings to the model; the head here
+# pads only its products, so the model, its parameters and its outputs stay the serial ones.
+VOCAB_ALIGN = 128
+
+
+class _PaddedHeadProduct(torch.autograd.Function):
+    """logits = x·Wᵀ — x (..., H), W (V, H) → (..., V) — computed against W with zero rows
+    appended up to a multiple of :data:`VOCAB_ALIGN`, so every product of forward and
+    backward has aligned rows; the padded logits are dropped. It keeps x and W, as
+    ``F.linear`` does: the padded copies are transient (the saved-activation count and the
+    planner's formula stay the same)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        vocab = weight.shape[0]
+        padded = F.pad(weight, (0, 0, 0, -vocab % VOCAB_ALIGN))  # (V + pad, H), zero rows
+        return F.linear(x, padded)[..., :vocab]  # a view of (..., V + pad): aligned rows
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # grad (..., V)
+        x, weight = ctx.saved_tensors
+        vocab, pad = weight.shape[0], -weight.shape[0] % VOCAB_ALIGN
+        grad_padded = F.pad(grad, (0, pad))  # (..., V + pad): zero beyond V
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grad_padded @ F.pad(weight, (0, 0, 0, pad))  # (..., H)
+        if ctx.needs_input_grad[1]:
+            grad_w = (grad_padded.flatten(0, -2).t() @ x.flatten(0, -2))[:vocab]  # (V, H)
+        return grad_x, grad_w
+
+
+class Head(nn.Linear):
+    """The output projection (B, T, H) → (B, T, V), without bias: an ``nn.Linear`` whose
+    products run over a vocabulary padded to :data:`VOCAB_ALIGN` on a GPU when the
+    vocabulary is not a multiple of it (see :class:`_PaddedHeadProduct`)."""
+
+    def __init__(self, hidden: int, vocab: int):
+        super().__init__(hidden, vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and self.out_features % VOCAB_ALIGN:
+            return _PaddedHeadProduct.apply(x, self.weight)
+        return F.linear(x, self.weight)
+
+
 class GPT(nn.Module):
     """``logits = head(norm(blocks(embed(tokens))))``; tokens (B, T) → logits (B, T, V)."""
 
@@ -200,7 +251,7 @@ class GPT(nn.Module):
         self.embed = Embedding(cfg)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = make_norm(cfg)
-        self.head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
+        self.head = Head(cfg.hidden, cfg.vocab_size)
         if cfg.tie_embeddings:
             self.head.weight = self.embed.tok.weight
         self.reset_parameters()

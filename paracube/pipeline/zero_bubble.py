@@ -25,7 +25,7 @@ def make_deferrable(module: nn.Module, store: WeightGradStore) -> int:
     defer their weight gradients themselves; returns how many linears now defer."""
     count = 0
     for name, child in list(module.named_children()):
-        if type(child) is nn.Linear:
+        if isinstance(child, nn.Linear):  # the GPT's Head too (its GPU padding is dropped)
             setattr(module, name, DeferrableLinear(child, store))
             count += 1
         elif isinstance(child, DefersWeightGrad):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from pathlib import Path
 
 from paracube.errors import ConfigError
@@ -91,20 +92,18 @@ def local_hardware(
     )
 
 
-def _gemm_key(shape: tuple[int, int, int]) -> str:
-    return "x".join(map(str, shape))
-
-
 def calibrated_gpu(data: dict) -> tuple[GPU, Interconnect] | None:
     """The GPU ``paracube calibrate`` measured (its ``gpu`` section), as the planner's GPU,
     and the catalog's link for it (one GPU measures no link); None without a section.
 
-    Its peak is the measured 8192³ bf16 rate over that shape's own wave efficiency (so that
-    the time model's tile and wave quantization is not charged twice), sustained as
-    measured (fraction 1); attention, fp32 and TF32 rates and HBM bandwidth measured too.
-    What one GPU cannot measure — NVLink, the host link — is the catalog entry's, where
-    the GPU is listed."""
-    from paracube.calibrate_gpu import HEADLINE
+    Its peak is what a transformer block's GEMMs sustain: the median over the measured
+    block shapes of each rate over that shape's own wave efficiency (so that the time
+    model, which derates every GEMM by its own, does not charge the waves twice), sustained
+    as measured (fraction 1). The squares' best is not it: on an H200 4096³ ran at 788
+    TFLOP/s where the blocks' shapes ran at 585-687. Attention, fp32, TF32 and HBM rates
+    are measured too; what one GPU cannot measure — NVLink, the host link — is the catalog
+    entry's, where the GPU is listed."""
+    from paracube.calibrate_gpu import BLOCK_SHAPES
     from paracube.planner.time_model import wave_efficiency
 
     measured = data.get("gpu")
@@ -112,8 +111,11 @@ def calibrated_gpu(data: dict) -> tuple[GPU, Interconnect] | None:
         return None
     key = catalog_key(measured["name"])
     listed = GPUS.get(key) if key else None
-    m, n, _ = HEADLINE
-    peak = measured["matmul"]["bf16"][_gemm_key(HEADLINE)] / wave_efficiency(m, n, measured["sms"])
+    rates = measured["matmul"]["bf16"]
+    peak = statistics.median(
+        rates["x".join(map(str, (m, n, k)))] / wave_efficiency(m, n, measured["sms"])
+        for m, n, k in BLOCK_SHAPES
+    )
     rank = GPU(
         f"{measured['name']} (calibrated)",
         peak,

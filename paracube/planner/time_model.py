@@ -238,16 +238,23 @@ def layer_time(
 
 
 def optimizer_time(layout: Layout, g: GPU, shard: float, elem: int) -> float:
-    """AdamW is memory-bound: it reads weights, gradients, m and v and writes weights, m and
-    v (fp32 master copies: 7 × 4 bytes per parameter), on this rank's share of the states —
-    in HBM, or offloaded: in host memory, after the gradient slice crossed PCIe to the host
-    and before the new values cross back (paracube copies after the reduction: exposed)."""
+    """The optimizer step is memory-bound, on this rank's share of the states: the global
+    gradient norm reads the fp32 gradients (4 bytes per parameter; clipping, when the norm
+    is over the limit, reads and writes them once more — not counted: late in training it
+    rarely is); fused AdamW reads weights, gradients, m and v and writes weights, m and v
+    (fp32 main copies: 7 × 4 bytes); a 16-bit model then gets its new weights — the main
+    copy read, the compute copy written (4 + elem bytes; an fp32 model's main parameters
+    *are* its weights). On a GPU's HBM; or offloaded: in host memory, after the gradient
+    slice crossed PCIe to the host and before the new values cross back (paracube copies
+    after the reduction: exposed)."""
     stepped = shard / (layout.dp if layout.zero >= 1 else 1)
     if not layout.offload:
-        return 7 * 4 * stepped / g.hbm_bandwidth
+        write_back = 4 + elem if elem != 4 else 0
+        return (4 + 7 * 4 + write_back) * stepped / g.hbm_bandwidth
     if not (g.host_link_bandwidth and g.host_memory_bandwidth):
         raise ConfigError(f"--offload: no host link or host memory figures for {g.name}")
-    return 2 * elem * stepped / g.host_link_bandwidth + 7 * 4 * stepped / g.host_memory_bandwidth
+    host = (4 + 7 * 4) * stepped / g.host_memory_bandwidth
+    return 2 * elem * stepped / g.host_link_bandwidth + host
 
 
 def head_time(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> float:
