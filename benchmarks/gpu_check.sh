@@ -13,7 +13,7 @@
 #     backward, HBM bandwidth — beside the planner's datasheet model;
 #  4. paracube train of GPT-3 1.3B on one GPU, bf16, ZeRO-0, at each recompute mode, with
 #     --predict: the planner's step time (calibrated and datasheet) beside the measured
-#     one, counted memory beside torch.cuda.max_memory_allocated.
+#     one, counted memory beside torch.cuda.max_memory_allocated; and once in fp32.
 # Each part has its own time limit and the next runs whatever the last one did.
 set -u
 out=${1:-${OUT:-/tmp/paracube-gpu-check}}
@@ -39,6 +39,11 @@ section() { printf '\n=== %s (%s)\n' "$*" "$(date +%T)"; }
             --precision bf16 --zero 0 --recompute "$recompute" --lr 3e-4 --no-progress \
             --predict --metrics "$out/train_$recompute.jsonl"
     done
+
+    section "paracube train gpt3-1.3b, fp32 (CUDA cores, TF32 off), ZeRO-0, micro-batch 4 x 2048"
+    timeout 180 $py -m paracube train --model gpt3-1.3b --micro-batch 4 --steps 6 \
+        --precision fp32 --zero 0 --lr 3e-4 --no-progress --predict \
+        --metrics "$out/train_fp32.jsonl"
 
     section "clocks after"
     nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv

@@ -145,7 +145,7 @@ def prediction(
     from paracube.planner import local
     from paracube.planner.hardware import DEFAULT_INTRA, GPUS, INTERCONNECTS, catalog_key
     from paracube.planner.layout import Layout
-    from paracube.planner.layout_memory import stage_memory
+    from paracube.planner.layout_memory import CONTEXT_BYTES, FRAGMENTATION, stage_memory
     from paracube.planner.time_model import Cluster, estimate
 
     data = local.load()
@@ -197,6 +197,16 @@ def prediction(
         line += (
             f"; saved activations per micro-batch: predicted {want / MIB:.2f} MiB, "
             f"counted peak {mem['activations_peak'] / MIB:.2f} MiB"
+        )
+    if "cuda_max_allocated" in mem:  # the planner's fit check against the allocator's peak
+        stage = stage_memory(cfg.model, layout, cfg.precision)[0]
+        inside = stage.total - CONTEXT_BYTES  # the CUDA context is outside the allocator
+        line += (
+            f"\nparacube: peak memory: the planner's {inside / MIB:.0f} MiB in the allocator "
+            f"(model states, activations, a {100 * FRAGMENTATION:.0f} % allowance; plus "
+            f"{CONTEXT_BYTES / MIB:.0f} MiB of CUDA context), the allocator's peak "
+            f"{mem['cuda_max_allocated'] / MIB:.0f} MiB (planner/allocator "
+            f"{inside / mem['cuda_max_allocated']:.2f})"
         )
     for (label, _, _), time in zip(hardware[1:], times[1:]):
         line += (
