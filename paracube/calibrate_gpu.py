@@ -163,6 +163,7 @@ def calibrate_gpu() -> dict:
     import torch
 
     device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)  # autograd's backward threads then find a current context
     props = torch.cuda.get_device_properties(device)
     return {
         "name": props.name,

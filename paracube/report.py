@@ -141,7 +141,7 @@ def prediction(
     On CPU ranks the planner sees this machine as ``paracube calibrate`` measured it; on a
     GPU (``device_name``, CUDA's name for it) as the calibration measured that GPU and, on a
     second line, as the catalog's datasheet entry for it."""
-    from paracube.models.shapes import model_saved_bytes
+    from paracube.models.shapes import loss_backward_transient_bytes, model_saved_bytes
     from paracube.planner import local
     from paracube.planner.hardware import DEFAULT_INTRA, GPUS, INTERCONNECTS, catalog_key
     from paracube.planner.layout import Layout
@@ -199,15 +199,23 @@ def prediction(
             f"counted peak {mem['activations_peak'] / MIB:.2f} MiB"
         )
     if "cuda_max_allocated" in mem:  # the planner's fit check against the allocator's peak
+        peak = mem["cuda_max_allocated"]
         stage = stage_memory(cfg.model, layout, cfg.precision)[0]
         inside = stage.total - CONTEXT_BYTES  # the CUDA context is outside the allocator
         line += (
-            f"\nparacube: peak memory: the planner's {inside / MIB:.0f} MiB in the allocator "
-            f"(model states, activations, a {100 * FRAGMENTATION:.0f} % allowance; plus "
-            f"{CONTEXT_BYTES / MIB:.0f} MiB of CUDA context), the allocator's peak "
-            f"{mem['cuda_max_allocated'] / MIB:.0f} MiB (planner/allocator "
-            f"{inside / mem['cuda_max_allocated']:.2f})"
+            f"\nparacube: peak memory: the CUDA allocator's {peak / MIB:.0f} MiB; the planner's "
+            f"{inside / MIB:.0f} MiB in the allocator (model states, activations, a "
+            f"{100 * FRAGMENTATION:.0f} % allowance; plus {CONTEXT_BYTES / MIB:.0f} MiB of CUDA "
+            f"context; planner/allocator {inside / peak:.2f})"
         )
+        if cfg.parallel.tp == 1 and cfg.parallel.pp == 1 and cfg.grad_accum == 1:
+            transient = loss_backward_transient_bytes(cfg.model, cfg.micro_batch)
+            derived = counted + mem["activations_peak"] + transient
+            line += (
+                f"; counted states and activations + the loss backward's fp32 gradients "
+                f"({transient / MIB:.0f} MiB) {derived / MIB:.0f} MiB (allocator − these: "
+                f"{(peak - derived) / MIB:.0f} MiB)"
+            )
     for (label, _, _), time in zip(hardware[1:], times[1:]):
         line += (
             f"\nparacube: predicted step {time * 1e3:.1f} ms with the {label} "
