@@ -281,6 +281,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("schedule", [*SCHEDULE, "--schedule", "magic"], "unknown schedule 'magic'"),
     # -- plan ------------------------------------------------------------------------
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8"], "--global-batch is required"),
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--gpu", "calibrated"],
+     "calibration file"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", str(10**30), "--global-batch", "8"],
      "is more than 1,048,576"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--gpus-per-node", "3", "--global-batch", "8"],

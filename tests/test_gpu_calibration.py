@@ -63,12 +63,19 @@ def test_calibrated_peak_is_the_block_shapes_rate_before_their_waves():
     derates every GEMM by its own) reproduces every measured shape of a GPU whose only
     loss is those waves."""
     gpu, link = local.calibrated_gpu(_section())
-    assert gpu.peak_flops == pytest.approx(SUSTAINED)
-    assert gpu.sustained_fraction == 1.0
+    assert gpu.peak_flops == GPUS["h200"].peak_flops  # MFU stays against the datasheet peak
+    assert gpu.peak_flops * gpu.sustained_fraction == pytest.approx(SUSTAINED)
     for m, n, _ in GEMM_SHAPES:
         modelled = gpu.peak_flops * gpu.sustained_fraction * wave_efficiency(m, n, gpu.sms)
         assert modelled == pytest.approx(SUSTAINED * wave_efficiency(m, n, SMS))
-    assert (gpu.attention_rate, gpu.rate("fp32"), gpu.rate("tf32")) == (500e12, 50e12, 400e12)
+    # fp32 and TF32: the time model's derating gives back the measured rates
+    fraction = gpu.sustained_fraction
+    assert gpu.rate("fp32") * fraction == pytest.approx(50e12)
+    assert gpu.rate("tf32") * fraction == pytest.approx(400e12)
+    assert gpu.attention_rate == 500e12
+    # a GPU the catalog does not list: its measured rate is its peak
+    unlisted, _ = local.calibrated_gpu(_section("NVIDIA GeForce RTX 4090"))
+    assert unlisted.peak_flops == pytest.approx(SUSTAINED) and unlisted.sustained_fraction == 1
     assert gpu.hbm_bandwidth == 4.3e12 and gpu.memory_bytes == 150e9
     # what one GPU cannot measure comes from its catalog entry
     assert gpu.host_link_bandwidth == GPUS["h200"].host_link_bandwidth
@@ -95,3 +102,48 @@ def test_the_report_sets_each_shape_beside_both_models():
     unlisted = gpu_lines(_section("NVIDIA GeForce RTX 4090"))
     assert "not in the planner's catalog" in unlisted[0]
     assert all(line.endswith(" | -") for line in unlisted if line.startswith("  "))
+
+
+def _catalog_h200_measured() -> dict:
+    """A calibration whose GPU measured exactly the catalog's H200: every figure the
+    planner reads equals the datasheet entry's."""
+    from paracube.planner.hardware import FLASH2_HOPPER
+
+    h200 = GPUS["h200"]
+    data = _section()
+    sustained = h200.peak_flops * h200.sustained_fraction
+    gpu = data["gpu"]
+    gpu["matmul"] = {
+        "bf16": {f"{m}x{n}x{k}": sustained * wave_efficiency(m, n, SMS) for m, n, k in GEMM_SHAPES},
+        "fp32": h200.fp32_flops,
+        "tf32": h200.tf32_flops,
+    }
+    gpu["attention"]["flops"] = FLASH2_HOPPER
+    gpu["memory_bandwidth"], gpu["memory_bytes"] = h200.hbm_bandwidth, h200.memory_bytes
+    cpu = dict.fromkeys(local.REQUIRED, 1.0)
+    return {**cpu, **data}
+
+
+def test_plan_on_the_calibrated_gpu_is_the_plan_on_its_catalog_twin(tmp_path, monkeypatch, capsys):
+    """``paracube plan --gpu calibrated`` plans on the measured GPU: measured exactly as the
+    catalog's H200, its plan is the H200's, figure for figure (the name aside); without a
+    measured GPU it is refused in one line."""
+    import json
+
+    from paracube.cli import main
+
+    path = tmp_path / "calibration.json"
+    monkeypatch.setattr("paracube.planner.local.DEFAULT_PATH", path)
+    argv = ["plan", "--model", "gpt3-1.3b", "--gpus", "16", "--global-batch", "64", "--top", "3"]
+    path.write_text(json.dumps({k: 1.0 for k in local.REQUIRED}))  # a CPU-only calibration
+    assert main([*argv, "--gpu", "calibrated"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--gpu calibrated: no GPU measured in" in err and len(err.splitlines()) == 1
+    path.write_text(json.dumps(_catalog_h200_measured()))
+    outputs = []
+    for gpu in ("h200", "calibrated"):
+        assert main([*argv, "--gpu", gpu]) == 0
+        outputs.append(capsys.readouterr().out)
+    catalog, calibrated = outputs
+    assert "NVIDIA H200 (calibrated)" in calibrated
+    assert calibrated.replace("NVIDIA H200 (calibrated)", GPUS["h200"].name) == catalog

@@ -46,6 +46,7 @@ def gpu_lines(data: dict) -> list[str]:
     assert calibrated is not None
     key = catalog_key(measured["name"])
     listed = GPUS.get(key) if key else None
+    sustained = calibrated.peak_flops * calibrated.sustained_fraction
     T = 1e12
     lines = [
         f"GPU: {measured['name']}, {measured['sms']} SMs, {measured['memory_bytes'] / 2**30:.0f} GiB; "
@@ -59,9 +60,7 @@ def gpu_lines(data: dict) -> list[str]:
         sheet = (
             f"{listed.peak_flops * listed.sustained_fraction * waves / T:.0f}" if listed else "-"
         )
-        lines.append(
-            f"  {m}×{n}×{k}: {rate / T:.0f} | {calibrated.peak_flops * waves / T:.0f} | {sheet}"
-        )
+        lines.append(f"  {m}×{n}×{k}: {rate / T:.0f} | {sustained * waves / T:.0f} | {sheet}")
     attention = measured["attention"]
     if "head" in measured:  # (a calibration before the head was measured has none)
         lines.append(
@@ -70,8 +69,8 @@ def gpu_lines(data: dict) -> list[str]:
             f"{measured['head']['padded'] / T:.0f} TFLOP/s"
         )
     lines += [
-        f"bf16 peak (the block shapes' median, each over its wave efficiency): "
-        f"{calibrated.peak_flops / T:.0f} TFLOP/s"
+        f"bf16 sustained (the block shapes' median, each over its wave efficiency): "
+        f"{sustained / T:.0f} TFLOP/s"
         + (
             f"; datasheet {listed.peak_flops / T:.0f} × sustained {listed.sustained_fraction:.3f} "
             f"= {listed.peak_flops * listed.sustained_fraction / T:.0f}"

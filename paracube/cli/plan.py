@@ -31,7 +31,12 @@ def add_parser(sub) -> None:
         "8xa100-80gb,8xv100 (each type on its own nodes)",
     )
     c.add_argument("--gpus-per-node", type=int, default=8)
-    c.add_argument("--gpu", default="a100-80gb", help="v100, a100-40gb, a100-80gb, h100, h200")
+    c.add_argument(
+        "--gpu",
+        default="a100-80gb",
+        help="v100, a100-40gb, a100-80gb, h100, h200, or calibrated (this machine's GPU, "
+        "as `paracube calibrate` measured it)",
+    )
     c.add_argument("--intra", default=None, help="intra-node link (default: the GPU's NVLink)")
     c.add_argument("--inter", default=None, help="inter-node link (default: InfiniBand HDR/NDR)")
     t = p.add_argument_group("training and fixed choices")
@@ -295,13 +300,37 @@ def _cluster(args):
     from paracube.planner import hardware as hw
     from paracube.planner.time_model import Cluster
 
-    key = args.gpu.lower()
+    gpu, key = _gpu(args)
     return Cluster(
-        hw.gpu(args.gpu),
+        gpu,
         min(args.gpus_per_node, args.gpus),
         hw.interconnect(args.intra or hw.DEFAULT_INTRA[key]),
         hw.interconnect(args.inter or hw.DEFAULT_INTER[key]),
     )
+
+
+def _gpu(args):
+    """(the GPU, its catalog key for the default links): a catalog entry, or ``calibrated``
+    — the GPU ``paracube calibrate`` measured on this machine (``planner.local``)."""
+    from paracube.planner import hardware as hw
+    from paracube.planner import local
+
+    if args.gpu.lower() != "calibrated":
+        return hw.gpu(args.gpu), args.gpu.lower()
+    data = local.load()
+    measured = local.calibrated_gpu(data) if data is not None else None
+    if data is None or measured is None:
+        raise ParacubeError(
+            f"--gpu calibrated: no GPU measured in {local.DEFAULT_PATH}: run `paracube "
+            "calibrate` on a machine with a CUDA GPU first, or name a catalog GPU"
+        )
+    key = hw.catalog_key(data["gpu"]["name"])
+    if key is None and not (args.intra and args.inter):
+        raise ParacubeError(
+            f"--gpu calibrated: {data['gpu']['name']} is not in the catalog, so its links "
+            "are unknown: give --intra and --inter"
+        )
+    return measured[0], key
 
 
 def _search(args, cfg, cluster, fixed: dict):

@@ -96,13 +96,16 @@ def calibrated_gpu(data: dict) -> tuple[GPU, Interconnect] | None:
     """The GPU ``paracube calibrate`` measured (its ``gpu`` section), as the planner's GPU,
     and the catalog's link for it (one GPU measures no link); None without a section.
 
-    Its peak is what a transformer block's GEMMs sustain: the median over the measured
-    block shapes of each rate over that shape's own wave efficiency (so that the time
-    model, which derates every GEMM by its own, does not charge the waves twice), sustained
-    as measured (fraction 1). The squares' best is not it: on an H200 4096³ ran at 788
-    TFLOP/s where the blocks' shapes ran at 585-687. Attention, fp32, TF32 and HBM rates
-    are measured too; what one GPU cannot measure — NVLink, the host link — is the catalog
-    entry's, where the GPU is listed."""
+    What it sustains is what a transformer block's GEMMs sustain: the median over the
+    measured block shapes of each rate over that shape's own wave efficiency (so that the
+    time model, which derates every GEMM by its own, does not charge the waves twice). The
+    squares' best is not it: on an H200 4096³ ran at 799 TFLOP/s where the block shapes ran
+    at 640-694. Its peak stays the datasheet's where the GPU is listed — MFU is against the
+    peak — and the sustained fraction is the measured rate over it; the fp32 and TF32 rates
+    are stored over that fraction, so that the time model's derating gives back the
+    measured ones. An unlisted GPU's peak is the measured rate (fraction 1). Attention and
+    HBM are measured too; what one GPU cannot measure — NVLink, the host link — is the
+    catalog entry's, where the GPU is listed."""
     from paracube.calibrate_gpu import BLOCK_SHAPES
     from paracube.planner.time_model import wave_efficiency
 
@@ -112,10 +115,12 @@ def calibrated_gpu(data: dict) -> tuple[GPU, Interconnect] | None:
     key = catalog_key(measured["name"])
     listed = GPUS.get(key) if key else None
     rates = measured["matmul"]["bf16"]
-    peak = statistics.median(
+    sustained = statistics.median(
         rates["x".join(map(str, (m, n, k)))] / wave_efficiency(m, n, measured["sms"])
         for m, n, k in BLOCK_SHAPES
     )
+    peak = listed.peak_flops if listed else sustained
+    fraction = sustained / peak
     rank = GPU(
         f"{measured['name']} (calibrated)",
         peak,
@@ -124,9 +129,9 @@ def calibrated_gpu(data: dict) -> tuple[GPU, Interconnect] | None:
         nvlink_bandwidth=listed.nvlink_bandwidth if listed else 0.0,
         sms=measured["sms"],
         attention_rate=measured["attention"]["flops"],
-        fp32_flops=measured["matmul"]["fp32"],
-        tf32_flops=measured["matmul"]["tf32"],
-        measured_sustained=1.0,
+        fp32_flops=measured["matmul"]["fp32"] / fraction,
+        tf32_flops=measured["matmul"]["tf32"] / fraction,
+        measured_sustained=fraction,
         host_link_bandwidth=listed.host_link_bandwidth if listed else 0.0,
         host_memory_bandwidth=listed.host_memory_bandwidth if listed else 0.0,
         host_memory_bytes=listed.host_memory_bytes if listed else 0.0,
