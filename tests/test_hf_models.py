@@ -331,3 +331,28 @@ def test_export_of_an_hf_checkpoint_loads_with_from_pretrained(pools, tmp_path):
     loaded = AutoModelForCausalLM.from_pretrained(out)
     got = {n: p.detach() for n, p in loaded.named_parameters()}
     assert_params_close(got, hf_serial("gpt2")[1], tol=3e-5, tensor_tol=3e-4)
+
+
+def test_gpt2_head_with_an_odd_vocabulary_pads_its_products(tmp_path):
+    """An HF GPT-2 whose vocabulary is not a multiple of 128 (50,257 in the released one;
+    1,001 here) gets paracube's Head as its ``lm_head`` — the same, tied, weight, the same
+    logits — so on a GPU its products run padded (models.gpt.Head); an aligned vocabulary
+    keeps HF's own module."""
+    from transformers import GPT2Config
+
+    from paracube.models.gpt import Head
+    from paracube.models.hf import build_hf
+
+    for vocab, padded in ((1001, True), (1024, False)):
+        directory = tmp_path / str(vocab)
+        GPT2Config(
+            vocab_size=vocab, n_embd=32, n_layer=1, n_head=2, n_positions=64
+        ).save_pretrained(directory)
+        cfg = hf_model_config(read_hf_config(str(directory)), 32)
+        torch.manual_seed(0)
+        spec = build_hf(str(directory), cfg)
+        head = spec.module.lm_head
+        assert isinstance(head, Head) == padded
+        assert head.weight is spec.module.transformer.wte.weight  # still tied
+        x = torch.randn(2, 5, 32)
+        torch.testing.assert_close(head(x), torch.nn.functional.linear(x, head.weight))

@@ -233,8 +233,23 @@ class Head(nn.Linear):
     products run over a vocabulary padded to :data:`VOCAB_ALIGN` on a GPU when the
     vocabulary is not a multiple of it (see :class:`_PaddedHeadProduct`)."""
 
-    def __init__(self, hidden: int, vocab: int):
-        super().__init__(hidden, vocab, bias=False)
+    def __init__(self, hidden: int, vocab: int, **kw):
+        super().__init__(hidden, vocab, bias=False, **kw)
+
+    @classmethod
+    def padding(cls, linear: nn.Module) -> nn.Module:
+        """An output projection (a Hugging Face ``lm_head``) as a Head sharing its weight —
+        a tied embedding stays tied — where its vocabulary needs the padding; otherwise
+        (aligned, with a bias, not a plain ``nn.Linear``) ``linear`` itself."""
+        if (
+            type(linear) is not nn.Linear
+            or linear.bias is not None
+            or linear.out_features % VOCAB_ALIGN == 0
+        ):
+            return linear
+        head = cls(linear.in_features, linear.out_features, device="meta")
+        head.weight = linear.weight
+        return head
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda and self.out_features % VOCAB_ALIGN:

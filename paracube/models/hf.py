@@ -35,7 +35,7 @@ from torch.utils.checkpoint import checkpoint
 
 from paracube.config import ModelConfig
 from paracube.errors import ConfigError
-from paracube.models.gpt import check_tokens
+from paracube.models.gpt import Head, check_tokens
 from paracube.models.sources import HF_DROPOUTS, HF_FAMILIES, WEIGHTS_FILE, read_hf_config
 from paracube.models.spec import Borrowed, ModelSpec, tied_groups
 from paracube.tensor_parallel.plan import (
@@ -263,6 +263,7 @@ def build_hf(directory: str, shape: ModelConfig) -> ModelSpec:
         rotary = RotaryTables(body.rotary_emb)
     for layer in layers:
         _wrap_layer(layer, rotary)
+    hf.lm_head = Head.padding(hf.lm_head)  # GPT-2's 50,257 rows: padded products on a GPU
     chain = [embed, *layers, final, hf.lm_head]
     return ModelSpec(
         CausalLM(hf, chain), shape, chain, [*names, "lm_head"], layers, plan,
