@@ -140,32 +140,15 @@ def prediction(
 
     On CPU ranks the planner sees this machine as ``paracube calibrate`` measured it; on a
     GPU (``device_name``, CUDA's name for it) as the calibration measured that GPU and, on a
-    second line, as the catalog's datasheet entry for it."""
-    from paracube.models.shapes import loss_backward_transient_bytes, model_saved_bytes
-    from paracube.planner import local
-    from paracube.planner.hardware import DEFAULT_INTRA, GPUS, INTERCONNECTS, catalog_key
+    later line, as the catalog's datasheet entry for it."""
+    from paracube.models.shapes import model_saved_bytes
     from paracube.planner.layout import Layout
-    from paracube.planner.layout_memory import CONTEXT_BYTES, FRAGMENTATION, stage_memory
+    from paracube.planner.layout_memory import stage_memory
     from paracube.planner.time_model import Cluster, estimate
 
-    data = local.load()
-    # (label, GPU, link) per prediction; the first is the calibrated one
-    hardware: list = []
-    if device_name is None:
-        if data is None:
-            return "paracube: --predict: no calibration of this machine; run `paracube plan --calibrate` first"
-        hardware.append(("calibrated", *local.local_hardware(data, threads, local_ranks)))
-    else:
-        if data is not None and (calibrated := local.calibrated_gpu(data)) is not None:
-            hardware.append(("calibrated", *calibrated))
-        if (key := catalog_key(device_name)) is not None:
-            listed = GPUS[key]
-            hardware.append((f"{listed.name} datasheet", listed, INTERCONNECTS[DEFAULT_INTRA[key]]))
-        if not hardware:
-            return (
-                f"paracube: --predict: {device_name} is not in the planner's catalog and not "
-                "calibrated; run `paracube calibrate` on this machine first"
-            )
+    hardware = _prediction_hardware(device_name, threads, local_ranks)
+    if isinstance(hardware, str):
+        return hardware
     layout = Layout.from_config(cfg)
     times = [
         estimate(
@@ -198,28 +181,63 @@ def prediction(
             f"; saved activations per micro-batch: predicted {want / MIB:.2f} MiB, "
             f"counted peak {mem['activations_peak'] / MIB:.2f} MiB"
         )
-    if "cuda_max_allocated" in mem:  # the planner's fit check against the allocator's peak
-        peak = mem["cuda_max_allocated"]
-        stage = stage_memory(cfg.model, layout, cfg.precision)[0]
-        inside = stage.total - CONTEXT_BYTES  # the CUDA context is outside the allocator
-        line += (
-            f"\nparacube: peak memory: the CUDA allocator's {peak / MIB:.0f} MiB; the planner's "
-            f"{inside / MIB:.0f} MiB in the allocator (model states, activations, a "
-            f"{100 * FRAGMENTATION:.0f} % allowance; plus {CONTEXT_BYTES / MIB:.0f} MiB of CUDA "
-            f"context; planner/allocator {inside / peak:.2f})"
-        )
-        if cfg.parallel.tp == 1 and cfg.parallel.pp == 1 and cfg.grad_accum == 1:
-            transient = loss_backward_transient_bytes(cfg.model, cfg.micro_batch)
-            derived = counted + mem["activations_peak"] + transient
-            line += (
-                f"; counted states and activations + the loss backward's fp32 gradients "
-                f"({transient / MIB:.0f} MiB) {derived / MIB:.0f} MiB (allocator − these: "
-                f"{(peak - derived) / MIB:.0f} MiB)"
-            )
+    if "cuda_max_allocated" in mem:
+        line += "\n" + _gpu_peak_memory(cfg, layout, mem)
     for (label, _, _), time in zip(hardware[1:], times[1:]):
         line += (
             f"\nparacube: predicted step {time * 1e3:.1f} ms with the {label} "
             f"(predicted/measured {time / measured:.2f})"
+        )
+    return line
+
+
+def _prediction_hardware(device_name: str | None, threads: int, local_ranks: int) -> list | str:
+    """(label, GPU, link) of each prediction, the calibrated one first — or the line that
+    says why there is none."""
+    from paracube.planner import local
+    from paracube.planner.hardware import DEFAULT_INTRA, GPUS, INTERCONNECTS, catalog_key
+
+    data = local.load()
+    if device_name is None:
+        if data is None:
+            return "paracube: --predict: no calibration of this machine; run `paracube plan --calibrate` first"
+        return [("calibrated", *local.local_hardware(data, threads, local_ranks))]
+    hardware: list = []
+    if data is not None and (calibrated := local.calibrated_gpu(data)) is not None:
+        hardware.append(("calibrated", *calibrated))
+    if (key := catalog_key(device_name)) is not None:
+        listed = GPUS[key]
+        hardware.append((f"{listed.name} datasheet", listed, INTERCONNECTS[DEFAULT_INTRA[key]]))
+    if not hardware:
+        return (
+            f"paracube: --predict: {device_name} is not in the planner's catalog and not "
+            "calibrated; run `paracube calibrate` on this machine first"
+        )
+    return hardware
+
+
+def _gpu_peak_memory(cfg: TrainConfig, layout, mem: dict[str, int]) -> str:
+    """The CUDA allocator's peak beside the planner's fit figure and, for one serial rank,
+    beside the counted memory plus the loss backward's transient."""
+    from paracube.models.shapes import loss_backward_transient_bytes
+    from paracube.planner.layout_memory import CONTEXT_BYTES, FRAGMENTATION, stage_memory
+
+    peak = mem["cuda_max_allocated"]
+    inside = stage_memory(cfg.model, layout, cfg.precision)[0].total - CONTEXT_BYTES
+    line = (
+        f"paracube: peak memory: the CUDA allocator's {peak / MIB:.0f} MiB; the planner's "
+        f"{inside / MIB:.0f} MiB in the allocator (model states, activations, a "
+        f"{100 * FRAGMENTATION:.0f} % allowance; plus {CONTEXT_BYTES / MIB:.0f} MiB of CUDA "
+        f"context; planner/allocator {inside / peak:.2f})"
+    )
+    if cfg.parallel.tp == 1 and cfg.parallel.pp == 1 and cfg.grad_accum == 1:
+        transient = loss_backward_transient_bytes(cfg.model, cfg.micro_batch)
+        states = mem["weights"] + mem["gradients"] + mem["optimizer"]
+        derived = states + mem["activations_peak"] + transient
+        line += (
+            f"; counted states and activations + the loss backward's fp32 gradients "
+            f"({transient / MIB:.0f} MiB) {derived / MIB:.0f} MiB (allocator − these: "
+            f"{(peak - derived) / MIB:.0f} MiB)"
         )
     return line
 

@@ -6,6 +6,9 @@ model's own GEMM model, so that the right reading reproduces it exactly."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from paracube.calibrate_gpu import ATTENTION_SHAPE, GEMM_SHAPES
@@ -147,3 +150,41 @@ def test_plan_on_the_calibrated_gpu_is_the_plan_on_its_catalog_twin(tmp_path, mo
     catalog, calibrated = outputs
     assert "NVIDIA H200 (calibrated)" in calibrated
     assert calibrated.replace("NVIDIA H200 (calibrated)", GPUS["h200"].name) == catalog
+
+
+RECORDED = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "gpu_h200")
+
+
+@pytest.mark.parametrize(
+    "run, micro_batch, precision, recompute",
+    [("none", 8, "bf16", "none"), ("selective", 8, "bf16", "selective"),
+     ("full", 8, "bf16", "full"), ("fp32", 4, "fp32", "none")],
+)  # fmt: skip
+def test_the_planner_against_the_recorded_h200_runs(
+    monkeypatch, run, micro_batch, precision, recompute
+):
+    """The GPU check's recorded runs on one H200 (benchmarks/results/gpu_h200: GPT-3 1.3B,
+    its calibration and each run's metrics), replayed through ``--predict``'s report: the
+    step predicted with the measured GPU and with the catalog's H200 within ±15 % of the
+    measured, and the CUDA allocator's peak the counted memory plus the loss backward's
+    fp32 gradients, within 100 MiB (cuBLAS's workspace: 67-69)."""
+    import json
+    import re
+    from types import SimpleNamespace
+
+    from paracube import report
+    from paracube.config import ParallelConfig, TrainConfig
+    from paracube.models.presets import preset
+
+    monkeypatch.setattr("paracube.planner.local.DEFAULT_PATH", Path(RECORDED) / "calibration.json")
+    cfg = TrainConfig(
+        model=preset("gpt3-1.3b"), parallel=ParallelConfig(), micro_batch=micro_batch,
+        precision=precision, recompute=recompute, steps=12,
+    )  # fmt: skip
+    with open(os.path.join(RECORDED, f"train_{run}.jsonl")) as f:
+        history = [SimpleNamespace(**json.loads(line)) for line in f]
+    text = report.prediction(cfg, history, threads=16, local_ranks=1, device_name="NVIDIA H200")
+    ratios = [float(r) for r in re.findall(r"predicted/measured ([\d.]+)", text)]
+    assert len(ratios) == 2 and all(0.85 <= r <= 1.15 for r in ratios), text
+    left = re.search(r"allocator − these: (-?\d+) MiB", text)
+    assert left and 0 <= int(left[1]) < 100, text
