@@ -121,7 +121,9 @@ def _catalog_h200_measured() -> dict:
         "fp32": h200.fp32_flops,
         "tf32": h200.tf32_flops,
     }
-    gpu["attention"]["flops"] = FLASH2_HOPPER
+    gpu["attention"].update(
+        flops=FLASH2_HOPPER, forward_flops=FLASH2_HOPPER, backward_flops=FLASH2_HOPPER
+    )
     gpu["memory_bandwidth"], gpu["memory_bytes"] = h200.hbm_bandwidth, h200.memory_bytes
     cpu = dict.fromkeys(local.REQUIRED, 1.0)
     return {**cpu, **data}
@@ -188,3 +190,26 @@ def test_the_planner_against_the_recorded_h200_runs(
     assert len(ratios) == 2 and all(0.85 <= r <= 1.15 for r in ratios), text
     left = re.search(r"allocator − these: (-?\d+) MiB", text)
     assert left and 0 <= int(left[1]) < 100, text
+
+
+def test_a_measured_attention_backward_rate_times_the_backward():
+    """FlashAttention's backward does 2.5× the forward's work; at a measured backward rate
+    half the forward's, the layer's backward grows by exactly that much more (2.5 × the
+    core's forward), and its forward does not change."""
+    from dataclasses import replace
+
+    from paracube.models.presets import preset
+    from paracube.planner.layout import Layout
+    from paracube.planner.time_model import attention_core, layer_time
+
+    cfg, layout = preset("gpt3-1.3b"), Layout(micro_batch=8)
+    gpu, _ = local.calibrated_gpu(_section())
+    same = replace(gpu, attention_backward_rate=gpu.attention_rate)
+    slow = replace(gpu, attention_backward_rate=gpu.attention_rate / 2)
+    (f_same, b_same, _), (f_slow, b_slow, _) = (
+        layer_time(cfg, layout, same),
+        layer_time(cfg, layout, slow),
+    )
+    core_forward = attention_core(cfg, layout, gpu)[0]
+    assert f_slow == f_same
+    assert b_slow - b_same == pytest.approx(2.5 * core_forward)

@@ -29,6 +29,9 @@ class GPU:
     # FLOP/s of the fused attention kernel where it differs from the tensor-core rate (measured
     # by `plan --calibrate` on a CPU; 0: the sustained tensor-core rate, as FlashAttention's)
     attention_rate: float = 0.0
+    # FLOP/s of its backward where it differs from the forward's (a calibrated GPU measures
+    # both: on an H200 torch's SDPA ran its backward at 351 against 526 forward); 0: the same
+    attention_backward_rate: float = 0.0
     # elements/s of the MLP nonlinearity (forward, backward) where it is compute-bound (measured
     # on a CPU; (0, 0): a GPU's fused kernel, memory-bound, counted with the element-wise traffic)
     activation_rates: tuple[float, float] = (0.0, 0.0)

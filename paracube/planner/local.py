@@ -103,8 +103,8 @@ def calibrated_gpu(data: dict) -> tuple[GPU, Interconnect] | None:
     at 640-694. Its peak stays the datasheet's where the GPU is listed — MFU is against the
     peak — and the sustained fraction is the measured rate over it; the fp32 and TF32 rates
     are stored over that fraction, so that the time model's derating gives back the
-    measured ones. An unlisted GPU's peak is the measured rate (fraction 1). Attention and
-    HBM are measured too; what one GPU cannot measure — NVLink, the host link — is the
+    measured ones. An unlisted GPU's peak is the measured rate (fraction 1). Attention
+    (forward and backward rates) and HBM are measured too; what one GPU cannot measure — NVLink, the host link — is the
     catalog entry's, where the GPU is listed."""
     from paracube.calibrate_gpu import BLOCK_SHAPES
     from paracube.planner.time_model import wave_efficiency
@@ -128,7 +128,8 @@ def calibrated_gpu(data: dict) -> tuple[GPU, Interconnect] | None:
         hbm_bandwidth=measured["memory_bandwidth"],
         nvlink_bandwidth=listed.nvlink_bandwidth if listed else 0.0,
         sms=measured["sms"],
-        attention_rate=measured["attention"]["flops"],
+        attention_rate=measured["attention"]["forward_flops"],
+        attention_backward_rate=measured["attention"]["backward_flops"],
         fp32_flops=measured["matmul"]["fp32"] / fraction,
         tf32_flops=measured["matmul"]["tf32"] / fraction,
         measured_sustained=fraction,

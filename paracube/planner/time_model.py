@@ -189,13 +189,17 @@ def attention_core(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> t
     return matmuls + passes, flops
 
 
-def attention_core_backward(layout: Layout, forward: float) -> float:
+def attention_core_backward(layout: Layout, forward: float, g: GPU | None = None) -> float:
     """Seconds of the attention core's backward, from its forward's: two matmuls per forward
-    one (unfused); FlashAttention's 2.5× the forward's work at its backward's own rate."""
+    one (unfused); FlashAttention's 2.5× the forward's work at its backward's own rate —
+    the GPU's measured backward rate where it has one (``GPU.attention_backward_rate``)."""
     if layout.attention not in FUSED_ATTENTION:
         return 2.0 * forward
     slow_forward, slow_backward = FUSED_SLOWDOWN[layout.attention]
-    return 2.5 * forward * slow_backward / slow_forward
+    rates = 1.0
+    if g is not None and g.attention_backward_rate and g.attention_rate:
+        rates = g.attention_rate / g.attention_backward_rate
+    return 2.5 * forward * rates * slow_backward / slow_forward
 
 
 def layer_time(
@@ -228,7 +232,7 @@ def layer_time(
             s, b, h, cfg.n_heads, t=t, sequence_parallel=layout.sequence_parallel, attention="fused"
         ) * (elem / 2)
     elementwise = 2 * acts / g.hbm_bandwidth
-    core_bwd = attention_core_backward(layout, core_time)
+    core_bwd = attention_core_backward(layout, core_time, g)
     if (
         all(g.activation_rates) and cfg.activation != "swiglu"
     ):  # a compute-bound GELU (calibrated CPU)
