@@ -45,13 +45,13 @@ class PhaseTimer:
             inject.start_compute()
         try:
             yield
+            if self.sync is not None:
+                self.sync()  # not after a failure: waiting on a broken device would mask it
             self.current = None  # on an exception it stays: the error names the phase
         finally:
             if name in COMPUTE:
                 inject.stop_compute()
             self.injected += inject.slept() - slept
-            if self.sync is not None:
-                self.sync()
             end = time.perf_counter()
             self.seconds[name] = self.seconds.get(name, 0.0) + end - start
             self.spans.append((name, start - self.origin, end - self.origin))
