@@ -22,6 +22,7 @@ from datetime import timedelta
 
 INTERVAL = 0.5  # seconds between a rank's records
 STALE = 5 * INTERVAL  # a record this old means the rank is not running
+SETTLE = 1.0  # seconds a failed collective waits for a dying peer to read as dead
 _KEY = "paracube/heartbeat/{}"
 
 
@@ -116,11 +117,20 @@ class Heartbeat:
             for k, r in records.items()
         ]
 
-    def laggards(self) -> list[Position]:
-        """The ranks that are dead, stopped or no longer publishing; else those behind."""
-        others = self.positions()
-        gone = [p for p in others if p.age > STALE or p.state() in ("dead", "stopped")]
-        return gone or [p for p in others if p.step < self.step]
+    def laggards(self, settle: float = SETTLE) -> list[Position]:
+        """The ranks that are dead, stopped or no longer publishing; else those behind.
+
+        A killed peer's sockets close in the kernel's exit path *before* its process is
+        marked a zombie, so the collective that saw "connection reset" can look while the
+        peer still reads as running: look again for up to ``settle`` seconds before
+        falling back to the ranks behind."""
+        deadline = time.monotonic() + settle
+        while True:
+            others = self.positions()
+            gone = [p for p in others if p.age > STALE or p.state() in ("dead", "stopped")]
+            if gone or time.monotonic() >= deadline:
+                return gone or [p for p in others if p.step < self.step]
+            time.sleep(0.05)
 
 
 def describe(positions: list[Position], where) -> str:
