@@ -62,17 +62,18 @@ class Job:
         raise AssertionError(f"no {n} steps within {limit} s")
 
     def workers(self) -> list[int]:
-        """The launcher's rank processes (spawned children)."""
-        found = []
+        """The launcher's rank processes: forked by its rank server (multiprocessing's
+        forkserver, the launcher's child)."""
+        parents = {}
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
                 fields = stat.read_text().rsplit(")", 1)[1].split()
                 cmdline = (stat.parent / "cmdline").read_bytes()
             except OSError:
                 continue
-            if int(fields[1]) == self.proc.pid and b"spawn_main" in cmdline:
-                found.append(int(stat.parent.name))
-        return sorted(found)
+            parents[int(stat.parent.name)] = (int(fields[1]), b"forkserver" in cmdline)
+        servers = {pid for pid, (ppid, fs) in parents.items() if ppid == self.proc.pid and fs}
+        return sorted(pid for pid, (ppid, _) in parents.items() if ppid in servers)
 
     def finish(self, limit: float) -> tuple[int, str, float]:
         """(exit status, stderr, seconds it took) — killing everything if over ``limit``."""
