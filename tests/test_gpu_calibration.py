@@ -190,6 +190,33 @@ def test_the_planner_against_the_recorded_h200_runs(
     assert len(ratios) == 2 and all(0.85 <= r <= 1.15 for r in ratios), text
     left = re.search(r"allocator − these: (-?\d+) MiB", text)
     assert left and 0 <= int(left[1]) < 100, text
+    # the planner's fit figure: the same terms, its allowance on states and activations on
+    # top — never below the allocator's peak, nor above it by more than that allowance
+    from paracube.planner.layout_memory import FRAGMENTATION
+
+    fit = re.search(r"planner/allocator ([\d.]+)", text)
+    assert fit and 1.0 <= float(fit[1]) <= 1.0 + FRAGMENTATION, text
+
+
+def test_the_loss_backward_transient_sits_on_the_last_stage_under_paracubes_loss():
+    """Two fp32 gradients of the logits' shape (this rank's 1/tp of the vocabulary) on the
+    last pipeline stage; none under a loss that computes its gradient in place."""
+    from dataclasses import replace
+
+    from paracube.models.presets import preset
+    from paracube.planner.layout import Layout
+    from paracube.planner.layout_memory import stage_memory
+
+    cfg = preset("gpt3-1.3b")
+    n_logits = 8 * cfg.seq_len * cfg.vocab_size  # micro-batch 8
+    (serial,) = stage_memory(cfg, Layout(micro_batch=8))
+    assert serial.transient == 2 * n_logits * 4
+    first, last = stage_memory(cfg, Layout(pp=2, micro_batch=8, microbatches=2))
+    assert first.transient == 0 and last.transient == 2 * n_logits * 4
+    (tp2,) = stage_memory(cfg, Layout(tp=2, micro_batch=8))
+    assert tp2.transient == 2 * 8 * cfg.seq_len * (cfg.vocab_size // 2) * 4
+    (fused,) = stage_memory(cfg, replace(Layout(micro_batch=8), loss="fused"))
+    assert fused.transient == 0 and fused.total == serial.total - serial.transient
 
 
 def test_a_measured_attention_backward_rate_times_the_backward():

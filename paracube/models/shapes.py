@@ -267,16 +267,18 @@ def _loss_bytes(cfg: ModelConfig, n: int, elem: int, tp: int = 1) -> int:
     return kept + (4 if tp == 1 else n)
 
 
-def loss_backward_transient_bytes(cfg: ModelConfig, b: int) -> int:
-    """Bytes the serial loss's backward holds beside everything saved, at the step's memory
-    peak (the end of forward, every activation still kept): torch's cross-entropy computes
-    the gradient of its nll (fp32, n × V) and from it the log-softmax's input gradient
-    (fp32, n × V) while the saved log-softmax is alive — 2·n·V·4 bytes. On an H200 the
-    CUDA allocator's peak of GPT-3 1.3B (micro-batch 8 and 4 × 2048, every recompute mode,
-    bf16 and fp32) was the counted states and activations plus this, within 67 MiB
-    (cuBLAS's workspace). Nothing counts it as saved; the planner's search leaves room
-    for it in its allowance."""
-    return 2 * b * cfg.seq_len * cfg.vocab_size * 4
+def loss_backward_transient_bytes(cfg: ModelConfig, b: int, tp: int = 1) -> int:
+    """Bytes the loss's backward holds beside everything saved, at the step's memory peak
+    (the end of forward, every activation still kept): two fp32 tensors of the logits'
+    shape while the saved log-softmax (or softmax) is alive — 2·n·V/tp·4 bytes. Serial
+    (torch's cross-entropy): the gradient of its nll, then from it the log-softmax's input
+    gradient; on an H200 the CUDA allocator's peak of GPT-3 1.3B (micro-batch 8 and 4 ×
+    2048, every recompute mode, bf16 and fp32) was the counted states and activations plus
+    this, within 67 MiB (cuBLAS's workspace). Vocabulary-parallel (tp > 1,
+    :mod:`paracube.tensor_parallel.loss`): the softmax's clone the target is subtracted
+    from, then its product with the incoming gradient, each over this rank's 1/tp of the
+    vocabulary. (Megatron's fused loss computes its gradient in place instead.)"""
+    return 2 * b * cfg.seq_len * (cfg.vocab_size // tp) * 4
 
 
 def _norm_bytes(cfg: ModelConfig, n: int, elem: int) -> int:

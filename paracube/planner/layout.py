@@ -60,6 +60,11 @@ class Layout:
     # how the engine cuts the pipeline stages (--balance): params (its default), flops or
     # memory; the measured ones (time, speed) are planned with their FLOPs estimate
     balance: str = "params"
+    # the loss's backward: "torch" (paracube's — torch's cross-entropy, or its vocabulary-
+    # parallel loss — two fp32 gradients of the logits' shape alive as backward begins,
+    # shapes.loss_backward_transient_bytes) or "fused" (computed in place: Megatron's
+    # vocabulary-parallel cross-entropy; llm-foundry's default fused_crossentropy)
+    loss: str = "torch"
 
     @property
     def gpus(self) -> int:

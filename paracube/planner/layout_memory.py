@@ -16,6 +16,10 @@ with more blocks — the sum of:
   FlashAttention) Korthikanti's per-layer bytes; plus, on the first stage, what the
   embedding keeps (the token indices; Megatron's layer: its output) and, on the last, the
   final norm's, the head's and the loss's (the fp32 log-softmax, b·s·V/t × 4 bytes);
+- on the last, under paracube's loss (``Layout.loss``), the loss backward's two fp32
+  gradients of the logits' shape, alive beside all of that when backward begins (:func:`paracube.models.shapes.
+  loss_backward_transient_bytes`: with them the planner's count met the CUDA allocator's
+  peak within 67 MiB on an H200);
 - an allowance, stated here: 1 GB for the CUDA context and communication buffers, and
   10 % of the rest for allocator fragmentation.
 """
@@ -44,10 +48,11 @@ class StageMemory:
     model_states: float
     activations: float
     allowance: float
+    transient: float = 0.0  # held only while the loss's backward runs (not saved)
 
     @property
     def total(self) -> float:
-        return self.model_states + self.activations + self.allowance
+        return self.model_states + self.activations + self.transient + self.allowance
 
 
 def stage_memory(cfg: ModelConfig, layout: Layout, precision: str = "bf16") -> list[StageMemory]:
@@ -178,10 +183,13 @@ def stage_bytes(
     acts = (terms.act_recomputed * redone + terms.act_kept * (blocks - redone)) * in_flight
     if index == 0:
         acts += terms.first * in_flight
+    transient = 0.0
     if index == p - 1:
         acts += terms.last
+        if layout.loss == "torch":
+            transient = shapes.loss_backward_transient_bytes(cfg, layout.micro_batch, layout.tp)
     allowance = CONTEXT_BYTES + FRAGMENTATION * (states + acts)
-    return StageMemory(name, states, acts, allowance)
+    return StageMemory(name, states, acts, allowance, transient)
 
 
 @functools.lru_cache(maxsize=1 << 16)  # a search asks again for a layout's offloaded and

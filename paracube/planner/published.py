@@ -49,9 +49,15 @@ from paracube.planner.layout_memory import peak_memory
 from paracube.planner.search import Candidate, candidate_layouts, search
 from paracube.planner.time_model import Cluster, estimate
 
+# Megatron's vocabulary-parallel cross-entropy computes its gradient in the saved softmax's
+# own buffer (megatron/core/tensor_parallel/cross_entropy.py, backward: grad_input = softmax,
+# then in-place updates), not in two new fp32 tensors as paracube's loss does
+MEGATRON_LOSS = dict(loss="fused")
 # Megatron-LM 2021 and DeepSpeed's pipeline engine: unfused attention, no sequence parallelism,
 # gradients all-reduced after the last backward
-MEGATRON_2021 = dict(attention="unfused", sequence_parallel=False, overlap_grad_reduce=False)
+MEGATRON_2021 = dict(
+    attention="unfused", sequence_parallel=False, overlap_grad_reduce=False, **MEGATRON_LOSS
+)
 # The dtype gradients are reduced in (the planner's default: fp32). Megatron-LM under fp16
 # reduces fp16 gradients unless asked (--accumulate-allreduce-grads-in-fp32 defaults off);
 # under bf16 it forces fp32 ("bfloat16 requires gradient accumulation and all-reduce to be
@@ -65,7 +71,9 @@ MEGATRON_FP16 = dict(grad_reduce="compute")
 # before it: FSDPConfig's backward_prefetch defaults to BACKWARD_POST (composer.utils.
 # FSDPConfig), which the sweep leaves as is (submit_benchmarks.py sets it only when asked;
 # the mpt-*.yaml fsdp_config does not). torchtitan's FSDP2 prefetches (the planner's default).
-COMPOSER_FSDP = dict(backward_prefetch=False)
+# Its MPT loss is llm-foundry's default fused_crossentropy (ComposerMPTCausalLM's loss_fn
+# default, llmfoundry/models/mpt/modeling_mpt.py: flash-attn's xentropy kernel).
+COMPOSER_FSDP = dict(backward_prefetch=False, loss="fused")
 
 
 def gpt(heads: int, hidden: int, layers: int) -> ModelConfig:
@@ -162,7 +170,7 @@ def _korthikanti() -> list[dict]:
         cfg = gpt(a, h, L)
         flops = B * cfg.seq_len * model_flops_per_token(cfg)
         base = dict(dp=1, tp=8, pp=pp, micro_batch=1, schedule="1f1b", attention="unfused",
-                    overlap_grad_reduce=False, **MEGATRON_FP16)
+                    overlap_grad_reduce=False, **MEGATRON_FP16, **MEGATRON_LOSS)
         for source, seconds, recompute, sp in [
             ("Korthikanti (full)", full_s, "full", False),
             ("Korthikanti (SP+sel.)", sel_s, "selective", True),
@@ -200,7 +208,7 @@ def _megatron_core_h100() -> list[dict]:
     cfg = ModelConfig(n_layers=96, hidden=12288, n_heads=96, vocab_size=131072, seq_len=4096,
                       name="GPT-3 175B (131k vocab)")
     layout = dict(tp=4, pp=8, schedule="interleaved-1f1b", sequence_parallel=True,
-                  attention="fused", overlap_grad_reduce=True)
+                  attention="fused", overlap_grad_reduce=True, **MEGATRON_LOSS)
     return [
         _run("Megatron-Core", cfg, "h100", gpus, 1152, "bf16", dict(layout, dp=gpus // 32),
              "model", round(mfu * 989.4, 1))

@@ -137,6 +137,7 @@ def candidate_layouts(
                         backward_prefetch=fixed.get("backward_prefetch", True),
                         offload=fixed.get("offload", False),
                         compress=fixed.get("compress", "none"),
+                        loss=fixed.get("loss", "torch"),
                         recompute_blocks=(
                             fixed.get("recompute_blocks") if recompute == "full" else None
                         ),
