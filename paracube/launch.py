@@ -78,13 +78,14 @@ RANK_MODULES = ("torch", "torch.distributed", "torch._dynamo", "torch.optim", "p
 
 def rank_start_method() -> str:
     """How the ranks start: forked from a rank server that imported :data:`RANK_MODULES`
-    once ("forkserver"), on a machine without a CUDA GPU — a 4-rank job's start-up 10 s →
-    5 s on 2 cores. With a GPU each rank is a fresh interpreter ("spawn"): a process forked
-    from one that initialised the CUDA driver cannot use it, and that no preloaded module
-    does has not been checked on a GPU."""
-    import torch
-
-    return "spawn" if torch.cuda.is_available() else "forkserver"
+    once ("forkserver") on a machine without a GPU driver — a 4-rank job's start-up 8.7 s
+    → 6.4 s on 2 cores, an 8-rank Hugging Face job's 22 s → 8.5 s (benchmarks/
+    bench_startup.py). With an NVIDIA or AMD driver loaded each rank is a fresh interpreter
+    ("spawn"): a process forked from one that initialised the driver cannot use it, and
+    that no preloaded module does has not been checked on a GPU. Asked of the system, not
+    of torch, so that the server starts before this process imports torch."""
+    drivers = ("/proc/driver/nvidia", "/dev/kfd")
+    return "spawn" if any(os.path.exists(p) for p in drivers) else "forkserver"
 
 
 def start_rank_server(extra: tuple[str, ...] = ()) -> None:
@@ -110,6 +111,9 @@ def launch_local(
     """Run ``entrypoint(*args)`` on ``nprocs`` ranks of this machine, one node of ``nodes``;
     return the job's exit status. ``preload``: modules the ranks will import, imported once
     for all of them where they are forked (:func:`rank_start_method`)."""
+    start_method = rank_start_method()
+    if start_method == "forkserver":  # first: it imports torch while this process does
+        start_rank_server(preload)
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -118,9 +122,6 @@ def launch_local(
     _quiet_torch_elastic()
     logs = tempfile.mkdtemp(prefix="paracube-")  # the agent's per-run files; removed below
     explained = os.path.join(logs, "explained")  # a rank that prints the job's end writes it
-    start_method = rank_start_method()
-    if start_method == "forkserver":
-        start_rank_server(preload)
     # the grace a stopped group gets before SIGKILL is LaunchConfig's from torch 2.13 (an
     # older torch — a GPU image's — has its own fixed grace)
     known = {f.name for f in fields(LaunchConfig)}

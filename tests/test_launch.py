@@ -1,5 +1,6 @@
 """The local launcher's ranks: forked from a rank server that imported what every rank
-needs once (on a CPU-only machine), each told where to say it explains the job's end."""
+needs once (on a machine without a GPU driver), each told where to say it explains the
+job's end; and a command line checked before anything imports torch."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import os
 import sys
 
 import pytest
-import torch
 
 from paracube.launch import EXPLAINED_ENV, RANK_MODULES, launch_local, rank_start_method
 
@@ -27,9 +27,8 @@ def _report(out_dir: str) -> None:
         )
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="ranks are spawned on a CUDA machine")
+@pytest.mark.skipif(rank_start_method() == "spawn", reason="a GPU driver: ranks are spawned")
 def test_ranks_fork_from_a_server_that_imported_torch_once(tmp_path):
-    assert rank_start_method() == "forkserver"
     # twice from one process: the second job's ranks come from the same server, and each
     # job's ranks get that job's own path to say they explain its end
     seen = []
@@ -44,3 +43,19 @@ def test_ranks_fork_from_a_server_that_imported_torch_once(tmp_path):
         assert len({r["explained"] for r in ranks}) == 1 and ranks[0]["explained"]
         seen.append((ranks[0]["parent"], ranks[0]["explained"]))
     assert seen[0][0] == seen[1][0] and seen[0][1] != seen[1][1]
+
+
+def test_a_job_is_checked_before_torch_is_imported():
+    """Parsing and checking a job import no torch: a bad command fails at once, and the
+    rank server can import torch while the launcher does."""
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "from paracube.cli import main\n"
+        "status = main(['train', '--dp', '0'])\n"
+        "assert status == 2 and 'torch' not in sys.modules, sorted(sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "paracube: error: --dp" in out.stderr
