@@ -33,7 +33,7 @@ lint: $(STAMP)
 BENCH := .venv-bench
 $(BENCH)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(BENCH)
-	$(BENCH)/bin/python -m pip install --quiet -e .
+	$(BENCH)/bin/python -m pip install --quiet -e '.[hf]'
 	$(BENCH)/bin/python -m pip install --quiet --no-deps megatron-core==0.16.1 deepspeed==0.19.8
 	$(BENCH)/bin/python -m pip install --quiet einops hjson msgpack ninja packaging psutil py-cpuinfo pydantic
 	touch $(BENCH)/.installed
@@ -56,6 +56,7 @@ bench: $(BENCH)/.installed
 	-$(BENCH)/bin/python benchmarks/bench_shaped_link.py --out benchmarks/results/shaped_link.json
 	$(BENCH)/bin/python benchmarks/bench_planner.py --out benchmarks/results/planner.json
 	$(BENCH)/bin/python benchmarks/bench_planner_published.py --out benchmarks/results/planner_published.json
+	$(BENCH)/bin/python benchmarks/bench_startup.py --out benchmarks/results/startup.json
 
 clean:
 	rm -rf $(VENV) $(BENCH) runs *.egg-info
