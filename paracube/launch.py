@@ -80,10 +80,11 @@ def rank_start_method() -> str:
     """How the ranks start: forked from a rank server that imported :data:`RANK_MODULES`
     once ("forkserver") on a machine without a GPU driver — a one-step 4-rank job 4.8 s
     where torchrun takes 8.5, an 8-rank Hugging Face one 6.8 s against 21.1, on 2 cores
-    (benchmarks/bench_startup.py). With an NVIDIA or AMD driver loaded each rank is a fresh interpreter
-    ("spawn"): a process forked from one that initialised the driver cannot use it, and
-    that no preloaded module does has not been checked on a GPU. Asked of the system, not
-    of torch, so that the server starts before this process imports torch."""
+    (benchmarks/bench_startup.py). With an NVIDIA or AMD driver loaded each rank is a
+    fresh interpreter ("spawn"): a process forked from one that initialised the driver
+    cannot use it, and that no preloaded module does has not been checked on a GPU. Asked
+    of the system, not of torch, so that the server starts before this process imports
+    torch."""
     drivers = ("/proc/driver/nvidia", "/dev/kfd")
     return "spawn" if any(os.path.exists(p) for p in drivers) else "forkserver"
 
