@@ -227,8 +227,8 @@ def _gpu_peak_memory(cfg: TrainConfig, layout, mem: dict[str, int]) -> str:
     line = (
         f"paracube: peak memory: the CUDA allocator's {peak / MIB:.0f} MiB; the planner's "
         f"{inside / MIB:.0f} MiB in the allocator (model states, activations, the loss "
-        f"backward's gradients, a {100 * FRAGMENTATION:.0f} % allowance; plus {CONTEXT_BYTES / MIB:.0f} MiB of CUDA "
-        f"context; planner/allocator {inside / peak:.2f})"
+        f"backward's gradients, a {100 * FRAGMENTATION:.0f} % allowance; plus "
+        f"{CONTEXT_BYTES / MIB:.0f} MiB of CUDA context; planner/allocator {inside / peak:.2f})"
     )
     if cfg.parallel.tp == 1 and cfg.parallel.pp == 1 and cfg.grad_accum == 1:
         transient = loss_backward_transient_bytes(cfg.model, cfg.micro_batch)

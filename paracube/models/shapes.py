@@ -276,9 +276,10 @@ def loss_backward_transient_bytes(cfg: ModelConfig, b: int, tp: int = 1) -> int:
     2048, every recompute mode, bf16 and fp32) was the counted states and activations plus
     this, within 67 MiB (cuBLAS's workspace). Vocabulary-parallel (tp > 1,
     :mod:`paracube.tensor_parallel.loss`): the softmax's clone the target is subtracted
-    from, then its product with the incoming gradient, each over this rank's 1/tp of the
-    vocabulary. (Megatron's fused loss computes its gradient in place instead.)"""
-    return 2 * b * cfg.seq_len * (cfg.vocab_size // tp) * 4
+    from, then its product with the incoming gradient, each over this rank's shard of the
+    vocabulary padded to divide by tp. (Megatron's fused loss computes in place instead.)"""
+    shard = -(-cfg.vocab_size // tp)
+    return 2 * b * cfg.seq_len * shard * 4
 
 
 def _norm_bytes(cfg: ModelConfig, n: int, elem: int) -> int:

@@ -17,9 +17,9 @@ with more blocks — the sum of:
   embedding keeps (the token indices; Megatron's layer: its output) and, on the last, the
   final norm's, the head's and the loss's (the fp32 log-softmax, b·s·V/t × 4 bytes);
 - on the last, under paracube's loss (``Layout.loss``), the loss backward's two fp32
-  gradients of the logits' shape, alive beside all of that when backward begins (:func:`paracube.models.shapes.
-  loss_backward_transient_bytes`: with them the planner's count met the CUDA allocator's
-  peak within 67 MiB on an H200);
+  gradients of the logits' shape, alive beside all of that when backward begins
+  (:func:`paracube.models.shapes.loss_backward_transient_bytes`: with them the planner's
+  count met the CUDA allocator's peak within 67 MiB on an H200);
 - an allowance, stated here: 1 GB for the CUDA context and communication buffers, and
   10 % of the rest for allocator fragmentation.
 """
