@@ -159,7 +159,7 @@ def test_emitted_command_is_a_valid_train_job(capsys, model, gpus, batch):
         ),
         (
             ["--model", "tiny", "--gpus", "8", "--global-batch", "8", "--layout", "dp=2,tp=2,pp=1"],
-            "dp×tp×pp = 4 but --gpus is 8",
+            "dp×tp×pp×cp = 4 but --gpus is 8",
         ),
         (
             ["--layers", "4", "--gpus", "8", "--global-batch", "8"],
@@ -187,6 +187,15 @@ def test_emitted_command_is_a_valid_train_job(capsys, model, gpus, batch):
         (
             ["--model", "tiny", "--gpus", "8", "--global-batch", "8", "--attention", "paged"],
             "unknown --attention 'paged': choose one of fused, fused-triton, unfused",
+        ),
+        (
+            ["--model", "tiny", "--gpus", "8", "--global-batch", "8", "--layout", "cp=3"],
+            "--layout cp=3 does not divide --gpus 8",
+        ),
+        (  # context parallelism is planned, never emitted as a paracube train command
+            ["--model", "tiny", "--gpus", "8", "--global-batch", "8", "--layout", "cp=2"]
+            + ["--emit", "torchrun"],
+            "paracube train does not run context parallelism",
         ),
     ],
 )
@@ -370,3 +379,14 @@ def test_epochs_of_a_model_without_a_dataset_size_needs_it(capsys):
         capsys, "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "64", "--epochs", "1"
     )
     assert "--epochs 1: needs --train-samples N" in err
+
+
+def test_a_context_parallel_layout_is_evaluated(capsys):
+    """--layout cp=2 (Megatron-Core's context parallelism): every candidate holds it, on the
+    GPUs it was given, and says so."""
+    argv = ["--model", "llama3-8b", "--gpus", "16", "--gpu", "h100", "--global-batch", "32"]
+    out = plan(capsys, *argv, "--layout", "cp=2", "--explain")
+    assert "cp=2" in out and "Context parallel 2 gives each rank 4096" in out
+    top = best(capsys, *argv, "--layout", "dp=4,tp=2,cp=2")
+    assert (top["layout"]["cp"], top["layout"]["dp"], top["layout"]["tp"]) == (2, 4, 2)
+    assert top["time"]["cp_comm"] > 0

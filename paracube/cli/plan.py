@@ -47,7 +47,12 @@ def add_parser(sub) -> None:
         help="bf16, fp16, fp32 (CUDA cores: torch's default for fp32 matmuls) or tf32 (fp32 "
         "values, TF32 tensor-core matmuls)",
     )
-    t.add_argument("--layout", default=None, help="evaluate one layout: dp=,tp=,pp=")
+    t.add_argument(
+        "--layout",
+        default=None,
+        help="evaluate one layout: dp=,tp=,pp= (and cp=, context parallelism as Megatron-Core "
+        "runs it: planned, not run by paracube train)",
+    )
     t.add_argument("--micro-batch", type=int, default=None)
     t.add_argument("--schedule", default=None)
     t.add_argument("--chunks", type=int, default=None)
@@ -162,19 +167,28 @@ def _plan_fixed(args, gpus: int) -> dict:
             }
         except ValueError:
             raise ParacubeError(f"--layout {args.layout!r}: write it as dp=N,tp=N,pp=N") from None
-        if set(fixed) - {"dp", "tp", "pp"} or any(v <= 0 for v in fixed.values()):
+        if set(fixed) - {"dp", "tp", "pp", "cp"} or any(v <= 0 for v in fixed.values()):
             raise ParacubeError(
-                f"--layout {args.layout!r}: only dp, tp and pp, each a positive integer"
+                f"--layout {args.layout!r}: only dp, tp, pp and cp, each a positive integer"
             )
         if fixed.get("tp", 1) > min(args.gpus_per_node, gpus):
             raise ParacubeError(
                 f"--layout tp={fixed['tp']} is larger than a node ({min(args.gpus_per_node, gpus)} GPUs): "
                 "tensor parallelism needs the intra-node links; use pipeline or data parallelism across nodes"
             )
-        product = fixed.get("dp", 1) * fixed.get("tp", 1) * fixed.get("pp", 1)
-        if len(fixed) == 3 and product != gpus:
+        product = fixed.get("dp", 1) * fixed.get("tp", 1) * fixed.get("pp", 1) * fixed.get("cp", 1)
+        if {"dp", "tp", "pp"} <= set(fixed) and product != gpus:
             raise ParacubeError(
-                f"--layout {args.layout}: dp×tp×pp = {product} but --gpus is {gpus}; make them equal"
+                f"--layout {args.layout}: dp×tp×pp×cp = {product} but --gpus is {gpus}; make them equal"
+            )
+        if gpus % fixed.get("cp", 1):
+            raise ParacubeError(
+                f"--layout cp={fixed['cp']} does not divide --gpus {gpus}: choose a cp that does"
+            )
+        if fixed.get("cp", 1) > 1 and args.emit == "torchrun":
+            raise ParacubeError(
+                f"--layout cp={fixed['cp']} with --emit torchrun: paracube train does not run "
+                "context parallelism (cp is planned to evaluate Megatron-Core runs); drop one"
             )
     for name in (
         "micro_batch",
@@ -348,7 +362,7 @@ def _search(args, cfg, cluster, fixed: dict):
             fixed=fixed,
             top=args.top,
         )
-    if fixed.get("tp", 1) != 1 or fixed.get("pp", 1) != 1:
+    if fixed.get("tp", 1) != 1 or fixed.get("pp", 1) != 1 or fixed.get("cp", 1) != 1:
         raise ParacubeError(
             f"{cfg.name} is planned for data parallelism only: use --layout dp={args.gpus}"
         )

@@ -24,6 +24,11 @@ def cmd_plan_mixed(args, pools: list[Pool]) -> int:
         )
     cfg = _plan_model(args)
     fixed = _plan_fixed(args, args.gpus)
+    if fixed.get("cp", 1) > 1:
+        raise ParacubeError(
+            f"--layout cp={fixed['cp']}: context parallelism is planned on one device type "
+            "(--gpus N --gpu TYPE), not on a mixed cluster"
+        )
     plans, slowest = plan_mixed(cfg, pools, args.global_batch, args.precision, fixed)
     if not plans:
         raise ParacubeError(

@@ -11,14 +11,15 @@ engine accumulates gradients over the m micro-batches whether or not it pipeline
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from paracube.config import TrainConfig
+from paracube.config import ModelConfig, TrainConfig
+from paracube.errors import ConfigError
 
 
 @dataclass(frozen=True, kw_only=True)
 class Layout:
-    """dp × tp × pp, micro-batch b and m micro-batches per step, the pipeline schedule
+    """dp × tp × pp (× cp), micro-batch b and m micro-batches per step, the pipeline schedule
     and its chunks, ZeRO stage, recomputation, sequence parallelism, and four facts about
     the training software (the attention kernel; gradient reduction overlapped with
     backward; the dtype gradients are reduced in; ZeRO-3's backward gathers prefetched).
@@ -65,11 +66,24 @@ class Layout:
     # shapes.loss_backward_transient_bytes) or "fused" (computed in place: Megatron's
     # vocabulary-parallel cross-entropy; llm-foundry's default fused_crossentropy)
     loss: str = "torch"
+    # context parallelism (Megatron-Core's --context-parallel-size): each sequence's tokens
+    # split over cp ranks, attention run as a ring passing keys and values (Liu et al. 2023,
+    # "Ring Attention"; causal work balanced by cutting the sequence into 2·cp chunks, rank
+    # i holding chunks i and 2cp−1−i). Planned, to evaluate published runs that use it:
+    # ``paracube train`` does not run it (:meth:`to_args` refuses).
+    cp: int = 1
 
     @property
     def gpus(self) -> int:
-        """GPUs (ranks) the layout occupies: dp × tp × pp."""
-        return self.dp * self.tp * self.pp
+        """GPUs (ranks) the layout occupies: dp × cp × tp × pp."""
+        return self.dp * self.cp * self.tp * self.pp
+
+    @property
+    def grad_group(self) -> int:
+        """Ranks a gradient is reduced over and ZeRO shards the states over: dp × cp — the
+        context-parallel ranks hold the same weights and see other tokens, so they join the
+        reduction (Megatron-Core's data-parallel group "with context parallel")."""
+        return self.dp * self.cp
 
     @classmethod
     def from_config(cls, cfg: TrainConfig) -> Layout:
@@ -96,6 +110,11 @@ class Layout:
 
     def to_args(self, precision: str = "bf16", gpus_per_node: int | None = None) -> list[str]:
         """The ``paracube train`` flags that run this layout."""
+        if self.cp > 1:
+            raise ConfigError(
+                f"cp={self.cp}: paracube train does not run context parallelism (it is planned "
+                "to evaluate Megatron-Core runs); plan with cp=1 for a layout it runs"
+            )
         args = [
             f"--dp {self.dp}",
             f"--tp {self.tp}",
@@ -128,3 +147,14 @@ class Layout:
             if self.grad_reduce != "fp32":
                 args.append(f"--grad-reduce {self.grad_reduce}")
         return args
+
+
+def rank_sequence(cfg: ModelConfig, layout: Layout) -> ModelConfig:
+    """The model as one rank sees it: under context parallelism each rank holds s/cp tokens
+    of every sequence, so its matmuls, element-wise work, tensor-parallel collectives,
+    pipeline transfers and saved activations are those of an s/cp sequence — all but the
+    attention core (``time_model.attention_core``) and the ring that feeds it
+    (``time_model.cp_comm_time``). ``cfg`` itself when cp = 1."""
+    if layout.cp == 1:
+        return cfg
+    return replace(cfg, seq_len=cfg.seq_len // layout.cp)

@@ -20,6 +20,8 @@ with more blocks — the sum of:
   gradients of the logits' shape, alive beside all of that when backward begins
   (:func:`paracube.models.shapes.loss_backward_transient_bytes`: with them the planner's
   count met the CUDA allocator's peak within 67 MiB on an H200);
+- under context parallelism, all of it for the s/cp tokens a rank holds
+  (:func:`~paracube.planner.layout.rank_sequence`), the states sharded over dp × cp;
 - an allowance, stated here: 1 GB for the CUDA context and communication buffers, and
   10 % of the rest for allocator fragmentation.
 """
@@ -34,7 +36,7 @@ from paracube.choices import FUSED_ATTENTION, state_bytes_per_parameter
 from paracube.config import ModelConfig
 from paracube.models import shapes
 from paracube.pipeline.schedules import get_schedule
-from paracube.planner.layout import Layout
+from paracube.planner.layout import Layout, rank_sequence
 from paracube.planner.memory import activation_bytes_per_layer, model_state_bytes
 from paracube.planner.stages import layout_shares, recomputed_blocks
 
@@ -60,9 +62,10 @@ def stage_memory(cfg: ModelConfig, layout: Layout, precision: str = "bf16") -> l
     engine's own split gives it (:mod:`paracube.planner.stages`)."""
     p = layout.pp
     shares = layout_shares(cfg, layout)
+    local = rank_sequence(cfg, layout)  # under context parallelism a rank keeps s/cp tokens
     return [
         stage_bytes(
-            cfg,
+            local,
             layout,
             index,
             len(share.blocks),
@@ -172,7 +175,7 @@ def stage_bytes(
     states = model_state_bytes(
         params,
         layout.zero,
-        layout.dp,
+        layout.grad_group,  # ZeRO shards over dp × cp
         weight_bytes=terms.weight,
         grad_bytes=terms.gradient,
         optimizer_bytes=terms.optimizer,

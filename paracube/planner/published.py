@@ -36,6 +36,12 @@ Sources:
   with paracube's own FLOP count). The rows with the checkpointing paracube implements: none,
   full, and "selective layer" (every other block: half the blocks recomputed); the
   "selective op" rows (an op-level policy) are left out.
+- NeMo AutoModel: NVIDIA-NeMo/Automodel, ``docs/performance-summary.md`` (the version of
+  April 2026; also docs.nvidia.com/nemo/automodel, "Performance Summary"), pre-training on
+  DGX-H100 in BF16: Llama 3 70B on 64 GPUs, global batch 128 × 8192 tokens, micro-batch 1,
+  4 accumulation steps, FSDP2 over 32 ranks × context parallel 2, Transformer Engine
+  kernels, 866.77 tokens/s per GPU (converted with paracube's FLOP count); checkpointing
+  is not stated, so the planner chooses it.
 """
 
 from __future__ import annotations
@@ -97,6 +103,7 @@ def runs() -> list[dict]:
         + _megatron_core_h100()
         + _mosaic()
         + _torchtitan()
+        + _automodel()
     )
 
 
@@ -119,6 +126,7 @@ STACKS = {
     "MosaicML (A100 80GB)": "FSDP-only: Composer (A100)",
     "MosaicML (A100 40GB)": "FSDP-only: Composer (A100)",
     "torchtitan": "FSDP-only: FSDP2 (A100)",
+    "NeMo AutoModel": "FSDP2 + context parallel (H100)",
 }
 
 
@@ -253,6 +261,15 @@ def _torchtitan() -> list[dict]:
         out.append(_run("torchtitan", cfg, "a100-80gb", 64, 64 * b, "bf16", fixed, "model",
                         published))
     return out
+
+
+def _automodel() -> list[dict]:
+    """NeMo AutoModel's Llama 3 70B on 64 H100s: FSDP2 (ZeRO-3) over 32 ranks × context
+    parallel 2, tokens/s per GPU × model FLOPs per token."""
+    cfg = preset("llama3-70b")  # sequence 8192, as the run
+    fixed = dict(dp=32, cp=2, tp=1, pp=1, zero=3, micro_batch=1, attention="fused")
+    published = round(866.77 * model_flops_per_token(cfg) / 1e12, 1)
+    return [_run("NeMo AutoModel", cfg, "h100", 64, 128, "bf16", fixed, "model", published)]
 # fmt: on
 
 
@@ -313,7 +330,7 @@ def evaluate(row: dict) -> dict:
         "gpu": row["gpu"],
         "gpus": row["gpus"],
         "batch": row["batch"],
-        "layout": f"{L.tp}×{L.pp}×{L.dp}",
+        "layout": f"{L.tp}×{L.pp}×{L.dp}" + (f" (cp {L.cp})" if L.cp > 1 else ""),
         "seq_len": cfg.seq_len,
         "recompute": L.recompute
         + ("" if L.recompute_blocks is None else f" ({L.recompute_blocks} blocks)"),

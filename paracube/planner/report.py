@@ -19,7 +19,10 @@ SHARDED_STATES = {
 
 
 def describe(layout) -> str:
-    text = f"dp={layout.dp} tp={layout.tp} pp={layout.pp} b={layout.micro_batch} m={layout.microbatches}"
+    text = f"dp={layout.dp} tp={layout.tp} pp={layout.pp}"
+    if getattr(layout, "cp", 1) > 1:
+        text += f" cp={layout.cp}"
+    text += f" b={layout.micro_batch} m={layout.microbatches}"
     if layout.pp > 1:
         text += f" {layout.schedule}" + (f"×{layout.chunks}" if layout.chunks > 1 else "")
     if layout.zero:
@@ -105,6 +108,7 @@ def largest_overhead(t: StepEstimate, optimizer: bool = True) -> tuple[str, floa
     parts = {
         "data-parallel communication": t.dp_exposed,
         "tensor-parallel communication": t.tp_comm,
+        "the context-parallel ring": t.cp_comm,
         "pipeline transfers": t.pp_comm,
         "the pipeline bubble": t.bubble,
         "recomputation": t.recompute,
@@ -160,6 +164,13 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster) -> list[str]:
             f"({cluster.inter.bandwidth / GB:.0f} GB/s) the same traffic would take "
             f"{cluster.intra.bandwidth / cluster.inter.bandwidth:.0f}× longer."
         )
+    if L.cp > 1:
+        lines.append(
+            f"- Context parallel {L.cp} gives each rank {cfg.seq_len // L.cp} of every sequence's "
+            f"{cfg.seq_len} tokens (Megatron-Core's ring attention: keys and values pass round the "
+            f"{L.cp} ranks while the attention core runs): {t.cp_comm:.3g} s per step not hidden. "
+            "Planned only: paracube train does not run it."
+        )
     if L.pp > 1:
         lines.append(
             f"- Pipeline {L.pp} splits the {cfg.n_layers} layers into stages; only activations cross stage "
@@ -170,10 +181,12 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster) -> list[str]:
         )
     if L.zero:
         lines.append(
-            f"- ZeRO-{L.zero} shards {SHARDED_STATES[L.zero]} over the {L.dp} data-parallel ranks: "
-            f"{best.memory.model_states / GB:.1f} GB of model states per GPU, and each rank steps "
-            f"1/{L.dp} of the optimizer ({t.optimizer:.3g} s); the parameter all-gathers it adds are "
-            f"in the {t.dp_exposed:.3g} s the data-parallel communication costs"
+            f"- ZeRO-{L.zero} shards {SHARDED_STATES[L.zero]} over the {L.grad_group} "
+            + ("data-parallel" if L.cp == 1 else f"data- and context-parallel ({L.dp} × {L.cp})")
+            + f" ranks: {best.memory.model_states / GB:.1f} GB of model states per GPU, and each "
+            f"rank steps 1/{L.grad_group} of the optimizer ({t.optimizer:.3g} s); the parameter "
+            f"all-gathers it adds are in the {t.dp_exposed:.3g} s the data-parallel "
+            "communication costs"
             + (
                 " — without backward prefetching (FSDP1's BACKWARD_POST) every backward waits for "
                 "its own gathers, none of them hidden."

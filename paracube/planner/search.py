@@ -6,7 +6,7 @@ import itertools
 import math
 from dataclasses import dataclass, field, replace
 
-from paracube.choices import RECOMPUTE, ZERO_STAGES
+from paracube.choices import FUSED_ATTENTION, RECOMPUTE, ZERO_STAGES
 from paracube.config import ModelConfig
 from paracube.errors import ConfigError
 from paracube.pipeline.schedules import SCHEDULES
@@ -88,11 +88,22 @@ def candidate_layouts(
 ):
     """Every layout the engines can run: tp within a node and dividing the heads (the
     vocabulary is padded to a multiple of tp, as Megatron does), pp ≤ layers, the global
-    batch divisible into dp × micro-batch × m, schedules whose constraints hold."""
+    batch divisible into dp × micro-batch × m, schedules whose constraints hold. Context
+    parallelism only where ``fixed`` asks for it (paracube's engine does not run it): the
+    sequence cut into 2·cp equal chunks, under fused attention."""
 
     def reject(reason: str) -> None:
         rejected[reason] = rejected.get(reason, 0) + 1
 
+    cp = fixed.get("cp", 1)
+    if cp > 1:
+        if gpus % cp or cfg.seq_len % (2 * cp):
+            reject(f"cp={cp} must divide the GPUs and the sequence into 2·cp chunks")
+            return
+        if fixed.get("attention", "fused") not in FUSED_ATTENTION:
+            reject("context parallelism needs fused attention")
+            return
+        gpus //= cp
     for tp in divisors(gpus):
         if fixed.get("tp", tp) != tp:
             continue  # a fixed degree: the others are not candidates (nor reasons)
@@ -116,7 +127,7 @@ def candidate_layouts(
                 m = global_batch // (dp * b)
                 schedules = _schedules(pp, m, cfg.n_layers, fixed.get("chunks"), reject)
                 for (schedule, v), zero, recompute in itertools.product(
-                    schedules, ZERO_STAGES if dp > 1 else (0,), RECOMPUTE
+                    schedules, ZERO_STAGES if dp * cp > 1 else (0,), RECOMPUTE
                 ):
                     if zero == 3 and pp > 1:
                         continue  # ZeRO-3 composes with tensor parallel, not with pipelines
@@ -141,6 +152,7 @@ def candidate_layouts(
                         recompute_blocks=(
                             fixed.get("recompute_blocks") if recompute == "full" else None
                         ),
+                        cp=cp,
                     )
                     if all(getattr(layout, k) == val for k, val in fixed.items()):
                         yield layout

@@ -48,7 +48,7 @@ from paracube.models import shapes
 from paracube.pipeline.schedules import get_schedule
 from paracube.planner.flops import hardware_flops_per_token, model_flops_per_token
 from paracube.planner.hardware import GPU, Interconnect
-from paracube.planner.layout import Layout
+from paracube.planner.layout import Layout, rank_sequence
 from paracube.planner.memory import activation_bytes_per_layer
 from paracube.planner.stages import RankShare, layout_shares, recomputed_blocks
 
@@ -97,6 +97,7 @@ class StepEstimate:
     tflops_per_gpu: float  # model FLOPs (no recomputation) per second per GPU: MFU × peak
     mfu: float  # model FLOPs per second per GPU over the peak of the precision's units
     hardware_tflops_per_gpu: float = 0.0  # FLOPs executed, recomputation included: HFU × peak
+    cp_comm: float = 0.0  # the context-parallel ring's keys and values, where not hidden
 
     @property
     def mfu_ceiling(self) -> float:
@@ -113,6 +114,7 @@ class StepEstimate:
             self.compute
             + self.recompute
             + self.tp_comm
+            + self.cp_comm
             + self.pp_comm
             + self.bubble
             + self.dp_exposed
@@ -172,9 +174,12 @@ def attention_core(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> t
     """(seconds, FLOPs) of the attention core's forward — softmax(QKᵀ)·V — on one GPU for
     one micro-batch: what selective recomputation re-runs. Its backward takes twice as long
     (four matmuls for two; FlashAttention's five include recomputing QKᵀ: 2.5×, and a
-    slower kernel's backward more: :func:`attention_core_backward`)."""
+    slower kernel's backward more: :func:`attention_core_backward`). ``cfg`` is the rank's
+    view (:func:`rank_sequence`): under context parallelism its s/cp queries attend to all
+    s keys — cp × its own s/cp square, the whole s × s over cp ranks."""
     b, s, heads = layout.micro_batch, cfg.seq_len, cfg.n_heads / layout.tp
-    flops = 4 * b * heads * s * s * cfg.head_dim  # QKᵀ and attention·V over the full s×s
+    # QKᵀ and attention·V over the full s×s (its 1/cp share under context parallelism)
+    flops = 4 * b * heads * s * s * cfg.head_dim * layout.cp
     rate = g.peak_flops * g.sustained_fraction
     if layout.attention in FUSED_ATTENTION:
         # FlashAttention skips the blocks above the causal diagonal: half the work is done,
@@ -202,11 +207,38 @@ def attention_core_backward(layout: Layout, forward: float, g: GPU | None = None
     return 2.5 * forward * rates * slow_backward / slow_forward
 
 
+def cp_comm_time(
+    cfg: ModelConfig, layout: Layout, cluster: Cluster, elem: int, core_fwd: float
+) -> tuple[float, float]:
+    """(forward, backward) seconds one block's context-parallel ring adds to one
+    micro-batch (``cfg``: the
+    rank's view, :func:`rank_sequence`). Forward: cp − 1 steps, each passing this rank's
+    keys and values (2 · b · s/cp · kv_heads/tp · head_dim values) to the next rank while
+    the attention core runs on the block it holds — 1/cp of the core's ``core_fwd``
+    (Megatron-Core / Transformer Engine's ring attention overlaps the two); backward: the
+    keys and values once more and their gradients, twice the bytes, beside the backward's
+    core. A step costs max(transfer, compute); what hides slows that compute by
+    :data:`OVERLAP_SLOWDOWN`. The cp ranks sit next to the tensor-parallel ones (Megatron's
+    tp-cp-dp-pp order): on NVLink while tp × cp fits a node."""
+    if layout.cp == 1:
+        return 0.0, 0.0
+    cp, b = layout.cp, layout.micro_batch
+    link = cluster.intra if layout.tp * layout.cp <= cluster.gpus_per_node else cluster.inter
+    kv = 2 * b * cfg.seq_len * cfg.n_kv_heads / layout.tp * cfg.head_dim * elem
+    core_bwd = attention_core_backward(layout, core_fwd, cluster.gpu)
+
+    def ring(volume: float, core: float) -> float:
+        transfer, compute = volume / link.bandwidth + link.latency, core / cp
+        return (cp - 1) * (max(0.0, transfer - compute) + OVERLAP_SLOWDOWN * min(transfer, compute))
+
+    return ring(kv, core_fwd), ring(2 * kv, core_bwd)
+
+
 def layer_time(
     cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2
 ) -> tuple[float, float, float]:
     """(forward seconds, backward seconds, forward FLOPs executed) of one transformer layer
-    on one GPU for one micro-batch."""
+    on one GPU for one micro-batch (``cfg``: the rank's view, :func:`rank_sequence`)."""
     b, s, h, t = layout.micro_batch, cfg.seq_len, cfg.hidden, layout.tp
     M = b * s
     gemms = shapes.block_gemms(cfg, M, t)
@@ -251,7 +283,7 @@ def optimizer_time(layout: Layout, g: GPU, shard: float, elem: int) -> float:
     *are* its weights). On a GPU's HBM; or offloaded: in host memory, after the gradient
     slice crossed PCIe to the host and before the new values cross back (paracube copies
     after the reduction: exposed)."""
-    stepped = shard / (layout.dp if layout.zero >= 1 else 1)
+    stepped = shard / (layout.grad_group if layout.zero >= 1 else 1)
     if not layout.offload:
         write_back = 4 + elem if elem != 4 else 0
         return (4 + 7 * 4 + write_back) * stepped / g.hbm_bandwidth
@@ -299,26 +331,29 @@ def estimate(
     cluster = at_precision(cluster, precision)
     g, p, m = cluster.gpu, layout.pp, layout.microbatches
     elem = ELEMENT_BYTES[precision]
-    fwd, bwd, flops = layer_time(cfg, layout, g, elem)
+    local = rank_sequence(cfg, layout)  # the s/cp tokens a rank holds under context parallelism
+    fwd, bwd, flops = layer_time(local, layout, g, elem)
     # selective recomputation re-runs the attention core (under fused attention it drops
     # only the kernel's log-sum-exp, so the planner seldom gains from it there)
-    core = attention_core(cfg, layout, g, elem)[0]
+    core = attention_core(local, layout, g, elem)[0]
     redo = {"none": 0.0, "full": fwd, "selective": core}[layout.recompute]
+    ring = cp_comm_time(local, layout, cluster, elem, core)
     # every pipeline rank with the blocks the engine's split gives it; the slowest sets the pace
     ranks = [
-        _rank_step(cfg, layout, cluster, share, elem, fwd + bwd, redo)
+        _rank_step(local, layout, cluster, share, elem, fwd + bwd, redo, ring)
         for share in layout_shares(cfg, layout)
     ]
-    busiest = max(ranks, key=lambda r: r.compute + r.recompute + r.tp_comm)
+    busiest = max(ranks, key=lambda r: r.compute + r.recompute + r.tp_comm + r.cp_comm)
     compute, recompute, tp_comm = busiest.compute, busiest.recompute, busiest.tp_comm
-    pp_comm = pp_transfer_time(cfg, layout, cluster, elem)
+    cp_comm = busiest.cp_comm
+    pp_comm = pp_transfer_time(local, layout, cluster, elem)
     overhead = get_schedule(layout.schedule).idle_over_busy(p, m, layout.chunks)
-    bubble = overhead * (compute + recompute + tp_comm) if p > 1 else 0.0
+    bubble = overhead * (compute + recompute + tp_comm + cp_comm) if p > 1 else 0.0
     # each rank's own gradient reduction and optimizer step after its last backward
     dp_exposed, optimizer = max(
         ((r.dp_exposed, r.optimizer) for r in ranks), key=lambda pair: sum(pair)
     )
-    step = compute + recompute + tp_comm + pp_comm + bubble + dp_exposed + optimizer
+    step = compute + recompute + tp_comm + cp_comm + pp_comm + bubble + dp_exposed + optimizer
     tokens = layout.dp * layout.micro_batch * m * cfg.seq_len
     tflops = tokens * model_flops_per_token(cfg) / (step * layout.gpus) / 1e12
     hardware = (
@@ -339,6 +374,7 @@ def estimate(
         tflops_per_gpu=tflops,
         mfu=tflops * 1e12 / g.peak_flops,
         hardware_tflops_per_gpu=hardware,
+        cp_comm=cp_comm,
     )
 
 
@@ -349,6 +385,7 @@ class _RankTime:
     tp_comm: float
     dp_exposed: float
     optimizer: float
+    cp_comm: float = 0.0
 
 
 def _rank_step(
@@ -359,11 +396,14 @@ def _rank_step(
     elem: int,
     block: float,
     redo: float,
+    ring: tuple[float, float] = (0.0, 0.0),
 ) -> _RankTime:
     """One pipeline rank's step parts: its blocks' forward + backward (``block`` seconds
     each per micro-batch), the head's on the last rank, the recomputation of its recomputed
-    blocks (``redo`` each), its tensor-parallel collectives, and its own gradient reduction
-    and optimizer step over its parameters."""
+    blocks (``redo`` each), its tensor-parallel collectives, its context-parallel ring
+    (``ring`` seconds per block and micro-batch, its forward's part again in a fully
+    recomputed block), and its own gradient reduction and optimizer step over its
+    parameters (``cfg``: the rank's view, :func:`rank_sequence`)."""
     g, t, m = cluster.gpu, layout.tp, layout.microbatches
     blocks = len(share.blocks)
     redone = recomputed_blocks(share, layout)
@@ -375,12 +415,14 @@ def _rank_step(
         params += shapes.norm_params(cfg)
         if not (cfg.tie_embeddings and share.embedding):  # one copy when both are here
             params += shapes.head_params(cfg, tp=t)
+    ring_redone = redone * ring[0] if layout.recompute == "full" else 0.0
     return _RankTime(
         compute=m * per_mb,
         recompute=m * redone * redo,
         tp_comm=_tp_comm(cfg, layout, cluster, blocks, elem, redone),
         dp_exposed=dp_exposed_time(layout, cluster, params, per_mb, cfg, blocks, elem),
         optimizer=optimizer_time(layout, g, params, elem),
+        cp_comm=m * (blocks * sum(ring) + ring_redone),
     )
 
 
@@ -439,9 +481,10 @@ def reduction_time(params: float, layout: Layout, link: Interconnect, elem: int)
     (half a ring) plus the backward's and the forward's parameter all-gathers (half a ring
     each, in the weights' dtype)."""
     grads = params * gradient_bytes(elem, layout.grad_reduce)
+    n = layout.grad_group
     if layout.zero != 3:
-        return _ring(grads, layout.dp, link)
-    return _ring(grads, layout.dp, link) / 2 + _ring(params * elem, layout.dp, link)
+        return _ring(grads, n, link)
+    return _ring(grads, n, link) / 2 + _ring(params * elem, n, link)
 
 
 def dp_exposed_time(
@@ -460,7 +503,7 @@ def dp_exposed_time(
     less what hides behind the next forward; under ZeRO-3 the parameter gathers of every
     micro-batch less what hides behind its compute — and, for what does hide, the compute
     it slows down (:data:`OVERLAP_SLOWDOWN`)."""
-    g, dp, m = cluster.gpu, layout.dp, layout.microbatches
+    g, dp, m = cluster.gpu, layout.grad_group, layout.microbatches
     link = dp_link(layout, cluster)
     waited = waited_gathers(layout, link, params, elem)
     # the first micro-batch's backward gathers hide with the reduction unless waited for
@@ -499,9 +542,9 @@ def waited_gathers(layout: Layout, link: Interconnect, params: float, elem: int)
     BackwardPrefetch``), so the next unit's backward waits for it — every micro-batch's
     backward waits for all of its rank's parameters, a half ring of ``params`` ``elem``-byte
     weights. 0 with prefetching, or below ZeRO-3."""
-    if layout.zero != 3 or layout.backward_prefetch or layout.dp == 1:
+    if layout.zero != 3 or layout.backward_prefetch or layout.grad_group == 1:
         return 0.0
-    return layout.microbatches * _ring(params * elem, layout.dp, link) / 2
+    return layout.microbatches * _ring(params * elem, layout.grad_group, link) / 2
 
 
 # Compute that runs while a collective is in flight runs slower — the collective's kernels
@@ -520,8 +563,9 @@ def dp_link(layout: Layout, cluster: Cluster) -> Interconnect:
     ring runs on NVLink. Across nodes NCCL runs one ring per NIC: each member's rail carries
     1/k of the group's inter-node traffic, so the group sees k × the per-GPU network
     bandwidth — capped by NVLink, which carries the rest of each ring."""
-    members = min(layout.dp, max(1, cluster.gpus_per_node // layout.tp))
-    if layout.tp * layout.dp <= cluster.gpus_per_node:
+    group = layout.grad_group  # dp × cp: the context-parallel ranks reduce with the rest
+    members = min(group, max(1, cluster.gpus_per_node // layout.tp))
+    if layout.tp * group <= cluster.gpus_per_node:
         return cluster.intra
     if members == 1:
         return cluster.inter
@@ -546,9 +590,9 @@ def last_bucket_time(layout: Layout, link: Interconnect, params: float, elem: in
     (:func:`bucket_elements`) and its ring takes 2(dp − 1) latency steps, so at fixed work per
     replica the step slows as replicas are added. Without overlap the whole reduction is
     exposed anyway (0 here)."""
-    if layout.dp <= 1 or not layout.overlap_grad_reduce:
+    if layout.grad_group <= 1 or not layout.overlap_grad_reduce:
         return 0.0
-    return reduction_time(min(params, bucket_elements(layout.dp)), layout, link, elem)
+    return reduction_time(min(params, bucket_elements(layout.grad_group)), layout, link, elem)
 
 
 def compressed_reduction(
@@ -573,7 +617,7 @@ def compressed_reduction(
       the two; the vectors whole. paracube runs it in the gradient hook, so it blocks the
       backward: nothing of it hides.
     """
-    dp, elem = layout.dp, 4  # what the compressors read and write: fp32 gradient buffers
+    dp, elem = layout.grad_group, 4  # what the compressors read and write: fp32 gradient buffers
     kind, _, value = layout.compress.partition(":")
     if kind in ("fp16", "bf16"):
         return _ring(2 * n, dp, link), 2 * (elem + 2) * n / g.hbm_bandwidth
