@@ -30,8 +30,10 @@ ON_NAN = ("stop", "skip", "continue")  # a non-finite loss or gradient norm: wha
 METRICS_MODES = ("new", "append", "overwrite")  # an existing --metrics file: refuse, add, replace
 
 # Bytes of one model / activation element in each precision.
-# tf32: the planner's fp32 run with TF32 tensor-core matmuls (fp32 values everywhere)
-ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
+# tf32: the planner's fp32 run with TF32 tensor-core matmuls (fp32 values everywhere);
+# fp8: the planner's bf16 run whose blocks' linear layers compute in FP8 (Transformer
+# Engine, as Megatron-Core and NeMo run it): values and weights stay bf16
+ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 
 
 def gradient_bytes(elem: int, grad_reduce: str = "fp32") -> int:

@@ -390,3 +390,13 @@ def test_a_context_parallel_layout_is_evaluated(capsys):
     top = best(capsys, *argv, "--layout", "dp=4,tp=2,cp=2")
     assert (top["layout"]["cp"], top["layout"]["dp"], top["layout"]["tp"]) == (2, 4, 2)
     assert top["time"]["cp_comm"] > 0
+
+
+def test_fp8_is_planned_on_hopper_and_never_emitted(capsys):
+    argv = ["--model", "llama3-8b", "--gpus", "8", "--global-batch", "64"]
+    fp8 = best(capsys, *argv, "--gpu", "h100", "--precision", "fp8")
+    bf16 = best(capsys, *argv, "--gpu", "h100", "--precision", "bf16")
+    assert fp8["time"]["step_time"] < bf16["time"]["step_time"]
+    assert "A100 80GB has no FP8 tensor cores" in error(capsys, *argv, "--precision", "fp8")
+    emitted = error(capsys, *argv, "--gpu", "h100", "--precision", "fp8", "--emit", "torchrun")
+    assert "paracube train runs fp32, bf16, fp16" in emitted

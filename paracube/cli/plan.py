@@ -44,8 +44,9 @@ def add_parser(sub) -> None:
     t.add_argument(
         "--precision",
         default="bf16",
-        help="bf16, fp16, fp32 (CUDA cores: torch's default for fp32 matmuls) or tf32 (fp32 "
-        "values, TF32 tensor-core matmuls)",
+        help="bf16, fp16, fp32 (CUDA cores: torch's default for fp32 matmuls), tf32 (fp32 "
+        "values, TF32 tensor-core matmuls) or fp8 (bf16 with the blocks' linear layers in FP8, "
+        "as Transformer Engine runs them on Hopper: planned, not run by paracube train)",
     )
     t.add_argument(
         "--layout",
@@ -304,9 +305,14 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         raise ParacubeError(
             f"unknown --offload {args.offload!r}: choose one of {', '.join(OFFLOAD)}"
         )
-    if args.precision not in (*PRECISIONS, "tf32"):
+    if args.precision not in (*PRECISIONS, "tf32", "fp8"):
         raise ParacubeError(
-            f"unknown --precision {args.precision!r}: choose bf16, fp16, fp32 or tf32"
+            f"unknown --precision {args.precision!r}: choose bf16, fp16, fp32, tf32 or fp8"
+        )
+    if args.emit == "torchrun" and args.precision not in PRECISIONS:
+        raise ParacubeError(
+            f"--precision {args.precision} with --emit torchrun: paracube train runs "
+            f"{', '.join(PRECISIONS)}; plan in one of those for a command it runs"
         )
 
 

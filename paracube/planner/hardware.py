@@ -48,6 +48,8 @@ class GPU:
     # 0: the same as ``peak_flops`` (a calibrated CPU measures its one fp32 rate)
     fp32_flops: float = 0.0
     tf32_flops: float = 0.0
+    # FP8 (E4M3/E5M2) on the tensor cores, dense, at the boost clock (0: no FP8 units)
+    fp8_flops: float = 0.0
     # measured fraction of the peak a GPU sustains on large matmuls at its power limit with
     # every GPU of the node busy (0: derive it from the clocks, base ÷ boost)
     measured_sustained: float = 0.0
@@ -59,6 +61,8 @@ class GPU:
             return self.fp32_flops or self.peak_flops
         if precision == "tf32":
             return self.tf32_flops or self.fp32_flops or self.peak_flops
+        # fp8: attention, the head and the norms run in bf16; only the blocks' linear
+        # layers take ``fp8_flops`` (time_model.layer_time), so MFU counts against bf16's peak
         return self.peak_flops
 
     @property
@@ -114,7 +118,8 @@ GPUS: dict[str, GPU] = {
     # clocks (MHz): V100 SXM2 1290/1530, A100 SXM4 1095/1410, H100/H200 SXM5 1590/1980;
     # SMs (architecture whitepapers): V100 80, A100 108, H100/H200 SXM5 132
     # fp32 / TF32 dense (datasheets): V100 15.7 / — (no TF32), A100 19.5 / 156, H100/H200 SXM
-    # 67 / 494.7 TFLOP/s
+    # 67 / 494.7 TFLOP/s; FP8 dense: H100/H200 SXM 1,979 TFLOP/s (3,958 "with sparsity"),
+    # none on V100 and A100
     "v100": GPU("V100 SXM2 32GB", 125e12, 32 * GB, 900 * GB, 300 * GB, 1290, 1530, sms=80,
                 fp32_flops=15.7e12,
                 host_link_bandwidth=PCIE["v100"], host_memory_bandwidth=HOST_MEMORY["v100"],
@@ -128,12 +133,14 @@ GPUS: dict[str, GPU] = {
                      host_link_bandwidth=PCIE["a100"], host_memory_bandwidth=HOST_MEMORY["a100"],
                 host_memory_bytes=HOST_RAM["a100"]),
     "h100": GPU("H100 SXM", 989e12, 80 * GB, 3350 * GB, 900 * GB, 1590, 1980, sms=132,
-                fp32_flops=67e12, tf32_flops=494.7e12, attention_rate=FLASH2_HOPPER,
+                fp32_flops=67e12, tf32_flops=494.7e12, fp8_flops=1979e12,
+                attention_rate=FLASH2_HOPPER,
                 measured_sustained=HOPPER_SUSTAINED,
                 host_link_bandwidth=PCIE["h100"], host_memory_bandwidth=HOST_MEMORY["h100"],
                 host_memory_bytes=HOST_RAM["h100"]),
     "h200": GPU("H200 SXM", 989e12, 141 * GB, 4800 * GB, 900 * GB, 1590, 1980, sms=132,
-                fp32_flops=67e12, tf32_flops=494.7e12, attention_rate=FLASH2_HOPPER,
+                fp32_flops=67e12, tf32_flops=494.7e12, fp8_flops=1979e12,
+                attention_rate=FLASH2_HOPPER,
                 measured_sustained=HOPPER_SUSTAINED,
                 host_link_bandwidth=PCIE["h100"], host_memory_bandwidth=HOST_MEMORY["h100"],
                 host_memory_bytes=HOST_RAM["h100"]),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from paracube.choices import PRECISIONS
 from paracube.config import ModelConfig, TrainConfig
 from paracube.errors import ConfigError
 
@@ -110,6 +111,11 @@ class Layout:
 
     def to_args(self, precision: str = "bf16", gpus_per_node: int | None = None) -> list[str]:
         """The ``paracube train`` flags that run this layout."""
+        if precision not in PRECISIONS:
+            raise ConfigError(
+                f"precision {precision}: paracube train runs {', '.join(PRECISIONS)} "
+                "(tf32 and fp8 are planned only)"
+            )
         if self.cp > 1:
             raise ConfigError(
                 f"cp={self.cp}: paracube train does not run context parallelism (it is planned "

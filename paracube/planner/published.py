@@ -42,6 +42,16 @@ Sources:
   4 accumulation steps, FSDP2 over 32 ranks × context parallel 2, Transformer Engine
   kernels, 866.77 tokens/s per GPU (converted with paracube's FLOP count); checkpointing
   is not stated, so the planner chooses it.
+- NeMo (FP8): NVIDIA/NeMo, ``docs/source/performance/performance_summary.md`` (container
+  NeMo 24.07, DGX-H100, FP8): pre-training rows of GPT-3 5B/20B/175B and Llama 2 7B/13B/70B,
+  Llama 3 8B/70B (TP, PP, CP, VP, MBS, GBS as tabled; tokens/s per GPU converted with
+  paracube's FLOP count). The software each ran, from NVIDIA/NeMo-Framework-Launcher
+  ``launcher_scripts/conf/training``: GPT-3 ``gpt3/{5b,20b,175b}_fp8_performance.yaml`` (24,
+  44 and 96 layers of 4096, 6144, 12288 hidden, 32/48/96 heads, GPT-2 BPE vocabulary padded
+  to 50,304; selective recomputation, sequence parallel, the distributed optimizer, bf16
+  gradient sync, overlapped), Llama ``llama/llama{2,3}_*.yaml`` (no recomputation, the
+  distributed optimizer); Transformer Engine's FP8 linear layers, its fused attention,
+  Megatron's fused loss. Nemotron rows are left out (no paracube preset of their shapes).
 """
 
 from __future__ import annotations
@@ -104,6 +114,7 @@ def runs() -> list[dict]:
         + _mosaic()
         + _torchtitan()
         + _automodel()
+        + _nemo_fp8()
     )
 
 
@@ -127,6 +138,7 @@ STACKS = {
     "MosaicML (A100 40GB)": "FSDP-only: Composer (A100)",
     "torchtitan": "FSDP-only: FSDP2 (A100)",
     "NeMo AutoModel": "FSDP2 + context parallel (H100)",
+    "NeMo (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
 }
 
 
@@ -270,6 +282,36 @@ def _automodel() -> list[dict]:
     fixed = dict(dp=32, cp=2, tp=1, pp=1, zero=3, micro_batch=1, attention="fused")
     published = round(866.77 * model_flops_per_token(cfg) / 1e12, 1)
     return [_run("NeMo AutoModel", cfg, "h100", 64, 128, "bf16", fixed, "model", published)]
+
+
+def _nemo_fp8() -> list[dict]:
+    """NeMo 24.07's FP8 pre-training table on DGX-H100 (Megatron-Core under NeMo)."""
+    def gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelConfig:
+        return ModelConfig(n_layers=layers, hidden=hidden, n_heads=heads, vocab_size=50304,
+                           seq_len=2048, name=name)
+
+    gpt3_sw = dict(recompute="selective", grad_reduce="compute")  # the *_fp8_performance.yaml
+    llama_sw = dict(recompute="none")  # llama/llama{2,3}_*.yaml: no checkpointing
+    out = []
+    # model, GPUs, global batch, micro-batch, tp, pp, cp, vp, tokens/s per GPU, software
+    for cfg, n, B, b, tp, pp, cp, vp, tokens, software in [
+        (gpt3("GPT-3 5B", 24, 4096, 32), 64, 2048, 4, 1, 1, 1, 1, 22521, gpt3_sw),
+        (gpt3("GPT-3 20B", 44, 6144, 48), 64, 256, 2, 2, 1, 1, 1, 5851, gpt3_sw),
+        (gpt3("GPT-3 175B", 96, 12288, 96), 128, 256, 1, 4, 8, 1, 6, 726, gpt3_sw),
+        (gpt3("GPT-3 175B", 96, 12288, 96), 512, 2048, 2, 4, 8, 1, 6, 782, gpt3_sw),
+        (preset("llama2-7b"), 8, 128, 1, 1, 1, 1, 1, 16847, llama_sw),
+        (preset("llama2-13b"), 16, 128, 1, 1, 4, 1, 10, 8646, llama_sw),
+        (preset("llama2-70b"), 64, 128, 1, 4, 4, 1, 20, 1707, llama_sw),
+        (preset("llama3-8b"), 8, 128, 1, 1, 1, 2, 1, 12036, llama_sw),
+        (preset("llama3-70b"), 64, 128, 1, 4, 4, 2, 5, 1533, llama_sw),
+    ]:
+        fixed = dict(tp=tp, pp=pp, cp=cp, dp=n // (tp * pp * cp), micro_batch=b, zero=1,
+                     sequence_parallel=tp > 1, attention="fused", **MEGATRON_LOSS, **software)
+        if vp > 1:  # every pipelined row of the table is interleaved
+            fixed.update(schedule="interleaved-1f1b", chunks=vp)
+        published = round(tokens * model_flops_per_token(cfg) / 1e12, 1)
+        out.append(_run("NeMo (FP8)", cfg, "h100", n, B, "fp8", fixed, "model", published))
+    return out
 # fmt: on
 
 

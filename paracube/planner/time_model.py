@@ -235,17 +235,23 @@ def cp_comm_time(
 
 
 def layer_time(
-    cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2
+    cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2, fp8: bool = False
 ) -> tuple[float, float, float]:
     """(forward seconds, backward seconds, forward FLOPs executed) of one transformer layer
-    on one GPU for one micro-batch (``cfg``: the rank's view, :func:`rank_sequence`)."""
+    on one GPU for one micro-batch (``cfg``: the rank's view, :func:`rank_sequence`).
+    ``fp8``: the linear layers run as Transformer Engine runs them under FP8
+    (:func:`fp8_cast_bytes`); the attention core and everything else stay 16-bit."""
     b, s, h, t = layout.micro_batch, cfg.seq_len, cfg.hidden, layout.tp
     M = b * s
     gemms = shapes.block_gemms(cfg, M, t)
+    linear, linear_elem = (replace(g, peak_flops=g.fp8_flops), 1) if fp8 else (g, elem)
     fwd = bwd = 0.0
     for shape in gemms:
-        f, bw = _gemm_fwd_bwd(*shape, g, elem)
+        f, bw = _gemm_fwd_bwd(*shape, linear, linear_elem)
         fwd, bwd = fwd + f, bwd + bw
+    if fp8:
+        cast_fwd, cast_bwd = fp8_cast_bytes(gemms)
+        fwd, bwd = fwd + cast_fwd / g.hbm_bandwidth, bwd + cast_bwd / g.hbm_bandwidth
     flops = sum(2 * m * n * k for m, n, k in gemms)
     core_time, core_flops = attention_core(cfg, layout, g, elem)
     # element-wise work outside the matmuls (norms, the activation function, rotary
@@ -271,6 +277,23 @@ def layer_time(
         elements = M * cfg.ffn_hidden / t
         fwd, bwd = fwd + elements / g.activation_rates[0], bwd + elements / g.activation_rates[1]
     return fwd + core_time + elementwise, bwd + core_bwd + 2 * elementwise, flops + core_flops
+
+
+def fp8_cast_bytes(gemms: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """(forward, backward) HBM bytes of making one block's FP8 operands, per micro-batch.
+    Hopper's FP8 GEMMs take one layout only, both operands K-major (cuBLAS documentation,
+    ``cublasLtMatmul``'s FP8 requirements: "A must be transposed and B non-transposed", the
+    TN format — why Transformer Engine keeps transposed copies), so each (m × k)·(k × n)
+    linear needs its input in FP8 and, for the weight gradient, that input transposed;
+    backward the same of its output gradient
+    (m × n). Each is one cast-transpose pass: 2 bytes read, 1 + 1 written per element.
+    The weights' own casts happen once per step (cached across micro-batches) and the
+    scaling factors' amax reductions are a few values per tensor: neither is counted."""
+    per_element = 2 + 1 + 1
+    return (
+        per_element * sum(m * k for m, _, k in gemms),
+        per_element * sum(m * n for m, n, _ in gemms),
+    )
 
 
 def optimizer_time(layout: Layout, g: GPU, shard: float, elem: int) -> float:
@@ -331,8 +354,13 @@ def estimate(
     cluster = at_precision(cluster, precision)
     g, p, m = cluster.gpu, layout.pp, layout.microbatches
     elem = ELEMENT_BYTES[precision]
+    fp8 = precision == "fp8"
+    if fp8 and not g.fp8_flops:
+        raise ConfigError(
+            f"--precision fp8: {g.name} has no FP8 tensor cores (Hopper and later); plan it in bf16"
+        )
     local = rank_sequence(cfg, layout)  # the s/cp tokens a rank holds under context parallelism
-    fwd, bwd, flops = layer_time(local, layout, g, elem)
+    fwd, bwd, flops = layer_time(local, layout, g, elem, fp8)
     # selective recomputation re-runs the attention core (under fused attention it drops
     # only the kernel's log-sum-exp, so the planner seldom gains from it there)
     core = attention_core(local, layout, g, elem)[0]
