@@ -189,6 +189,10 @@ def test_emitted_command_is_a_valid_train_job(capsys, model, gpus, batch):
             "unknown --attention 'paged': choose one of fused, fused-triton, unfused",
         ),
         (
+            ["--model", "tiny", "--gpus", "8", "--global-batch", "8", "--activations", "te"],
+            "unknown --activations 'te': choose paracube or megatron",
+        ),
+        (
             ["--model", "tiny", "--gpus", "8", "--global-batch", "8", "--layout", "cp=3"],
             "--layout cp=3 does not divide --gpus 8",
         ),

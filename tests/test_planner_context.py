@@ -139,3 +139,33 @@ def test_nemos_fp8_table_needs_the_fp8_model():
     assert all(abs(x - 1) <= 0.30 for x in fp8) and sum(abs(x - 1) <= 0.15 for x in fp8) >= 8
     as_bf16 = [evaluate(dict(r, precision="bf16"))["ratio"] for r in rows]
     assert max(as_bf16) < 0.85, as_bf16
+
+
+def test_megatron_core_blocks_keep_korthikantis_bytes():
+    """What a Transformer Engine block keeps (``activations="megatron"``): for a GPT block
+    under sequence parallelism and selective recomputation, Korthikanti et al.'s 34·s·b·h/t
+    less its two 1-byte dropout masks (paracube's models have none) plus the norms' fp32
+    statistics; its input alone under full recomputation; grouped-query keys and values at
+    their own width; FP8 keeps the linears' inputs in one byte."""
+    from paracube.planner.memory import te_block_bytes
+
+    gpt = preset("gpt3-13b")
+    s, h, t, b = gpt.seq_len, gpt.hidden, 8, 2
+    sbh = s * b * h
+    sel = te_block_bytes(gpt, b, t=t, sequence_parallel=True, recompute="selective")
+    assert sel == pytest.approx(32 * sbh / t + 2 * 8 * s * b / t)
+    full = te_block_bytes(gpt, b, t=t, sequence_parallel=True, recompute="full")
+    assert full == pytest.approx(2 * sbh / t)
+    llama = preset("llama3-70b")
+    n, kv = llama.seq_len, llama.n_kv_heads * llama.head_dim
+    mha = replace(llama, n_kv_heads=llama.n_heads)
+    gap = te_block_bytes(mha, 1, t=4) - te_block_bytes(llama, 1, t=4)
+    assert gap == pytest.approx(2 * 2 * n * (llama.hidden - kv) / 4)
+    bf16 = te_block_bytes(llama, 1, t=4, sequence_parallel=True)
+    fp8 = te_block_bytes(llama, 1, t=4, sequence_parallel=True, fp8=True)
+    saved = 2 * n * llama.hidden / 4 + n * llama.ffn_hidden / 4 - n * llama.hidden / 4
+    assert bf16 - fp8 == pytest.approx(saved)
+    # the planner reads it for layouts that say so, and only for them
+    own = peak_memory(llama, Layout(tp=4, sequence_parallel=True))
+    te = peak_memory(llama, Layout(tp=4, sequence_parallel=True, activations="megatron"))
+    assert te.activations < own.activations and te.model_states == own.model_states

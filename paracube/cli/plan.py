@@ -105,6 +105,14 @@ def add_parser(sub) -> None:
         help="under bf16/fp16, gradients accumulated and reduced in fp32 (default, as paracube "
         "train and Megatron do) or in the compute dtype (compute: half the bytes)",
     )
+    t.add_argument(
+        "--activations",
+        default=None,
+        help="what a block keeps for backward, in the memory model: paracube (its own blocks, "
+        "op by op; default) or megatron (Megatron-Core with Transformer Engine: sequence-"
+        "parallel inputs kept sharded, grouped-query keys and values unexpanded, FP8 inputs "
+        "under --precision fp8)",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--top", type=int, default=5)
     o.add_argument("--explain", action="store_true", help="the reasoning, in plain language")
@@ -202,6 +210,7 @@ def _plan_fixed(args, gpus: int) -> dict:
         "overlap_grad_reduce",
         "grad_reduce",
         "backward_prefetch",
+        "activations",
     ):
         if getattr(args, name) is not None:
             fixed[name] = getattr(args, name)
@@ -289,6 +298,10 @@ def _check_args(args, whole_nodes: bool = True) -> None:
     if args.attention is not None and args.attention not in ATTENTION:
         raise ParacubeError(
             f"unknown --attention {args.attention!r}: choose one of {', '.join(ATTENTION)}"
+        )
+    if args.activations is not None and args.activations not in ("paracube", "megatron"):
+        raise ParacubeError(
+            f"unknown --activations {args.activations!r}: choose paracube or megatron"
         )
     if args.grad_reduce is not None and args.grad_reduce not in GRAD_REDUCE:
         raise ParacubeError(
@@ -406,7 +419,7 @@ def _time_to_train(args, cfg, best, baseline) -> str:
 
 # Fixed choices that describe the software rather than the layout: the speed-up's baseline
 # runs them too.
-SOFTWARE = ("attention", "overlap_grad_reduce", "grad_reduce", "backward_prefetch")
+SOFTWARE = ("attention", "overlap_grad_reduce", "grad_reduce", "backward_prefetch", "activations")
 
 
 def _baseline(args, cfg, cluster):

@@ -73,6 +73,11 @@ class Layout:
     # i holding chunks i and 2cp−1−i). Planned, to evaluate published runs that use it:
     # ``paracube train`` does not run it (:meth:`to_args` refuses).
     cp: int = 1
+    # what a block keeps for backward, in the memory model: "paracube" (the engine's own
+    # blocks, op by op: shapes.block_saved_bytes) or "megatron" (Megatron-Core with
+    # Transformer Engine: memory.te_block_bytes — inputs sharded under sequence parallelism,
+    # FP8 copies under fp8); published Megatron-Core runs are planned with the latter
+    activations: str = "paracube"
 
     @property
     def gpus(self) -> int:

@@ -37,7 +37,7 @@ from paracube.config import ModelConfig
 from paracube.models import shapes
 from paracube.pipeline.schedules import get_schedule
 from paracube.planner.layout import Layout, rank_sequence
-from paracube.planner.memory import activation_bytes_per_layer, model_state_bytes
+from paracube.planner.memory import activation_bytes_per_layer, model_state_bytes, te_block_bytes
 from paracube.planner.stages import layout_shares, recomputed_blocks
 
 CONTEXT_BYTES = 1e9
@@ -104,6 +104,15 @@ def _layout_terms(cfg: ModelConfig, layout: Layout, precision: str) -> _LayoutTe
     w, g, o = state_bytes_per_parameter(precision, layout.grad_reduce)
 
     def act_layer(recompute: str) -> float:
+        if layout.activations == "megatron" and layout.attention in FUSED_ATTENTION:
+            return te_block_bytes(
+                cfg,
+                layout.micro_batch,
+                t=t,
+                sequence_parallel=layout.sequence_parallel,
+                recompute=recompute,
+                fp8=precision == "fp8",
+            )
         if layout.attention in FUSED_ATTENTION:  # the model's own blocks, op by op
             return shapes.block_saved_bytes(
                 cfg,

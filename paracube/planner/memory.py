@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paracube.choices import ATTENTION, FUSED_ATTENTION, RECOMPUTE
+from paracube.config import ModelConfig
 from paracube.errors import ConfigError
 
 
@@ -95,3 +96,54 @@ def activation_bytes_per_layer(
     if sequence_parallel:
         return sbh / t * (34 + (0 if recompute == "selective" else scores))
     return sbh * (10 + 24 / t + (0 if recompute == "selective" else scores / t))
+
+
+def te_block_bytes(
+    cfg: ModelConfig,
+    b: int,
+    *,
+    t: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+    fp8: bool = False,
+) -> float:
+    """Bytes one block keeps for backward per micro-batch of ``b`` sequences as Megatron-Core
+    keeps them with Transformer Engine's modules (``Layout.activations == "megatron"``) —
+    Korthikanti et al. 2022's per-layer accounting (§4, Table 2) for a FlashAttention block of
+    any shape, n = b·s tokens, 16-bit values, sharded over the t tensor-parallel ranks:
+
+    - each norm its input and its fp32 statistics per token; each column-parallel linear its
+      input, the norm's output — under sequence parallelism both only as this rank's 1/t of
+      the sequence (the all-gather is redone in backward, Korthikanti §4.2.2);
+    - the attention kernel q, k and v (grouped-query k and v at their own width, never
+      expanded), its output and an fp32 log-sum-exp per head and token; the output
+      projection's input is that output;
+    - the MLP its first projection's output (SwiGLU's gate and up, or GELU's input) and the
+      activation's output, the second projection's input;
+    - no dropout masks (paracube's models have no dropout; Korthikanti's 34·s·b·h/t counts
+      two 1-byte masks: without them a GPT block here is 32·s·b·h/t).
+
+    Under ``fp8`` the linear layers keep their inputs as the FP8 copies their weight
+    gradients use (1 byte, Transformer Engine's saved ``inputmat``): the norms' outputs, the
+    activation's output, and beside the attention output its FP8 copy. Full recomputation
+    keeps the block's input only; selective drops the kernel's log-sum-exp (its other
+    tensors are the linears' inputs and outputs, kept either way)."""
+    if recompute not in RECOMPUTE:
+        raise ConfigError(f"unknown recompute {recompute!r}: choose one of {', '.join(RECOMPUTE)}")
+    n, h, a, f = b * cfg.seq_len, cfg.hidden, cfg.n_heads, cfg.ffn_hidden
+    kv = cfg.n_kv_heads * cfg.head_dim
+    ts = t if sequence_parallel else 1
+    if recompute == "full":
+        return 2.0 * n * h / ts
+    linear_in = 1 if fp8 else 2  # bytes of a saved linear input
+    stats = 8 if cfg.norm == "layernorm" else 4  # fp32 mean and rstd, or rstd alone
+    norms = 2 * (2 * n * h + stats * n) / ts
+    norm_outputs = 2 * linear_in * n * h / ts
+    attention = 2 * n * (2 * h + 2 * kv) / t  # q, out; k, v
+    if recompute != "selective":
+        attention += 4 * n * a / t
+    if fp8:
+        attention += n * h / t  # the output projection's FP8 input beside the kernel's output
+    gate_up = 2 if cfg.activation == "swiglu" else 1
+    mlp = 2 * gate_up * n * f / t + linear_in * n * f / t
+    return norms + norm_outputs + attention + mlp

@@ -52,6 +52,11 @@ Sources:
   gradient sync, overlapped), Llama ``llama/llama{2,3}_*.yaml`` (no recomputation, the
   distributed optimizer); Transformer Engine's FP8 linear layers, its fused attention,
   Megatron's fused loss. Nemotron rows are left out (no paracube preset of their shapes).
+- Megatron-Bridge (FP8): NVIDIA-NeMo/Megatron-Bridge, ``docs/performance-summary.md``,
+  container 25.11, DGX-H100: the dense rows (Llama 3 8B on 8 GPUs with Megatron's FSDP,
+  Llama 3 70B at TP 4 × PP 8 × VP 5, Llama 3.1 405B on 1,024 GPUs at TP 8 × PP 8 × CP 2 ×
+  VP 8), FP8 with current scaling (its per-tensor amax pass before each cast is not
+  counted); checkpointing is not stated, so the planner chooses it. MoE rows are left out.
 """
 
 from __future__ import annotations
@@ -69,6 +74,9 @@ from paracube.planner.time_model import Cluster, estimate
 # own buffer (megatron/core/tensor_parallel/cross_entropy.py, backward: grad_input = softmax,
 # then in-place updates), not in two new fp32 tensors as paracube's loss does
 MEGATRON_LOSS = dict(loss="fused")
+# Megatron-Core with Transformer Engine (its README's runs, NeMo, Megatron-Bridge): the fused
+# loss, and blocks that keep what TE's modules keep (memory.te_block_bytes)
+MEGATRON_CORE = dict(activations="megatron", **MEGATRON_LOSS)
 # Megatron-LM 2021 and DeepSpeed's pipeline engine: unfused attention, no sequence parallelism,
 # gradients all-reduced after the last backward
 MEGATRON_2021 = dict(
@@ -115,6 +123,7 @@ def runs() -> list[dict]:
         + _torchtitan()
         + _automodel()
         + _nemo_fp8()
+        + _megatron_bridge_fp8()
     )
 
 
@@ -139,6 +148,7 @@ STACKS = {
     "torchtitan": "FSDP-only: FSDP2 (A100)",
     "NeMo AutoModel": "FSDP2 + context parallel (H100)",
     "NeMo (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
+    "Megatron-Bridge (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
 }
 
 
@@ -228,7 +238,7 @@ def _megatron_core_h100() -> list[dict]:
     cfg = ModelConfig(n_layers=96, hidden=12288, n_heads=96, vocab_size=131072, seq_len=4096,
                       name="GPT-3 175B (131k vocab)")
     layout = dict(tp=4, pp=8, schedule="interleaved-1f1b", sequence_parallel=True,
-                  attention="fused", overlap_grad_reduce=True, **MEGATRON_LOSS)
+                  attention="fused", overlap_grad_reduce=True, **MEGATRON_CORE)
     return [
         _run("Megatron-Core", cfg, "h100", gpus, 1152, "bf16", dict(layout, dp=gpus // 32),
              "model", round(mfu * 989.4, 1))
@@ -306,11 +316,32 @@ def _nemo_fp8() -> list[dict]:
         (preset("llama3-70b"), 64, 128, 1, 4, 4, 2, 5, 1533, llama_sw),
     ]:
         fixed = dict(tp=tp, pp=pp, cp=cp, dp=n // (tp * pp * cp), micro_batch=b, zero=1,
-                     sequence_parallel=tp > 1, attention="fused", **MEGATRON_LOSS, **software)
+                     sequence_parallel=tp > 1, attention="fused", **MEGATRON_CORE, **software)
         if vp > 1:  # every pipelined row of the table is interleaved
             fixed.update(schedule="interleaved-1f1b", chunks=vp)
         published = round(tokens * model_flops_per_token(cfg) / 1e12, 1)
         out.append(_run("NeMo (FP8)", cfg, "h100", n, B, "fp8", fixed, "model", published))
+    return out
+
+
+def _megatron_bridge_fp8() -> list[dict]:
+    """Megatron-Bridge 25.11's dense FP8 pre-training rows on DGX-H100 (sequence 8192)."""
+    out = []
+    # preset, GPUs, global batch, tp, pp, cp, vp, ZeRO (FSDP = 1: 3; else the distributed
+    # optimizer: 1), tokens/s per GPU; micro-batch 1 in every row
+    for name, n, B, tp, pp, cp, vp, zero, tokens in [
+        ("llama3-8b", 8, 128, 1, 1, 1, 1, 3, 14451),
+        ("llama3-70b", 64, 128, 4, 8, 1, 5, 1, 1602),
+        ("llama3-405b", 1024, 512, 8, 8, 2, 8, 1, 292),
+    ]:
+        cfg = preset(name)
+        fixed = dict(tp=tp, pp=pp, cp=cp, dp=n // (tp * pp * cp), micro_batch=1, zero=zero,
+                     sequence_parallel=tp > 1, attention="fused", **MEGATRON_CORE)
+        if vp > 1:
+            fixed.update(schedule="interleaved-1f1b", chunks=vp)
+        published = round(tokens * model_flops_per_token(cfg) / 1e12, 1)
+        out.append(_run("Megatron-Bridge (FP8)", cfg, "h100", n, B, "fp8", fixed, "model",
+                        published))
     return out
 # fmt: on
 

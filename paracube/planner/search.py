@@ -149,6 +149,7 @@ def candidate_layouts(
                         offload=fixed.get("offload", False),
                         compress=fixed.get("compress", "none"),
                         loss=fixed.get("loss", "torch"),
+                        activations=fixed.get("activations", "paracube"),
                         recompute_blocks=(
                             fixed.get("recompute_blocks") if recompute == "full" else None
                         ),
