@@ -1,6 +1,7 @@
 """llm-foundry's MPT throughput tables (mosaicml/llm-foundry,
-``scripts/train/benchmarking/README.md``): every row of "H100 80GB BF16", "A100 80GB with
-1600 Gbps node-node interconnect (RoCE)" and "A100 40GB with 1600 Gbps node-node
+``scripts/train/benchmarking/README.md``): every row of "H100 80GB BF16", "H100 80GB FP8"
+(:data:`FP8_TABLE`: Composer's ``amp_fp8``, Transformer Engine's FP8 linear layers), "A100
+80GB with 1600 Gbps node-node interconnect (RoCE)" and "A100 40GB with 1600 Gbps node-node
 interconnect (RoCE)". Composer's FSDP FULL_SHARD over every GPU (ZeRO-3, no tensor or
 pipeline parallelism), the micro-batch the sweep found, activation checkpointing as listed,
 and MPT's FlashAttention in Triton — the sweep's default ``--attn_impl triton``
@@ -29,6 +30,8 @@ MPT_SHAPES = {
 # The peak each table's MFU is a fraction of: Composer's GPU_AVAILABLE_FLOPS for bf16
 # (composer.callbacks.speed_monitor, which the README's collect_results.py imports).
 PEAK_BF16 = {"h100": 989.4e12, "a100-80gb": 312e12, "a100-40gb": 312e12}
+# The FP8 table's MFU is a fraction of H100's FP8 peak (its Model TFLOP column ÷ MFU: 1,979)
+PEAK_FP8_H100 = 1979e12
 
 
 def mpt(name: str, seq_len: int) -> ModelConfig:
@@ -256,4 +259,18 @@ TABLES: dict[str, list[tuple[str, int, int, float, int, int, bool, int]]] = {
         ("125m", 512, 8, 40.26, 104, 2496, False, 124131840),
     ],
 }
+
+# "H100 80GB FP8", the same columns (MFU of the FP8 peak).
+FP8_TABLE: list[tuple[str, int, int, float, int, int, bool, int]] = [
+    ("3b", 32768, 8, 14.38, 3, 144, True, 2730480640),
+    ("3b", 8192, 8, 23.28, 3, 144, False, 2667566080),
+    ("3b", 2048, 8, 27.7, 10, 480, False, 2651837440),
+    ("3b", 512, 8, 30.25, 40, 1920, False, 2647905280),
+    ("1b", 32768, 8, 17.55, 1, 32, False, 1378865152),
+    ("1b", 8192, 8, 20.71, 2, 64, False, 1328533504),
+    ("1b", 512, 8, 29.06, 56, 1792, False, 1312804864),
+    ("350m", 32768, 8, 14.8, 1, 32, False, 387442688),
+    ("350m", 16384, 8, 15.31, 2, 64, False, 370665472),
+    ("350m", 512, 8, 17.77, 56, 1792, False, 354412544),
+]
 # fmt: on

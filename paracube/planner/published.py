@@ -27,7 +27,8 @@ Sources:
   sequence 4096, DP/TP/PP communication overlapped) and the README's parallelism guide for
   GPT-3 175B (TP 4, PP 8); virtual stages, micro-batch and ZeRO are left to the planner.
 - MosaicML: mosaicml/llm-foundry, ``scripts/train/benchmarking/README.md``, every row of
-  its H100 80GB, A100 80GB and A100 40GB BF16 tables (:mod:`paracube.planner.mosaic`: MPT
+  its H100 80GB, A100 80GB and A100 40GB BF16 tables and of its H100 80GB FP8 table
+  (:mod:`paracube.planner.mosaic`: MPT
   models on Composer's FSDP FULL_SHARD — ZeRO-3 with no tensor or pipeline parallelism —,
   FlashAttention in Triton; MFU by the README's formula, the same model FLOPs as
   Korthikanti Eq. 7).
@@ -145,6 +146,7 @@ STACKS = {
     "MosaicML (H100)": "FSDP-only: Composer (H100)",
     "MosaicML (A100 80GB)": "FSDP-only: Composer (A100)",
     "MosaicML (A100 40GB)": "FSDP-only: Composer (A100)",
+    "MosaicML (H100 FP8)": "FSDP-only: Composer, FP8 (H100)",
     "torchtitan": "FSDP-only: FSDP2 (A100)",
     "NeMo AutoModel": "FSDP2 + context parallel (H100)",
     "NeMo (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
@@ -250,15 +252,17 @@ def _mosaic() -> list[dict]:
     """llm-foundry's H100 and A100 tables (:mod:`paracube.planner.mosaic`): the throughput
     behind each MFU, in paracube's model FLOPs (which leave the position table out)."""
     out = []
-    for gpu, rows in mosaic.TABLES.items():
+    tables = [(gpu, "bf16", rows, mosaic.PEAK_BF16[gpu]) for gpu, rows in mosaic.TABLES.items()]
+    tables.append(("h100", "fp8", mosaic.FP8_TABLE, mosaic.PEAK_FP8_H100))
+    for gpu, precision, rows, peak in tables:
         for name, s, n, mfu, b, B, ckpt, params in rows:
             cfg = mosaic.mpt(name, s)
             fixed = dict(dp=n, tp=1, pp=1, zero=3, micro_batch=b, attention="fused-triton",
                          recompute="full" if ckpt else "none", **COMPOSER_FSDP)
-            tflops = (mosaic.tokens_per_s(mfu, params, cfg, mosaic.PEAK_BF16[gpu])
+            tflops = (mosaic.tokens_per_s(mfu, params, cfg, peak)
                       * model_flops_per_token(cfg) / 1e12)
-            out.append(_run(MOSAIC_SOURCE[gpu], cfg, gpu, n, B, "bf16", fixed, "model",
-                            round(tflops, 1)))
+            source = MOSAIC_SOURCE[gpu] if precision == "bf16" else "MosaicML (H100 FP8)"
+            out.append(_run(source, cfg, gpu, n, B, precision, fixed, "model", round(tflops, 1)))
     return out
 
 
