@@ -401,6 +401,8 @@ def test_fp8_is_planned_on_hopper_and_never_emitted(capsys):
     fp8 = best(capsys, *argv, "--gpu", "h100", "--precision", "fp8")
     bf16 = best(capsys, *argv, "--gpu", "h100", "--precision", "bf16")
     assert fp8["time"]["step_time"] < bf16["time"]["step_time"]
+    told = plan(capsys, *argv, "--gpu", "h100", "--precision", "fp8", "--explain")
+    assert "Under fp8 the blocks' linear layers run on the FP8 units (1,979 TFLOP/s" in told
     assert "A100 80GB has no FP8 tensor cores" in error(capsys, *argv, "--precision", "fp8")
     emitted = error(capsys, *argv, "--gpu", "h100", "--precision", "fp8", "--emit", "torchrun")
     assert "paracube train runs fp32, bf16, fp16" in emitted

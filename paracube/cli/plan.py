@@ -463,7 +463,11 @@ def _print(args, cfg, cluster, result) -> None:
     baseline = _baseline(args, cfg, cluster) if result.ranked else None
     print(table(result.ranked[: args.top], cluster, baseline))
     if args.explain and result.ranked:
-        text = explain(result, transformer, cluster, args.gpus) if transformer is not None else ""
+        text = (
+            explain(result, transformer, cluster, args.gpus, args.precision)
+            if transformer is not None
+            else ""
+        )
         if baseline is not None and result.ranked[0].layout.gpus > baseline.gpus:
             text += ("\n" if text else f"Why {describe(result.ranked[0].layout)}:\n") + scaling(
                 result.ranked[0], baseline

@@ -124,13 +124,15 @@ def baseline_cost(cand: Candidate) -> str:
     return f"{name}: {seconds:.3g} s of its {cand.time.step_time:.3g} s step"
 
 
-def explain(result: SearchResult, cfg: ModelConfig, cluster: Cluster, gpus: int) -> str:
+def explain(
+    result: SearchResult, cfg: ModelConfig, cluster: Cluster, gpus: int, precision: str = "bf16"
+) -> str:
     """The reasoning behind the best layout, in plain language, with its numbers."""
     best = result.ranked[0]
     lines = [f"Why {describe(best.layout)}:"]
     lines += _layout_reasons(best, cfg, cluster)
     lines.append(recompute_tradeoff(cfg, best.layout, cluster))
-    lines.append(_predicted(best, cluster))
+    lines.append(_predicted(best, cluster, precision))
     lines += _alternatives(result)
     return "\n".join(lines)
 
@@ -206,8 +208,16 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster) -> list[str]:
     return lines
 
 
-def _predicted(best, cluster: Cluster) -> str:
+def _predicted(best, cluster: Cluster, precision: str = "bf16") -> str:
     L, t = best.layout, best.time
+    fp8 = (
+        f" Under fp8 the blocks' linear layers run on the FP8 units "
+        f"({cluster.gpu.fp8_flops / 1e12:,.0f} TFLOP/s peak, at the same sustained fraction) and "
+        "pay the cast-transpose passes that make their operands; MFU still counts against the "
+        "bf16 peak, so it can pass the bf16 sustained fraction."
+        if precision == "fp8"
+        else ""
+    )
     executed = (
         f" ({t.hardware_tflops_per_gpu:.0f} TFLOP/s executed, the recomputation included)"
         if L.recompute != "none"
@@ -220,7 +230,7 @@ def _predicted(best, cluster: Cluster) -> str:
         f"{L.attention} attention executes half of them). The compute runs the tensor cores at "
         f"{sustained(cluster.gpu)}, each matmul's "
         f"roofline with tile and wave quantization over {cluster.gpu.sms or 'no'} SMs, and the "
-        "memory-bound element-wise work (paracube.planner.time_model)."
+        "memory-bound element-wise work (paracube.planner.time_model)." + fp8
     )
 
 
