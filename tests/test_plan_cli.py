@@ -406,3 +406,12 @@ def test_fp8_is_planned_on_hopper_and_never_emitted(capsys):
     assert "A100 80GB has no FP8 tensor cores" in error(capsys, *argv, "--precision", "fp8")
     emitted = error(capsys, *argv, "--gpu", "h100", "--precision", "fp8", "--emit", "torchrun")
     assert "paracube train runs fp32, bf16, fp16" in emitted
+
+
+def test_tp_comm_overlap_describes_megatron_cores_userbuffers(capsys):
+    argv = ["--model", "llama3-70b", "--gpus", "16", "--gpu", "h100", "--global-batch", "32"]
+    argv += ["--layout", "dp=1,tp=8,pp=2"]
+    waited = best(capsys, *argv)
+    hidden = best(capsys, *argv, "--tp-comm-overlap")
+    assert hidden["layout"]["tp_comm_overlap"] and not waited["layout"]["tp_comm_overlap"]
+    assert 0 < hidden["time"]["tp_comm"] < waited["time"]["tp_comm"]

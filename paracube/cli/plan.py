@@ -106,6 +106,14 @@ def add_parser(sub) -> None:
         "train and Megatron do) or in the compute dtype (compute: half the bytes)",
     )
     t.add_argument(
+        "--tp-comm-overlap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="tensor-parallel collectives overlapped with the matmuls they feed (Megatron-Core's "
+        "--tp-comm-overlap, NeMo's ub_tp_comm_overlap); default off, as paracube's tensor "
+        "parallel waits for them",
+    )
+    t.add_argument(
         "--activations",
         default=None,
         help="what a block keeps for backward, in the memory model: paracube (its own blocks, "
@@ -211,6 +219,7 @@ def _plan_fixed(args, gpus: int) -> dict:
         "grad_reduce",
         "backward_prefetch",
         "activations",
+        "tp_comm_overlap",
     ):
         if getattr(args, name) is not None:
             fixed[name] = getattr(args, name)
@@ -419,7 +428,14 @@ def _time_to_train(args, cfg, best, baseline) -> str:
 
 # Fixed choices that describe the software rather than the layout: the speed-up's baseline
 # runs them too.
-SOFTWARE = ("attention", "overlap_grad_reduce", "grad_reduce", "backward_prefetch", "activations")
+SOFTWARE = (
+    "attention",
+    "overlap_grad_reduce",
+    "grad_reduce",
+    "backward_prefetch",
+    "activations",
+    "tp_comm_overlap",
+)
 
 
 def _baseline(args, cfg, cluster):

@@ -78,6 +78,10 @@ class Layout:
     # Transformer Engine: memory.te_block_bytes — inputs sharded under sequence parallelism,
     # FP8 copies under fp8); published Megatron-Core runs are planned with the latter
     activations: str = "paracube"
+    # tensor-parallel collectives overlapped with the matmuls they feed (Megatron-Core's
+    # --tp-comm-overlap, NeMo's ub_tp_comm_overlap: Transformer Engine's userbuffers);
+    # paracube's own tensor parallel waits for them (False)
+    tp_comm_overlap: bool = False
 
     @property
     def gpus(self) -> int:

@@ -240,7 +240,8 @@ def _megatron_core_h100() -> list[dict]:
     cfg = ModelConfig(n_layers=96, hidden=12288, n_heads=96, vocab_size=131072, seq_len=4096,
                       name="GPT-3 175B (131k vocab)")
     layout = dict(tp=4, pp=8, schedule="interleaved-1f1b", sequence_parallel=True,
-                  attention="fused", overlap_grad_reduce=True, **MEGATRON_CORE)
+                  attention="fused", overlap_grad_reduce=True, tp_comm_overlap=True,
+                  **MEGATRON_CORE)
     return [
         _run("Megatron-Core", cfg, "h100", gpus, 1152, "bf16", dict(layout, dp=gpus // 32),
              "model", round(mfu * 989.4, 1))
@@ -304,8 +305,12 @@ def _nemo_fp8() -> list[dict]:
         return ModelConfig(n_layers=layers, hidden=hidden, n_heads=heads, vocab_size=50304,
                            seq_len=2048, name=name)
 
-    gpt3_sw = dict(recompute="selective", grad_reduce="compute")  # the *_fp8_performance.yaml
-    llama_sw = dict(recompute="none")  # llama/llama{2,3}_*.yaml: no checkpointing
+    # the *_fp8_performance.yaml: selective recompute, bf16 gradient sync, and userbuffers'
+    # tensor-parallel overlap (ub_tp_comm_overlap) where tp > 1
+    gpt3_sw: dict[str, object] = dict(
+        recompute="selective", grad_reduce="compute", tp_comm_overlap=True
+    )
+    llama_sw: dict[str, object] = dict(recompute="none")  # llama/llama{2,3}_*.yaml
     out = []
     # model, GPUs, global batch, micro-batch, tp, pp, cp, vp, tokens/s per GPU, software
     for cfg, n, B, b, tp, pp, cp, vp, tokens, software in [

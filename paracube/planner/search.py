@@ -150,6 +150,7 @@ def candidate_layouts(
                         compress=fixed.get("compress", "none"),
                         loss=fixed.get("loss", "torch"),
                         activations=fixed.get("activations", "paracube"),
+                        tp_comm_overlap=fixed.get("tp_comm_overlap", False),
                         recompute_blocks=(
                             fixed.get("recompute_blocks") if recompute == "full" else None
                         ),

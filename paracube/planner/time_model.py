@@ -279,6 +279,16 @@ def layer_time(
     return fwd + core_time + elementwise, bwd + core_bwd + 2 * elementwise, flops + core_flops
 
 
+def block_gemm_time(
+    cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2, fp8: bool = False
+) -> float:
+    """Seconds of one block's matmuls for one micro-batch, forward and backward — what
+    overlapped tensor-parallel collectives can hide behind (:func:`overlapped_tp_comm`)."""
+    linear, linear_elem = (replace(g, peak_flops=g.fp8_flops), 1) if fp8 else (g, elem)
+    gemms = shapes.block_gemms(cfg, layout.micro_batch * cfg.seq_len, layout.tp)
+    return sum(sum(_gemm_fwd_bwd(*shape, linear, linear_elem)) for shape in gemms)
+
+
 def fp8_cast_bytes(gemms: list[tuple[float, float, float]]) -> tuple[float, float]:
     """(forward, backward) HBM bytes of making one block's FP8 operands, per micro-batch.
     Hopper's FP8 GEMMs take one layout only, both operands K-major (cuBLAS documentation,
@@ -366,9 +376,10 @@ def estimate(
     core = attention_core(local, layout, g, elem)[0]
     redo = {"none": 0.0, "full": fwd, "selective": core}[layout.recompute]
     ring = cp_comm_time(local, layout, cluster, elem, core)
+    gemms = block_gemm_time(local, layout, g, elem, fp8)
     # every pipeline rank with the blocks the engine's split gives it; the slowest sets the pace
     ranks = [
-        _rank_step(local, layout, cluster, share, elem, fwd + bwd, redo, ring)
+        _rank_step(local, layout, cluster, share, elem, fwd + bwd, redo, ring, gemms)
         for share in layout_shares(cfg, layout)
     ]
     busiest = max(ranks, key=lambda r: r.compute + r.recompute + r.tp_comm + r.cp_comm)
@@ -425,6 +436,7 @@ def _rank_step(
     block: float,
     redo: float,
     ring: tuple[float, float] = (0.0, 0.0),
+    gemms: float = 0.0,
 ) -> _RankTime:
     """One pipeline rank's step parts: its blocks' forward + backward (``block`` seconds
     each per micro-batch), the head's on the last rank, the recomputation of its recomputed
@@ -447,7 +459,7 @@ def _rank_step(
     return _RankTime(
         compute=m * per_mb,
         recompute=m * redone * redo,
-        tp_comm=_tp_comm(cfg, layout, cluster, blocks, elem, redone),
+        tp_comm=_tp_comm(cfg, layout, cluster, blocks, elem, redone, gemms),
         dp_exposed=dp_exposed_time(layout, cluster, params, per_mb, cfg, blocks, elem),
         optimizer=optimizer_time(layout, g, params, elem),
         cp_comm=m * (blocks * sum(ring) + ring_redone),
@@ -461,7 +473,13 @@ def _recomputed_share(cfg: ModelConfig, layout: Layout) -> float:
 
 
 def _tp_comm(
-    cfg: ModelConfig, layout: Layout, cluster: Cluster, layers: int, elem: int, redone: int
+    cfg: ModelConfig,
+    layout: Layout,
+    cluster: Cluster,
+    layers: int,
+    elem: int,
+    redone: int,
+    gemms: float = 0.0,
 ) -> float:
     """Tensor-parallel collectives of one step on the busiest rank: four per block and
     micro-batch of b·s·h values (Shoeybi et al. 2019), one more forward's worth in each of
@@ -470,7 +488,7 @@ def _tp_comm(
     t, m = layout.tp, layout.microbatches
     n = layout.micro_batch * cfg.seq_len * cfg.hidden * elem  # b·s·h values
     link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
-    plain = block_tp_comm(cfg, replace(layout, recompute="none"), cluster, elem)
+    plain = block_tp_comm(cfg, replace(layout, recompute="none"), cluster, elem, gemms)
     comm = m * (layers * plain + (redone * plain / 2 if layout.recompute == "full" else 0.0))
     if t > 1:  # the vocabulary-parallel embedding's all-reduce and the head's input gradient,
         # and the loss's two all-reduces of (b, s) statistics
@@ -480,16 +498,35 @@ def _tp_comm(
     return comm
 
 
-def block_tp_comm(cfg: ModelConfig, layout: Layout, cluster: Cluster, elem: int) -> float:
+def block_tp_comm(
+    cfg: ModelConfig, layout: Layout, cluster: Cluster, elem: int, gemms: float = 0.0
+) -> float:
     """One block's tensor-parallel collectives for one micro-batch: four of b·s·h values
-    (Shoeybi et al. 2019), one more forward's worth under full recomputation."""
+    (Shoeybi et al. 2019), one more forward's worth under full recomputation — what of them
+    the step waits for: all of it, or under ``Layout.tp_comm_overlap`` what the block's
+    matmuls (``gemms`` seconds, forward and backward) cannot hide
+    (:func:`overlapped_tp_comm`)."""
     t = layout.tp
     n = layout.micro_batch * cfg.seq_len * cfg.hidden * elem  # b·s·h values
     link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
-    comm = 4 * _ring(n, t, link) * (1.5 if layout.recompute == "full" else 1.0)
+    full = layout.recompute == "full"
+    comm = 4 * _ring(n, t, link) * (1.5 if full else 1.0)
     if layout.sequence_parallel:  # each all-reduce became an all-gather + reduce-scatter pair
         comm *= link.pair_cost_ratio
+    if layout.tp_comm_overlap and t > 1:
+        comm = overlapped_tp_comm(comm, gemms * (4 / 3 if full else 1.0), t)
     return comm
+
+
+def overlapped_tp_comm(comm: float, gemms: float, t: int) -> float:
+    """Seconds of ``comm`` tensor-parallel collectives left on the step when they overlap
+    the ``gemms`` seconds of matmuls they feed or drain (Megatron-Core's --tp-comm-overlap:
+    Transformer Engine's userbuffers split each all-gather and reduce-scatter into t chunks
+    passed round the ring, one chunk's transfer beside the previous chunk's GEMM): one chunk
+    in t waits, or what the GEMMs are too short to cover; the hidden rest slows the GEMMs it
+    runs beside by :data:`OVERLAP_SLOWDOWN` of its seconds."""
+    hidden = min(comm * (t - 1) / t, gemms)
+    return comm - hidden + OVERLAP_SLOWDOWN * hidden
 
 
 def pp_transfer_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, elem: int) -> float:
