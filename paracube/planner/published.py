@@ -53,6 +53,16 @@ Sources:
   gradient sync, overlapped), Llama ``llama/llama{2,3}_*.yaml`` (no recomputation, the
   distributed optimizer); Transformer Engine's FP8 linear layers, its fused attention,
   Megatron's fused loss. Nemotron rows are left out (no paracube preset of their shapes).
+  The table's "Model TFLOP / sec / GPU" is its tokens/s × paracube's model FLOPs per token
+  to 0.2 % in every row (a test checks it): NeMo counts as paracube does.
+- NeMo long sequence (FP8): NVIDIA/NeMo, ``docs/source/performance/performance_long_sequence.md``
+  (container NeMo 24.03.01, DGX-H100, FP8): Llama 2 7B from 4K to 1M tokens per sequence,
+  the with-CP configurations (TP, PP, DP, CP as tabled, context parallel up to 32), TFLOP/s
+  per GPU counted as NeMo counts (= paracube's count, above). The global batch is not
+  stated: with no pipeline it only sets how many micro-batches share one gradient
+  reduction, and each run is given one sequence per data-parallel rank per step (the
+  reduction charged once per sequence, the most it can be); the 8K row, pipelined (PP 2),
+  whose bubble the batch would set, is left out; checkpointing is left to the planner.
 - Megatron-Bridge (FP8): NVIDIA-NeMo/Megatron-Bridge, ``docs/performance-summary.md``,
   container 25.11, DGX-H100: the dense rows (Llama 3 8B on 8 GPUs with Megatron's FSDP,
   Llama 3 70B at TP 4 × PP 8 × VP 5, Llama 3.1 405B on 1,024 GPUs at TP 8 × PP 8 × CP 2 ×
@@ -61,6 +71,8 @@ Sources:
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from paracube.config import ModelConfig
 from paracube.models.presets import preset
@@ -125,6 +137,7 @@ def runs() -> list[dict]:
         + _automodel()
         + _nemo_fp8()
         + _megatron_bridge_fp8()
+        + _nemo_long_sequence()
     )
 
 
@@ -151,6 +164,7 @@ STACKS = {
     "NeMo AutoModel": "FSDP2 + context parallel (H100)",
     "NeMo (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
     "Megatron-Bridge (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
+    "NeMo long sequence (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
 }
 
 
@@ -330,6 +344,23 @@ def _nemo_fp8() -> list[dict]:
             fixed.update(schedule="interleaved-1f1b", chunks=vp)
         published = round(tokens * model_flops_per_token(cfg) / 1e12, 1)
         out.append(_run("NeMo (FP8)", cfg, "h100", n, B, "fp8", fixed, "model", published))
+    return out
+
+
+def _nemo_long_sequence() -> list[dict]:
+    """NeMo 24.03's long-sequence table: Llama 2 7B on DGX-H100 in FP8, 4K–1M tokens."""
+    out = []
+    # thousands of tokens, GPUs, tp, dp, cp, TFLOP/s per GPU (pp 1 in every row kept)
+    for k, n, tp, dp, cp, tflops in [
+        (4, 4, 1, 4, 1, 768), (16, 16, 2, 8, 1, 660), (32, 32, 2, 8, 2, 610),
+        (64, 64, 4, 8, 2, 574), (128, 128, 4, 8, 4, 555), (256, 256, 4, 8, 8, 549),
+        (512, 512, 8, 4, 16, 549), (1024, 1024, 8, 4, 32, 536),
+    ]:
+        cfg = replace(preset("llama2-7b"), seq_len=k * 1024)
+        fixed = dict(tp=tp, pp=1, cp=cp, dp=dp, micro_batch=1, zero=1,
+                     sequence_parallel=tp > 1, attention="fused", **MEGATRON_CORE)
+        out.append(_run("NeMo long sequence (FP8)", cfg, "h100", n, dp, "fp8", fixed, "model",
+                        tflops))
     return out
 
 
