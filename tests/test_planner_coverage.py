@@ -85,14 +85,15 @@ def test_resnet50_in_fp32_is_bounded_by_the_fp32_peak():
 
 
 @pytest.mark.parametrize(
-    ("model", "gpu", "gpus", "batch"),
+    ("model", "gpu", "gpus", "batch", "precision"),
     [
-        ("gpt3-1.3b", "a100-80gb", 8, 64),
-        ("gpt3-13b", "h100", 64, 256),
-        ("llama2-70b", "h100", 256, 512),
+        ("gpt3-1.3b", "a100-80gb", 8, 64, "bf16"),
+        ("gpt3-13b", "h100", 64, 256, "bf16"),
+        ("llama2-70b", "h100", 256, 512, "bf16"),
+        ("llama2-70b", "h100", 256, 512, "fp8"),
     ],
 )
-def test_mfu_never_exceeds_the_stated_ceiling(model, gpu, gpus, batch):
+def test_mfu_never_exceeds_the_stated_ceiling(model, gpu, gpus, batch, precision):
     """For every ranked candidate of a sweep: MFU ≤ the ceiling --explain states (the
     compute-only MFU in the same FLOP count), which is below 1."""
     from paracube.planner.hardware import DEFAULT_INTER, DEFAULT_INTRA, INTERCONNECTS
@@ -100,7 +101,7 @@ def test_mfu_never_exceeds_the_stated_ceiling(model, gpu, gpus, batch):
     cluster = Cluster(
         hw.gpu(gpu), 8, INTERCONNECTS[DEFAULT_INTRA[gpu]], INTERCONNECTS[DEFAULT_INTER[gpu]]
     )
-    for c in search(preset(model), cluster, gpus, batch, top=50).ranked:
+    for c in search(preset(model), cluster, gpus, batch, precision=precision, top=50).ranked:
         assert 0 < c.time.mfu <= c.time.mfu_ceiling < 1
 
 

@@ -62,7 +62,7 @@ class GPU:
         if precision == "tf32":
             return self.tf32_flops or self.fp32_flops or self.peak_flops
         # fp8: attention, the head and the norms run in bf16; only the blocks' linear
-        # layers take ``fp8_flops`` (time_model.layer_time), so MFU counts against bf16's peak
+        # layers take ``fp8_flops`` (time_model.layer_time); MFU counts against fp8_flops
         return self.peak_flops
 
     @property

@@ -213,8 +213,8 @@ def _predicted(best, cluster: Cluster, precision: str = "bf16") -> str:
     fp8 = (
         f" Under fp8 the blocks' linear layers run on the FP8 units "
         f"({cluster.gpu.fp8_flops / 1e12:,.0f} TFLOP/s peak, at the same sustained fraction) and "
-        "pay the cast-transpose passes that make their operands; MFU still counts against the "
-        "bf16 peak, so it can pass the bf16 sustained fraction."
+        "pay the cast-transpose passes that make their operands; MFU counts against the FP8 "
+        "peak (as llm-foundry's FP8 tables do), the rest of the step running at half of it."
         if precision == "fp8"
         else ""
     )

@@ -411,7 +411,8 @@ def estimate(
         optimizer=optimizer,
         tokens_per_s=tokens / step,
         tflops_per_gpu=tflops,
-        mfu=tflops * 1e12 / g.peak_flops,
+        # under fp8 against the FP8 peak (llm-foundry's FP8 table does the same): never above 1
+        mfu=tflops * 1e12 / (g.fp8_flops if fp8 else g.peak_flops),
         hardware_tflops_per_gpu=hardware,
         cp_comm=cp_comm,
     )
