@@ -175,6 +175,18 @@ def _plan_model(args):
     )
 
 
+# Fixed choices that describe the software rather than the layout: the speed-up's baseline
+# runs them too.
+SOFTWARE = (
+    "attention",
+    "overlap_grad_reduce",
+    "grad_reduce",
+    "backward_prefetch",
+    "activations",
+    "tp_comm_overlap",
+)
+
+
 def _plan_fixed(args, gpus: int) -> dict:
     fixed = {}
     if args.layout:
@@ -214,12 +226,7 @@ def _plan_fixed(args, gpus: int) -> dict:
         "zero",
         "recompute",
         "sequence_parallel",
-        "attention",
-        "overlap_grad_reduce",
-        "grad_reduce",
-        "backward_prefetch",
-        "activations",
-        "tp_comm_overlap",
+        *SOFTWARE,
     ):
         if getattr(args, name) is not None:
             fixed[name] = getattr(args, name)
@@ -424,18 +431,6 @@ def _time_to_train(args, cfg, best, baseline) -> str:
             f"{'s' if baseline.gpus > 1 else ''} ({baseline.speedup(best):.2f}× faster)"
         )
     return line + "."
-
-
-# Fixed choices that describe the software rather than the layout: the speed-up's baseline
-# runs them too.
-SOFTWARE = (
-    "attention",
-    "overlap_grad_reduce",
-    "grad_reduce",
-    "backward_prefetch",
-    "activations",
-    "tp_comm_overlap",
-)
 
 
 def _baseline(args, cfg, cluster):
