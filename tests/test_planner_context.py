@@ -96,6 +96,8 @@ def test_context_parallelism_is_planned_only_where_asked_and_never_emitted():
     assert not uneven.ranked and any("2·cp chunks" in why for why in uneven.rejected)
     with pytest.raises(ConfigError, match="does not run context parallelism"):
         fixed.ranked[0].layout.to_args()
+    with pytest.raises(ConfigError, match="do not divide by 6; choose a cp that does"):
+        estimate(cfg, Layout(cp=3, micro_batch=1), cluster)
 
 
 def test_fp8_runs_the_blocks_linear_layers_on_the_fp8_units():

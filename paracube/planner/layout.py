@@ -172,4 +172,9 @@ def rank_sequence(cfg: ModelConfig, layout: Layout) -> ModelConfig:
     (``time_model.cp_comm_time``). ``cfg`` itself when cp = 1."""
     if layout.cp == 1:
         return cfg
+    if layout.cp < 1 or cfg.seq_len % (2 * layout.cp):
+        raise ConfigError(
+            f"cp={layout.cp}: context parallelism cuts each sequence into 2·cp equal chunks, "
+            f"and {cfg.seq_len} tokens do not divide by {2 * layout.cp}; choose a cp that does"
+        )
     return replace(cfg, seq_len=cfg.seq_len // layout.cp)
