@@ -415,3 +415,30 @@ def test_tp_comm_overlap_describes_megatron_cores_userbuffers(capsys):
     hidden = best(capsys, *argv, "--tp-comm-overlap")
     assert hidden["layout"]["tp_comm_overlap"] and not waited["layout"]["tp_comm_overlap"]
     assert 0 < hidden["time"]["tp_comm"] < waited["time"]["tp_comm"]
+
+
+def test_a_presets_sequence_length_is_planned_and_emitted(capsys):
+    """--seq with --model plans the preset at that sequence length (as train's --seq-len)
+    and the emitted command carries it; its other shape flags are refused, not ignored."""
+    import shlex
+
+    from paracube.cli import build_parser, config_from_args
+
+    out = plan(
+        capsys,
+        "--model",
+        "llama2-7b",
+        "--seq",
+        "8192",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "8",
+        "--emit",
+        "torchrun",
+    )
+    assert "global batch 8 × 8192 tokens" in out
+    line = next(x for x in out.splitlines() if x.startswith("torchrun "))
+    argv = shlex.split(line.split(" -m paracube ", 1)[1])
+    cfg = config_from_args(build_parser().parse_args(argv))
+    assert cfg.model.seq_len == 8192

@@ -147,22 +147,36 @@ def add_parser(sub) -> None:
     p.set_defaults(func=cmd_plan)
 
 
+# The custom-shape flags (their ModelConfig fields are spelled out in _plan_model)
+SHAPE = ("layers", "hidden", "heads", "vocab", "seq", "ffn", "kv_heads")
+
+
 def _plan_model(args):
+    from dataclasses import replace
+
     from paracube.config import ModelConfig
     from paracube.models.presets import preset
 
-    custom = {
-        k: getattr(args, k)
-        for k in ("layers", "hidden", "heads", "vocab", "seq", "ffn", "kv_heads")
-    }
-    if args.model:
-        return preset(args.model)
-    missing = [f"--{k}" for k in ("layers", "hidden", "heads", "vocab", "seq") if custom[k] is None]
-    if missing:
-        raise ParacubeError(f"give --model PRESET or a custom shape; missing {' '.join(missing)}")
+    custom = {k: getattr(args, k) for k in SHAPE}
     for k, value in custom.items():
         if value is not None and value <= 0:
             raise ParacubeError(f"--{k.replace('_', '-')} must be a positive integer, got {value}")
+    if args.model:
+        # a preset's shape is its own; only its sequence length may change, as train's --seq-len
+        shape = [
+            f"--{k.replace('_', '-')}" for k, v in custom.items() if v is not None and k != "seq"
+        ]
+        if shape:
+            raise ParacubeError(
+                f"{' '.join(shape)} with --model {args.model}: a preset's shape is fixed; plan a "
+                "custom shape without --model (--layers --hidden --heads --vocab --seq), or "
+                f"drop {' '.join(shape)}"
+            )
+        cfg = preset(args.model)
+        return cfg if custom["seq"] is None else replace(cfg, seq_len=custom["seq"])
+    missing = [f"--{k}" for k in ("layers", "hidden", "heads", "vocab", "seq") if custom[k] is None]
+    if missing:
+        raise ParacubeError(f"give --model PRESET or a custom shape; missing {' '.join(missing)}")
     return ModelConfig(
         n_layers=custom["layers"],
         hidden=custom["hidden"],
@@ -251,6 +265,12 @@ def cmd_plan(args) -> int:
     from paracube.planner.generic import generic
 
     other = generic(args.model) if args.model else None
+    shape = [f"--{k.replace('_', '-')}" for k in SHAPE if getattr(args, k) is not None]
+    if other is not None and shape:
+        raise ParacubeError(
+            f"{' '.join(shape)} with --model {args.model}: it is not a transformer and its "
+            f"shape is fixed; drop {' '.join(shape)}"
+        )
     cfg = other or _plan_model(args)  # a transformer (ModelConfig) or a generic model
     cluster = _cluster(args)
     result = _search(args, cfg, cluster, _plan_fixed(args, args.gpus))
@@ -488,7 +508,7 @@ def _print(args, cfg, cluster, result) -> None:
         print("\n" + _time_to_train(args, cfg, result.ranked[0], baseline))
     if args.emit == "torchrun":
         command = torchrun_command(
-            result.ranked[0], args.model, cluster.gpus_per_node, args.precision
+            result.ranked[0], args.model, cluster.gpus_per_node, args.precision, args.seq
         )
         print("\n" + command)
 

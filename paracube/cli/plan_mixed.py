@@ -11,7 +11,7 @@ from paracube.config import ModelConfig
 from paracube.errors import ParacubeError
 from paracube.planner.mixed import plan_mixed
 from paracube.planner.pools import MixedPlan, Pool
-from paracube.planner.report import describe
+from paracube.planner.report import describe, model_args
 
 GB = 1e9
 
@@ -47,7 +47,10 @@ def cmd_plan_mixed(args, pools: list[Pool]) -> int:
     if args.explain:
         print("\n" + explain(plans[0], pools))
     if args.emit == "torchrun":
-        print("\n" + torchrun_command(plans[0], args.model, args.gpus_per_node, args.precision))
+        command = torchrun_command(
+            plans[0], args.model, args.gpus_per_node, args.precision, args.seq
+        )
+        print("\n" + command)
     return 0
 
 
@@ -148,13 +151,17 @@ def _per_pool_times(plan: MixedPlan) -> list[float]:
 
 
 def torchrun_command(
-    plan: MixedPlan, preset_name: str | None, gpus_per_node: int, precision: str
+    plan: MixedPlan,
+    preset_name: str | None,
+    gpus_per_node: int,
+    precision: str,
+    seq_len: int | None = None,
 ) -> str:
     """The launch line: the same command on every node, pools' nodes in the order listed
     (data-parallel ranks in that order take the shares in --dp-balance)."""
     L = plan.layout
     nodes = -(-L.gpus // gpus_per_node)
-    model = f"--model {preset_name}" if preset_name else "--model <preset>"
+    model = model_args(preset_name, seq_len)
     args = L.to_args(precision, gpus_per_node)
     if plan.weights:  # --micro-batch is the mean; each rank's share comes from the weights
         args.append(f"--dp-balance {','.join(map(str, plan.weights))}")

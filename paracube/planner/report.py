@@ -303,13 +303,24 @@ def to_json(result: SearchResult) -> list[dict]:
     ]
 
 
+def model_args(preset_name: str | None, seq_len: int | None = None) -> str:
+    """The ``paracube train`` flags that name the planned model: its preset, and the
+    sequence length when the plan changed it (``plan --model P --seq N``)."""
+    model = f"--model {preset_name}" if preset_name else "--model <preset>"
+    return model + (f" --seq-len {seq_len}" if seq_len is not None else "")
+
+
 def torchrun_command(
-    best: Candidate, preset_name: str | None, gpus_per_node: int, precision: str = "bf16"
+    best: Candidate,
+    preset_name: str | None,
+    gpus_per_node: int,
+    precision: str = "bf16",
+    seq_len: int | None = None,
 ) -> str:
     L = best.layout
     nodes = math.ceil(L.gpus / gpus_per_node)
     per_node = min(L.gpus, gpus_per_node)
-    model = f"--model {preset_name}" if preset_name else "--model <preset>"
+    model = model_args(preset_name, seq_len)
     return (
         f"torchrun --nnodes {nodes} --nproc-per-node {per_node} --rdzv-backend c10d --rdzv-endpoint $MASTER:29500 "
         f"-m paracube train {model} {' '.join(L.to_args(precision, gpus_per_node))}"
