@@ -211,8 +211,8 @@ def cp_comm_time(
     cfg: ModelConfig, layout: Layout, cluster: Cluster, elem: int, core_fwd: float
 ) -> tuple[float, float]:
     """(forward, backward) seconds one block's context-parallel ring adds to one
-    micro-batch (``cfg``: the
-    rank's view, :func:`rank_sequence`). Forward: cp − 1 steps, each passing this rank's
+    micro-batch (``cfg``: the rank's view, :func:`rank_sequence`). Forward: cp − 1 steps,
+    each passing this rank's
     keys and values (2 · b · s/cp · kv_heads/tp · head_dim values) to the next rank while
     the attention core runs on the block it holds — 1/cp of the core's ``core_fwd``
     (Megatron-Core / Transformer Engine's ring attention overlaps the two); backward: the
@@ -244,11 +244,7 @@ def layer_time(
     b, s, h, t = layout.micro_batch, cfg.seq_len, cfg.hidden, layout.tp
     M = b * s
     gemms = shapes.block_gemms(cfg, M, t)
-    linear, linear_elem = (replace(g, peak_flops=g.fp8_flops), 1) if fp8 else (g, elem)
-    fwd = bwd = 0.0
-    for shape in gemms:
-        f, bw = _gemm_fwd_bwd(*shape, linear, linear_elem)
-        fwd, bwd = fwd + f, bwd + bw
+    fwd, bwd = block_gemm_time(cfg, layout, g, elem, fp8)
     if fp8:
         cast_fwd, cast_bwd = fp8_cast_bytes(gemms)
         fwd, bwd = fwd + cast_fwd / g.hbm_bandwidth, bwd + cast_bwd / g.hbm_bandwidth
@@ -281,12 +277,16 @@ def layer_time(
 
 def block_gemm_time(
     cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2, fp8: bool = False
-) -> float:
-    """Seconds of one block's matmuls for one micro-batch, forward and backward — what
+) -> tuple[float, float]:
+    """(forward, backward) seconds of one block's matmuls for one micro-batch — on the FP8
+    units with 1-byte operands under ``fp8`` — the bulk of :func:`layer_time`, and what
     overlapped tensor-parallel collectives can hide behind (:func:`overlapped_tp_comm`)."""
     linear, linear_elem = (replace(g, peak_flops=g.fp8_flops), 1) if fp8 else (g, elem)
-    gemms = shapes.block_gemms(cfg, layout.micro_batch * cfg.seq_len, layout.tp)
-    return sum(sum(_gemm_fwd_bwd(*shape, linear, linear_elem)) for shape in gemms)
+    fwd = bwd = 0.0
+    for shape in shapes.block_gemms(cfg, layout.micro_batch * cfg.seq_len, layout.tp):
+        f, b = _gemm_fwd_bwd(*shape, linear, linear_elem)
+        fwd, bwd = fwd + f, bwd + b
+    return fwd, bwd
 
 
 def fp8_cast_bytes(gemms: list[tuple[float, float, float]]) -> tuple[float, float]:
@@ -295,8 +295,8 @@ def fp8_cast_bytes(gemms: list[tuple[float, float, float]]) -> tuple[float, floa
     ``cublasLtMatmul``'s FP8 requirements: "A must be transposed and B non-transposed", the
     TN format — why Transformer Engine keeps transposed copies), so each (m × k)·(k × n)
     linear needs its input in FP8 and, for the weight gradient, that input transposed;
-    backward the same of its output gradient
-    (m × n). Each is one cast-transpose pass: 2 bytes read, 1 + 1 written per element.
+    backward the same of its output gradient (m × n). Each is one cast-transpose pass:
+    2 bytes read, 1 + 1 written per element.
     The weights' own casts happen once per step (cached across micro-batches) and the
     scaling factors' amax reductions are a few values per tensor: neither is counted."""
     per_element = 2 + 1 + 1
@@ -376,7 +376,7 @@ def estimate(
     core = attention_core(local, layout, g, elem)[0]
     redo = {"none": 0.0, "full": fwd, "selective": core}[layout.recompute]
     ring = cp_comm_time(local, layout, cluster, elem, core)
-    gemms = block_gemm_time(local, layout, g, elem, fp8)
+    gemms = sum(block_gemm_time(local, layout, g, elem, fp8))
     # every pipeline rank with the blocks the engine's split gives it; the slowest sets the pace
     ranks = [
         _rank_step(local, layout, cluster, share, elem, fwd + bwd, redo, ring, gemms)
