@@ -132,3 +132,18 @@ def test_the_emitted_command_is_a_valid_train_job(capsys):
     weights = [int(w) for w in argv[argv.index("--dp-balance") + 1].split(",")]
     shares = cfg.data_split().shares
     assert [s // cfg.grad_accum for s in shares] == weights
+
+
+def test_pipeline_stages_are_timed_at_the_precisions_matmul_rate():
+    """A mixed pipeline's stages run on the precision's matmul units, as a homogeneous
+    plan's do: fp32 on the CUDA cores is far slower than bf16 on the tensor cores, and fp8
+    is refused where a pool has no FP8 units."""
+    pools = parse_pools("8xa100-80gb,8xv100", 8)
+    fixed = {"zero": 1, "recompute": "full", "tp": 1, "pp": 2, "micro_batch": 1}
+
+    def fastest(precision: str) -> float:
+        return min(p.step_time for p in pipeline_plans(GPT, pools, 64, precision, fixed))
+
+    assert fastest("fp32") > 3 * fastest("bf16")
+    with pytest.raises(ConfigError, match="has no FP8 tensor cores"):
+        pipeline_plans(GPT, pools, 64, "fp8", fixed)

@@ -16,7 +16,9 @@ from paracube.planner.layout_memory import stage_bytes
 from paracube.planner.pools import MAX_MICRO_BATCH, MixedPlan, Pool
 from paracube.planner.search import divisors
 from paracube.planner.time_model import (
+    at_precision,
     attention_core,
+    block_gemm_time,
     block_tp_comm,
     dp_exposed_time,
     head_time,
@@ -61,21 +63,23 @@ def pipeline_plans(
 
 def _pipeline(cfg: ModelConfig, order, stages, layout: Layout, precision: str):
     """The blocks of each stage by its pool's speed and memory, and the step they make."""
-    elem = ELEMENT_BYTES[precision]
+    elem, fp8 = ELEMENT_BYTES[precision], precision == "fp8"
     pool_of = [i for i, s in enumerate(stages) for _ in range(s)]  # stage → pool
     L, p, m = cfg.n_layers, layout.pp, layout.microbatches
     block, head = [], []
     for pool in order:  # one block's and the head's forward + backward, per micro-batch
-        fwd, bwd, _ = layer_time(cfg, layout, pool.gpu, elem)
+        cluster = at_precision(pool.cluster, precision)  # the precision's matmul units
+        g = cluster.gpu
+        fwd, bwd, _ = layer_time(cfg, layout, g, elem, fp8)
         redo = {
             "none": 0.0,
             "full": fwd,
-            "selective": attention_core(cfg, layout, pool.gpu, elem)[0],
+            "selective": attention_core(cfg, layout, g, elem)[0],
         }
-        block.append(
-            fwd + bwd + redo[layout.recompute] + block_tp_comm(cfg, layout, pool.cluster, elem)
-        )
-        head.append(head_time(cfg, layout, pool.gpu, elem))
+        gemms = sum(block_gemm_time(cfg, layout, g, elem, fp8))
+        tp = block_tp_comm(cfg, layout, cluster, elem, gemms)
+        block.append(fwd + bwd + redo[layout.recompute] + tp)
+        head.append(head_time(cfg, layout, g, elem))
     # a stage's bytes are affine in its blocks (states, activations, the 10 % allowance)
     empty = [stage_bytes(cfg, layout, k, 0, precision).total for k in range(p)]
     per_block = [stage_bytes(cfg, layout, k, 1, precision).total - empty[k] for k in range(p)]

@@ -338,7 +338,13 @@ def head_time(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> float:
 
 
 def at_precision(cluster: Cluster, precision: str) -> Cluster:
-    """``cluster`` with its GPU's peak set to the rate of ``precision``'s matmul units."""
+    """``cluster`` with its GPU's peak set to the rate of ``precision``'s matmul units;
+    fp8 refused on a GPU without FP8 tensor cores."""
+    if precision == "fp8" and not cluster.gpu.fp8_flops:
+        raise ConfigError(
+            f"--precision fp8: {cluster.gpu.name} has no FP8 tensor cores (Hopper and later); "
+            "plan it in bf16"
+        )
     rate = cluster.gpu.rate(precision)
     if rate == cluster.gpu.peak_flops:
         return cluster
@@ -365,10 +371,6 @@ def estimate(
     g, p, m = cluster.gpu, layout.pp, layout.microbatches
     elem = ELEMENT_BYTES[precision]
     fp8 = precision == "fp8"
-    if fp8 and not g.fp8_flops:
-        raise ConfigError(
-            f"--precision fp8: {g.name} has no FP8 tensor cores (Hopper and later); plan it in bf16"
-        )
     local = rank_sequence(cfg, layout)  # the s/cp tokens a rank holds under context parallelism
     fwd, bwd, flops = layer_time(local, layout, g, elem, fp8)
     # selective recomputation re-runs the attention core (under fused attention it drops
