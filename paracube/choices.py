@@ -26,6 +26,9 @@ MEASURED_BALANCE = ("time", "speed")  # measured on the ranks' real layers (buil
 # planner: FlashAttention-2 (SDPA), FlashAttention in Triton, or s×s scores materialized
 ATTENTION = ("fused", "fused-triton", "unfused")
 FUSED_ATTENTION = ("fused", "fused-triton")  # kernels that never store the s×s scores
+# fp8 (planner): each tensor's scale from the amax history (Transformer Engine's delayed
+# scaling) or from its own amax, read just before the cast (current scaling)
+FP8_SCALING = ("delayed", "current")
 ON_NAN = ("stop", "skip", "continue")  # a non-finite loss or gradient norm: what then
 METRICS_MODES = ("new", "append", "overwrite")  # an existing --metrics file: refuse, add, replace
 

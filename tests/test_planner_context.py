@@ -117,6 +117,13 @@ def test_fp8_runs_the_blocks_linear_layers_on_the_fp8_units():
         4 * (4096 * 1024 + 4096 * 4096),
         4 * (4096 * 4096 + 4096 * 14336),
     )
+    # current scaling reads each tensor once more for its amax (2 bytes an element)
+    assert fp8_cast_bytes(gemms, current=True) == (
+        6 * (4096 * 1024 + 4096 * 4096),
+        6 * (4096 * 4096 + 4096 * 14336),
+    )
+    current = layer_time(cfg, replace(layout, fp8_scaling="current"), g, 2, fp8=True)
+    assert current[0] > fp8_fwd and current[1] > fp8_bwd
     cluster = _h100()
     run = Layout(dp=8, zero=1, micro_batch=1, microbatches=16)
     fp8, bf16 = estimate(cfg, run, cluster, "fp8"), estimate(cfg, run, cluster, "bf16")

@@ -114,6 +114,13 @@ def add_parser(sub) -> None:
         "parallel waits for them",
     )
     t.add_argument(
+        "--fp8-scaling",
+        default=None,
+        help="under --precision fp8: delayed (scales from the amax history, Transformer "
+        "Engine's default; the planner's) or current (each tensor's own amax read before its "
+        "cast: Megatron-Bridge's FP8-CS, torchao's dynamic float8)",
+    )
+    t.add_argument(
         "--activations",
         default=None,
         help="what a block keeps for backward, in the memory model: paracube (its own blocks, "
@@ -198,6 +205,7 @@ SOFTWARE = (
     "backward_prefetch",
     "activations",
     "tp_comm_overlap",
+    "fp8_scaling",
 )
 
 
@@ -301,7 +309,15 @@ MAX_GPUS = 2**20
 
 
 def _check_args(args, whole_nodes: bool = True) -> None:
-    from paracube.choices import ATTENTION, GRAD_REDUCE, OFFLOAD, PRECISIONS, RECOMPUTE, ZERO_STAGES
+    from paracube.choices import (
+        ATTENTION,
+        FP8_SCALING,
+        GRAD_REDUCE,
+        OFFLOAD,
+        PRECISIONS,
+        RECOMPUTE,
+        ZERO_STAGES,
+    )
     from paracube.pipeline.schedules import SCHEDULES
     from paracube.values import compression
 
@@ -334,6 +350,15 @@ def _check_args(args, whole_nodes: bool = True) -> None:
     if args.attention is not None and args.attention not in ATTENTION:
         raise ParacubeError(
             f"unknown --attention {args.attention!r}: choose one of {', '.join(ATTENTION)}"
+        )
+    if args.fp8_scaling is not None and args.fp8_scaling not in FP8_SCALING:
+        raise ParacubeError(
+            f"unknown --fp8-scaling {args.fp8_scaling!r}: choose one of {', '.join(FP8_SCALING)}"
+        )
+    if args.fp8_scaling is not None and args.precision != "fp8":
+        raise ParacubeError(
+            f"--fp8-scaling {args.fp8_scaling} under --precision {args.precision}: nothing is "
+            "FP8; add --precision fp8 or drop the flag"
         )
     if args.activations is not None and args.activations not in ("paracube", "megatron"):
         raise ParacubeError(

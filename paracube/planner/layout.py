@@ -82,6 +82,10 @@ class Layout:
     # --tp-comm-overlap, NeMo's ub_tp_comm_overlap: Transformer Engine's userbuffers);
     # paracube's own tensor parallel waits for them (False)
     tp_comm_overlap: bool = False
+    # under --precision fp8, how each tensor's scale is found (choices.FP8_SCALING): from the
+    # amax history (delayed, Transformer Engine's DelayedScaling) or from the tensor itself
+    # (current: Megatron-Bridge's FP8-CS, torchao's dynamic float8) — one more pass over it
+    fp8_scaling: str = "delayed"
 
     @property
     def gpus(self) -> int:

@@ -66,8 +66,9 @@ Sources:
 - Megatron-Bridge (FP8): NVIDIA-NeMo/Megatron-Bridge, ``docs/performance-summary.md``,
   container 25.11, DGX-H100: the dense rows (Llama 3 8B on 8 GPUs with Megatron's FSDP,
   Llama 3 70B at TP 4 × PP 8 × VP 5, Llama 3.1 405B on 1,024 GPUs at TP 8 × PP 8 × CP 2 ×
-  VP 8), FP8 with current scaling (its per-tensor amax pass before each cast is not
-  counted); checkpointing is not stated, so the planner chooses it. MoE rows are left out.
+  VP 8), FP8 with current scaling (``fp8_scaling="current"``: each tensor's amax read
+  before its cast); checkpointing is not stated, so the planner chooses it. MoE rows are
+  left out.
 """
 
 from __future__ import annotations
@@ -376,7 +377,8 @@ def _megatron_bridge_fp8() -> list[dict]:
     ]:
         cfg = preset(name)
         fixed = dict(tp=tp, pp=pp, cp=cp, dp=n // (tp * pp * cp), micro_batch=1, zero=zero,
-                     sequence_parallel=tp > 1, attention="fused", **MEGATRON_CORE)
+                     sequence_parallel=tp > 1, attention="fused", fp8_scaling="current",
+                     **MEGATRON_CORE)
         if vp > 1:
             fixed.update(schedule="interleaved-1f1b", chunks=vp)
         published = round(tokens * model_flops_per_token(cfg) / 1e12, 1)

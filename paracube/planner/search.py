@@ -151,6 +151,7 @@ def candidate_layouts(
                         loss=fixed.get("loss", "torch"),
                         activations=fixed.get("activations", "paracube"),
                         tp_comm_overlap=fixed.get("tp_comm_overlap", False),
+                        fp8_scaling=fixed.get("fp8_scaling", "delayed"),
                         recompute_blocks=(
                             fixed.get("recompute_blocks") if recompute == "full" else None
                         ),

@@ -246,7 +246,7 @@ def layer_time(
     gemms = shapes.block_gemms(cfg, M, t)
     fwd, bwd = block_gemm_time(cfg, layout, g, elem, fp8)
     if fp8:
-        cast_fwd, cast_bwd = fp8_cast_bytes(gemms)
+        cast_fwd, cast_bwd = fp8_cast_bytes(gemms, current=layout.fp8_scaling == "current")
         fwd, bwd = fwd + cast_fwd / g.hbm_bandwidth, bwd + cast_bwd / g.hbm_bandwidth
     flops = sum(2 * m * n * k for m, n, k in gemms)
     core_time, core_flops = attention_core(cfg, layout, g, elem)
@@ -289,17 +289,20 @@ def block_gemm_time(
     return fwd, bwd
 
 
-def fp8_cast_bytes(gemms: list[tuple[float, float, float]]) -> tuple[float, float]:
+def fp8_cast_bytes(
+    gemms: list[tuple[float, float, float]], current: bool = False
+) -> tuple[float, float]:
     """(forward, backward) HBM bytes of making one block's FP8 operands, per micro-batch.
     Hopper's FP8 GEMMs take one layout only, both operands K-major (cuBLAS documentation,
     ``cublasLtMatmul``'s FP8 requirements: "A must be transposed and B non-transposed", the
     TN format — why Transformer Engine keeps transposed copies), so each (m × k)·(k × n)
     linear needs its input in FP8 and, for the weight gradient, that input transposed;
     backward the same of its output gradient (m × n). Each is one cast-transpose pass:
-    2 bytes read, 1 + 1 written per element.
+    2 bytes read, 1 + 1 written per element; under current scaling the tensor's own amax is
+    read first, 2 bytes more (delayed scaling takes the scale from the amax history).
     The weights' own casts happen once per step (cached across micro-batches) and the
     scaling factors' amax reductions are a few values per tensor: neither is counted."""
-    per_element = 2 + 1 + 1
+    per_element = 2 + 1 + 1 + (2 if current else 0)
     return (
         per_element * sum(m * k for m, _, k in gemms),
         per_element * sum(m * n for m, n, _ in gemms),
