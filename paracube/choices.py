@@ -29,6 +29,9 @@ FUSED_ATTENTION = ("fused", "fused-triton")  # kernels that never store the s×s
 # fp8 (planner): each tensor's scale from the amax history (Transformer Engine's delayed
 # scaling) or from its own amax, read just before the cast (current scaling)
 FP8_SCALING = ("delayed", "current")
+# planner: what a block keeps for backward — paracube's own blocks, or Megatron-Core's with
+# Transformer Engine (planner.memory.te_block_bytes)
+ACTIVATION_MEMORY = ("paracube", "megatron")
 ON_NAN = ("stop", "skip", "continue")  # a non-finite loss or gradient norm: what then
 METRICS_MODES = ("new", "append", "overwrite")  # an existing --metrics file: refuse, add, replace
 

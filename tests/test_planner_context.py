@@ -98,6 +98,14 @@ def test_context_parallelism_is_planned_only_where_asked_and_never_emitted():
         fixed.ranked[0].layout.to_args()
     with pytest.raises(ConfigError, match="do not divide by 6; choose a cp that does"):
         estimate(cfg, Layout(cp=3, micro_batch=1), cluster)
+    # the planned-only choices are checked where the layout is made, not defaulted silently
+    for bad, match in [
+        (dict(cp=0), "cp=0: context parallelism must be a positive integer"),
+        (dict(activations="te"), "activations='te': choose paracube or megatron"),
+        (dict(fp8_scaling="tensorwise"), "fp8_scaling='tensorwise': choose delayed or current"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            Layout(**bad)
 
 
 def test_fp8_runs_the_blocks_linear_layers_on_the_fp8_units():

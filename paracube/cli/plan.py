@@ -310,6 +310,7 @@ MAX_GPUS = 2**20
 
 def _check_args(args, whole_nodes: bool = True) -> None:
     from paracube.choices import (
+        ACTIVATION_MEMORY,
         ATTENTION,
         FP8_SCALING,
         GRAD_REDUCE,
@@ -360,9 +361,9 @@ def _check_args(args, whole_nodes: bool = True) -> None:
             f"--fp8-scaling {args.fp8_scaling} under --precision {args.precision}: nothing is "
             "FP8; add --precision fp8 or drop the flag"
         )
-    if args.activations is not None and args.activations not in ("paracube", "megatron"):
+    if args.activations is not None and args.activations not in ACTIVATION_MEMORY:
         raise ParacubeError(
-            f"unknown --activations {args.activations!r}: choose paracube or megatron"
+            f"unknown --activations {args.activations!r}: choose {' or '.join(ACTIVATION_MEMORY)}"
         )
     if args.grad_reduce is not None and args.grad_reduce not in GRAD_REDUCE:
         raise ParacubeError(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from paracube.choices import PRECISIONS
+from paracube.choices import ACTIVATION_MEMORY, FP8_SCALING, PRECISIONS
 from paracube.config import ModelConfig, TrainConfig
 from paracube.errors import ConfigError
 
@@ -86,6 +86,20 @@ class Layout:
     # amax history (delayed, Transformer Engine's DelayedScaling) or from the tensor itself
     # (current: Megatron-Bridge's FP8-CS, torchao's dynamic float8) — one more pass over it
     fp8_scaling: str = "delayed"
+
+    def __post_init__(self) -> None:
+        # the planned-only choices, which no engine config checks first: a misspelt one
+        # would otherwise fall back to the default count silently
+        if self.cp < 1:
+            raise ConfigError(f"cp={self.cp}: context parallelism must be a positive integer")
+        if self.activations not in ACTIVATION_MEMORY:
+            raise ConfigError(
+                f"activations={self.activations!r}: choose {' or '.join(ACTIVATION_MEMORY)}"
+            )
+        if self.fp8_scaling not in FP8_SCALING:
+            raise ConfigError(
+                f"fp8_scaling={self.fp8_scaling!r}: choose {' or '.join(FP8_SCALING)}"
+            )
 
     @property
     def gpus(self) -> int:
@@ -176,7 +190,7 @@ def rank_sequence(cfg: ModelConfig, layout: Layout) -> ModelConfig:
     (``time_model.cp_comm_time``). ``cfg`` itself when cp = 1."""
     if layout.cp == 1:
         return cfg
-    if layout.cp < 1 or cfg.seq_len % (2 * layout.cp):
+    if cfg.seq_len % (2 * layout.cp):
         raise ConfigError(
             f"cp={layout.cp}: context parallelism cuts each sequence into 2·cp equal chunks, "
             f"and {cfg.seq_len} tokens do not divide by {2 * layout.cp}; choose a cp that does"
