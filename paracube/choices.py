@@ -32,6 +32,12 @@ FP8_SCALING = ("delayed", "current")
 # planner: what a block keeps for backward — paracube's own blocks, or Megatron-Core's with
 # Transformer Engine (planner.memory.te_block_bytes)
 ACTIVATION_MEMORY = ("paracube", "megatron")
+# planner: how the blocks are cut into pipeline stages — paracube train's cut by --balance
+# (engine), or the same count of blocks per virtual stage, the embedding and the head on
+# top of the first's and the last's (even: Megatron-Core's default, Megatron-DeepSpeed's
+# partition_method="type:transformer"), or with the embedding and the loss each counted as
+# one block (even-ends: Megatron-Core's --account-for-embedding/loss-in-pipeline-split)
+PIPELINE_SPLIT = ("engine", "even", "even-ends")
 ON_NAN = ("stop", "skip", "continue")  # a non-finite loss or gradient norm: what then
 METRICS_MODES = ("new", "append", "overwrite")  # an existing --metrics file: refuse, add, replace
 

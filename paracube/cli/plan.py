@@ -128,6 +128,16 @@ def add_parser(sub) -> None:
         "parallel inputs kept sharded, grouped-query keys and values unexpanded, FP8 inputs "
         "under --precision fp8)",
     )
+    t.add_argument(
+        "--pipeline-split",
+        dest="split",
+        default=None,
+        help="how the blocks are cut into pipeline stages: engine (paracube train's cut by "
+        "--balance, which gives a heavy embedding or head fewer blocks beside it; default), "
+        "even (Megatron's equal blocks per virtual stage, the embedding and head on top) or "
+        "even-ends (the embedding and the loss each counted as a block: Megatron-Core's "
+        "--account-for-embedding/loss-in-pipeline-split)",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--top", type=int, default=5)
     o.add_argument("--explain", action="store_true", help="the reasoning, in plain language")
@@ -206,6 +216,7 @@ SOFTWARE = (
     "activations",
     "tp_comm_overlap",
     "fp8_scaling",
+    "split",
 )
 
 
@@ -315,6 +326,7 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         FP8_SCALING,
         GRAD_REDUCE,
         OFFLOAD,
+        PIPELINE_SPLIT,
         PRECISIONS,
         RECOMPUTE,
         ZERO_STAGES,
@@ -360,6 +372,16 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         raise ParacubeError(
             f"--fp8-scaling {args.fp8_scaling} under --precision {args.precision}: nothing is "
             "FP8; add --precision fp8 or drop the flag"
+        )
+    if args.split is not None and args.split not in PIPELINE_SPLIT:
+        raise ParacubeError(
+            f"unknown --pipeline-split {args.split!r}: choose one of {', '.join(PIPELINE_SPLIT)}"
+        )
+    if args.split not in (None, "engine") and args.emit == "torchrun":
+        raise ParacubeError(
+            f"--pipeline-split {args.split} with --emit torchrun: paracube train cuts its "
+            "stages by --balance (the even splits are planned to evaluate Megatron runs); "
+            "drop one"
         )
     if args.activations is not None and args.activations not in ACTIVATION_MEMORY:
         raise ParacubeError(

@@ -29,6 +29,11 @@ def cmd_plan_mixed(args, pools: list[Pool]) -> int:
             f"--layout cp={fixed['cp']}: context parallelism is planned on one device type "
             "(--gpus N --gpu TYPE), not on a mixed cluster"
         )
+    if fixed.get("split", "engine") != "engine":
+        raise ParacubeError(
+            f"--pipeline-split {fixed['split']}: a mixed cluster's stages are cut by each "
+            "pool's speed; plan the even splits on one device type (--gpus N --gpu TYPE)"
+        )
     plans, slowest = plan_mixed(cfg, pools, args.global_batch, args.precision, fixed)
     if not plans:
         raise ParacubeError(

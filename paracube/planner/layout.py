@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from paracube.choices import ACTIVATION_MEMORY, FP8_SCALING, PRECISIONS
+from paracube.choices import ACTIVATION_MEMORY, FP8_SCALING, PIPELINE_SPLIT, PRECISIONS
 from paracube.config import ModelConfig, TrainConfig
 from paracube.errors import ConfigError
 
@@ -86,6 +86,11 @@ class Layout:
     # amax history (delayed, Transformer Engine's DelayedScaling) or from the tensor itself
     # (current: Megatron-Bridge's FP8-CS, torchao's dynamic float8) — one more pass over it
     fp8_scaling: str = "delayed"
+    # how the blocks are cut into pipeline stages (choices.PIPELINE_SPLIT): the engine's own
+    # cut by ``balance`` (engine), or Megatron's equal count of blocks per virtual stage
+    # (even, even-ends: :func:`paracube.planner.stages.even_shares`); planned, to evaluate
+    # published runs: ``paracube train`` cuts by --balance (:meth:`to_args` refuses the others)
+    split: str = "engine"
 
     def __post_init__(self) -> None:
         # the planned-only choices, which no engine config checks first: a misspelt one
@@ -100,6 +105,8 @@ class Layout:
             raise ConfigError(
                 f"fp8_scaling={self.fp8_scaling!r}: choose {' or '.join(FP8_SCALING)}"
             )
+        if self.split not in PIPELINE_SPLIT:
+            raise ConfigError(f"split={self.split!r}: choose one of {', '.join(PIPELINE_SPLIT)}")
 
     @property
     def gpus(self) -> int:
@@ -147,6 +154,12 @@ class Layout:
             raise ConfigError(
                 f"cp={self.cp}: paracube train does not run context parallelism (it is planned "
                 "to evaluate Megatron-Core runs); plan with cp=1 for a layout it runs"
+            )
+        if self.split != "engine" and self.pp > 1:
+            raise ConfigError(
+                f"split={self.split}: paracube train cuts its stages by --balance (the split "
+                "is planned to evaluate Megatron runs); plan with the engine split for a layout "
+                "it runs"
             )
         args = [
             f"--dp {self.dp}",

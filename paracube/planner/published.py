@@ -20,7 +20,10 @@ Sources:
   recompute; DeepSpeed's pipeline engine).
 - Llama 3: Dubey et al. 2024, "The Llama 3 Herd of Models", Table 4 and §3.3 (405B on
   H100, tp 8, pp 16, sequence 8192, 16M tokens per batch, BF16 MFU; no activation
-  checkpointing).
+  checkpointing; one block fewer on the first and the last pipeline stage, §3.3.2). The
+  table's third row (131,072 tokens at cp 16) is left out: its virtual stages are not
+  stated, and its MFU converts to tokens/s only under a count of causal attention the
+  paper does not give.
 - Megatron-Core: NVIDIA/Megatron-LM ``README.md``, "Performance Benchmarking": GPT-3 175B
   "strong scaled ... from 96 H100 GPUs to 4608 GPUs, using the same batch size of 1152
   sequences", MFU 47 % → 42 %; the section's benchmark configuration (vocabulary 131,072,
@@ -52,7 +55,9 @@ Sources:
   to 50,304; selective recomputation, sequence parallel, the distributed optimizer, bf16
   gradient sync, overlapped), Llama ``llama/llama{2,3}_*.yaml`` (no recomputation, the
   distributed optimizer); Transformer Engine's FP8 linear layers, its fused attention,
-  Megatron's fused loss. Nemotron rows are left out (no paracube preset of their shapes).
+  Megatron's fused loss; Nemotron ``nemotron/nemotron_{8b,22b,340b}.yaml`` (no
+  recomputation, userbuffers' overlap; 340B's gradients synced in bf16), shapes from the
+  same files (squared-ReLU MLP of 4·h, no biases, rotary; the 256,000-token vocabulary).
   The table's "Model TFLOP / sec / GPU" is its tokens/s × paracube's model FLOPs per token
   to 0.2 % in every row (a test checks it): NeMo counts as paracube does.
 - NeMo long sequence (FP8): NVIDIA/NeMo, ``docs/source/performance/performance_long_sequence.md``
@@ -66,9 +71,14 @@ Sources:
 - Megatron-Bridge (FP8): NVIDIA-NeMo/Megatron-Bridge, ``docs/performance-summary.md``,
   container 25.11, DGX-H100: the dense rows (Llama 3 8B on 8 GPUs with Megatron's FSDP,
   Llama 3 70B at TP 4 × PP 8 × VP 5, Llama 3.1 405B on 1,024 GPUs at TP 8 × PP 8 × CP 2 ×
-  VP 8), FP8 with current scaling (``fp8_scaling="current"``: each tensor's amax read
-  before its cast); checkpointing is not stated, so the planner chooses it. MoE rows are
-  left out.
+  VP 8), and ``docs/performance-summary-archive.md``, container 26.02: the same recipes at
+  global batch 256 (70B) and 1,536 (405B). FP8 with current scaling
+  (``fp8_scaling="current"``: each tensor's amax read before its cast); the software from
+  the repository: gradients reduced in bf16 (``scripts/performance/configs/llama/
+  llama3{,1}_llm_pretrain.py``: ``grad_reduce_in_fp32 = False``), userbuffers' TP overlap
+  and, for 405B, the embedding and the loss counted in the pipeline split
+  (``src/megatron/bridge/recipes/llama/llama3_70b.py``, ``llama31_405b.py``);
+  checkpointing is not stated, so the planner chooses it. MoE rows are left out.
 """
 
 from __future__ import annotations
@@ -88,13 +98,18 @@ from paracube.planner.time_model import Cluster, estimate
 # own buffer (megatron/core/tensor_parallel/cross_entropy.py, backward: grad_input = softmax,
 # then in-place updates), not in two new fp32 tensors as paracube's loss does
 MEGATRON_LOSS = dict(loss="fused")
+# Megatron's pipeline split: the same number of blocks in every (virtual) stage, the embedding
+# and the head on top of the first's and the last's (Megatron-LM's get_num_layers,
+# Megatron-Core's get_num_layers_to_build; Megatron-DeepSpeed's GPTModelPipe:
+# partition_method="type:transformer"), not paracube's cut by parameters (stages.even_shares)
+MEGATRON_SPLIT = dict(split="even", **MEGATRON_LOSS)
 # Megatron-Core with Transformer Engine (its README's runs, NeMo, Megatron-Bridge): the fused
 # loss, and blocks that keep what TE's modules keep (memory.te_block_bytes)
-MEGATRON_CORE = dict(activations="megatron", **MEGATRON_LOSS)
+MEGATRON_CORE = dict(activations="megatron", **MEGATRON_SPLIT)
 # Megatron-LM 2021 and DeepSpeed's pipeline engine: unfused attention, no sequence parallelism,
 # gradients all-reduced after the last backward
 MEGATRON_2021 = dict(
-    attention="unfused", sequence_parallel=False, overlap_grad_reduce=False, **MEGATRON_LOSS
+    attention="unfused", sequence_parallel=False, overlap_grad_reduce=False, **MEGATRON_SPLIT
 )
 # The dtype gradients are reduced in (the planner's default: fp32). Megatron-LM under fp16
 # reduces fp16 gradients unless asked (--accumulate-allreduce-grads-in-fp32 defaults off);
@@ -164,7 +179,8 @@ STACKS = {
     "torchtitan": "FSDP-only: FSDP2 (A100)",
     "NeMo AutoModel": "FSDP2 + context parallel (H100)",
     "NeMo (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
-    "Megatron-Bridge (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
+    "Megatron-Bridge 25.11 (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
+    "Megatron-Bridge 26.02 (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
     "NeMo long sequence (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
 }
 
@@ -217,7 +233,7 @@ def _korthikanti() -> list[dict]:
         cfg = gpt(a, h, L)
         flops = B * cfg.seq_len * model_flops_per_token(cfg)
         base = dict(dp=1, tp=8, pp=pp, micro_batch=1, schedule="1f1b", attention="unfused",
-                    overlap_grad_reduce=False, **MEGATRON_FP16, **MEGATRON_LOSS)
+                    overlap_grad_reduce=False, **MEGATRON_FP16, **MEGATRON_SPLIT)
         for source, seconds, recompute, sp in [
             ("Korthikanti (full)", full_s, "full", False),
             ("Korthikanti (SP+sel.)", sel_s, "selective", True),
@@ -239,9 +255,11 @@ def _mt_nlg() -> list[dict]:
 
 
 def _llama3() -> list[dict]:
-    """Llama 3 405B on 128 × dp H100s: tp 8 × pp 16 interleaved, no recompute, BF16 MFU."""
+    """Llama 3 405B on 128 × dp H100s: tp 8 × pp 16 interleaved, no recompute, BF16 MFU; one
+    block fewer on the first and the last stage (§3.3.2: the embedding and the loss each
+    take a block's place)."""
     layout = dict(tp=8, pp=16, micro_batch=1, schedule="interleaved-1f1b", recompute="none",
-                  sequence_parallel=True, attention="fused")
+                  sequence_parallel=True, attention="fused", split="even-ends")
     return [
         _run("Llama 3", preset("llama3-405b"), "h100", 128 * dp, 2048, "bf16",
              dict(layout, dp=dp), "model", tflops)
@@ -320,12 +338,24 @@ def _nemo_fp8() -> list[dict]:
         return ModelConfig(n_layers=layers, hidden=hidden, n_heads=heads, vocab_size=50304,
                            seq_len=2048, name=name)
 
+    def nemotron(name: str, layers: int, hidden: int, heads: int, kv: int) -> ModelConfig:
+        # the launcher's nemotron_*.yaml: LayerNorm, rotary positions, no biases, untied,
+        # an MLP of 4·h with squared ReLU — the planner's two-matrix MLP (its "gelu": the
+        # same matmuls and element-wise passes) —, the 256,000-token vocabulary of
+        # Nemotron's tokenizer (nemotron_2_256k; the table's TFLOP column confirms it, test)
+        return ModelConfig(n_layers=layers, hidden=hidden, n_heads=heads, n_kv_heads=kv,
+                           vocab_size=256000, seq_len=4096, position="rope", bias=False,
+                           name=name)
+
     # the *_fp8_performance.yaml: selective recompute, bf16 gradient sync, and userbuffers'
     # tensor-parallel overlap (ub_tp_comm_overlap) where tp > 1
     gpt3_sw: dict[str, object] = dict(
         recompute="selective", grad_reduce="compute", tp_comm_overlap=True
     )
     llama_sw: dict[str, object] = dict(recompute="none")  # llama/llama{2,3}_*.yaml
+    # nemotron/nemotron_{8b,22b,340b}.yaml: no recomputation, userbuffers' overlap; 340B's
+    # mcore_distributed_optim syncs gradients in bf16 (grad_sync_dtype: bf16)
+    nemotron_sw: dict[str, object] = dict(recompute="none", tp_comm_overlap=True)
     out = []
     # model, GPUs, global batch, micro-batch, tp, pp, cp, vp, tokens/s per GPU, software
     for cfg, n, B, b, tp, pp, cp, vp, tokens, software in [
@@ -338,6 +368,10 @@ def _nemo_fp8() -> list[dict]:
         (preset("llama2-70b"), 64, 128, 1, 4, 4, 1, 20, 1707, llama_sw),
         (preset("llama3-8b"), 8, 128, 1, 1, 1, 2, 1, 12036, llama_sw),
         (preset("llama3-70b"), 64, 128, 1, 4, 4, 2, 5, 1533, llama_sw),
+        (nemotron("Nemotron-8B", 32, 4096, 32, 32), 64, 256, 4, 2, 1, 1, 1, 12701, nemotron_sw),
+        (nemotron("Nemotron-22B", 40, 6144, 48, 48), 64, 256, 2, 2, 4, 1, 10, 4256, nemotron_sw),
+        (nemotron("Nemotron-340B", 96, 18432, 96, 8), 128, 32, 1, 8, 8, 1, 12, 322,
+         dict(nemotron_sw, grad_reduce="compute")),
     ]:
         fixed = dict(tp=tp, pp=pp, cp=cp, dp=n // (tp * pp * cp), micro_batch=b, zero=1,
                      sequence_parallel=tp > 1, attention="fused", **MEGATRON_CORE, **software)
@@ -366,24 +400,31 @@ def _nemo_long_sequence() -> list[dict]:
 
 
 def _megatron_bridge_fp8() -> list[dict]:
-    """Megatron-Bridge 25.11's dense FP8 pre-training rows on DGX-H100 (sequence 8192)."""
+    """Megatron-Bridge's dense FP8 pre-training rows on DGX-H100 (sequence 8192): 25.11's,
+    and 26.02's larger-batch runs of the same recipes."""
+    # the recipes: gradients reduced in bf16 (the performance scripts' common configs set
+    # grad_reduce_in_fp32 False), userbuffers' TP overlap (CommOverlapConfig tp_comm_overlap
+    # True); 405B counts the embedding and the loss as blocks in its pipeline split
+    software = dict(fp8_scaling="current", grad_reduce="compute", tp_comm_overlap=True)
     out = []
-    # preset, GPUs, global batch, tp, pp, cp, vp, ZeRO (FSDP = 1: 3; else the distributed
-    # optimizer: 1), tokens/s per GPU; micro-batch 1 in every row
-    for name, n, B, tp, pp, cp, vp, zero, tokens in [
-        ("llama3-8b", 8, 128, 1, 1, 1, 1, 3, 14451),
-        ("llama3-70b", 64, 128, 4, 8, 1, 5, 1, 1602),
-        ("llama3-405b", 1024, 512, 8, 8, 2, 8, 1, 292),
+    # container, preset, GPUs, global batch, tp, pp, cp, vp, ZeRO (FSDP = 1: 3; else the
+    # distributed optimizer: 1), split, tokens/s per GPU; micro-batch 1 in every row
+    for container, name, n, B, tp, pp, cp, vp, zero, split, tokens in [
+        ("25.11", "llama3-8b", 8, 128, 1, 1, 1, 1, 3, "even", 14451),
+        ("25.11", "llama3-70b", 64, 128, 4, 8, 1, 5, 1, "even", 1602),
+        ("25.11", "llama3-405b", 1024, 512, 8, 8, 2, 8, 1, "even-ends", 292),
+        ("26.02", "llama3-70b", 64, 256, 4, 8, 1, 5, 1, "even", 1621),
+        ("26.02", "llama3-405b", 1024, 1536, 8, 8, 2, 8, 1, "even-ends", 311),
     ]:
         cfg = preset(name)
         fixed = dict(tp=tp, pp=pp, cp=cp, dp=n // (tp * pp * cp), micro_batch=1, zero=zero,
-                     sequence_parallel=tp > 1, attention="fused", fp8_scaling="current",
-                     **MEGATRON_CORE)
+                     sequence_parallel=tp > 1, attention="fused",
+                     **{**MEGATRON_CORE, **software, "split": split})
         if vp > 1:
             fixed.update(schedule="interleaved-1f1b", chunks=vp)
         published = round(tokens * model_flops_per_token(cfg) / 1e12, 1)
-        out.append(_run("Megatron-Bridge (FP8)", cfg, "h100", n, B, "fp8", fixed, "model",
-                        published))
+        out.append(_run(f"Megatron-Bridge {container} (FP8)", cfg, "h100", n, B, "fp8", fixed,
+                        "model", published))
     return out
 # fmt: on
 

@@ -25,6 +25,8 @@ def describe(layout) -> str:
     text += f" b={layout.micro_batch} m={layout.microbatches}"
     if layout.pp > 1:
         text += f" {layout.schedule}" + (f"×{layout.chunks}" if layout.chunks > 1 else "")
+        if getattr(layout, "split", "engine") != "engine":
+            text += f" split={layout.split}"
     if layout.zero:
         text += f" zero{layout.zero}"
     if layout.recompute != "none":
@@ -180,6 +182,13 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster) -> list[str]:
             f"{L.microbatches} micro-batches under {L.schedule}"
             + (f" with {L.chunks} chunks" if L.chunks > 1 else "")
             + "; more micro-batches shrink it as (p−1)/m."
+            + (
+                f" Stages cut as Megatron cuts them ({L.split}: equal blocks per stage, the "
+                "embedding and head on top), so a heavy head slows the last stage; planned only: "
+                "paracube train cuts by --balance."
+                if L.split != "engine"
+                else ""
+            )
         )
     if L.zero:
         lines.append(

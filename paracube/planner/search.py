@@ -156,9 +156,24 @@ def candidate_layouts(
                             fixed.get("recompute_blocks") if recompute == "full" else None
                         ),
                         cp=cp,
+                        split=fixed.get("split", "engine"),
                     )
+                    if not _splits(cfg, layout, reject):
+                        continue
                     if all(getattr(layout, k) == val for k, val in fixed.items()):
                         yield layout
+
+
+def _splits(cfg: ModelConfig, layout: Layout, reject) -> bool:
+    """Whether Megatron's even split (``layout.split``) cuts the blocks into the layout's
+    virtual stages (the engine's own split always does); ``reject`` is told why not."""
+    if layout.split == "engine" or layout.pp == 1:
+        return True
+    units = cfg.n_layers + (2 if layout.split == "even-ends" else 0)
+    if units % (layout.pp * layout.chunks):
+        reject(f"--pipeline-split {layout.split}: {units} layers not divisible by pp × chunks")
+        return False
+    return True
 
 
 def search(

@@ -7,6 +7,10 @@
 planner times and sizes every rank from that same split rather than assuming ⌈L/(p·v)⌉
 blocks each: a large vocabulary makes the embedding and the head weigh several blocks, so
 the engine gives the first and last ranks fewer blocks and the middle ones more.
+
+Megatron does not: a layout planned with ``split="even"`` or ``"even-ends"``
+(:func:`even_shares`) is timed and sized with the split a published Megatron run made, so
+that a head of several blocks' weight slows its last rank as it slowed the run.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import functools
 from dataclasses import dataclass
 
 from paracube.config import ModelConfig
+from paracube.errors import ConfigError
 from paracube.models import shapes
 from paracube.pipeline.balance import gpt_layer_loads
 from paracube.pipeline.partition import partition
@@ -33,7 +38,10 @@ class RankShare:
 def layout_shares(cfg: ModelConfig, layout: Layout) -> tuple[RankShare, ...]:
     """Each pipeline rank's share under the split the engine makes for ``layout``: by its
     ``--balance`` (parameters unless the job says otherwise; the measured balances by their
-    FLOPs estimate, as the engine starts from before it measures)."""
+    FLOPs estimate, as the engine starts from before it measures) — or, for a Megatron run,
+    its equal blocks per virtual stage (:func:`even_shares`)."""
+    if layout.split != "engine":
+        return even_shares(cfg, layout.pp, layout.chunks, ends=layout.split == "even-ends")
     if layout.balance == "params":  # depends on nothing but the model: cached once
         return rank_shares(cfg, layout.pp, layout.chunks)
     return rank_shares(
@@ -77,6 +85,40 @@ def rank_shares(
             head=L + 2 in items,
         )
         for items in held
+    )
+
+
+@functools.cache
+def even_shares(
+    cfg: ModelConfig, pp: int, chunks: int = 1, *, ends: bool = False
+) -> tuple[RankShare, ...]:
+    """Megatron-Core's split (``get_num_layers_to_build`` and ``get_transformer_layer_offset``
+    in megatron/core/transformer/transformer_block.py): the L blocks cut into pp × chunks
+    virtual stages of L / (pp · chunks) blocks each, virtual stage k on rank k mod pp, the
+    embedding before the first and the final norm and head after the last, whatever they
+    weigh — Megatron-DeepSpeed's ``partition_method="type:transformer"`` cuts the same way.
+    ``ends``: ``--account-for-embedding-in-pipeline-split`` and ``…-loss-…``, the embedding
+    and the loss each counted as one block, so the first and last virtual stages hold one
+    block fewer (Llama 3's "we reduce one Transformer layer each from the first and the last
+    stages", Dubey et al. 2024, §3.3.2). Megatron refuses a count that does not divide."""
+    units = cfg.n_layers + (2 if ends else 0)
+    parts = pp * chunks
+    if units % parts:
+        raise ConfigError(
+            f"an even pipeline split cuts {units} "
+            + ("layers (blocks, the embedding and the loss) " if ends else "blocks ")
+            + f"into pp × chunks = {parts} equal parts, and they do not divide; "
+            "choose pp and chunks that do"
+        )
+    per = units // parts
+    held: list[list[int]] = [[] for _ in range(pp)]
+    for part in range(parts):
+        first = part * per - (1 if ends and part else 0)  # block index, 0 … L-1
+        count = per - (1 if ends and part in (0, parts - 1) else 0)
+        held[part % pp].extend(range(first, first + count))
+    return tuple(
+        RankShare(blocks=tuple(blocks), embedding=rank == 0, head=rank == (parts - 1) % pp)
+        for rank, blocks in enumerate(held)
     )
 
 

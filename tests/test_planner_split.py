@@ -1,0 +1,99 @@
+"""Megatron's pipeline split in the planner (pure math): every virtual stage holds the same
+number of blocks and the embedding and head come on top, where paracube's engine gives a
+heavy head fewer blocks beside it — so a published Megatron run is timed with the split it
+ran, and a large vocabulary slows its last rank as it slowed the run."""
+
+from __future__ import annotations
+
+import pytest
+
+from paracube.config import ModelConfig
+from paracube.errors import ConfigError
+from paracube.models import shapes
+from paracube.models.presets import preset
+from paracube.planner import hardware as hw
+from paracube.planner.layout import Layout
+from paracube.planner.search import search
+from paracube.planner.stages import even_shares, layout_shares
+from paracube.planner.time_model import Cluster, estimate, head_time, layer_time
+
+
+def _h100() -> Cluster:
+    return Cluster(hw.gpu("h100"), 8, hw.interconnect("nvlink4"), hw.interconnect("ib-ndr"))
+
+
+def test_even_split_is_megatrons():
+    """Llama 3 70B at pp 8 × 5 chunks: 80 blocks in 40 virtual stages of 2, stage k on rank
+    k mod 8 (rank 0: blocks 0–1, 16–17, …), the embedding on rank 0 and the head on rank 7.
+    With the embedding and the loss counted as blocks (405B at pp 8 × 8: 128 units in 64
+    stages of 2), the first and last stages hold one block, so ranks 0 and 7 hold 15."""
+    shares = even_shares(preset("llama3-70b"), 8, 5)
+    assert [len(s.blocks) for s in shares] == [10] * 8
+    assert shares[0].blocks == tuple(b for k in range(0, 40, 8) for b in (2 * k, 2 * k + 1))
+    assert [s.embedding for s in shares] == [True] + [False] * 7
+    assert [s.head for s in shares] == [False] * 7 + [True]
+    ends = even_shares(preset("llama3-405b"), 8, 8, ends=True)
+    assert [len(s.blocks) for s in ends] == [15] + [16] * 6 + [15]
+    assert ends[0].blocks[:3] == (0, 15, 16) and ends[7].blocks[-1] == 125
+    assert sorted(b for s in ends for b in s.blocks) == list(range(126))
+
+
+def test_even_split_refuses_counts_that_do_not_divide():
+    """Megatron refuses a layer count that pp × chunks do not divide: the planner says why,
+    and its search rejects those layouts with the reason rather than timing another split."""
+    with pytest.raises(ConfigError, match="126 blocks into pp × chunks = 64 equal parts"):
+        even_shares(preset("llama3-405b"), 8, 8)
+    result = search(
+        preset("llama3-405b"),
+        _h100(),
+        1024,
+        512,
+        fixed=dict(tp=8, pp=8, chunks=8, schedule="interleaved-1f1b", split="even"),
+    )
+    assert not result.ranked
+    assert "--pipeline-split even: 126 layers not divisible by pp × chunks" in result.rejected
+
+
+def test_a_heavy_head_slows_megatrons_last_rank():
+    """Nemotron 22B's shape (40 blocks of 6144, 256,000 tokens: its head weighs 3.5 blocks)
+    at tp 2 × pp 4 × 10 chunks, one block per virtual stage: Megatron's last rank runs its
+    10 blocks and the head, so its compute is m × (10 blocks + head) exactly and the step is
+    slower than under paracube's cut, which gives that rank fewer blocks."""
+    cfg = ModelConfig(
+        n_layers=40,
+        hidden=6144,
+        n_heads=48,
+        vocab_size=256000,
+        seq_len=4096,
+        position="rope",
+        bias=False,
+    )
+    assert shapes.head_params(cfg) > 3 * shapes.block_params(cfg)
+    cluster = _h100()
+    base = dict(
+        tp=2,
+        pp=4,
+        dp=8,
+        micro_batch=2,
+        microbatches=16,
+        chunks=10,
+        schedule="interleaved-1f1b",
+        sequence_parallel=True,
+    )
+    even, engine = Layout(**base, split="even"), Layout(**base)
+    assert len(layout_shares(cfg, engine)[-1].blocks) < 10
+    fwd, bwd, _ = layer_time(cfg, even, cluster.gpu)
+    head = head_time(cfg, even, cluster.gpu)
+    slow, fast = estimate(cfg, even, cluster), estimate(cfg, engine, cluster)
+    assert slow.compute == pytest.approx(16 * (10 * (fwd + bwd) + head))
+    assert slow.compute > fast.compute and slow.step_time > fast.step_time
+
+
+def test_the_split_is_planned_only():
+    """A misspelt split is refused where the Layout is made, and a Megatron split is never
+    turned into a paracube train command (the engine cuts by --balance)."""
+    with pytest.raises(ConfigError, match="split='uniform': choose one of engine, even"):
+        Layout(split="uniform")
+    with pytest.raises(ConfigError, match="paracube train cuts its stages by --balance"):
+        Layout(pp=2, split="even").to_args()
+    assert "--pp 1" in Layout(split="even").to_args()  # no pipeline: nothing to split
