@@ -38,7 +38,7 @@ def test_offload_moves_the_optimizer_states_off_the_gpu_and_charges_the_host():
     assert gone == pytest.approx(12 * params)
     extra = estimate(GPT, off, cluster).optimizer - estimate(GPT, base, cluster).optimizer
     want = 4 * params / g.host_link_bandwidth + 32 * params / g.host_memory_bandwidth
-    assert extra == pytest.approx(want - 38 * params / g.hbm_bandwidth)
+    assert extra == pytest.approx(want - 38 * params / g.memory_rate)
 
 
 def test_the_search_offloads_only_what_does_not_fit(capsys):

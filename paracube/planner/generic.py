@@ -81,13 +81,13 @@ def evaluate(
     # compute: all FLOPs at the sustained tensor-core rate, plus the element-wise passes
     # (batch-norm, ReLU) reading and writing the saved activations, forward and backward
     flops = 3 * model.forward_flops_per_sample * b
-    per_mb = flops / (g.peak_flops * g.sustained_fraction) + 3 * 2 * acts / g.hbm_bandwidth
+    per_mb = flops / (g.peak_flops * g.sustained_fraction) + 3 * 2 * acts / g.memory_rate
     link = cluster.intra if dp <= cluster.gpus_per_node else cluster.inter
     waited = waited_gathers(layout, link, model.params, w)  # ZeRO-3 without backward prefetch
     allreduce = reduction_time(model.params, layout, link, w) - waited / m
     overlapped = g.overlaps_communication and layout.overlap_grad_reduce
     exposed = max(0.0, allreduce - (2 / 3 * per_mb if overlapped else 0.0)) + waited
-    optimizer = 7 * 4 * model.params / (dp if layout.zero else 1) / g.hbm_bandwidth
+    optimizer = 7 * 4 * model.params / (dp if layout.zero else 1) / g.memory_rate
     step = m * per_mb + exposed + optimizer
     samples = dp * b * m
     tflops = 3 * model.forward_flops_per_sample * samples / (step * dp) / 1e12

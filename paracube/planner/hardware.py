@@ -53,6 +53,15 @@ class GPU:
     # measured fraction of the peak a GPU sustains on large matmuls at its power limit with
     # every GPU of the node busy (0: derive it from the clocks, base ÷ boost)
     measured_sustained: float = 0.0
+    # measured fraction of ``hbm_bandwidth`` a streaming kernel moves (0: the datasheet's)
+    measured_hbm: float = 0.0
+
+    @property
+    def memory_rate(self) -> float:
+        """Bytes/s the memory-bound work moves (element-wise passes, the loss, the optimizer,
+        the GEMMs' roofline): the datasheet's HBM bandwidth at the measured fraction a
+        streaming kernel reaches where one is known (:data:`HBM_ACHIEVED`)."""
+        return self.hbm_bandwidth * (self.measured_hbm or 1.0)
 
     def rate(self, precision: str) -> float:
         """Peak FLOP/s of the units a ``precision`` run's matmuls use: bf16/fp16 tensor
@@ -112,6 +121,14 @@ FLASH2_AMPERE = 0.50 * 312e12
 # H100 SXM shares its silicon, clocks and power limit) — below the base-clock figure, since
 # dense tensor-core work meets the power limit before the clock floor.
 HOPPER_SUSTAINED = 698.6e12 / 989e12
+# The fraction of the datasheet's HBM bandwidth a streaming kernel reaches, measured:
+# H200, a device-to-device copy, 4,276 of 4,800 GB/s (paracube's GPU check, BENCHMARKS.md;
+# benchmarks/results/gpu_h200/calibration.json) — H100 SXM taken at the same fraction, as
+# for the matmul rate; A100 80GB, a streaming read kernel at 1.80 of 2.04 TB/s, 88 %, which
+# Nsight Compute confirmed (NVIDIA developer forums, "Trouble to reach peak bandwidth of
+# A100", 2025); A100 40GB, a memcpy at 1,225 of 1,448 GiB/s (GPUInspector.jl, "Data
+# Bandwidth" example on a DGX A100). V100: none found, the datasheet's.
+HBM_ACHIEVED = {"h100": 4276 / 4800, "a100-80gb": 1.80 / 2.04, "a100-40gb": 1225 / 1448.4}
 
 # fmt: off
 GPUS: dict[str, GPU] = {
@@ -126,22 +143,24 @@ GPUS: dict[str, GPU] = {
                 host_memory_bytes=HOST_RAM["v100"]),
     "a100-40gb": GPU("A100 40GB", 312e12, 40 * GB, 1555 * GB, 600 * GB, 1095, 1410, sms=108,
                      fp32_flops=19.5e12, tf32_flops=156e12, attention_rate=FLASH2_AMPERE,
+                     measured_hbm=HBM_ACHIEVED["a100-40gb"],
                      host_link_bandwidth=PCIE["a100"], host_memory_bandwidth=HOST_MEMORY["a100"],
                 host_memory_bytes=HOST_RAM["a100"]),
     "a100-80gb": GPU("A100 80GB", 312e12, 80 * GB, 2039 * GB, 600 * GB, 1095, 1410, sms=108,
                      fp32_flops=19.5e12, tf32_flops=156e12, attention_rate=FLASH2_AMPERE,
+                     measured_hbm=HBM_ACHIEVED["a100-80gb"],
                      host_link_bandwidth=PCIE["a100"], host_memory_bandwidth=HOST_MEMORY["a100"],
                 host_memory_bytes=HOST_RAM["a100"]),
     "h100": GPU("H100 SXM", 989e12, 80 * GB, 3350 * GB, 900 * GB, 1590, 1980, sms=132,
                 fp32_flops=67e12, tf32_flops=494.7e12, fp8_flops=1979e12,
                 attention_rate=FLASH2_HOPPER,
-                measured_sustained=HOPPER_SUSTAINED,
+                measured_sustained=HOPPER_SUSTAINED, measured_hbm=HBM_ACHIEVED["h100"],
                 host_link_bandwidth=PCIE["h100"], host_memory_bandwidth=HOST_MEMORY["h100"],
                 host_memory_bytes=HOST_RAM["h100"]),
     "h200": GPU("H200 SXM", 989e12, 141 * GB, 4800 * GB, 900 * GB, 1590, 1980, sms=132,
                 fp32_flops=67e12, tf32_flops=494.7e12, fp8_flops=1979e12,
                 attention_rate=FLASH2_HOPPER,
-                measured_sustained=HOPPER_SUSTAINED,
+                measured_sustained=HOPPER_SUSTAINED, measured_hbm=HBM_ACHIEVED["h100"],
                 host_link_bandwidth=PCIE["h100"], host_memory_bandwidth=HOST_MEMORY["h100"],
                 host_memory_bytes=HOST_RAM["h100"]),
 }

@@ -4,14 +4,15 @@ Every term is derived from the model's shapes and the hardware figures; nothing 
 fitted to a published result:
 
 - **compute**: each GEMM of a layer (per GPU: its tensor-parallel shard) takes the roofline
-  time max(2·M·N·K / sustained peak, bytes moved / HBM bandwidth), the sustained peak being
+  time max(2·M·N·K / sustained peak, bytes moved / HBM rate), the sustained peak being
   the rate measured at the power limit where one is published (Hopper), else the datasheet
   peak scaled from the boost to the base clock (all a GPU guarantees at full power draw);
   fused attention at FlashAttention-2's published rate (``GPU.attention_rate``; FlashAttention
   in Triton at the FlashAttention-2 paper's comparison, :data:`FUSED_SLOWDOWN`); the
   element-wise work (norms, activation function, rotary, residuals) moves what the layer
   keeps for backward twice through HBM (read + write: the model's own count, or
-  Korthikanti's per-layer bytes for Megatron's unfused layer). Backward
+  Korthikanti's per-layer bytes for Megatron's unfused layer); every memory-bound byte
+  at the HBM rate a streaming kernel was measured to reach (``GPU.memory_rate``). Backward
   is twice the forward. The resulting FLOP rate, divided by peak, is the *achievable
   fraction* the planner states. Recompute adds the recomputed forward (full) or the
   attention core (selective).
@@ -145,7 +146,7 @@ def _gemm(m: float, n: float, k: float, g: GPU, elem: int = 2) -> float:  # elem
     """Roofline time of an (m×k)·(k×n) matmul: the sustained (base-clock) tensor-core rate
     derated by tile and wave quantization, or HBM traffic, whichever is slower."""
     rate = g.peak_flops * g.sustained_fraction * wave_efficiency(m, n, g.sms)
-    return max(2 * m * n * k / rate, elem * (m * k + k * n + m * n) / g.hbm_bandwidth)
+    return max(2 * m * n * k / rate, elem * (m * k + k * n + m * n) / g.memory_rate)
 
 
 def _gemm_fwd_bwd(m: float, n: float, k: float, g: GPU, elem: int = 2) -> tuple[float, float]:
@@ -189,8 +190,8 @@ def attention_core(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> t
     # Unfused (Megatron before FlashAttention): two batched matmuls that write and read the
     # s×s scores, then scale-mask-softmax and dropout passes over them — Korthikanti's
     # 5·a·s/h bytes per s·b·h (16-bit scores and probabilities, 1-byte mask), read and written.
-    matmuls = max(flops / rate, 2 * 2 * b * heads * s * s / g.hbm_bandwidth)
-    passes = 2 * 5 * b * heads * s * s * (elem / 2) / g.hbm_bandwidth
+    matmuls = max(flops / rate, 2 * 2 * b * heads * s * s / g.memory_rate)
+    passes = 2 * 5 * b * heads * s * s * (elem / 2) / g.memory_rate
     return matmuls + passes, flops
 
 
@@ -247,7 +248,7 @@ def layer_time(
     fwd, bwd = block_gemm_time(cfg, layout, g, elem, fp8)
     if fp8:
         cast_fwd, cast_bwd = fp8_cast_bytes(gemms, current=layout.fp8_scaling == "current")
-        fwd, bwd = fwd + cast_fwd / g.hbm_bandwidth, bwd + cast_bwd / g.hbm_bandwidth
+        fwd, bwd = fwd + cast_fwd / g.memory_rate, bwd + cast_bwd / g.memory_rate
     flops = sum(2 * m * n * k for m, n, k in gemms)
     core_time, core_flops = attention_core(cfg, layout, g, elem)
     # element-wise work outside the matmuls (norms, the activation function, rotary
@@ -265,7 +266,7 @@ def layer_time(
         acts = activation_bytes_per_layer(  # the s×s passes are the core's (attention_core)
             s, b, h, cfg.n_heads, t=t, sequence_parallel=layout.sequence_parallel, attention="fused"
         ) * (elem / 2)
-    elementwise = 2 * acts / g.hbm_bandwidth
+    elementwise = 2 * acts / g.memory_rate
     core_bwd = attention_core_backward(layout, core_time, g)
     if (
         all(g.activation_rates) and cfg.activation != "swiglu"
@@ -322,7 +323,7 @@ def optimizer_time(layout: Layout, g: GPU, shard: float, elem: int) -> float:
     stepped = shard / (layout.grad_group if layout.zero >= 1 else 1)
     if not layout.offload:
         write_back = 4 + elem if elem != 4 else 0
-        return (4 + 7 * 4 + write_back) * stepped / g.hbm_bandwidth
+        return (4 + 7 * 4 + write_back) * stepped / g.memory_rate
     if not (g.host_link_bandwidth and g.host_memory_bandwidth):
         raise ConfigError(f"--offload: no host link or host memory figures for {g.name}")
     host = (4 + 7 * 4) * stepped / g.host_memory_bandwidth
@@ -336,7 +337,7 @@ def head_time(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> float:
         layout.micro_batch * cfg.seq_len, cfg.vocab_size / t, cfg.hidden, g, elem
     )
     # the loss: softmax over the logits in fp32 — written, read, and its gradient written
-    loss = 3 * layout.micro_batch * cfg.seq_len * cfg.vocab_size / t * 4 / g.hbm_bandwidth
+    loss = 3 * layout.micro_batch * cfg.seq_len * cfg.vocab_size / t * 4 / g.memory_rate
     return head_fwd + head_bwd + loss
 
 
@@ -691,12 +692,12 @@ def compressed_reduction(
     dp, elem = layout.grad_group, 4  # what the compressors read and write: fp32 gradient buffers
     kind, _, value = layout.compress.partition(":")
     if kind in ("fp16", "bf16"):
-        return _ring(2 * n, dp, link), 2 * (elem + 2) * n / g.hbm_bandwidth
+        return _ring(2 * n, dp, link), 2 * (elem + 2) * n / g.memory_rate
     if kind == "topk":
         k = math.ceil(float(value) * n)
         gathered = dp * k * (4 + elem)
         comm = (dp - 1) / dp * gathered / link.bandwidth + (dp - 1) * link.latency
-        work = (4 * elem * n + gathered) / g.hbm_bandwidth
+        work = (4 * elem * n + gathered) / g.memory_rate
         return comm, work
     assert cfg is not None, "PowerSGD's volume needs the model's matrix shapes"
     r = int(value)
@@ -707,6 +708,6 @@ def compressed_reduction(
     comm = _ring(elem * factors / 2, dp, link) * 2 + _ring(elem * vectors, dp, link)
     flops = layers * sum(4 * 2 * a * b * r for a, b in dims)
     work = max(
-        flops / (g.peak_flops * g.sustained_fraction), 4 * elem * matrix_elements / g.hbm_bandwidth
+        flops / (g.peak_flops * g.sustained_fraction), 4 * elem * matrix_elements / g.memory_rate
     )
     return 0.0, comm + work
