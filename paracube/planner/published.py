@@ -63,11 +63,10 @@ Sources:
 - NeMo long sequence (FP8): NVIDIA/NeMo, ``docs/source/performance/performance_long_sequence.md``
   (container NeMo 24.03.01, DGX-H100, FP8): Llama 2 7B from 4K to 1M tokens per sequence,
   the with-CP configurations (TP, PP, DP, CP as tabled, context parallel up to 32), TFLOP/s
-  per GPU counted as NeMo counts (= paracube's count, above). The global batch is not
-  stated: with no pipeline it only sets how many micro-batches share one gradient
-  reduction, and each run is given one sequence per data-parallel rank per step (the
-  reduction charged once per sequence, the most it can be); the 8K row, pipelined (PP 2),
-  whose bubble the batch would set, is left out; checkpointing is left to the planner.
+  per GPU counted as NeMo counts (= paracube's count, above); the global batch of each run
+  (1,024 sequences at 4K down to 4 at 1M, micro-batch 1) from the same table as
+  ``performance_summary.md`` prints it (its "Long Input Sequences" section, a later edit
+  of the 24.07 page); checkpointing is left to the planner.
 - Megatron-Bridge (FP8): NVIDIA-NeMo/Megatron-Bridge, ``docs/performance-summary.md``,
   container 25.11, DGX-H100: the dense rows (Llama 3 8B on 8 GPUs with Megatron's FSDP,
   Llama 3 70B at TP 4 × PP 8 × VP 5, Llama 3.1 405B on 1,024 GPUs at TP 8 × PP 8 × CP 2 ×
@@ -385,16 +384,18 @@ def _nemo_fp8() -> list[dict]:
 def _nemo_long_sequence() -> list[dict]:
     """NeMo 24.03's long-sequence table: Llama 2 7B on DGX-H100 in FP8, 4K–1M tokens."""
     out = []
-    # thousands of tokens, GPUs, tp, dp, cp, TFLOP/s per GPU (pp 1 in every row kept)
-    for k, n, tp, dp, cp, tflops in [
-        (4, 4, 1, 4, 1, 768), (16, 16, 2, 8, 1, 660), (32, 32, 2, 8, 2, 610),
-        (64, 64, 4, 8, 2, 574), (128, 128, 4, 8, 4, 555), (256, 256, 4, 8, 8, 549),
-        (512, 512, 8, 4, 16, 549), (1024, 1024, 8, 4, 32, 536),
+    # thousands of tokens, GPUs, global batch, tp, pp, cp, dp, TFLOP/s per GPU
+    for k, n, B, tp, pp, cp, dp, tflops in [
+        (4, 4, 1024, 1, 1, 1, 4, 768), (8, 8, 512, 1, 2, 1, 4, 730),
+        (16, 16, 256, 2, 1, 1, 8, 660), (32, 32, 128, 2, 1, 2, 8, 610),
+        (64, 64, 64, 4, 1, 2, 8, 574), (128, 128, 32, 4, 1, 4, 8, 555),
+        (256, 256, 16, 4, 1, 8, 8, 549), (512, 512, 8, 8, 1, 16, 4, 549),
+        (1024, 1024, 4, 8, 1, 32, 4, 536),
     ]:
         cfg = replace(preset("llama2-7b"), seq_len=k * 1024)
-        fixed = dict(tp=tp, pp=1, cp=cp, dp=dp, micro_batch=1, zero=1,
+        fixed = dict(tp=tp, pp=pp, cp=cp, dp=dp, micro_batch=1, zero=1,
                      sequence_parallel=tp > 1, attention="fused", **MEGATRON_CORE)
-        out.append(_run("NeMo long sequence (FP8)", cfg, "h100", n, dp, "fp8", fixed, "model",
+        out.append(_run("NeMo long sequence (FP8)", cfg, "h100", n, B, "fp8", fixed, "model",
                         tflops))
     return out
 
