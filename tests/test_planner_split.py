@@ -59,27 +59,12 @@ def test_a_heavy_head_slows_megatrons_last_rank():
     at tp 2 × pp 4 × 10 chunks, one block per virtual stage: Megatron's last rank runs its
     10 blocks and the head, so its compute is m × (10 blocks + head) exactly and the step is
     slower than under paracube's cut, which gives that rank fewer blocks."""
-    cfg = ModelConfig(
-        n_layers=40,
-        hidden=6144,
-        n_heads=48,
-        vocab_size=256000,
-        seq_len=4096,
-        position="rope",
-        bias=False,
-    )
+    cfg = ModelConfig(n_layers=40, hidden=6144, n_heads=48, vocab_size=256000, seq_len=4096,
+                      position="rope", bias=False)  # fmt: skip
     assert shapes.head_params(cfg) > 3 * shapes.block_params(cfg)
     cluster = _h100()
-    base = dict(
-        tp=2,
-        pp=4,
-        dp=8,
-        micro_batch=2,
-        microbatches=16,
-        chunks=10,
-        schedule="interleaved-1f1b",
-        sequence_parallel=True,
-    )
+    base = dict(tp=2, pp=4, dp=8, micro_batch=2, microbatches=16, chunks=10,
+                schedule="interleaved-1f1b", sequence_parallel=True)  # fmt: skip
     even, engine = Layout(**base, split="even"), Layout(**base)
     assert len(layout_shares(cfg, engine)[-1].blocks) < 10
     fwd, bwd, _ = layer_time(cfg, even, cluster.gpu)
