@@ -12,6 +12,7 @@ from paracube.errors import ConfigError
 from paracube.pipeline.schedules import SCHEDULES
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import StageMemory, peak_memory
+from paracube.planner.stages import layout_shares
 from paracube.planner.time_model import Cluster, StepEstimate, estimate
 
 MICRO_BATCH_LIMIT = 32  # micro-batches searched: every divisor of the per-rank batch up to this
@@ -165,13 +166,15 @@ def candidate_layouts(
 
 
 def _splits(cfg: ModelConfig, layout: Layout, reject) -> bool:
-    """Whether Megatron's even split (``layout.split``) cuts the blocks into the layout's
-    virtual stages (the engine's own split always does); ``reject`` is told why not."""
+    """Whether the layout's pipeline split can be made — Megatron's even splits only where
+    the layers divide into its virtual stages (:func:`~paracube.planner.stages.even_shares`
+    owns the rule); ``reject`` is told why not."""
     if layout.split == "engine" or layout.pp == 1:
         return True
-    units = cfg.n_layers + (2 if layout.split == "even-ends" else 0)
-    if units % (layout.pp * layout.chunks):
-        reject(f"--pipeline-split {layout.split}: {units} layers not divisible by pp × chunks")
+    try:
+        layout_shares(cfg, layout)
+    except ConfigError:
+        reject(f"--pipeline-split {layout.split}: the layers do not divide into pp × chunks")
         return False
     return True
 
