@@ -128,7 +128,7 @@ HOPPER_SUSTAINED = 698.6e12 / 989e12
 # Nsight Compute confirmed (NVIDIA developer forums, "Trouble to reach peak bandwidth of
 # A100", 2025); A100 40GB, a memcpy at 1,225 of 1,448 GiB/s (GPUInspector.jl, "Data
 # Bandwidth" example on a DGX A100). V100: none found, the datasheet's.
-HBM_ACHIEVED = {"h100": 4276 / 4800, "a100-80gb": 1.80 / 2.04, "a100-40gb": 1225 / 1448.4}
+HBM_ACHIEVED = {"hopper": 4276 / 4800, "a100-80gb": 1.80 / 2.04, "a100-40gb": 1225 / 1448.4}
 
 # fmt: off
 GPUS: dict[str, GPU] = {
@@ -154,13 +154,13 @@ GPUS: dict[str, GPU] = {
     "h100": GPU("H100 SXM", 989e12, 80 * GB, 3350 * GB, 900 * GB, 1590, 1980, sms=132,
                 fp32_flops=67e12, tf32_flops=494.7e12, fp8_flops=1979e12,
                 attention_rate=FLASH2_HOPPER,
-                measured_sustained=HOPPER_SUSTAINED, measured_hbm=HBM_ACHIEVED["h100"],
+                measured_sustained=HOPPER_SUSTAINED, measured_hbm=HBM_ACHIEVED["hopper"],
                 host_link_bandwidth=PCIE["h100"], host_memory_bandwidth=HOST_MEMORY["h100"],
                 host_memory_bytes=HOST_RAM["h100"]),
     "h200": GPU("H200 SXM", 989e12, 141 * GB, 4800 * GB, 900 * GB, 1590, 1980, sms=132,
                 fp32_flops=67e12, tf32_flops=494.7e12, fp8_flops=1979e12,
                 attention_rate=FLASH2_HOPPER,
-                measured_sustained=HOPPER_SUSTAINED, measured_hbm=HBM_ACHIEVED["h100"],
+                measured_sustained=HOPPER_SUSTAINED, measured_hbm=HBM_ACHIEVED["hopper"],
                 host_link_bandwidth=PCIE["h100"], host_memory_bandwidth=HOST_MEMORY["h100"],
                 host_memory_bytes=HOST_RAM["h100"]),
 }

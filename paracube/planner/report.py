@@ -183,9 +183,13 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster) -> list[str]:
             + (f" with {L.chunks} chunks" if L.chunks > 1 else "")
             + "; more micro-batches shrink it as (p−1)/m."
             + (
-                f" Stages cut as Megatron cuts them ({L.split}: equal blocks per stage, the "
-                "embedding and head on top), so a heavy head slows the last stage; planned only: "
-                "paracube train cuts by --balance."
+                f" Stages cut as Megatron cuts them ({L.split}: equal blocks per stage, "
+                + (
+                    "the embedding and the loss each in a block's place"
+                    if L.split == "even-ends"
+                    else "the embedding and head on top, so a heavy head slows the last stage"
+                )
+                + "); planned only: paracube train cuts by --balance."
                 if L.split != "engine"
                 else ""
             )
