@@ -168,6 +168,10 @@ GPUS: dict[str, GPU] = {
 
 # One direction per GPU: NVLink's bidirectional total halved; IB per port (one per GPU).
 # Latencies: ~2 µs across NVLink/NVSwitch, ~5 µs over InfiniBand, ~20 µs over Ethernet/TCP.
+# Omni-Path (Intel OPA, 100 Gb/s per port) as Jean Zay's A100 nodes have it: "8 GPUs per node
+# Using NVLink 4 inter-gpu connects, 4 OmniPath links" (bigscience-workshop/bigscience,
+# train/tr11-176B-ml/README.md, BLOOM's cluster): four ports shared by eight GPUs, at
+# InfiniBand's latency (the same class of RDMA fabric).
 INTERCONNECTS: dict[str, Interconnect] = {
     "nvlink2": Interconnect("NVLink 2 (V100)", 150 * GB, 2e-6),
     "nvlink3": Interconnect("NVLink 3 (A100)", 300 * GB, 2e-6),
@@ -176,6 +180,9 @@ INTERCONNECTS: dict[str, Interconnect] = {
     "ib-ndr": Interconnect("InfiniBand NDR 400 Gb/s per GPU", 50 * GB, 5e-6),
     "ethernet-100g": Interconnect(
         "Ethernet 100 Gb/s per node", 12.5 * GB, 20e-6, shared_by_node=True
+    ),
+    "opa-4x100": Interconnect(
+        "Omni-Path 4 × 100 Gb/s per node", 4 * 12.5 * GB, 5e-6, shared_by_node=True
     ),
 }
 

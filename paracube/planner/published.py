@@ -18,6 +18,16 @@ Sources:
 - MT-NLG: Smith et al. 2022, "Using DeepSpeed and Megatron to Train Megatron-Turing NLG
   530B", §2.3 (280 / 350 / 420 DGX A100, tp 8 × pp 35, global batch 1920, bf16, full
   recompute; DeepSpeed's pipeline engine).
+- BLOOM: bigscience-workshop/bigscience, ``train/tr11-176B-ml/`` — the production run's
+  slurm script (``tr11-176B-ml.slurm``: 48 nodes of 8 A100 80GB, TP 4 × PP 12 × DP 8,
+  micro-batch 2, global batch 2048 × 2048 tokens, bf16, ``--checkpoint-activations``,
+  70 layers of 14,336 hidden, 112 heads, vocabulary padded to 250,880, tied embedding,
+  ALiBi, Megatron-DeepSpeed's pipeline engine with ``--pp-partition-method
+  'type:transformer|embedding'`` — the embeddings counted as blocks — and DeepSpeed's
+  BF16_Optimizer: fp32 gradients all-reduced, ZeRO-1's sharded step) and its README (the
+  cluster: "4 OmniPath links" per node; the steady-state log line of iteration 85,376:
+  "elapsed time per iteration (s): 104.70 | global batch size: 2048 | … | TFLOPs: 149.77",
+  hardware FLOPs with the recomputed forward).
 - Llama 3: Dubey et al. 2024, "The Llama 3 Herd of Models", Table 4 and §3.3 (405B on
   H100, tp 8, pp 16, sequence 8192, 16M tokens per batch, BF16 MFU; no activation
   checkpointing; one block fewer on the first and the last pipeline stage, §3.3.2). The
@@ -145,6 +155,7 @@ def runs() -> list[dict]:
         _sc21()
         + _korthikanti()
         + _mt_nlg()
+        + _bloom()
         + _llama3()
         + _megatron_core_h100()
         + _mosaic()
@@ -169,6 +180,7 @@ STACKS = {
     "Korthikanti (full)": "Megatron-LM",
     "Korthikanti (SP+sel.)": "Megatron-LM",
     "MT-NLG": "DeepSpeed pipeline + Megatron TP",
+    "BLOOM": "DeepSpeed pipeline + Megatron TP",
     "Llama 3": "Meta production (H100)",
     "Megatron-Core": "Megatron-Core (H100)",
     "MosaicML (H100)": "FSDP-only: Composer (H100)",
@@ -187,11 +199,13 @@ STACKS = {
 # Run tables are laid out as tables, not by the formatter.
 # fmt: off
 def _run(source: str, cfg: ModelConfig, gpu: str, gpus: int, batch: int, precision: str,
-         fixed: dict, counting: str, published: float) -> dict:
+         fixed: dict, counting: str, published: float, inter: str = "") -> dict:
     """One published run: its model, cluster, global batch, layout (``fixed``: what the paper
-    states), FLOP counting (``hardware`` or ``model``) and achieved TFLOP/s per GPU."""
+    states), FLOP counting (``hardware`` or ``model``) and achieved TFLOP/s per GPU; ``inter``:
+    the cluster's network where it is not the GPU's usual one (hardware.DEFAULT_INTER)."""
     return dict(source=source, cfg=cfg, gpu=gpu, gpus=gpus, batch=batch, precision=precision,
-                fixed=fixed, counting=counting, published=published)
+                fixed=fixed, counting=counting, published=published,
+                inter=inter or hw.DEFAULT_INTER[gpu])
 
 
 def _sc21() -> list[dict]:
@@ -251,6 +265,29 @@ def _mt_nlg() -> list[dict]:
              dict(layout, dp=dp), "hardware", tflops)
         for dp, tflops in [(8, 126), (10, 121), (12, 113)]  # data-parallel size, TFLOP/s per GPU
     ]
+
+
+BLOOM_SECONDS_PER_STEP = 104.70  # the README's log line of iteration 85,376
+
+
+def bloom() -> ModelConfig:
+    """BLOOM 176B: GPT blocks (LayerNorm, GELU MLP of 4·h, biases), tied embedding; learned
+    positions stand in for ALiBi (its table, 2048 × 14,336, is 0.02 % of the parameters, and
+    BLOOM's own parameter count includes it: the README's s·h term)."""
+    return ModelConfig(n_layers=70, hidden=14336, n_heads=112, vocab_size=250880,
+                       seq_len=2048, tie_embeddings=True, name="BLOOM-176B")
+
+
+def _bloom() -> list[dict]:
+    """BLOOM 176B on 384 A100 80GB: the iteration time of its production run, converted with
+    paracube's hardware FLOP count (the README's TFLOPs count the recomputed forward too)."""
+    cfg, gpus, batch = bloom(), 384, 2048
+    fixed = dict(dp=8, tp=4, pp=12, micro_batch=2, zero=1, schedule="1f1b", recompute="full",
+                 **{**MEGATRON_2021, "split": "even-ends"})
+    published = (batch * cfg.seq_len * hardware_flops_per_token(cfg, "full")
+                 / BLOOM_SECONDS_PER_STEP / gpus / 1e12)
+    return [_run("BLOOM", cfg, "a100-80gb", gpus, batch, "bf16", fixed, "hardware",
+                 round(published, 1), inter="opa-4x100")]
 
 
 def _llama3() -> list[dict]:
@@ -437,7 +474,7 @@ def evaluate(row: dict) -> dict:
         hw.gpu(key),
         8,
         hw.interconnect(hw.DEFAULT_INTRA[key]),
-        hw.interconnect(hw.DEFAULT_INTER[key]),
+        hw.interconnect(row["inter"]),
     )
     result = search(
         row["cfg"],

@@ -100,7 +100,8 @@ def even_shares(
     ``ends``: ``--account-for-embedding-in-pipeline-split`` and ``…-loss-…``, the embedding
     and the loss each counted as one block, so the first and last virtual stages hold one
     block fewer (Llama 3's "we reduce one Transformer layer each from the first and the last
-    stages", Dubey et al. 2024, §3.3.2). Megatron refuses a count that does not divide."""
+    stages", Dubey et al. 2024, §3.3.2; Megatron-DeepSpeed's ``'type:transformer|embedding'``,
+    BLOOM's). Megatron refuses a count that does not divide."""
     units = cfg.n_layers + (2 if ends else 0)
     parts = pp * chunks
     if units % parts:
