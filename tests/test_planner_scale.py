@@ -77,8 +77,8 @@ def test_last_bucket_is_exposed_even_when_the_reduction_hides():
 def test_communication_beside_compute_slows_it():
     """Collectives hidden behind compute cost the compute they run beside 18.9 % of their
     seconds (arXiv 2507.03114): a reduction left until after the backward costs no such
-    slowdown, and ZeRO-3's per-micro-batch gathers, all hidden, cost more with more
-    micro-batches than the reduction alone."""
+    slowdown, and ZeRO-3's per-micro-batch gathers and gradient reduce-scatters, all hidden,
+    cost more with more micro-batches than the reduction alone."""
     cfg = preset("gpt3-1.3b")
     overlapped = estimate(cfg, Layout(dp=64, micro_batch=8, microbatches=1), A100)
     after = estimate(
@@ -91,7 +91,32 @@ def test_communication_beside_compute_slows_it():
         estimate(cfg, Layout(dp=64, zero=3, micro_batch=8, microbatches=m), A100) for m in (1, 4)
     )
     gather = _ring(2 * parameter_count(cfg), 64, link) / 2
-    assert four.dp_exposed - one.dp_exposed == pytest.approx(OVERLAP_SLOWDOWN * 3 * 2 * gather)
+    scatter = _ring(4 * parameter_count(cfg), 64, link) / 2  # fp32 gradients
+    assert four.dp_exposed - one.dp_exposed == pytest.approx(
+        OVERLAP_SLOWDOWN * 3 * (2 * gather + scatter)
+    )
+
+
+def test_zero2_and_zero3_reduce_scatter_every_micro_batch():
+    """ZeRO-2/3 keep no full gradients between micro-batches — the engine's sharded wrapper
+    cannot accumulate locally (``no_sync`` is refused) — so each backward reduce-scatters
+    its own: without overlap a ZeRO-2 step waits for m reduce-scatters (half a ring of fp32
+    gradients each) and the one parameter all-gather after the optimizer step; ZeRO-1
+    all-reduces once whatever m."""
+    from paracube.data_parallel.zero3 import ShardedDataParallel
+
+    assert not ShardedDataParallel.accumulates_locally
+    cfg = preset("gpt3-1.3b")
+    n = parameter_count(cfg)
+    link = dp_link(Layout(dp=64), A100)
+    scatter, gather = _ring(4 * n, 64, link) / 2, _ring(2 * n, 64, link) / 2
+    for m in (1, 4):
+        after = dict(dp=64, micro_batch=8, microbatches=m, overlap_grad_reduce=False)
+        zero2 = estimate(cfg, Layout(**after, zero=2), A100)
+        zero1 = estimate(cfg, Layout(**after, zero=1), A100)
+        assert zero2.dp_exposed == pytest.approx(m * scatter + gather)
+        assert zero1.dp_exposed == pytest.approx(2 * scatter + gather)
+    # overlapped, ZeRO-3's extra reduce-scatters: test_communication_beside_compute_slows_it
 
 
 def test_gradients_are_reduced_in_the_dtype_the_job_states():

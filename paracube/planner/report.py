@@ -200,8 +200,14 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster) -> list[str]:
             + ("data-parallel" if L.cp == 1 else f"data- and context-parallel ({L.dp} × {L.cp})")
             + f" ranks: {best.memory.model_states / GB:.1f} GB of model states per GPU, and each "
             f"rank steps 1/{L.grad_group} of the optimizer ({t.optimizer:.3g} s); the parameter "
-            f"all-gathers it adds are in the {t.dp_exposed:.3g} s the data-parallel "
-            "communication costs"
+            "all-gathers it adds"
+            + (
+                f", and a gradient reduce-scatter in each of the {L.microbatches} micro-batches' "
+                "backwards (no full gradients are kept to accumulate into),"
+                if L.zero >= 2 and L.microbatches > 1
+                else ""
+            )
+            + f" are in the {t.dp_exposed:.3g} s the data-parallel communication costs"
             + (
                 " — without backward prefetching (FSDP1's BACKWARD_POST) every backward waits for "
                 "its own gathers, none of them hidden."

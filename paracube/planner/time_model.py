@@ -547,16 +547,32 @@ def pp_transfer_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, elem: i
 
 
 def reduction_time(params: float, layout: Layout, link: Interconnect, elem: int) -> float:
-    """Seconds of one rank's gradient reduction over ``params`` elements on ``link``: a
-    ring all-reduce of the gradients in the dtype they are reduced in (``elem``-byte
-    weights; :func:`~paracube.choices.gradient_bytes`); under ZeRO-3 a reduce-scatter
-    (half a ring) plus the backward's and the forward's parameter all-gathers (half a ring
-    each, in the weights' dtype)."""
+    """Seconds of one rank's gradient reduction over ``params`` elements on ``link``, once per
+    step: a ring all-reduce of the gradients in the dtype they are reduced in (``elem``-byte
+    weights; :func:`~paracube.choices.gradient_bytes`); under ZeRO-2 a reduce-scatter (half a
+    ring: each rank keeps only its slice); under ZeRO-3 that, plus the backward's and the
+    forward's parameter all-gathers (half a ring each, in the weights' dtype). The
+    reduce-scatters of the micro-batches before the last: :func:`scatter_time`."""
     grads = params * gradient_bytes(elem, layout.grad_reduce)
     n = layout.grad_group
-    if layout.zero != 3:
+    if layout.zero < 2:
         return _ring(grads, n, link)
-    return _ring(grads, n, link) / 2 + _ring(params * elem, n, link)
+    if layout.zero == 2:
+        return scatter_time(params, layout, link, elem)
+    return scatter_time(params, layout, link, elem) + _ring(params * elem, n, link)
+
+
+def scatter_time(params: float, layout: Layout, link: Interconnect, elem: int) -> float:
+    """Seconds of one micro-batch's gradient reduce-scatter under ZeRO-2/3 (half a ring of
+    the gradients). These stages keep no full gradients between micro-batches, so every
+    backward reduce-scatters its own — paracube's engine refuses ``no_sync`` there
+    (data_parallel/zero3.py, ``accumulates_locally``), as FSDP FULL_SHARD reduce-scatters each
+    backward unless asked not to (PyTorch FSDP ``no_sync``: "gradients will be accumulated in
+    module variables" — unsharded, which ZeRO-3 exists to avoid) and DeepSpeed's ZeRO-2
+    reduces in every backward's hooks."""
+    if layout.zero < 2:
+        return 0.0
+    return _ring(params * gradient_bytes(elem, layout.grad_reduce), layout.grad_group, link) / 2
 
 
 def dp_exposed_time(
@@ -604,6 +620,15 @@ def dp_exposed_time(
         prefetched = 2 if layout.backward_prefetch else 1  # behind its compute (or waited_gathers)
         exposed += (m - 1) * prefetched * max(0.0, gather - forward)
         beside_compute += (m - 1) * prefetched * min(gather, forward)
+    if layout.zero >= 2 and dp > 1:
+        # every micro-batch before the last reduce-scatters its gradients during its own
+        # backward, unit by unit as they are ready, on the link the prefetched gathers use
+        scatter = scatter_time(params, layout, link, elem)
+        backward = 2 * per_mb / 3 if overlapped else 0.0
+        if layout.zero == 3 and layout.backward_prefetch:
+            backward = max(0.0, backward - gather)
+        exposed += (m - 1) * max(0.0, scatter - backward)
+        beside_compute += (m - 1) * min(scatter, backward)
     return exposed + OVERLAP_SLOWDOWN * beside_compute
 
 
