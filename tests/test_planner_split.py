@@ -82,3 +82,23 @@ def test_the_split_is_planned_only():
     with pytest.raises(ConfigError, match="paracube train cuts its stages by --balance"):
         Layout(pp=2, split="even").to_args()
     assert "--pp 1" in Layout(split="even").to_args()  # no pipeline: nothing to split
+
+
+def test_even_ends_split_allows_a_stage_per_layer_embedding_and_loss_included():
+    """Under the even-ends split the embedding and the loss count as layers, so a pipeline
+    may have L + 2 stages (BLOOM's reshaping run: 70 blocks on pp 72, the first stage holding
+    only the embedding); beyond the layers a fixed pp is refused with the reason."""
+    from paracube.planner.published import bloom
+
+    cfg = bloom()
+    jean_zay = hw.interconnect("opa-4x100")
+    cluster = Cluster(hw.gpu("a100-80gb"), 8, hw.interconnect("nvlink3"), jean_zay)
+    fixed = dict(dp=4, tp=1, pp=72, micro_batch=1, zero=1, recompute="full", split="even-ends")
+    best = search(cfg, cluster, 288, 2048, fixed=fixed, top=1).ranked[0]
+    shares = layout_shares(cfg, best.layout)
+    assert [len(s.blocks) for s in shares] == [0] + [1] * 70 + [0]
+    engine = search(cfg, cluster, 288, 2048, fixed=dict(fixed, split="engine"), top=1)
+    assert not engine.ranked
+    assert any(
+        "pp=72 is more pipeline stages than the model's 70 layers" in r for r in engine.rejected
+    )

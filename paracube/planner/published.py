@@ -27,7 +27,9 @@ Sources:
   BF16_Optimizer: fp32 gradients all-reduced, ZeRO-1's sharded step) and its README (the
   cluster: "4 OmniPath links" per node; the steady-state log line of iteration 85,376:
   "elapsed time per iteration (s): 104.70 | global batch size: 2048 | … | TFLOPs: 149.77",
-  hardware FLOPs with the recomputed forward).
+  hardware FLOPs with the recomputed forward). BLOOM reshaping: ``reshaping-log.md`` in
+  the same folder, the run resumed on 24 and 36 nodes at other TP × PP × micro-batch; the
+  layouts whose last two logged iterations agree within 1 % (:data:`BLOOM_STEPS`).
 - Llama 3: Dubey et al. 2024, "The Llama 3 Herd of Models", Table 4 and §3.3 (405B on
   H100, tp 8, pp 16, sequence 8192, 16M tokens per batch, BF16 MFU; no activation
   checkpointing; one block fewer on the first and the last pipeline stage, §3.3.2). The
@@ -181,6 +183,7 @@ STACKS = {
     "Korthikanti (SP+sel.)": "Megatron-LM",
     "MT-NLG": "DeepSpeed pipeline + Megatron TP",
     "BLOOM": "DeepSpeed pipeline + Megatron TP",
+    "BLOOM reshaping": "DeepSpeed pipeline + Megatron TP",
     "Llama 3": "Meta production (H100)",
     "Megatron-Core": "Megatron-Core (H100)",
     "MosaicML (H100)": "FSDP-only: Composer (H100)",
@@ -267,9 +270,6 @@ def _mt_nlg() -> list[dict]:
     ]
 
 
-BLOOM_SECONDS_PER_STEP = 104.70  # the README's log line of iteration 85,376
-
-
 def bloom() -> ModelConfig:
     """BLOOM 176B: GPT blocks (LayerNorm, GELU MLP of 4·h, biases), tied embedding; learned
     positions stand in for ALiBi (its table, 2048 × 14,336, is 0.02 % of the parameters, and
@@ -278,16 +278,31 @@ def bloom() -> ModelConfig:
                        seq_len=2048, tie_embeddings=True, name="BLOOM-176B")
 
 
+# BLOOM's logged steps: source, TP, PP, micro-batch, nodes of 8 GPUs, seconds per iteration
+# (the last one logged). The production run (README, iteration 85,376), and the reshaping
+# experiments that resumed it on other layouts (reshaping-log.md) whose last two logged
+# iterations agree within 1 % — the others were still settling after the restart.
+BLOOM_STEPS = [
+    ("BLOOM", 4, 12, 2, 48, 104.70),
+    ("BLOOM reshaping", 4, 12, 2, 24, 215.99),
+    ("BLOOM reshaping", 4, 24, 1, 24, 220.30),
+    ("BLOOM reshaping", 2, 36, 1, 36, 141.22),
+    ("BLOOM reshaping", 1, 72, 1, 36, 141.69),
+]
+
+
 def _bloom() -> list[dict]:
-    """BLOOM 176B on 384 A100 80GB: the iteration time of its production run, converted with
-    paracube's hardware FLOP count (the README's TFLOPs count the recomputed forward too)."""
-    cfg, gpus, batch = bloom(), 384, 2048
-    fixed = dict(dp=8, tp=4, pp=12, micro_batch=2, zero=1, schedule="1f1b", recompute="full",
-                 **{**MEGATRON_2021, "split": "even-ends"})
-    published = (batch * cfg.seq_len * hardware_flops_per_token(cfg, "full")
-                 / BLOOM_SECONDS_PER_STEP / gpus / 1e12)
-    return [_run("BLOOM", cfg, "a100-80gb", gpus, batch, "bf16", fixed, "hardware",
-                 round(published, 1), inter="opa-4x100")]
+    """BLOOM 176B on A100 80GB: the iteration times of its logged runs, converted with
+    paracube's hardware FLOP count (the logs' TFLOPs count the recomputed forward too)."""
+    cfg, batch, out = bloom(), 2048, []
+    for source, tp, pp, b, nodes, seconds in BLOOM_STEPS:
+        gpus = 8 * nodes
+        fixed = dict(dp=gpus // (tp * pp), tp=tp, pp=pp, micro_batch=b, zero=1,
+                     schedule="1f1b", recompute="full", **{**MEGATRON_2021, "split": "even-ends"})
+        published = batch * cfg.seq_len * hardware_flops_per_token(cfg, "full") / seconds / gpus
+        out.append(_run(source, cfg, "a100-80gb", gpus, batch, "bf16", fixed, "hardware",
+                        round(published / 1e12, 1), inter="opa-4x100"))
+    return out
 
 
 def _llama3() -> list[dict]:

@@ -114,8 +114,15 @@ def candidate_layouts(
         if cfg.n_heads % tp or cfg.n_kv_heads % tp or cfg.ffn_hidden % tp:
             reject("heads or MLP size not divisible by tp")
             continue
+        # pipeline stages need a layer each: a block, or under Megatron's even-ends split
+        # also the embedding and the loss (BLOOM's pp 72 for 70 blocks)
+        layers = cfg.n_layers + (2 if fixed.get("split") == "even-ends" else 0)
         for pp in divisors(gpus // tp):
-            if pp > cfg.n_layers or fixed.get("pp", pp) != pp:
+            if fixed.get("pp", pp) != pp:
+                continue
+            if pp > layers:
+                if "pp" in fixed:
+                    reject(f"pp={pp} is more pipeline stages than the model's {layers} layers")
                 continue
             dp = gpus // (tp * pp)
             if global_batch % dp:
