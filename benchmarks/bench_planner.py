@@ -26,6 +26,7 @@ from common import write_json
 LAYOUTS = {
     "dp=2": ["--dp", "2"],
     "dp=2, accum 2": ["--dp", "2", "--grad-accum", "2"],
+    "dp=2 ZeRO-3, accum 4": ["--dp", "2", "--zero", "3", "--grad-accum", "4"],
     "tp=2": ["--tp", "2"],
     "tp=2 + SP": ["--tp", "2", "--sequence-parallel"],
     "pp=2 1f1b m=4": ["--pp", "2", "--microbatches", "4", "--micro-batch", "4"],

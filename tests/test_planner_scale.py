@@ -119,6 +119,23 @@ def test_zero2_and_zero3_reduce_scatter_every_micro_batch():
     # overlapped, ZeRO-3's extra reduce-scatters: test_communication_beside_compute_slows_it
 
 
+def test_zero_gathers_and_scatters_cost_what_the_link_measured_for_them():
+    """ZeRO's all-gathers and reduce-scatters are each half a ring all-reduce's traffic, at
+    the cost the link measured for such a pair against the all-reduce (1 on NCCL; gloo's
+    pair runs 2–3× its all-reduce, `paracube plan --calibrate`): a ZeRO-3 reduction scales by
+    the ratio, a plain all-reduce does not."""
+    from dataclasses import replace
+
+    n = parameter_count(preset("gpt3-1.3b"))
+    link = dp_link(Layout(dp=64), A100)
+    gloo_like = replace(link, pair_cost_ratio=2.5)
+    zero3, plain = Layout(dp=64, zero=3), Layout(dp=64)
+    assert reduction_time(n, zero3, gloo_like, 2) == pytest.approx(
+        2.5 * reduction_time(n, zero3, link, 2)
+    )
+    assert reduction_time(n, plain, gloo_like, 2) == reduction_time(n, plain, link, 2)
+
+
 def test_gradients_are_reduced_in_the_dtype_the_job_states():
     """Under bf16 the engine accumulates and reduces gradients in fp32 unless told
     --grad-reduce compute (as Megatron-LM forces for bf16): the planner's reduction moves 4

@@ -161,6 +161,14 @@ def _ring(bytes_: float, ranks: int, link: Interconnect) -> float:
     return 2 * (ranks - 1) / ranks * bytes_ / link.bandwidth + 2 * (ranks - 1) * link.latency
 
 
+def _half_ring(bytes_: float, ranks: int, link: Interconnect) -> float:
+    """An all-gather (of ``bytes_`` gathered) or a reduce-scatter (of ``bytes_`` in): half a
+    ring all-reduce's traffic and steps, at what the link measured such a pair to cost
+    against the all-reduce (``Interconnect.pair_cost_ratio``: 1 on NCCL, whose all-reduce is
+    that pair; gloo implements the three separately and its pair costs 2–3×)."""
+    return link.pair_cost_ratio * _ring(bytes_, ranks, link) / 2
+
+
 # How much slower than FlashAttention-2 a fused kernel runs its (forward, backward): 1 for
 # FlashAttention-2 itself (PyTorch's SDPA); FlashAttention in Triton (Dao's
 # flash_attn_triton, MPT's ``attn_impl: triton``) — "FlashAttention-2 is around 1.3-1.5×
@@ -559,7 +567,7 @@ def reduction_time(params: float, layout: Layout, link: Interconnect, elem: int)
         return _ring(grads, n, link)
     if layout.zero == 2:
         return scatter_time(params, layout, link, elem)
-    return scatter_time(params, layout, link, elem) + _ring(params * elem, n, link)
+    return scatter_time(params, layout, link, elem) + 2 * _half_ring(params * elem, n, link)
 
 
 def scatter_time(params: float, layout: Layout, link: Interconnect, elem: int) -> float:
@@ -572,7 +580,7 @@ def scatter_time(params: float, layout: Layout, link: Interconnect, elem: int) -
     reduces in every backward's hooks."""
     if layout.zero < 2:
         return 0.0
-    return _ring(params * gradient_bytes(elem, layout.grad_reduce), layout.grad_group, link) / 2
+    return _half_ring(params * gradient_bytes(elem, layout.grad_reduce), layout.grad_group, link)
 
 
 def dp_exposed_time(
@@ -605,7 +613,7 @@ def dp_exposed_time(
     hidden = 2 / 3 * per_mb if overlapped else 0.0
     exposed = max(allreduce - hidden, last_bucket_time(layout, link, params, elem)) + blocking
     exposed += waited
-    gather = _ring(params * elem, dp, link) / 2  # all parameters from every rank's slice
+    gather = _half_ring(params * elem, dp, link)  # all parameters from every rank's slice
     forward = per_mb / 3 if g.overlaps_communication else 0.0  # a micro-batch's forward
     beside_compute = min(allreduce, hidden)  # seconds of collectives running beside compute
     if layout.zero in (1, 2) and dp > 1:
@@ -641,7 +649,7 @@ def waited_gathers(layout: Layout, link: Interconnect, params: float, elem: int)
     weights. 0 with prefetching, or below ZeRO-3."""
     if layout.zero != 3 or layout.backward_prefetch or layout.grad_group == 1:
         return 0.0
-    return layout.microbatches * _ring(params * elem, layout.grad_group, link) / 2
+    return layout.microbatches * _half_ring(params * elem, layout.grad_group, link)
 
 
 # Compute that runs while a collective is in flight runs slower — the collective's kernels
