@@ -34,6 +34,12 @@ from paracube.options import CheckpointConfig
 from paracube.pipeline.schedules import SCHEDULES
 from paracube.values import MAX_SEED, check_loss_scale, compression, number, positive
 
+# The engine's refusal, which the planner's search gives as its reason too.
+ZERO3_WITH_PIPELINE = (
+    "--zero 3 with --pp > 1 is not supported: every micro-batch would re-gather each stage's "
+    "parameters; use --zero 1 or --zero 2 with pipeline parallelism"
+)
+
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
@@ -345,10 +351,7 @@ class TrainConfig:
         if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
             raise ConfigError(f"unknown --zero {self.zero!r}: choose 0, 1, 2 or 3")
         if self.zero == 3 and self.parallel.pp > 1:
-            raise ConfigError(
-                "--zero 3 with --pp > 1 is not supported: every micro-batch would re-gather each stage's "
-                "parameters; use --zero 1 or --zero 2 with pipeline parallelism"
-            )
+            raise ConfigError(ZERO3_WITH_PIPELINE)
         self._check_compression()
         self._check_dp_mode()
         if self.offload not in OFFLOAD:

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from paracube.choices import FUSED_ATTENTION, RECOMPUTE, ZERO_STAGES
-from paracube.config import ModelConfig
+from paracube.config import ZERO3_WITH_PIPELINE, ModelConfig
 from paracube.errors import ConfigError
 from paracube.pipeline.schedules import SCHEDULES
 from paracube.planner.layout import Layout
@@ -137,8 +137,10 @@ def candidate_layouts(
                 for (schedule, v), zero, recompute in itertools.product(
                     schedules, ZERO_STAGES if dp * cp > 1 else (0,), RECOMPUTE
                 ):
-                    if zero == 3 and pp > 1:
-                        continue  # ZeRO-3 composes with tensor parallel, not with pipelines
+                    if zero == 3 and pp > 1:  # composes with tensor parallel, not pipelines
+                        if fixed.get("zero") == 3:
+                            reject(ZERO3_WITH_PIPELINE)
+                        continue
                     layout = Layout(
                         dp=dp,
                         tp=tp,
