@@ -53,6 +53,22 @@ def test_a_fixed_choice_that_cannot_run_says_why():
     assert any("--chunks 12 needs pp × chunks ≤ 24 layers" in why for why in result.rejected)
     result = search(preset("gpt3-175b"), _cluster(), 1024, 1536, fixed={"micro_batch": 7})
     assert any("--micro-batch 7 does not divide" in why for why in result.rejected)
+    for fixed, why in [
+        ({"pp": 1, "tp": 1, "schedule": "interleaved-1f1b"}, "needs a pipeline (pp > 1)"),
+        ({"pp": 1, "tp": 1, "sequence_parallel": True}, "needs tensor parallelism (tp > 1)"),
+        ({"pp": 2, "tp": 1, "zero": 3}, "--zero 3 with --pp > 1 is not supported"),
+    ]:
+        result = search(preset("gpt3-1.3b"), _cluster(), 8, 64, fixed=fixed)
+        assert not result.ranked and any(why in r for r in result.rejected), (fixed, result)
+
+
+def test_a_fixed_dominated_schedule_is_honoured():
+    """GPipe is never proposed unasked (1F1B has its bubble with less memory), but asked for
+    it is planned, not dropped."""
+    unasked = search(preset("gpt3-1.3b"), _cluster(), 8, 64, top=500).ranked
+    assert unasked and all(c.layout.schedule != "gpipe" for c in unasked)
+    asked = search(preset("gpt3-1.3b"), _cluster(), 8, 64, fixed={"schedule": "gpipe"}).ranked
+    assert asked and all(c.layout.schedule == "gpipe" and c.layout.pp > 1 for c in asked)
 
 
 @pytest.mark.parametrize(

@@ -58,15 +58,24 @@ def chunk_counts(p: int, layers: int, fixed: int | None) -> list[int]:
     return list(range(2, layers // p + 1))
 
 
-def _schedules(p: int, m: int, layers: int, fixed_chunks: int | None = None, reject=None):
+def _schedules(
+    p: int,
+    m: int,
+    layers: int,
+    fixed_chunks: int | None = None,
+    reject=None,
+    fixed_schedule: str | None = None,
+):
     """(schedule, chunks) pairs the engine can run at (p, m), from the registry; a schedule
-    another one dominates (same bubble, more memory: GPipe under 1F1B) is skipped. With
-    fixed chunks, why they cannot run is told to ``reject``."""
+    another one dominates (same bubble, more memory: GPipe under 1F1B) is skipped unless it
+    is the one asked for. With fixed chunks, why they cannot run is told to ``reject``."""
     if p == 1:
         yield "1f1b", 1
         return
     for name, sched in SCHEDULES.items():
-        if sched.dominated_by:
+        if fixed_schedule is not None and name != fixed_schedule:
+            continue
+        if sched.dominated_by and name != fixed_schedule:
             continue
         counts = chunk_counts(p, layers, fixed_chunks) if sched.chunked else [1]
         if not counts and reject is not None:
@@ -114,6 +123,9 @@ def candidate_layouts(
         if cfg.n_heads % tp or cfg.n_kv_heads % tp or cfg.ffn_hidden % tp:
             reject("heads or MLP size not divisible by tp")
             continue
+        if fixed.get("sequence_parallel") and tp == 1:
+            reject("--sequence-parallel needs tensor parallelism (tp > 1)")
+            continue
         # pipeline stages need a layer each: a block, or under Megatron's even-ends split
         # also the embedding and the loss (BLOOM's pp 72 for 70 blocks)
         layers = cfg.n_layers + (2 if fixed.get("split") == "even-ends" else 0)
@@ -124,6 +136,9 @@ def candidate_layouts(
                 if "pp" in fixed:
                     reject(f"pp={pp} is more pipeline stages than the model's {layers} layers")
                 continue
+            if pp == 1 and fixed.get("schedule", "1f1b") != "1f1b":
+                reject(f"--schedule {fixed['schedule']} needs a pipeline (pp > 1)")
+                continue
             dp = gpus // (tp * pp)
             if global_batch % dp:
                 reject("global batch not divisible by dp")
@@ -133,7 +148,9 @@ def candidate_layouts(
                 reject(f"--micro-batch {fixed['micro_batch']} does not divide the per-rank batch")
             for b in sizes:
                 m = global_batch // (dp * b)
-                schedules = _schedules(pp, m, cfg.n_layers, fixed.get("chunks"), reject)
+                schedules = _schedules(
+                    pp, m, cfg.n_layers, fixed.get("chunks"), reject, fixed.get("schedule")
+                )
                 for (schedule, v), zero, recompute in itertools.product(
                     schedules, ZERO_STAGES if dp * cp > 1 else (0,), RECOMPUTE
                 ):
