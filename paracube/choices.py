@@ -38,6 +38,9 @@ ACTIVATION_MEMORY = ("paracube", "megatron")
 # partition_method="type:transformer"), or with the embedding and the loss each counted as
 # one block (even-ends: Megatron-Core's --account-for-embedding/loss-in-pipeline-split)
 PIPELINE_SPLIT = ("engine", "even", "even-ends")
+# planner: the loss's backward — paracube's (two fp32 gradients of the logits' shape) or one
+# computed in place (Megatron's vocabulary-parallel cross-entropy, llm-foundry's fused one)
+LOSS_BACKWARD = ("torch", "fused")
 ON_NAN = ("stop", "skip", "continue")  # a non-finite loss or gradient norm: what then
 METRICS_MODES = ("new", "append", "overwrite")  # an existing --metrics file: refuse, add, replace
 

@@ -144,7 +144,10 @@ def test_emitted_command_is_a_valid_train_job(capsys, model, gpus, batch):
 @pytest.mark.parametrize(
     "argv,match",
     [
-        (["--model", "gpt5", "--gpus", "8", "--global-batch", "8"], "unknown model preset 'gpt5'"),
+        (
+            ["--model", "gpt5", "--gpus", "8", "--global-batch", "8"],
+            "unknown --model 'gpt5': give a preset",
+        ),
         (
             ["--model", "tiny", "--gpu", "tpu-v4", "--gpus", "8", "--global-batch", "8"],
             "unknown GPU 'tpu-v4'",
@@ -442,3 +445,39 @@ def test_a_presets_sequence_length_is_planned_and_emitted(capsys):
     argv = shlex.split(line.split(" -m paracube ", 1)[1])
     cfg = config_from_args(build_parser().parse_args(argv))
     assert cfg.model.seq_len == 8192
+
+
+def test_plan_reads_the_model_as_train_does(capsys):
+    """--model takes what paracube train takes: a local Hugging Face config is planned with
+    its own shape (llama-tiny: 4 layers, grouped-query attention, SwiGLU)."""
+    from pathlib import Path
+
+    tiny = Path(__file__).parent.parent / "examples" / "models" / "llama-tiny"
+    out = plan(capsys, "--model", f"hf:{tiny}", "--gpus", "8", "--global-batch", "64",
+               "--seq-len", "256", "--json")  # fmt: skip
+    shape = json.loads(out)["shape"]
+    assert shape["n_layers"] == 4 and shape["n_kv_heads"] == 2
+    assert shape["activation"] == "swiglu" and shape["seq_len"] == 256
+
+
+def test_a_custom_llama_shape_is_the_preset(capsys):
+    """A custom shape with a LLaMA block (--activation swiglu --norm rmsnorm --position rope
+    --no-bias) is planned exactly as the llama3-8b preset it spells out."""
+    cluster = ["--gpus", "64", "--gpu", "h100", "--global-batch", "512"]
+    shape = ["--layers", "32", "--hidden", "4096", "--heads", "32", "--kv-heads", "8",
+             "--ffn", "14336", "--vocab", "128256", "--seq", "8192", "--activation", "swiglu",
+             "--norm", "rmsnorm", "--position", "rope", "--no-bias"]  # fmt: skip
+    custom, named = best(capsys, *shape, *cluster), best(capsys, "--model", "llama3-8b", *cluster)
+    assert custom["layout"] == named["layout"] and custom["time"] == named["time"]
+
+
+def test_loss_and_recompute_blocks_are_fixed_choices(capsys):
+    """--loss fused and --recompute-blocks N reach the planned layout (the latter as a full
+    recomputation of the first N blocks), and the fused loss needs less memory."""
+    argv = ["--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "64",
+            "--layout", "dp=8,tp=1,pp=1", "--micro-batch", "8", "--zero", "1"]  # fmt: skip
+    torch_loss, fused = best(capsys, *argv), best(capsys, *argv, "--loss", "fused")
+    assert fused["layout"]["loss"] == "fused" and torch_loss["layout"]["loss"] == "torch"
+    assert fused["memory"]["total"] < torch_loss["memory"]["total"]
+    three = best(capsys, *argv, "--recompute-blocks", "3")["layout"]
+    assert (three["recompute"], three["recompute_blocks"]) == ("full", 3)

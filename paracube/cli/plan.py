@@ -20,9 +20,26 @@ def add_parser(sub) -> None:
         description="Evaluate one layout (--layout) or search them all, for a model on a cluster.",
     )
     m = p.add_argument_group("model (a preset, or a custom transformer)")
-    m.add_argument("--model", default=None, help="preset name (see paracube.models.PRESETS)")
-    for flag in ("--layers", "--hidden", "--heads", "--vocab", "--seq", "--ffn", "--kv-heads"):
+    m.add_argument(
+        "--model",
+        default=None,
+        help="a preset (see paracube.models.PRESETS), a Hugging Face model's local config "
+        "(hf:DIR or DIR/config.json, as paracube train reads it), or a factory "
+        "package.module:function",
+    )
+    for flag in ("--layers", "--hidden", "--heads", "--vocab", "--ffn", "--kv-heads"):
         m.add_argument(flag, type=int, default=None)
+    m.add_argument("--seq", "--seq-len", type=int, default=None, help="tokens per sequence")
+    # a custom shape's block, as ModelConfig names it (default: a GPT block)
+    m.add_argument("--activation", default=None, help="gelu (default) or swiglu (LLaMA's MLP)")
+    m.add_argument("--norm", default=None, help="layernorm (default) or rmsnorm")
+    m.add_argument("--position", default=None, help="learned (default) or rope")
+    m.add_argument(
+        "--tie-embeddings", action="store_true", default=None, help="the head shares the embedding"
+    )
+    m.add_argument(
+        "--no-bias", action="store_true", default=None, help="linear layers without bias"
+    )
     c = p.add_argument_group("cluster")
     c.add_argument(
         "--gpus",
@@ -121,6 +138,20 @@ def add_parser(sub) -> None:
         "cast: Megatron-Bridge's FP8-CS, torchao's dynamic float8)",
     )
     t.add_argument(
+        "--loss",
+        default=None,
+        help="the loss's backward: torch (paracube's: two fp32 gradients of the logits' shape "
+        "alive at once; default) or fused (computed in place: Megatron's vocabulary-parallel "
+        "cross-entropy, llm-foundry's fused one)",
+    )
+    t.add_argument(
+        "--recompute-blocks",
+        type=int,
+        default=None,
+        help="recompute only the first N blocks, whole (implies --recompute full; as paracube "
+        "train's --recompute-blocks; default: the fewest that fit)",
+    )
+    t.add_argument(
         "--activations",
         default=None,
         help="what a block keeps for backward, in the memory model: paracube (its own blocks, "
@@ -166,31 +197,53 @@ def add_parser(sub) -> None:
 
 # The custom-shape flags (their ModelConfig fields are spelled out in _plan_model)
 SHAPE = ("layers", "hidden", "heads", "vocab", "seq", "ffn", "kv_heads")
+# a custom shape's block: flag → ModelConfig field
+BLOCK = {
+    "activation": "activation",
+    "norm": "norm",
+    "position": "position",
+    "tie_embeddings": "tie_embeddings",
+    "no_bias": "bias",
+}
 
 
 def _plan_model(args):
-    from dataclasses import replace
+    """The transformer to plan: --model's, or the custom shape's; --recompute-blocks checked
+    against its blocks."""
+    cfg = _model_shape(args)
+    if args.recompute_blocks is not None and args.recompute_blocks > cfg.n_layers:
+        raise ParacubeError(
+            f"--recompute-blocks {args.recompute_blocks} is more than the model's "
+            f"{cfg.n_layers} blocks: give at most {cfg.n_layers}"
+        )
+    return cfg
+
+
+def _model_shape(args):
 
     from paracube.config import ModelConfig
-    from paracube.models.presets import preset
 
     custom = {k: getattr(args, k) for k in SHAPE}
     for k, value in custom.items():
         if value is not None and value <= 0:
             raise ParacubeError(f"--{k.replace('_', '-')} must be a positive integer, got {value}")
+    block = {BLOCK[k]: getattr(args, k) for k in BLOCK if getattr(args, k) is not None}
+    if "bias" in block:
+        block["bias"] = False  # --no-bias
     if args.model:
-        # a preset's shape is its own; only its sequence length may change, as train's --seq-len
+        # a model's shape is its own; only its sequence length may change, as train's --seq-len
         shape = [
-            f"--{k.replace('_', '-')}" for k, v in custom.items() if v is not None and k != "seq"
+            f"--{k.replace('_', '-')}"
+            for k in (*SHAPE, *BLOCK)
+            if getattr(args, k) is not None and k != "seq"
         ]
         if shape:
             raise ParacubeError(
-                f"{' '.join(shape)} with --model {args.model}: a preset's shape is fixed; plan a "
-                "custom shape without --model (--layers --hidden --heads --vocab --seq), or "
+                f"{' '.join(shape)} with --model {args.model}: a model's shape is its own; plan "
+                "a custom shape without --model (--layers --hidden --heads --vocab --seq), or "
                 f"drop {' '.join(shape)}"
             )
-        cfg = preset(args.model)
-        return cfg if custom["seq"] is None else replace(cfg, seq_len=custom["seq"])
+        return _named_model(args.model, custom["seq"])
     missing = [f"--{k}" for k in ("layers", "hidden", "heads", "vocab", "seq") if custom[k] is None]
     if missing:
         raise ParacubeError(f"give --model PRESET or a custom shape; missing {' '.join(missing)}")
@@ -203,12 +256,30 @@ def _plan_model(args):
         ffn_hidden=custom["ffn"],
         n_kv_heads=custom["kv_heads"],
         name="custom",
+        **block,
     )
+
+
+def _named_model(text: str, seq: int | None):
+    """--model's shape, read as paracube train reads it (paracube.models.sources): a preset,
+    a local Hugging Face config, or a factory called on the meta device."""
+    from dataclasses import replace
+
+    from paracube.models.sources import parse_model, source_config
+
+    source = parse_model(text)
+    if source.kind != "factory":
+        return source_config(source, seq_len=seq)
+    from paracube.models.spec import factory_config  # imports torch: the factory builds modules
+
+    cfg = factory_config(source.where)
+    return cfg if seq is None else replace(cfg, seq_len=seq)
 
 
 # Fixed choices that describe the software rather than the layout: the speed-up's baseline
 # runs them too.
 SOFTWARE = (
+    "loss",
     "attention",
     "overlap_grad_reduce",
     "grad_reduce",
@@ -221,7 +292,7 @@ SOFTWARE = (
 
 
 def _plan_fixed(args, gpus: int) -> dict:
-    fixed = {}
+    fixed: dict = {}
     if args.layout:
         try:
             fixed = {
@@ -263,6 +334,8 @@ def _plan_fixed(args, gpus: int) -> dict:
     ):
         if getattr(args, name) is not None:
             fixed[name] = getattr(args, name)
+    if args.recompute_blocks is not None:
+        fixed.update(recompute="full", recompute_blocks=args.recompute_blocks)
     if args.offload is not None:
         fixed["offload"] = args.offload == "optimizer"
     if args.compress is not None:
@@ -284,7 +357,11 @@ def cmd_plan(args) -> int:
     from paracube.planner.generic import generic
 
     other = generic(args.model) if args.model else None
-    shape = [f"--{k.replace('_', '-')}" for k in SHAPE if getattr(args, k) is not None]
+    shape = [
+        f"--{k.replace('_', '-')}"
+        for k in (*SHAPE, *BLOCK, "recompute_blocks")
+        if getattr(args, k) is not None
+    ]
     if other is not None and shape:
         raise ParacubeError(
             f"{' '.join(shape)} with --model {args.model}: it is not a transformer and its "
@@ -325,6 +402,7 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         ATTENTION,
         FP8_SCALING,
         GRAD_REDUCE,
+        LOSS_BACKWARD,
         OFFLOAD,
         PIPELINE_SPLIT,
         PRECISIONS,
@@ -383,6 +461,18 @@ def _check_args(args, whole_nodes: bool = True) -> None:
             "stages by --balance (the even splits are planned to evaluate Megatron runs); "
             "drop one"
         )
+    if args.loss is not None and args.loss not in LOSS_BACKWARD:
+        raise ParacubeError(f"unknown --loss {args.loss!r}: choose {' or '.join(LOSS_BACKWARD)}")
+    if args.recompute_blocks is not None:
+        if args.recompute_blocks <= 0:
+            raise ParacubeError(
+                f"--recompute-blocks must be a positive integer, got {args.recompute_blocks}"
+            )
+        if args.recompute not in (None, "full"):
+            raise ParacubeError(
+                f"--recompute-blocks with --recompute {args.recompute}: the planner recomputes "
+                "the first N blocks whole; give --recompute full or drop --recompute"
+            )
     if args.activations is not None and args.activations not in ACTIVATION_MEMORY:
         raise ParacubeError(
             f"unknown --activations {args.activations!r}: choose {' or '.join(ACTIVATION_MEMORY)}"
@@ -526,10 +616,20 @@ def _print(args, cfg, cluster, result) -> None:
 
     g = cluster.gpu
     if args.json:
+        from dataclasses import asdict
+
         candidates = to_json(result)[: args.top]
+        # the shape planned, as read from --model or the custom flags (a transformer's)
+        shape = asdict(cfg) if isinstance(cfg, ModelConfig) else None
         print(
             json.dumps(
-                {"model": cfg.name, "gpus": args.gpus, "gpu": g.name, "candidates": candidates}
+                {
+                    "model": cfg.name,
+                    "shape": shape,
+                    "gpus": args.gpus,
+                    "gpu": g.name,
+                    "candidates": candidates,
+                }
             )
         )
         return

@@ -13,7 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from paracube.choices import ACTIVATION_MEMORY, FP8_SCALING, PIPELINE_SPLIT, PRECISIONS
+from paracube.choices import (
+    ACTIVATION_MEMORY,
+    FP8_SCALING,
+    LOSS_BACKWARD,
+    PIPELINE_SPLIT,
+    PRECISIONS,
+)
 from paracube.config import ModelConfig, TrainConfig
 from paracube.errors import ConfigError
 
@@ -107,6 +113,8 @@ class Layout:
             )
         if self.split not in PIPELINE_SPLIT:
             raise ConfigError(f"split={self.split!r}: choose one of {', '.join(PIPELINE_SPLIT)}")
+        if self.loss not in LOSS_BACKWARD:
+            raise ConfigError(f"loss={self.loss!r}: choose {' or '.join(LOSS_BACKWARD)}")
 
     @property
     def gpus(self) -> int:
