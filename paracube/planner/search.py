@@ -75,7 +75,7 @@ def _schedules(
     for name, sched in SCHEDULES.items():
         if fixed_schedule is not None and name != fixed_schedule:
             continue
-        if sched.dominated_by and name != fixed_schedule:
+        if sched.dominated_by and fixed_schedule is None:
             continue
         counts = chunk_counts(p, layers, fixed_chunks) if sched.chunked else [1]
         if not counts and reject is not None:
