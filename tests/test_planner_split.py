@@ -102,3 +102,20 @@ def test_even_ends_split_allows_a_stage_per_layer_embedding_and_loss_included():
     assert any(
         "pp=72 is more pipeline stages than the model's 70 layers" in r for r in engine.rejected
     )
+
+
+def test_another_stacks_software_is_planned_not_emitted():
+    """The facts that describe another stack (Megatron's fused loss and blocks, MPT's Triton
+    attention, FSDP1's unprefetched gathers, a reduction left until after the backward,
+    userbuffers) time published runs; a paracube train command is never made from them."""
+    for other in (
+        dict(loss="fused"),
+        dict(activations="megatron"),
+        dict(attention="fused-triton"),
+        dict(backward_prefetch=False, zero=3),
+        dict(overlap_grad_reduce=False),
+        dict(tp_comm_overlap=True, tp=2),
+    ):
+        with pytest.raises(ConfigError, match="another stack's software"):
+            Layout(**other).to_args()
+    assert "--dp 1" in " ".join(Layout().to_args())

@@ -455,6 +455,11 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         raise ParacubeError(
             f"unknown --pipeline-split {args.split!r}: choose one of {', '.join(PIPELINE_SPLIT)}"
         )
+    if args.emit == "torchrun":  # before the search: a command paracube train runs as planned
+        from paracube.planner.layout import OTHER_SOFTWARE, Layout
+
+        stated = {k: getattr(args, k) for k in OTHER_SOFTWARE if getattr(args, k) is not None}
+        Layout(**stated).check_paracube_software()
     if args.split not in (None, "engine") and args.emit == "torchrun":
         raise ParacubeError(
             f"--pipeline-split {args.split} with --emit torchrun: paracube train cuts its "

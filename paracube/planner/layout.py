@@ -11,7 +11,7 @@ engine accumulates gradients over the m micro-batches whether or not it pipeline
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from paracube.choices import (
     ACTIVATION_MEMORY,
@@ -22,6 +22,19 @@ from paracube.choices import (
 )
 from paracube.config import ModelConfig, TrainConfig
 from paracube.errors import ConfigError
+
+# Facts about the training software a layout may state to describe another stack — each
+# field's default is what paracube train runs (Layout.from_config leaves them so): fused
+# attention, gradient reduction overlapped with the backward, ZeRO-3's backward gathers
+# prefetched, paracube's loss and blocks, no userbuffers overlap.
+OTHER_SOFTWARE = (
+    "attention",
+    "overlap_grad_reduce",
+    "backward_prefetch",
+    "loss",
+    "activations",
+    "tp_comm_overlap",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,6 +164,20 @@ class Layout:
             balance=par.balance,
         )
 
+    def check_paracube_software(self) -> None:
+        """Refuse the software facts paracube train does not run (:data:`OTHER_SOFTWARE`
+        away from their defaults): they describe another stack, to time its runs."""
+        others = [
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in fields(self)
+            if f.name in OTHER_SOFTWARE and getattr(self, f.name) != f.default
+        ]
+        if others:
+            raise ConfigError(
+                f"{', '.join(others)}: another stack's software (planned to evaluate published "
+                "runs), not what paracube train runs; plan without it for a command it runs"
+            )
+
     def to_args(self, precision: str = "bf16", gpus_per_node: int | None = None) -> list[str]:
         """The ``paracube train`` flags that run this layout."""
         if precision not in PRECISIONS:
@@ -169,6 +196,7 @@ class Layout:
                 "is planned to evaluate Megatron runs); plan with the engine split for a layout "
                 "it runs"
             )
+        self.check_paracube_software()
         args = [
             f"--dp {self.dp}",
             f"--tp {self.tp}",
