@@ -34,6 +34,19 @@ from paracube.options import CheckpointConfig
 from paracube.pipeline.schedules import SCHEDULES
 from paracube.values import MAX_SEED, check_loss_scale, compression, number, positive
 
+
+def compression_with_zero(kind: str, zero: int) -> str | None:
+    """The engine's refusal of a compressor a ZeRO stage cannot take, None where they
+    compose — the planner's search gives the same reason."""
+    if kind in ("topk", "powersgd") and zero >= 2:
+        return (
+            f"--compress {kind} with --zero {zero} is not supported: a compressed sum has no "
+            "reduce-scatter into shards; use --zero 0 or 1, or --compress bf16/fp16 (they work "
+            "with every stage)"
+        )
+    return None
+
+
 # The engine's refusal, which the planner's search gives as its reason too.
 ZERO3_WITH_PIPELINE = (
     "--zero 3 with --pp > 1 is not supported: every micro-batch would re-gather each stage's "
@@ -336,11 +349,9 @@ class TrainConfig:
                     f"--compress {self.compress}: RANK must be an integer in [1, {smallest - 1}] (below this "
                     f"model's smallest matrix dimension per rank, {smallest}), e.g. powersgd:4"
                 )
-        if kind in ("topk", "powersgd") and self.zero >= 2:
-            raise ConfigError(
-                f"--compress {kind} with --zero {self.zero} is not supported: a compressed sum has no "
-                "reduce-scatter into shards; use --zero 0 or 1, or --compress bf16/fp16 (they work with every stage)"
-            )
+        refusal = compression_with_zero(kind, self.zero)
+        if refusal:
+            raise ConfigError(refusal)
         if not self.error_feedback and kind not in ("topk", "powersgd"):
             raise ConfigError(
                 "--no-error-feedback applies to --compress topk:RATIO or powersgd:RANK (nothing else keeps a residual)"

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from paracube.choices import FUSED_ATTENTION, RECOMPUTE, ZERO_STAGES
-from paracube.config import ZERO3_WITH_PIPELINE, ModelConfig
+from paracube.config import ZERO3_WITH_PIPELINE, ModelConfig, compression_with_zero
 from paracube.errors import ConfigError
 from paracube.pipeline.schedules import SCHEDULES
 from paracube.planner.layout import Layout
@@ -77,6 +77,10 @@ def _schedules(
             continue
         if sched.dominated_by and fixed_schedule is None:
             continue
+        if fixed_chunks not in (None, 1) and not sched.chunked:
+            if reject is not None and fixed_schedule is not None:
+                reject(f"--chunks {fixed_chunks} needs an interleaved schedule, not {name}")
+            continue
         counts = chunk_counts(p, layers, fixed_chunks) if sched.chunked else [1]
         if not counts and reject is not None:
             if fixed_chunks is not None:
@@ -105,6 +109,7 @@ def candidate_layouts(
     def reject(reason: str) -> None:
         rejected[reason] = rejected.get(reason, 0) + 1
 
+    compress_kind = fixed.get("compress", "none").partition(":")[0]
     cp = fixed.get("cp", 1)
     if cp > 1:
         if gpus % cp or cfg.seq_len % (2 * cp):
@@ -154,9 +159,15 @@ def candidate_layouts(
                 for (schedule, v), zero, recompute in itertools.product(
                     schedules, ZERO_STAGES if dp * cp > 1 else (0,), RECOMPUTE
                 ):
+                    if fixed.get("zero", zero) != zero:
+                        continue  # another stage than the one asked for: not a candidate
                     if zero == 3 and pp > 1:  # composes with tensor parallel, not pipelines
                         if fixed.get("zero") == 3:
                             reject(ZERO3_WITH_PIPELINE)
+                        continue
+                    refusal = compression_with_zero(compress_kind, zero)
+                    if refusal:
+                        reject(refusal)
                         continue
                     layout = Layout(
                         dp=dp,
