@@ -256,3 +256,19 @@ def test_a_jobs_balance_sets_the_planned_split():
     ]
     assert len(by_memory[0].blocks) < len(by_params[0].blocks)
     assert "--balance memory" in " ".join(layout.to_args())
+
+
+def test_a_misspelt_fixed_choice_is_refused_not_matched_against_nothing():
+    """In the Python API a fixed choice that names no layout field, or holds a value no
+    layout takes, is refused with the choices — never a search that silently finds nothing
+    (or divides by a zero micro-batch)."""
+    from paracube.errors import ConfigError
+
+    for fixed, why in [
+        ({"tpp": 2}, "fixed 'tpp': not a layout choice"),
+        ({"zero": 5}, "zero=5: choose one of 0, 1, 2, 3"),
+        ({"schedule": "pipedream"}, "schedule='pipedream': choose one of"),
+        ({"micro_batch": 0}, "micro_batch=0: must be a positive integer"),
+    ]:
+        with pytest.raises(ConfigError, match=why):
+            search(preset("gpt3-1.3b"), _cluster(), 8, 64, fixed=fixed)

@@ -15,13 +15,17 @@ from dataclasses import dataclass, fields, replace
 
 from paracube.choices import (
     ACTIVATION_MEMORY,
+    ATTENTION,
     FP8_SCALING,
     LOSS_BACKWARD,
     PIPELINE_SPLIT,
     PRECISIONS,
+    RECOMPUTE,
+    ZERO_STAGES,
 )
 from paracube.config import ModelConfig, TrainConfig
 from paracube.errors import ConfigError
+from paracube.pipeline.schedules import SCHEDULES
 
 # Facts about the training software a layout may state to describe another stack — each
 # field's default is what paracube train runs (Layout.from_config leaves them so): fused
@@ -128,6 +132,20 @@ class Layout:
             raise ConfigError(f"split={self.split!r}: choose one of {', '.join(PIPELINE_SPLIT)}")
         if self.loss not in LOSS_BACKWARD:
             raise ConfigError(f"loss={self.loss!r}: choose {' or '.join(LOSS_BACKWARD)}")
+        # the engine's choices too, for layouts made in the API rather than from a job
+        for name in ("dp", "tp", "pp", "micro_batch", "microbatches", "chunks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name}={value!r}: must be a positive integer")
+        for name, allowed in (
+            ("zero", ZERO_STAGES),
+            ("recompute", RECOMPUTE),
+            ("schedule", SCHEDULES),
+            ("attention", ATTENTION),
+        ):
+            if getattr(self, name) not in allowed:
+                choices = ", ".join(str(a) for a in allowed)
+                raise ConfigError(f"{name}={getattr(self, name)!r}: choose one of {choices}")
 
     @property
     def gpus(self) -> int:

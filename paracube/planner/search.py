@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from paracube.choices import FUSED_ATTENTION, RECOMPUTE, ZERO_STAGES
 from paracube.config import ZERO3_WITH_PIPELINE, ModelConfig, compression_with_zero
@@ -109,6 +109,8 @@ def candidate_layouts(
     def reject(reason: str) -> None:
         rejected[reason] = rejected.get(reason, 0) + 1
 
+    check_fixed(fixed)
+
     compress_kind = fixed.get("compress", "none").partition(":")[0]
     cp = fixed.get("cp", 1)
     if cp > 1:
@@ -200,6 +202,19 @@ def candidate_layouts(
                         continue
                     if all(getattr(layout, k) == val for k, val in fixed.items()):
                         yield layout
+
+
+def check_fixed(fixed: dict) -> None:
+    """Fixed choices name layout fields and hold values a layout takes (Layout checks each),
+    so a misspelt one is refused rather than matching nothing."""
+    known = {f.name for f in fields(Layout)}
+    unknown = sorted(set(fixed) - known)
+    if unknown:
+        raise ConfigError(
+            f"fixed {', '.join(map(repr, unknown))}: not a layout choice; choose among "
+            f"{', '.join(sorted(known))}"
+        )
+    Layout(**fixed)
 
 
 def _splits(cfg: ModelConfig, layout: Layout, reject) -> bool:
