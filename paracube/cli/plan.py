@@ -195,16 +195,10 @@ def add_parser(sub) -> None:
     p.set_defaults(func=cmd_plan)
 
 
-# The custom-shape flags (their ModelConfig fields are spelled out in _plan_model)
+# The custom-shape flags (their ModelConfig fields are spelled out in _model_shape)
 SHAPE = ("layers", "hidden", "heads", "vocab", "seq", "ffn", "kv_heads")
-# a custom shape's block: flag → ModelConfig field
-BLOCK = {
-    "activation": "activation",
-    "norm": "norm",
-    "position": "position",
-    "tie_embeddings": "tie_embeddings",
-    "no_bias": "bias",
-}
+# a custom shape's block: flags named as ModelConfig's fields, and --no-bias (bias=False)
+BLOCK = ("activation", "norm", "position", "tie_embeddings", "no_bias")
 
 
 def _plan_model(args):
@@ -220,16 +214,15 @@ def _plan_model(args):
 
 
 def _model_shape(args):
-
     from paracube.config import ModelConfig
 
     custom = {k: getattr(args, k) for k in SHAPE}
     for k, value in custom.items():
         if value is not None and value <= 0:
             raise ParacubeError(f"--{k.replace('_', '-')} must be a positive integer, got {value}")
-    block = {BLOCK[k]: getattr(args, k) for k in BLOCK if getattr(args, k) is not None}
-    if "bias" in block:
-        block["bias"] = False  # --no-bias
+    block = {k: getattr(args, k) for k in BLOCK if k != "no_bias" and getattr(args, k) is not None}
+    if args.no_bias:
+        block["bias"] = False
     if args.model:
         # a model's shape is its own; only its sequence length may change, as train's --seq-len
         shape = [
