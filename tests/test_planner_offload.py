@@ -12,6 +12,7 @@ from paracube.planner.layout_memory import stage_bytes
 from paracube.planner.time_model import estimate
 
 GPT = preset("gpt3-1.3b")
+GPT27 = preset("gpt3-2.7b")
 
 
 def test_offload_moves_the_optimizer_states_off_the_gpu_and_charges_the_host():
@@ -43,9 +44,14 @@ def test_offload_moves_the_optimizer_states_off_the_gpu_and_charges_the_host():
 
 def test_the_search_offloads_only_what_does_not_fit(capsys):
     """gpt3-2.7b on 8 V100-32GB at dp=8 without ZeRO fits only with the optimizer offloaded:
-    the search proposes that; at dp=8 with ZeRO-1 it fits on the GPUs, and nothing is
-    offloaded; --offload none refuses the fallback; the launch line runs it."""
+    the search proposes that; at dp=8 with ZeRO-1 it fits on the GPUs, the best layout keeps
+    its optimizer there, and a layout is offloaded only where it does not fit without;
+    --offload none refuses the fallback; the launch line runs it."""
     from paracube.cli import build_parser, config_from_args, main
+    from paracube.planner import hardware as hw
+    from paracube.planner.layout_memory import peak_memory
+    from paracube.planner.search import search
+    from paracube.planner.time_model import Cluster
 
     base = ["plan", "--model", "gpt3-2.7b", "--gpus", "8", "--gpu", "v100", "--global-batch", "64",
             "--layout", "dp=8,tp=1,pp=1"]  # fmt: skip
@@ -56,5 +62,12 @@ def test_the_search_offloads_only_what_does_not_fit(capsys):
     cfg = config_from_args(build_parser().parse_args(line.split(" -m paracube ", 1)[1].split()))
     assert cfg.offload == "optimizer"
     assert main([*base, "--zero", "1"]) == 0
-    assert "offload" not in capsys.readouterr().out
+    assert "offload" not in capsys.readouterr().out.split("| 1 |")[1].splitlines()[0]
+    v100 = hw.gpu("v100")
+    cluster = Cluster(v100, 8, hw.interconnect("nvlink2"), hw.interconnect("ib-hdr"))
+    fixed = {"dp": 8, "tp": 1, "pp": 1, "zero": 1}
+    offloaded = [c for c in search(GPT27, cluster, 8, 64, fixed=fixed).ranked if c.layout.offload]
+    assert offloaded  # b=2 fits 34 GB only with its optimizer in host memory
+    for c in offloaded:
+        assert peak_memory(GPT27, replace(c.layout, offload=False)).total > v100.memory_bytes
     assert main([*base, "--zero", "0", "--offload", "none"]) == 2

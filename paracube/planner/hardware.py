@@ -129,6 +129,19 @@ HOPPER_SUSTAINED = 698.6e12 / 989e12
 # A100", 2025); A100 40GB, a memcpy at 1,225 of 1,448 GiB/s (GPUInspector.jl, "Data
 # Bandwidth" example on a DGX A100). V100: none found, the datasheet's.
 HBM_ACHIEVED = {"hopper": 4276 / 4800, "a100-80gb": 1.80 / 2.04, "a100-40gb": 1225 / 1448.4}
+# What a GPU's memory holds as CUDA sees it. A datasheet's "80GB" counts binary gigabytes —
+# HBM stacks hold 8, 16 or 24 GiB (A100 80GB: five 16 GiB stacks, nvidia-smi's 81,920 MiB) —
+# less what the driver keeps back: our H200 ("141GB") reported 150,109,880,320 bytes to
+# torch.cuda.get_device_properties().total_memory (benchmarks/results/gpu_h200/
+# calibration.json), 99.15 % of 141 GiB; the other GPUs are taken at the same share. Counting
+# decimal gigabytes left 6–7 % of every GPU out of the memory model.
+VISIBLE_SHARE = 150_109_880_320 / (141 * 2**30)
+
+
+def device_memory(datasheet_gb: float) -> float:
+    """Bytes CUDA can allocate on a GPU sold as ``datasheet_gb`` GB (:data:`VISIBLE_SHARE`)."""
+    return datasheet_gb * 2**30 * VISIBLE_SHARE
+
 
 # fmt: off
 GPUS: dict[str, GPU] = {
@@ -137,27 +150,27 @@ GPUS: dict[str, GPU] = {
     # fp32 / TF32 dense (datasheets): V100 15.7 / — (no TF32), A100 19.5 / 156, H100/H200 SXM
     # 67 / 494.7 TFLOP/s; FP8 dense: H100/H200 SXM 1,979 TFLOP/s (3,958 "with sparsity"),
     # none on V100 and A100
-    "v100": GPU("V100 SXM2 32GB", 125e12, 32 * GB, 900 * GB, 300 * GB, 1290, 1530, sms=80,
+    "v100": GPU("V100 SXM2 32GB", 125e12, device_memory(32), 900 * GB, 300 * GB, 1290, 1530, sms=80,
                 fp32_flops=15.7e12,
                 host_link_bandwidth=PCIE["v100"], host_memory_bandwidth=HOST_MEMORY["v100"],
                 host_memory_bytes=HOST_RAM["v100"]),
-    "a100-40gb": GPU("A100 40GB", 312e12, 40 * GB, 1555 * GB, 600 * GB, 1095, 1410, sms=108,
+    "a100-40gb": GPU("A100 40GB", 312e12, device_memory(40), 1555 * GB, 600 * GB, 1095, 1410, sms=108,
                      fp32_flops=19.5e12, tf32_flops=156e12, attention_rate=FLASH2_AMPERE,
                      measured_hbm=HBM_ACHIEVED["a100-40gb"],
                      host_link_bandwidth=PCIE["a100"], host_memory_bandwidth=HOST_MEMORY["a100"],
                 host_memory_bytes=HOST_RAM["a100"]),
-    "a100-80gb": GPU("A100 80GB", 312e12, 80 * GB, 2039 * GB, 600 * GB, 1095, 1410, sms=108,
+    "a100-80gb": GPU("A100 80GB", 312e12, device_memory(80), 2039 * GB, 600 * GB, 1095, 1410, sms=108,
                      fp32_flops=19.5e12, tf32_flops=156e12, attention_rate=FLASH2_AMPERE,
                      measured_hbm=HBM_ACHIEVED["a100-80gb"],
                      host_link_bandwidth=PCIE["a100"], host_memory_bandwidth=HOST_MEMORY["a100"],
                 host_memory_bytes=HOST_RAM["a100"]),
-    "h100": GPU("H100 SXM", 989e12, 80 * GB, 3350 * GB, 900 * GB, 1590, 1980, sms=132,
+    "h100": GPU("H100 SXM", 989e12, device_memory(80), 3350 * GB, 900 * GB, 1590, 1980, sms=132,
                 fp32_flops=67e12, tf32_flops=494.7e12, fp8_flops=1979e12,
                 attention_rate=FLASH2_HOPPER,
                 measured_sustained=HOPPER_SUSTAINED, measured_hbm=HBM_ACHIEVED["hopper"],
                 host_link_bandwidth=PCIE["h100"], host_memory_bandwidth=HOST_MEMORY["h100"],
                 host_memory_bytes=HOST_RAM["h100"]),
-    "h200": GPU("H200 SXM", 989e12, 141 * GB, 4800 * GB, 900 * GB, 1590, 1980, sms=132,
+    "h200": GPU("H200 SXM", 989e12, device_memory(141), 4800 * GB, 900 * GB, 1590, 1980, sms=132,
                 fp32_flops=67e12, tf32_flops=494.7e12, fp8_flops=1979e12,
                 attention_rate=FLASH2_HOPPER,
                 measured_sustained=HOPPER_SUSTAINED, measured_hbm=HBM_ACHIEVED["hopper"],
