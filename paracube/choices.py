@@ -41,6 +41,12 @@ PIPELINE_SPLIT = ("engine", "even", "even-ends")
 # planner: the loss's backward — paracube's (two fp32 gradients of the logits' shape) or one
 # computed in place (Megatron's vocabulary-parallel cross-entropy, llm-foundry's fused one)
 LOSS_BACKWARD = ("torch", "fused")
+# planner: how each micro-batch's weight gradients reach the buffer they are reduced from —
+# a pass outside the GEMMs (buffer: paracube's FlatUnit.absorb, Megatron's DDP hook
+# main_grad.add_, FSDP's cast for its reduce-scatter), none (fused: Megatron-Core's
+# gradient_accumulation_fusion, the weight-gradient GEMM accumulating into main_grad), or
+# a cast to fp32 and then an add (bf16-optimizer: DeepSpeed's BF16_Optimizer.update_hp_grads)
+GRAD_ACCUMULATION = ("buffer", "fused", "bf16-optimizer")
 ON_NAN = ("stop", "skip", "continue")  # a non-finite loss or gradient norm: what then
 METRICS_MODES = ("new", "append", "overwrite")  # an existing --metrics file: refuse, add, replace
 

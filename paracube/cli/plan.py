@@ -123,6 +123,15 @@ def add_parser(sub) -> None:
         "train and Megatron do) or in the compute dtype (compute: half the bytes)",
     )
     t.add_argument(
+        "--grad-accumulation",
+        default=None,
+        help="how each micro-batch's weight gradients reach the buffer they are reduced from: "
+        "buffer (a pass adding them in, as paracube train, Megatron's DDP hook and FSDP do; "
+        "default), fused (the weight-gradient GEMM accumulates: Megatron-Core's "
+        "--gradient-accumulation-fusion) or bf16-optimizer (cast to fp32, then added: "
+        "DeepSpeed's BF16_Optimizer)",
+    )
+    t.add_argument(
         "--tp-comm-overlap",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -281,6 +290,7 @@ SOFTWARE = (
     "tp_comm_overlap",
     "fp8_scaling",
     "split",
+    "grad_accumulation",
 )
 
 
@@ -394,6 +404,7 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         ACTIVATION_MEMORY,
         ATTENTION,
         FP8_SCALING,
+        GRAD_ACCUMULATION,
         GRAD_REDUCE,
         LOSS_BACKWARD,
         OFFLOAD,
@@ -471,6 +482,11 @@ def _check_args(args, whole_nodes: bool = True) -> None:
                 f"--recompute-blocks with --recompute {args.recompute}: the planner recomputes "
                 "the first N blocks whole; give --recompute full or drop --recompute"
             )
+    if args.grad_accumulation is not None and args.grad_accumulation not in GRAD_ACCUMULATION:
+        raise ParacubeError(
+            f"unknown --grad-accumulation {args.grad_accumulation!r}: choose one of "
+            f"{', '.join(GRAD_ACCUMULATION)}"
+        )
     if args.activations is not None and args.activations not in ACTIVATION_MEMORY:
         raise ParacubeError(
             f"unknown --activations {args.activations!r}: choose {' or '.join(ACTIVATION_MEMORY)}"

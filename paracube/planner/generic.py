@@ -24,6 +24,7 @@ from paracube.planner.memory import model_state_bytes
 from paracube.planner.time_model import (
     Cluster,
     StepEstimate,
+    accumulation_time,
     at_precision,
     reduction_time,
     waited_gathers,
@@ -88,11 +89,13 @@ def evaluate(
     overlapped = g.overlaps_communication and layout.overlap_grad_reduce
     exposed = max(0.0, allreduce - (2 / 3 * per_mb if overlapped else 0.0)) + waited
     optimizer = 7 * 4 * model.params / (dp if layout.zero else 1) / g.memory_rate
-    step = m * per_mb + exposed + optimizer
+    # each micro-batch's gradients brought into the buffer they are reduced from
+    compute = m * per_mb + accumulation_time(layout, g, model.params, 0.0, w)
+    step = compute + exposed + optimizer
     samples = dp * b * m
     tflops = 3 * model.forward_flops_per_sample * samples / (step * dp) / 1e12
     est = StepEstimate(
-        compute=m * per_mb,
+        compute=compute,
         recompute=0.0,
         tp_comm=0.0,
         pp_comm=0.0,
@@ -128,6 +131,7 @@ def search_generic(
                 overlap_grad_reduce=fixed.get("overlap_grad_reduce", True),
                 grad_reduce=fixed.get("grad_reduce", "fp32"),
                 backward_prefetch=fixed.get("backward_prefetch", True),
+                grad_accumulation=fixed.get("grad_accumulation", "buffer"),
             )
             if any(getattr(layout, k) != v for k, v in fixed.items()):
                 continue

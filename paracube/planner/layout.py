@@ -17,6 +17,7 @@ from paracube.choices import (
     ACTIVATION_MEMORY,
     ATTENTION,
     FP8_SCALING,
+    GRAD_ACCUMULATION,
     LOSS_BACKWARD,
     PIPELINE_SPLIT,
     PRECISIONS,
@@ -38,15 +39,18 @@ OTHER_SOFTWARE = (
     "loss",
     "activations",
     "tp_comm_overlap",
+    "grad_accumulation",
 )
 
 
 @dataclass(frozen=True, kw_only=True)
 class Layout:
     """dp × tp × pp (× cp), micro-batch b and m micro-batches per step, the pipeline schedule
-    and its chunks, ZeRO stage, recomputation, sequence parallelism, and four facts about
-    the training software (the attention kernel; gradient reduction overlapped with
-    backward; the dtype gradients are reduced in; ZeRO-3's backward gathers prefetched).
+    and its chunks, ZeRO stage, recomputation, sequence parallelism, and facts about the
+    training software (the attention kernel; gradient reduction overlapped with backward;
+    the dtype gradients are reduced in and how they are accumulated; ZeRO-3's backward
+    gathers prefetched; the loss; what a block keeps; the pipeline split) — paracube's at the
+    defaults, another stack's planned only (:data:`OTHER_SOFTWARE`).
 
     >>> Layout(dp=8, tp=8, pp=4, micro_batch=1, microbatches=32, zero=1).gpus
     256
@@ -114,6 +118,11 @@ class Layout:
     # (even, even-ends: :func:`paracube.planner.stages.even_shares`); planned, to evaluate
     # published runs: ``paracube train`` cuts by --balance (:meth:`to_args` refuses the others)
     split: str = "engine"
+    # how each micro-batch's weight gradients are accumulated (choices.GRAD_ACCUMULATION):
+    # added into the flat buffer they are reduced from (buffer: paracube's engine), by the
+    # GEMM itself (fused: Megatron-Core), or cast to fp32 then added (bf16-optimizer:
+    # DeepSpeed's BF16_Optimizer); :func:`paracube.planner.time_model.accumulation_time`
+    grad_accumulation: str = "buffer"
 
     def __post_init__(self) -> None:
         # the planned-only choices, which no engine config checks first: a misspelt one
@@ -130,6 +139,11 @@ class Layout:
             )
         if self.split not in PIPELINE_SPLIT:
             raise ConfigError(f"split={self.split!r}: choose one of {', '.join(PIPELINE_SPLIT)}")
+        if self.grad_accumulation not in GRAD_ACCUMULATION:
+            raise ConfigError(
+                f"grad_accumulation={self.grad_accumulation!r}: choose one of "
+                f"{', '.join(GRAD_ACCUMULATION)}"
+            )
         if self.loss not in LOSS_BACKWARD:
             raise ConfigError(f"loss={self.loss!r}: choose {' or '.join(LOSS_BACKWARD)}")
         # the engine's choices too, for layouts made in the API rather than from a job

@@ -115,8 +115,10 @@ MEGATRON_LOSS = dict(loss="fused")
 # partition_method="type:transformer"), not paracube's cut by parameters (stages.even_shares)
 MEGATRON_SPLIT = dict(split="even", **MEGATRON_LOSS)
 # Megatron-Core with Transformer Engine (its README's runs, NeMo, Megatron-Bridge): the fused
-# loss, and blocks that keep what TE's modules keep (memory.te_block_bytes)
-MEGATRON_CORE = dict(activations="megatron", **MEGATRON_SPLIT)
+# loss, blocks that keep what TE's modules keep (memory.te_block_bytes), and weight
+# gradients accumulated by the GEMMs themselves (--gradient-accumulation-fusion, on unless
+# --no-gradient-accumulation-fusion: megatron/training/arguments.py)
+MEGATRON_CORE = dict(activations="megatron", grad_accumulation="fused", **MEGATRON_SPLIT)
 # Megatron-LM 2021 and DeepSpeed's pipeline engine: unfused attention, no sequence parallelism,
 # gradients all-reduced after the last backward
 MEGATRON_2021 = dict(
@@ -301,7 +303,8 @@ def _bloom() -> list[dict]:
     for source, tp, pp, b, nodes, seconds in BLOOM_STEPS:
         gpus = 8 * nodes
         fixed = dict(dp=gpus // (tp * pp), tp=tp, pp=pp, micro_batch=b, zero=1,
-                     schedule="1f1b", recompute="full", **{**MEGATRON_2021, "split": "even-ends"})
+                     schedule="1f1b", recompute="full", grad_accumulation="bf16-optimizer",
+                     **{**MEGATRON_2021, "split": "even-ends"})
         published = batch * cfg.seq_len * hardware_flops_per_token(cfg, "full") / seconds / gpus
         out.append(_run(source, cfg, "a100-80gb", gpus, batch, "bf16", fixed, "hardware",
                         round(published / 1e12, 1), inter="opa-4x100"))

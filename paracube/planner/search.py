@@ -15,6 +15,13 @@ from paracube.planner.layout_memory import StageMemory, peak_memory
 from paracube.planner.stages import layout_shares
 from paracube.planner.time_model import Cluster, StepEstimate, estimate
 
+# Layout fields the search never varies: a fixed value is taken as given, else the layout's
+# default (paracube's software); every field but these is enumerated or derived below.
+ENUMERATED = {
+    "dp", "tp", "pp", "cp", "micro_batch", "microbatches", "schedule", "chunks", "zero",
+    "recompute", "recompute_blocks", "sequence_parallel",
+}  # fmt: skip
+TAKEN_AS_FIXED = {f.name for f in fields(Layout)} - ENUMERATED
 MICRO_BATCH_LIMIT = 32  # micro-batches searched: every divisor of the per-rank batch up to this
 
 
@@ -182,21 +189,11 @@ def candidate_layouts(
                         zero=zero,
                         recompute=recompute,
                         sequence_parallel=fixed.get("sequence_parallel", True) and tp > 1,
-                        attention=fixed.get("attention", "fused"),
-                        overlap_grad_reduce=fixed.get("overlap_grad_reduce", True),
-                        grad_reduce=fixed.get("grad_reduce", "fp32"),
-                        backward_prefetch=fixed.get("backward_prefetch", True),
-                        offload=fixed.get("offload", False),
-                        compress=fixed.get("compress", "none"),
-                        loss=fixed.get("loss", "torch"),
-                        activations=fixed.get("activations", "paracube"),
-                        tp_comm_overlap=fixed.get("tp_comm_overlap", False),
-                        fp8_scaling=fixed.get("fp8_scaling", "delayed"),
                         recompute_blocks=(
                             fixed.get("recompute_blocks") if recompute == "full" else None
                         ),
                         cp=cp,
-                        split=fixed.get("split", "engine"),
+                        **{k: v for k, v in fixed.items() if k in TAKEN_AS_FIXED},
                     )
                     if not _splits(cfg, layout, reject):
                         continue

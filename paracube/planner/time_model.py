@@ -318,6 +318,39 @@ def fp8_cast_bytes(
     )
 
 
+def accumulation_time(layout: Layout, g: GPU, params: float, embedding: float, elem: int) -> float:
+    """Seconds per step of bringing each micro-batch's weight gradients (``elem`` bytes, as
+    autograd produces them) into the buffer they are reduced from (fp32, or ``elem`` bytes
+    under ``grad_reduce="compute"``), over this rank's ``params`` parameters — a
+    memory-bound pass outside the GEMMs (bytes read + written per parameter):
+
+    - ``buffer`` (paracube's engine, :meth:`paracube.data_parallel.flat.FlatUnit.absorb`):
+      the window's first micro-batch copies its gradient in (elem + buffer), each later one
+      adds (elem + 2 × buffer; where the dtypes agree ``.grad`` is a view of the buffer and
+      autograd's in-place add moves the same bytes). Megatron's DDP hook adds every
+      micro-batch into a zeroed main_grad (``param.main_grad.add_(param.grad.data)``,
+      megatron/core/distributed/distributed_data_parallel.py) — the same pass. ZeRO-2/3
+      reduce-scatter every micro-batch, so each one starts a new window: a copy (FSDP's
+      cast of the unsharded gradient to its reduce dtype is that copy too).
+    - ``fused`` (Megatron-Core's gradient_accumulation_fusion): the weight-gradient GEMM
+      accumulates into main_grad in its epilogue — no pass, but for the ``embedding``
+      parameters (no GEMM computes the embedding's gradient: its hook adds it).
+    - ``bf16-optimizer`` (DeepSpeed's BF16_Optimizer, ``update_hp_grads`` after every
+      micro-batch's backward): ``hp_grad.add_(lp.grad.to(fp32))`` — the cast writes an
+      fp32 temporary (elem + 4), the add reads it and the fp32 gradient and writes that
+      (3 × 4): every micro-batch, the fp32 gradients zeroed after the step.
+    """
+    m = layout.microbatches
+    buffer = gradient_bytes(elem, layout.grad_reduce)
+    copy, add = elem + buffer, elem + 2 * buffer
+    if layout.grad_accumulation == "bf16-optimizer":
+        return params * m * (elem + 4 + 3 * 4) / g.memory_rate
+    if layout.grad_accumulation == "fused":
+        params = embedding
+    per_step = m * copy if layout.zero >= 2 else copy + (m - 1) * add
+    return params * per_step / g.memory_rate
+
+
 def optimizer_time(layout: Layout, g: GPU, shard: float, elem: int) -> float:
     """The optimizer step is memory-bound, on this rank's share of the states: the global
     gradient norm reads the fp32 gradients (4 bytes per parameter; clipping, when the norm
@@ -471,8 +504,10 @@ def _rank_step(
         if not (cfg.tie_embeddings and share.embedding):  # one copy when both are here
             params += shapes.head_params(cfg, tp=t)
     ring_redone = redone * ring[0] if layout.recompute == "full" else 0.0
+    embedding = shapes.embed_params(cfg, tp=t) if share.embedding else 0.0
     return _RankTime(
-        compute=m * per_mb,
+        # the blocks' and the head's work, and bringing their gradients into the buffer
+        compute=m * per_mb + accumulation_time(layout, g, params, embedding, elem),
         recompute=m * redone * redo,
         tp_comm=_tp_comm(cfg, layout, cluster, blocks, elem, redone, gemms),
         dp_exposed=dp_exposed_time(layout, cluster, params, per_mb, cfg, blocks, elem),
