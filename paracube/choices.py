@@ -45,8 +45,9 @@ LOSS_BACKWARD = ("torch", "fused")
 # a pass outside the GEMMs (buffer: paracube's FlatUnit.absorb, Megatron's DDP hook
 # main_grad.add_, FSDP's cast for its reduce-scatter), none (fused: Megatron-Core's
 # gradient_accumulation_fusion, the weight-gradient GEMM accumulating into main_grad), or
-# a cast to fp32 and then an add (bf16-optimizer: DeepSpeed's BF16_Optimizer.update_hp_grads)
-GRAD_ACCUMULATION = ("buffer", "fused", "bf16-optimizer")
+# a cast to fp32 and then an add (bf16-optimizer: DeepSpeed's BF16_Optimizer.update_hp_grads),
+# or FSDP's cast and pre-divide on its post-backward stream, beside the compute (side-stream)
+GRAD_ACCUMULATION = ("buffer", "fused", "bf16-optimizer", "side-stream")
 ON_NAN = ("stop", "skip", "continue")  # a non-finite loss or gradient norm: what then
 METRICS_MODES = ("new", "append", "overwrite")  # an existing --metrics file: refuse, add, replace
 

@@ -346,7 +346,7 @@ CASES: list[tuple[str, list[str], str]] = [
      "loss='fused': another stack's software"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8",
               "--grad-accumulation", "fusion"],
-     "unknown --grad-accumulation 'fusion': choose one of buffer, fused, bf16-optimizer"),
+     "unknown --grad-accumulation 'fusion': choose one of buffer, fused, bf16-optimizer, side-stream"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8",
               "--grad-accumulation", "fused", "--emit", "torchrun"],
      "grad_accumulation='fused': another stack's software"),

@@ -63,7 +63,7 @@ def test_a_heavy_head_slows_megatrons_last_rank():
                       position="rope", bias=False)  # fmt: skip
     assert shapes.head_params(cfg) > 3 * shapes.block_params(cfg)
     cluster = _h100()
-    base = dict(tp=2, pp=4, dp=8, micro_batch=2, microbatches=16, chunks=10,
+    base = dict(tp=2, pp=4, dp=1, micro_batch=2, microbatches=16, chunks=10,
                 schedule="interleaved-1f1b", sequence_parallel=True,
                 grad_accumulation="fused")  # fmt: skip
     even, engine = Layout(**base, split="even"), Layout(**base)

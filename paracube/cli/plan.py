@@ -128,8 +128,9 @@ def add_parser(sub) -> None:
         help="how each micro-batch's weight gradients reach the buffer they are reduced from: "
         "buffer (a pass adding them in, as paracube train, Megatron's DDP hook and FSDP do; "
         "default), fused (the weight-gradient GEMM accumulates: Megatron-Core's "
-        "--gradient-accumulation-fusion) or bf16-optimizer (cast to fp32, then added: "
-        "DeepSpeed's BF16_Optimizer)",
+        "--gradient-accumulation-fusion), bf16-optimizer (cast to fp32, then added: "
+        "DeepSpeed's BF16_Optimizer) or side-stream (cast and pre-divided beside the compute: "
+        "PyTorch FSDP)",
     )
     t.add_argument(
         "--tp-comm-overlap",

@@ -120,8 +120,9 @@ class Layout:
     split: str = "engine"
     # how each micro-batch's weight gradients are accumulated (choices.GRAD_ACCUMULATION):
     # added into the flat buffer they are reduced from (buffer: paracube's engine), by the
-    # GEMM itself (fused: Megatron-Core), or cast to fp32 then added (bf16-optimizer:
-    # DeepSpeed's BF16_Optimizer); :func:`paracube.planner.time_model.accumulation_time`
+    # GEMM itself (fused: Megatron-Core), cast to fp32 then added (bf16-optimizer:
+    # DeepSpeed's BF16_Optimizer), or cast and pre-divided on a stream of its own beside the
+    # compute (side-stream: PyTorch FSDP); :func:`paracube.planner.time_model.accumulation_time`
     grad_accumulation: str = "buffer"
 
     def __post_init__(self) -> None:

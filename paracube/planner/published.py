@@ -138,8 +138,10 @@ MEGATRON_FP16 = dict(grad_reduce="compute")
 # FSDPConfig), which the sweep leaves as is (submit_benchmarks.py sets it only when asked;
 # the mpt-*.yaml fsdp_config does not). torchtitan's FSDP2 prefetches (the planner's default).
 # Its MPT loss is llm-foundry's default fused_crossentropy (ComposerMPTCausalLM's loss_fn
-# default, llmfoundry/models/mpt/modeling_mpt.py: flash-attn's xentropy kernel).
-COMPOSER_FSDP = dict(backward_prefetch=False, loss="fused")
+# default, llmfoundry/models/mpt/modeling_mpt.py: flash-attn's xentropy kernel). PyTorch
+# FSDP (1 and 2) casts and pre-divides each unit's gradient on its post-backward stream.
+PYTORCH_FSDP = dict(grad_accumulation="side-stream")
+COMPOSER_FSDP = dict(backward_prefetch=False, loss="fused", **PYTORCH_FSDP)
 
 
 def gpt(heads: int, hidden: int, layers: int) -> ModelConfig:
@@ -370,7 +372,7 @@ def _torchtitan() -> list[dict]:
         ("llama2-70b", 2, "full", 353),
     ]:
         cfg = preset(name)
-        fixed = dict(dp=64, tp=1, pp=1, zero=3, micro_batch=b, attention="fused",
+        fixed = dict(dp=64, tp=1, pp=1, zero=3, micro_batch=b, attention="fused", **PYTORCH_FSDP,
                      recompute="none" if ac == "none" else "full")
         if ac == "layer":
             fixed["recompute_blocks"] = cfg.n_layers // 2
@@ -384,7 +386,7 @@ def _automodel() -> list[dict]:
     """NeMo AutoModel's Llama 3 70B on 64 H100s: FSDP2 (ZeRO-3) over 32 ranks × context
     parallel 2, tokens/s per GPU × model FLOPs per token."""
     cfg = preset("llama3-70b")  # sequence 8192, as the run
-    fixed = dict(dp=32, cp=2, tp=1, pp=1, zero=3, micro_batch=1, attention="fused")
+    fixed = dict(dp=32, cp=2, tp=1, pp=1, zero=3, micro_batch=1, attention="fused", **PYTORCH_FSDP)
     published = round(866.77 * model_flops_per_token(cfg) / 1e12, 1)
     return [_run("NeMo AutoModel", cfg, "h100", 64, 128, "bf16", fixed, "model", published)]
 

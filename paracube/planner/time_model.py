@@ -319,19 +319,22 @@ def fp8_cast_bytes(
 
 
 def accumulation_time(layout: Layout, g: GPU, params: float, embedding: float, elem: int) -> float:
-    """Seconds per step of bringing each micro-batch's weight gradients (``elem`` bytes, as
-    autograd produces them) into the buffer they are reduced from (fp32, or ``elem`` bytes
-    under ``grad_reduce="compute"``), over this rank's ``params`` parameters — a
-    memory-bound pass outside the GEMMs (bytes read + written per parameter):
+    """Seconds per step of the passes over this rank's ``params`` weight gradients outside
+    the GEMMs (bytes read + written per parameter, at the memory rate): bringing each
+    micro-batch's gradients (``elem`` bytes, as autograd produces them) into the buffer they
+    are reduced from (fp32, or ``elem`` bytes under ``grad_reduce="compute"``), and, before
+    each reduction over more than one rank, averaging that buffer (a read and a write of
+    it: paracube's ``buffer.div_(world)`` in ``FlatDataParallel._launch_ready``, Megatron's
+    gradient scaling, DeepSpeed's and FSDP's pre-divide) — once per step, or under ZeRO-2/3,
+    which reduce-scatter every micro-batch, once per micro-batch:
 
     - ``buffer`` (paracube's engine, :meth:`paracube.data_parallel.flat.FlatUnit.absorb`):
       the window's first micro-batch copies its gradient in (elem + buffer), each later one
       adds (elem + 2 × buffer; where the dtypes agree ``.grad`` is a view of the buffer and
       autograd's in-place add moves the same bytes). Megatron's DDP hook adds every
       micro-batch into a zeroed main_grad (``param.main_grad.add_(param.grad.data)``,
-      megatron/core/distributed/distributed_data_parallel.py) — the same pass. ZeRO-2/3
-      reduce-scatter every micro-batch, so each one starts a new window: a copy (FSDP's
-      cast of the unsharded gradient to its reduce dtype is that copy too).
+      megatron/core/distributed/distributed_data_parallel.py) — the same pass. Under
+      ZeRO-2/3 each micro-batch starts a new window: a copy.
     - ``fused`` (Megatron-Core's gradient_accumulation_fusion): the weight-gradient GEMM
       accumulates into main_grad in its epilogue — no pass, but for the ``embedding``
       parameters (no GEMM computes the embedding's gradient: its hook adds it).
@@ -339,16 +342,30 @@ def accumulation_time(layout: Layout, g: GPU, params: float, embedding: float, e
       micro-batch's backward): ``hp_grad.add_(lp.grad.to(fp32))`` — the cast writes an
       fp32 temporary (elem + 4), the add reads it and the fp32 gradient and writes that
       (3 × 4): every micro-batch, the fp32 gradients zeroed after the step.
+    - ``side-stream`` (PyTorch FSDP, FSDP1 and FSDP2): the unsharded gradient cast to the
+      reduce dtype (a copy) and pre-divided before its reduce-scatter
+      (torch/distributed/fsdp/_runtime_utils.py ``_reduce_grad``: ``_div_if_needed(
+      padded_unsharded_grad, ...)``) on FSDP's post-backward stream, beside the next
+      unit's backward: hidden, slowing that compute by :data:`OVERLAP_SLOWDOWN` of its
+      seconds, as the communication hidden there does.
+
+    Paracube's passes run in the backward hooks, on the compute stream: on the step.
     """
     m = layout.microbatches
     buffer = gradient_bytes(elem, layout.grad_reduce)
     copy, add = elem + buffer, elem + 2 * buffer
-    if layout.grad_accumulation == "bf16-optimizer":
-        return params * m * (elem + 4 + 3 * 4) / g.memory_rate
-    if layout.grad_accumulation == "fused":
-        params = embedding
-    per_step = m * copy if layout.zero >= 2 else copy + (m - 1) * add
-    return params * per_step / g.memory_rate
+    reductions = m if layout.zero >= 2 else 1
+    average = reductions * 2 * buffer if layout.grad_group > 1 else 0
+    kind = layout.grad_accumulation
+    if kind == "bf16-optimizer":
+        moved = params * (m * (elem + 4 + 3 * 4) + average)
+    elif kind == "fused":
+        moved = embedding * (copy + (m - 1) * add) + params * average
+    else:
+        absorbed = m * copy if layout.zero >= 2 else copy + (m - 1) * add
+        moved = params * (absorbed + average)
+    seconds = moved / g.memory_rate
+    return OVERLAP_SLOWDOWN * seconds if kind == "side-stream" else seconds
 
 
 def optimizer_time(layout: Layout, g: GPU, shard: float, elem: int) -> float:
