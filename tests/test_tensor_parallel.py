@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from paracube.models.presets import preset
-from paracube.planner.volumes import total_wire_bytes, tp_layer_payload
+from paracube.planner.volumes import total_wire_bytes, tp_layer_payload, wire_bytes
 from tests.helpers import (
     SEQ,
     assert_losses_close,
@@ -178,9 +178,12 @@ def test_block_matches_serial_and_bytes_match_formula(pools, world, sp):
     plain = tp_layer_payload(
         B, SEQ, cfg.hidden, world, bytes_per_element=4, sequence_parallel=False
     )
-    assert total_wire_bytes(expected, world) == total_wire_bytes(
-        plain, world
-    )  # SP moves the same bytes
+    # SP moves plain TP's bytes, and gathers the attention's and the MLP's inputs once more
+    # in backward (their linears keep only the sequence shard)
+    regather = wire_bytes("all_gather", 2 * B * SEQ * cfg.hidden * 4, world)
+    assert total_wire_bytes(expected, world) == total_wire_bytes(plain, world) + (
+        regather if sp else 0
+    )
 
 
 def test_vocab_parallel_embedding_and_loss(pools):

@@ -64,6 +64,13 @@ def gather_sequence(x: torch.Tensor, group, ledger=None, tag: str = "tp") -> tor
     return _gather(x, 1, group, ledger, tag)
 
 
+def gather_sequence_async(x: torch.Tensor, group, ledger=None, tag: str = "tp"):
+    """Start gathering (B, T/tp, H) into (B, T, H); ``wait()`` returns it."""
+    shard = x.movedim(1, 0).contiguous()  # gathered along dim 0: (T/tp, B, H) → (T, B, H)
+    out = shard.new_empty((ops.group_size(group) * shard.shape[0], *shard.shape[1:]))
+    return _Moved(ops.all_gather_into(out, shard, group, ledger, tag=tag, async_op=True))
+
+
 def reduce_scatter_sequence_async(x: torch.Tensor, group, ledger=None, tag: str = "tp"):
     """Start summing (B, T, H) and keeping this rank's (B, T/tp, H); ``wait()`` returns it."""
     # Scatter along dim 0: (T, B, H) in, (T/tp, B, H) out.

@@ -174,12 +174,12 @@ def end_saved_bytes(
 ) -> tuple[int, int]:
     """(first, last) pipeline stage's bytes kept outside the blocks per micro-batch: the
     int64 token (and position) indices — under tensor parallelism also a bool per token
-    outside this rank's vocabulary shard —; the final norm, the head's input (gathered under
-    sequence parallelism) and what the loss keeps (:func:`_loss_bytes`)."""
+    outside this rank's vocabulary shard —; the final norm, the head's input (its sequence
+    shard under sequence parallelism) and what the loss keeps (:func:`_loss_bytes`)."""
     n, s = b * cfg.seq_len, cfg.seq_len
     first = 8 * n + (8 * s if cfg.position == "learned" else 0) + (n if tp > 1 else 0)
     ts = tp if sequence_parallel else 1
-    last = _norm_bytes(cfg, n, elem) // ts + n * cfg.hidden * elem + _loss_bytes(cfg, n, elem, tp)
+    last = (_norm_bytes(cfg, n, elem) + n * cfg.hidden * elem) // ts + _loss_bytes(cfg, n, elem, tp)
     return first, last
 
 
@@ -227,7 +227,7 @@ def block_saved_bytes(
     if recompute == "full":
         return n * h * elem // ts
     norms = 2 * _norm_bytes(cfg, n, elem) // ts
-    norm_outputs = 2 * n * h * elem  # kept by qkv_proj and up_proj (gathered under SP)
+    norm_outputs = 2 * n * h * elem // ts  # kept by qkv_proj and up_proj (their shards under SP)
     attention = n * (h + 2 * kv) * elem // tp + n * h * elem // tp
     if recompute != "selective":
         attention += 4 * n * a // tp  # the fused kernel's fp32 log-sum-exp

@@ -556,7 +556,10 @@ def _tp_comm(
     n = layout.micro_batch * cfg.seq_len * cfg.hidden * elem  # b·s·h values
     link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
     plain = block_tp_comm(cfg, replace(layout, recompute="none"), cluster, elem, gemms)
-    comm = m * (layers * plain + (redone * plain / 2 if layout.recompute == "full" else 0.0))
+    comm = m * layers * plain
+    if layout.recompute == "full":  # a recomputed block's forward collectives once more
+        redo = block_tp_comm(cfg, layout, cluster, elem, gemms) - plain
+        comm += m * redone * redo
     if t > 1:  # the vocabulary-parallel embedding's all-reduce and the head's input gradient,
         # and the loss's two all-reduces of (b, s) statistics
         comm += m * (
@@ -569,16 +572,23 @@ def block_tp_comm(
     cfg: ModelConfig, layout: Layout, cluster: Cluster, elem: int, gemms: float = 0.0
 ) -> float:
     """One block's tensor-parallel collectives for one micro-batch: four of b·s·h values
-    (Shoeybi et al. 2019), one more forward's worth under full recomputation — what of them
-    the step waits for: all of it, or under ``Layout.tp_comm_overlap`` what the block's
-    matmuls (``gemms`` seconds, forward and backward) cannot hide
+    (Shoeybi et al. 2019), one more forward's worth under full recomputation; under sequence
+    parallelism each an all-gather + reduce-scatter pair, and two more all-gathers in
+    backward — the attention's and the MLP's inputs, of which their first linears keep only
+    the sequence shard (Korthikanti et al. 2022 §4.2.2; paracube's
+    ``_LinearWithInputCollective``, as Megatron's and Transformer Engine's linears) — what
+    of them the step waits for: all of it, or under ``Layout.tp_comm_overlap`` what the
+    block's matmuls (``gemms`` seconds, forward and backward) cannot hide
     (:func:`overlapped_tp_comm`)."""
     t = layout.tp
     n = layout.micro_batch * cfg.seq_len * cfg.hidden * elem  # b·s·h values
     link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
     full = layout.recompute == "full"
-    comm = 4 * _ring(n, t, link) * (1.5 if full else 1.0)
-    if layout.sequence_parallel:  # each all-reduce became an all-gather + reduce-scatter pair
+    rings = 4 * (1.5 if full else 1.0)
+    if layout.sequence_parallel:  # pairs of half rings, and the two re-gathers: one ring
+        rings += 1
+    comm = rings * _ring(n, t, link)
+    if layout.sequence_parallel:  # gathers and scatters at the cost the link measured them
         comm *= link.pair_cost_ratio
     if layout.tp_comm_overlap and t > 1:
         comm = overlapped_tp_comm(comm, gemms * (4 / 3 if full else 1.0), t)

@@ -30,13 +30,14 @@ def tp_layer_payload(
     forward, *f* before them all-reduce in backward — four all-reduces of ``b·s·h``.
     With it, each all-reduce becomes an all-gather plus a reduce-scatter of ``b·s·h``:
     forward gathers before and reduce-scatters after each of the two regions, and the
-    backward does the reverse.
+    backward does the reverse — and gathers the two regions' inputs once more, since the
+    layers that take them keep only their sequence shards (§4.2.2).
     """
     if t == 1:
         return {}
     n = b * s * h * bytes_per_element
     if sequence_parallel:
-        return {"all_gather": 4 * n, "reduce_scatter": 4 * n}
+        return {"all_gather": 6 * n, "reduce_scatter": 4 * n}
     return {"all_reduce": 4 * n}
 
 

@@ -101,12 +101,17 @@ class _LinearWithInputCollective(torch.autograd.Function):
     Fused so that the backward can overlap its collective with computation, as Megatron's
     ``LinearWithGradAccumulationAndAsyncCommunication``: dX = dY·W is computed first, its
     reduction launched asynchronously, then dW = dYᵀ·X is computed while it travels.
+
+    Under sequence parallelism the layer keeps its input's sequence shard (B, T/tp, H) for
+    backward, not the gathered (B, T, H), and gathers it again there while dX is computed —
+    Korthikanti et al. 2022, §4.2.2: every activation a block keeps is 1/tp of the sequence,
+    for one more all-gather per such layer in backward.
     """
 
     @staticmethod
     def forward(ctx, x, weight, bias, mode, group, ledger, store=None):
         full = C.gather_sequence(x, group, ledger) if mode == "gather_sp" else x  # (B, T, H)
-        ctx.save_for_backward(full, weight)
+        ctx.save_for_backward(x, weight)  # under "gather_sp" the shard (B, T/tp, H)
         # The parameter object itself, for a deferred W pass: a saved tensor comes back as a
         # different object under saved-tensor hooks, whose .grad the optimizer never sees.
         ctx.weight = weight
@@ -116,11 +121,15 @@ class _LinearWithInputCollective(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        full, weight = ctx.saved_tensors
+        x, weight = ctx.saved_tensors
+        if ctx.mode == "gather_sp":  # the input again, beside dX's GEMM
+            gathering = C.gather_sequence_async(x, ctx.group, ctx.ledger)
         grad_in = grad_out.matmul(weight)  # (B, T, H): this rank's share of dX
         if ctx.mode == "gather_sp":
+            full = gathering.wait()  # (B, T, H)
             pending = C.reduce_scatter_sequence_async(grad_in, ctx.group, ctx.ledger)
         else:
+            full = x
             pending = ops.all_reduce(grad_in, ctx.group, ctx.ledger, tag="tp", async_op=True)
         if ctx.store is not None and ctx.store.active:  # zero-bubble I pass: dW in its W
             ctx.store.push(grad_out, full, ctx.weight, ctx.bias)
