@@ -249,7 +249,8 @@ def _predicted(best, cluster: Cluster, precision: str = "bf16") -> str:
         f"{L.attention} attention executes half of them). The compute runs the tensor cores at "
         f"{sustained(cluster.gpu)}, each matmul's "
         f"roofline with tile and wave quantization over {cluster.gpu.sms or 'no'} SMs, and the "
-        "memory-bound element-wise work (paracube.planner.time_model)." + fp8
+        "memory-bound element-wise work and the passes that bring each micro-batch's gradients "
+        "into the buffer they are reduced from (paracube.planner.time_model)." + fp8
     )
 
 
