@@ -272,3 +272,19 @@ def test_a_misspelt_fixed_choice_is_refused_not_matched_against_nothing():
     ]:
         with pytest.raises(ConfigError, match=why):
             search(preset("gpt3-1.3b"), _cluster(), 8, 64, fixed=fixed)
+
+
+def test_every_fixed_software_choice_is_honoured():
+    """Every layout field the search does not enumerate (the software: the split by
+    --balance, the attention kernel, how gradients are accumulated, …) is taken from the
+    fixed choices as given — a pipeline cut by memory is searched and proposed as such, not
+    dropped for a default the fixed value then fails to match."""
+    from paracube.planner.search import ENUMERATED, TAKEN_AS_FIXED
+
+    assert "balance" in TAKEN_AS_FIXED and "grad_accumulation" in TAKEN_AS_FIXED
+    assert not TAKEN_AS_FIXED & ENUMERATED
+    fixed = {"pp": 4, "balance": "memory", "grad_accumulation": "fused"}
+    ranked = search(preset("gpt3-1.3b"), _cluster(), 8, 64, fixed=fixed).ranked
+    assert ranked
+    assert all(c.layout.balance == "memory" for c in ranked)
+    assert all(c.layout.grad_accumulation == "fused" for c in ranked)

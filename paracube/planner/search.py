@@ -15,8 +15,8 @@ from paracube.planner.layout_memory import StageMemory, peak_memory
 from paracube.planner.stages import layout_shares
 from paracube.planner.time_model import Cluster, StepEstimate, estimate
 
-# Layout fields the search never varies: a fixed value is taken as given, else the layout's
-# default (paracube's software); every field but these is enumerated or derived below.
+# Layout fields the search enumerates or derives below; every other field (the software)
+# is taken from the fixed choices as given, else left at the layout's default (paracube's).
 ENUMERATED = {
     "dp", "tp", "pp", "cp", "micro_batch", "microbatches", "schedule", "chunks", "zero",
     "recompute", "recompute_blocks", "sequence_parallel",
