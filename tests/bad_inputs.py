@@ -357,7 +357,7 @@ CASES: list[tuple[str, list[str], str]] = [
               "--chunks", "2"],
      "--chunks 2 needs an interleaved schedule, not 1f1b"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--loss", "xent"],
-     "unknown --loss 'xent': choose torch or fused"),
+     "unknown --loss 'xent': choose one of torch, fused"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8",
               "--recompute-blocks", "99"],
      "--recompute-blocks 99 is more than the model's 24 blocks"),

@@ -193,7 +193,7 @@ def test_emitted_command_is_a_valid_train_job(capsys, model, gpus, batch):
         ),
         (
             ["--model", "tiny", "--gpus", "8", "--global-batch", "8", "--activations", "te"],
-            "unknown --activations 'te': choose paracube or megatron",
+            "unknown --activations 'te': choose one of paracube, megatron",
         ),
         (
             ["--model", "tiny", "--gpus", "8", "--global-batch", "8", "--layout", "cp=3"],

@@ -438,27 +438,28 @@ def _check_args(args, whole_nodes: bool = True) -> None:
             raise ParacubeError(
                 f"--{name.replace('_', '-')} must be a positive integer, got {value}"
             )
-    for name, allowed in (("zero", ZERO_STAGES), ("schedule", SCHEDULES), ("recompute", RECOMPUTE)):
+    named: tuple[tuple[str, str, tuple], ...] = (  # (dest, flag, the names it takes)
+        ("zero", "--zero", ZERO_STAGES),
+        ("schedule", "--schedule", tuple(SCHEDULES)),
+        ("recompute", "--recompute", RECOMPUTE),
+        ("attention", "--attention", ATTENTION),
+        ("fp8_scaling", "--fp8-scaling", FP8_SCALING),
+        ("split", "--pipeline-split", PIPELINE_SPLIT),
+        ("loss", "--loss", LOSS_BACKWARD),
+        ("grad_accumulation", "--grad-accumulation", GRAD_ACCUMULATION),
+        ("activations", "--activations", ACTIVATION_MEMORY),
+        ("grad_reduce", "--grad-reduce", GRAD_REDUCE),
+        ("offload", "--offload", OFFLOAD),
+    )
+    for name, flag, allowed in named:
         value = getattr(args, name)
         if value is not None and value not in allowed:
             choices = ", ".join(str(a) for a in allowed)
-            raise ParacubeError(f"unknown --{name} {value!r}: choose one of {choices}")
-    if args.attention is not None and args.attention not in ATTENTION:
-        raise ParacubeError(
-            f"unknown --attention {args.attention!r}: choose one of {', '.join(ATTENTION)}"
-        )
-    if args.fp8_scaling is not None and args.fp8_scaling not in FP8_SCALING:
-        raise ParacubeError(
-            f"unknown --fp8-scaling {args.fp8_scaling!r}: choose one of {', '.join(FP8_SCALING)}"
-        )
+            raise ParacubeError(f"unknown {flag} {value!r}: choose one of {choices}")
     if args.fp8_scaling is not None and args.precision != "fp8":
         raise ParacubeError(
             f"--fp8-scaling {args.fp8_scaling} under --precision {args.precision}: nothing is "
             "FP8; add --precision fp8 or drop the flag"
-        )
-    if args.split is not None and args.split not in PIPELINE_SPLIT:
-        raise ParacubeError(
-            f"unknown --pipeline-split {args.split!r}: choose one of {', '.join(PIPELINE_SPLIT)}"
         )
     if args.emit == "torchrun":  # before the search: a command paracube train runs as planned
         from paracube.planner.layout import OTHER_SOFTWARE, Layout
@@ -471,8 +472,6 @@ def _check_args(args, whole_nodes: bool = True) -> None:
             "stages by --balance (the even splits are planned to evaluate Megatron runs); "
             "drop one"
         )
-    if args.loss is not None and args.loss not in LOSS_BACKWARD:
-        raise ParacubeError(f"unknown --loss {args.loss!r}: choose {' or '.join(LOSS_BACKWARD)}")
     if args.recompute_blocks is not None:
         if args.recompute_blocks <= 0:
             raise ParacubeError(
@@ -483,19 +482,6 @@ def _check_args(args, whole_nodes: bool = True) -> None:
                 f"--recompute-blocks with --recompute {args.recompute}: the planner recomputes "
                 "the first N blocks whole; give --recompute full or drop --recompute"
             )
-    if args.grad_accumulation is not None and args.grad_accumulation not in GRAD_ACCUMULATION:
-        raise ParacubeError(
-            f"unknown --grad-accumulation {args.grad_accumulation!r}: choose one of "
-            f"{', '.join(GRAD_ACCUMULATION)}"
-        )
-    if args.activations is not None and args.activations not in ACTIVATION_MEMORY:
-        raise ParacubeError(
-            f"unknown --activations {args.activations!r}: choose {' or '.join(ACTIVATION_MEMORY)}"
-        )
-    if args.grad_reduce is not None and args.grad_reduce not in GRAD_REDUCE:
-        raise ParacubeError(
-            f"unknown --grad-reduce {args.grad_reduce!r}: choose one of {', '.join(GRAD_REDUCE)}"
-        )
     if args.grad_reduce == "compute" and args.precision in ("fp32", "tf32"):
         raise ParacubeError(
             f"--grad-reduce compute is for --precision bf16 or fp16: under {args.precision} "
@@ -503,10 +489,6 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         )
     if args.compress is not None:
         compression(args.compress)  # train's names and ranges
-    if args.offload is not None and args.offload not in OFFLOAD:
-        raise ParacubeError(
-            f"unknown --offload {args.offload!r}: choose one of {', '.join(OFFLOAD)}"
-        )
     if args.precision not in (*PRECISIONS, "tf32", "fp8"):
         raise ParacubeError(
             f"unknown --precision {args.precision!r}: choose bf16, fp16, fp32, tf32 or fp8"
