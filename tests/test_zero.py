@@ -230,15 +230,20 @@ def test_full_recompute_saves_over_half_the_activations(pools):
     assert results["selective"] < results["none"]
 
 
-@pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2-sp"])
-def test_tensor_parallel_activations_equal_the_planners_count(pools, sp):
-    """Under tensor parallelism (with or without sequence parallelism) the engine's counted
-    peak of saved activations on a rank is the planner's per-stage figure to the byte: the
-    blocks' shards, the vocabulary-parallel embedding's and loss's per-token masks."""
+@pytest.mark.parametrize(
+    ("sp", "recompute"),
+    [(False, "none"), (True, "none"), (True, "selective"), (True, "full")],
+    ids=["tp2", "tp2-sp", "tp2-sp-selective", "tp2-sp-full"],
+)
+def test_tensor_parallel_activations_equal_the_planners_count(pools, sp, recompute):
+    """Under tensor parallelism (with or without sequence parallelism, and recomputing) the
+    engine's counted peak of saved activations on a rank is the planner's per-stage figure
+    to the byte: the blocks' shards — under sequence parallelism every kept activation 1/tp
+    of the sequence —, the vocabulary-parallel embedding's and loss's per-token masks."""
     from paracube.planner.layout import Layout
     from paracube.planner.layout_memory import stage_memory
 
-    cfg = zcfg(0, dp=1, tp=2, sp=sp, steps=1, accum=1, model=DEEP)
+    cfg = zcfg(0, dp=1, tp=2, sp=sp, steps=1, accum=1, model=DEEP, recompute=recompute)
     peak = pools(2).run(run_engine, cfg)[0][2][-1].memory["activations_peak"]
     planned = stage_memory(cfg.model, Layout.from_config(cfg), cfg.precision)[0].activations
     assert peak == planned
