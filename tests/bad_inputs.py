@@ -316,6 +316,8 @@ CASES: list[tuple[str, list[str], str]] = [
      "--layers with --model gpt3-1.3b: a model's shape is its own"),
     ("plan", ["plan", "--model", "resnet50", "--gpus", "8", "--global-batch", "8", "--seq", "8"],
      "--seq with --model resnet50: it is not a transformer and its shape is fixed"),
+    ("plan", ["plan", "--model", "resnet50", "--gpus", "8", "--global-batch", "64", "--compress", "topk:0.01"],
+     "compress='topk:0.01': resnet50 is described without layers"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--layout", "cp=3"],
      "--layout cp=3 does not divide --gpus 8"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--layout", "cp=2",

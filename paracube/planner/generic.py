@@ -14,7 +14,7 @@ ResNet-50 (He et al. 2016, Table 1), derived here from its architecture:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from paracube.choices import state_bytes_per_parameter
 from paracube.errors import ConfigError
@@ -109,12 +109,28 @@ def evaluate(
     return memory, est
 
 
+# The software a model described without layers is planned under: how its gradients are
+# reduced and accumulated (the search also fixes micro-batches and ZeRO stage). A fixed
+# choice beyond these and off its default (the attention kernel, the loss, compression, …)
+# describes layers it has not: refused with the reason, never matched against nothing.
+GENERIC_SOFTWARE = ("overlap_grad_reduce", "grad_reduce", "backward_prefetch", "grad_accumulation")
+
+
 def search_generic(
     model: GenericModel, cluster: Cluster, gpus: int, global_batch: int, precision: str, fixed: dict
 ):
     """Data-parallel layouts over all ``gpus``: micro-batch and ZeRO stage."""
     from paracube.planner.search import Candidate, SearchResult, rank
 
+    searched = {"dp", "micro_batch", "microbatches", "zero", *GENERIC_SOFTWARE}
+    defaults = {f.name: f.default for f in fields(Layout)}
+    unmodelled = sorted(k for k, v in fixed.items() if k not in searched and v != defaults.get(k))
+    if unmodelled:
+        raise ConfigError(
+            f"{', '.join(f'{k}={fixed[k]!r}' for k in unmodelled)}: {model.name} is described "
+            "without layers (parameters, FLOPs and activations per sample); the planner fixes "
+            f"only its micro-batch, ZeRO stage and {', '.join(GENERIC_SOFTWARE)}: drop the rest"
+        )
     result = SearchResult(ranked=[])
     if global_batch % gpus:
         result.rejected["global batch not divisible by dp"] = 1
@@ -127,11 +143,7 @@ def search_generic(
                 micro_batch=b,
                 microbatches=global_batch // (gpus * b),
                 zero=zero,
-                # the software, as fixed
-                overlap_grad_reduce=fixed.get("overlap_grad_reduce", True),
-                grad_reduce=fixed.get("grad_reduce", "fp32"),
-                backward_prefetch=fixed.get("backward_prefetch", True),
-                grad_accumulation=fixed.get("grad_accumulation", "buffer"),
+                **{k: fixed[k] for k in GENERIC_SOFTWARE if k in fixed},  # as fixed
             )
             if any(getattr(layout, k) != v for k, v in fixed.items()):
                 continue
