@@ -36,6 +36,12 @@ Sources:
   table's third row (131,072 tokens at cp 16) is left out: its virtual stages are not
   stated, and its MFU converts to tokens/s only under a count of causal attention the
   paper does not give.
+- Nemotron-4 report: NVIDIA 2024, "Nemotron-4 340B Technical Report" (arXiv 2406.11704),
+  §2 and Table 2: 768 DGX H100 nodes, 8-way tensor and 12-way interleaved pipeline
+  parallelism, the batch ramp's last stage — data parallel 64 on 6,144 GPUs, global batch
+  2,304 × 4,096 tokens, 8.0 s per iteration, MFU 41.0 % (paracube's FLOP count gives
+  40.9 %: test). The model from NeMo's nemotron_340b.yaml (below); recomputation and the
+  virtual stages are left to the planner.
 - Megatron-Core: NVIDIA/Megatron-LM ``README.md``, "Performance Benchmarking": GPT-3 175B
   "strong scaled ... from 96 H100 GPUs to 4608 GPUs, using the same batch size of 1152
   sequences", MFU 47 % → 42 %; the section's benchmark configuration (vocabulary 131,072,
@@ -72,6 +78,21 @@ Sources:
   same files (squared-ReLU MLP of 4·h, no biases, rotary; the 256,000-token vocabulary).
   The table's "Model TFLOP / sec / GPU" is its tokens/s × paracube's model FLOPs per token
   to 0.2 % in every row (a test checks it): NeMo counts as paracube does.
+- DGX Cloud benchmarking: NVIDIA/dgxc-benchmarking, the H100 tables of its recipes'
+  READMEs (:data:`DGXC_TABLES`): ``nemo_megatron/README_175b.md`` (GPT-3 175B, TP 4 × PP 8
+  × VP 12, 128–2,048 GPUs), ``nemotron/README_15b.md`` (Nemotron-4 15B, TP 4, micro-batch
+  4, 16–2,048 GPUs), ``nemotron/README_340b.md`` (NeMo 24.11: Nemotron-4 340B, TP 8 × PP 8
+  × VP 12, 128–2,048 GPUs), ``llama3.1/README_{8b,70b,405b}.md`` (NeMo 24.09: Llama 3.1
+  8B at CP 2, 70B at TP 4 × PP 4 × CP 2 × VP 5, 405B at TP 8 × PP 9 × CP 2 × VP 7 on 576–
+  2,304 GPUs and its "proxy" configurations of 7, 21 and 42 blocks on 32–192 GPUs), each
+  in BF16 and in FP8: the global batch and the logged ``train_step_timing`` of every GPU
+  count (their MFU columns follow from those with the READMEs' own FLOP formulas: test).
+  The software from the yaml each recipe names (``nemo_megatron/gpt3_175b_hydra.yaml``,
+  ``nemotron/nemotron4-15b-synth.yaml``; NeMo-Framework-Launcher
+  ``conf/training/llama/llama3_1_*.yaml`` and ``nemotron/nemotron_340b.yaml``): no
+  recomputation, sequence parallelism, userbuffers' TP overlap, the distributed optimizer
+  (GPT-3 and Nemotron-4 340B reducing gradients in bf16), Transformer Engine with delayed
+  FP8 scaling.
 - NeMo long sequence (FP8): NVIDIA/NeMo, ``docs/source/performance/performance_long_sequence.md``
   (container NeMo 24.03.01, DGX-H100, FP8): Llama 2 7B from 4K to 1M tokens per sequence,
   the with-CP configurations (TP, PP, DP, CP as tabled, context parallel up to 32), TFLOP/s
@@ -163,11 +184,13 @@ def runs() -> list[dict]:
         + _mt_nlg()
         + _bloom()
         + _llama3()
+        + _nemotron4_production()
         + _megatron_core_h100()
         + _mosaic()
         + _torchtitan()
         + _automodel()
         + _nemo_fp8()
+        + _dgxc()
         + _megatron_bridge_fp8()
         + _nemo_long_sequence()
     )
@@ -189,6 +212,7 @@ STACKS = {
     "BLOOM": "DeepSpeed pipeline + Megatron TP",
     "BLOOM reshaping": "DeepSpeed pipeline + Megatron TP",
     "Llama 3": "Meta production (H100)",
+    "Nemotron-4 report": "NVIDIA production (H100)",
     "Megatron-Core": "Megatron-Core (H100)",
     "MosaicML (H100)": "FSDP-only: Composer (H100)",
     "MosaicML (A100 80GB)": "FSDP-only: Composer (A100)",
@@ -200,6 +224,8 @@ STACKS = {
     "Megatron-Bridge 25.11 (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
     "Megatron-Bridge 26.02 (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
     "NeMo long sequence (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
+    "DGX Cloud benchmarking (BF16)": "Megatron-Core via NeMo, BF16 (H100)",
+    "DGX Cloud benchmarking (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
 }
 
 
@@ -326,6 +352,18 @@ def _llama3() -> list[dict]:
     ]
 
 
+def _nemotron4_production() -> list[dict]:
+    """Nemotron-4 340B's pre-training on 6,144 H100s (its report's Table 2, last stage of the
+    batch ramp): 2,304 sequences of 4,096 tokens per 8.0-second iteration, BF16; TP 8 × PP
+    12 interleaved (virtual stages not stated: the planner's) × DP 64."""
+    cfg = _nemotron("Nemotron-4 340B", 96, 18432, 96, 8)
+    fixed = dict(tp=8, pp=12, dp=64, sequence_parallel=True, attention="fused", zero=1,
+                 schedule="interleaved-1f1b", **MEGATRON_CORE)
+    published = round(2304 * cfg.seq_len * model_flops_per_token(cfg) / 8.0 / 6144 / 1e12, 1)
+    return [_run("Nemotron-4 report", cfg, "h100", 6144, 2304, "bf16", fixed, "model",
+                 published)]
+
+
 def _megatron_core_h100() -> list[dict]:
     """Megatron-Core's GPT-3 175B strong scaling on H100: 1152 sequences per step on 96 and
     4608 GPUs, TP 4 × PP 8 interleaved, sequence parallel; model TFLOP/s = MFU × 989."""
@@ -391,21 +429,25 @@ def _automodel() -> list[dict]:
     return [_run("NeMo AutoModel", cfg, "h100", 64, 128, "bf16", fixed, "model", published)]
 
 
+def _nemo_gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelConfig:
+    """NeMo's GPT-3 (the launcher's gpt3/*.yaml): learned positions, biases, GELU MLP of 4·h,
+    sequence 2048, the GPT-2 BPE vocabulary padded to 50,304."""
+    return ModelConfig(n_layers=layers, hidden=hidden, n_heads=heads, vocab_size=50304,
+                       seq_len=2048, name=name)
+
+
+def _nemotron(name: str, layers: int, hidden: int, heads: int, kv: int) -> ModelConfig:
+    """The launcher's nemotron_*.yaml: LayerNorm, rotary positions, no biases, untied, an MLP
+    of 4·h with squared ReLU — the planner's two-matrix MLP (its "gelu": the same matmuls and
+    element-wise passes) —, the 256,000-token vocabulary of Nemotron's tokenizer
+    (nemotron_2_256k; the NeMo table's TFLOP column confirms it, test)."""
+    return ModelConfig(n_layers=layers, hidden=hidden, n_heads=heads, n_kv_heads=kv,
+                       vocab_size=256000, seq_len=4096, position="rope", bias=False, name=name)
+
+
 def _nemo_fp8() -> list[dict]:
     """NeMo 24.07's FP8 pre-training table on DGX-H100 (Megatron-Core under NeMo)."""
-    def gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelConfig:
-        return ModelConfig(n_layers=layers, hidden=hidden, n_heads=heads, vocab_size=50304,
-                           seq_len=2048, name=name)
-
-    def nemotron(name: str, layers: int, hidden: int, heads: int, kv: int) -> ModelConfig:
-        # the launcher's nemotron_*.yaml: LayerNorm, rotary positions, no biases, untied,
-        # an MLP of 4·h with squared ReLU — the planner's two-matrix MLP (its "gelu": the
-        # same matmuls and element-wise passes) —, the 256,000-token vocabulary of
-        # Nemotron's tokenizer (nemotron_2_256k; the table's TFLOP column confirms it, test)
-        return ModelConfig(n_layers=layers, hidden=hidden, n_heads=heads, n_kv_heads=kv,
-                           vocab_size=256000, seq_len=4096, position="rope", bias=False,
-                           name=name)
-
+    gpt3, nemotron = _nemo_gpt3, _nemotron
     # the *_fp8_performance.yaml: selective recompute, bf16 gradient sync, and userbuffers'
     # tensor-parallel overlap (ub_tp_comm_overlap) where tp > 1
     gpt3_sw: dict[str, object] = dict(
@@ -438,6 +480,67 @@ def _nemo_fp8() -> list[dict]:
             fixed.update(schedule="interleaved-1f1b", chunks=vp)
         published = round(tokens * model_flops_per_token(cfg) / 1e12, 1)
         out.append(_run("NeMo (FP8)", cfg, "h100", n, B, "fp8", fixed, "model", published))
+    return out
+
+
+# NVIDIA/dgxc-benchmarking's H100 tables: (model, tp, pp, cp, vp, micro-batch, software,
+# [(GPUs, global batch, BF16 step seconds, FP8 step seconds), …]). The software of each
+# recipe's configuration (the launcher yaml it names, as its README says to keep):
+# gpt3_175b_hydra.yaml — no recomputation, sequence parallel, userbuffers' TP overlap,
+# distributed_fused_adam with grad_sync_dtype bf16; nemotron4-15b: no recomputation, TP
+# overlap, the distributed optimizer; nemotron_340b.yaml as NeMo 24.07's row above; the
+# llama3_1_*.yaml — no recomputation, TP overlap, distributed_fused_adam.
+_DGXC_GPT3 = dict(recompute="none", grad_reduce="compute", tp_comm_overlap=True)
+_DGXC_LLAMA = dict(recompute="none", tp_comm_overlap=True)
+DGXC_TABLES: list[tuple[ModelConfig, int, int, int, int, int, dict, list[tuple[int, int, float, float]]]] = [
+    (_nemo_gpt3("GPT-3 175B", 96, 12288, 96), 4, 8, 1, 12, 1, _DGXC_GPT3,
+     [(128, 256, 8.309, 5.626), (256, 512, 8.408, 5.725), (512, 1024, 8.42, 5.774),
+      (1024, 2048, 8.453, 5.82), (2048, 4096, 8.49, 5.96)]),
+    (_nemotron("Nemotron-4 15B", 32, 6144, 48, 8), 4, 1, 1, 1, 4,
+     dict(recompute="none", tp_comm_overlap=True),
+     [(16, 64, 2.812, 2.039), (32, 128, 2.824, 2.046), (64, 256, 2.845, 2.048),
+      (128, 512, 2.859, 2.059), (256, 1024, 2.852, 2.075), (512, 2048, 2.875, 2.12),
+      (1024, 4096, 2.895, 2.094), (2048, 8192, 2.887, 2.12)]),
+    (_nemotron("Nemotron-4 340B", 96, 18432, 96, 8), 8, 8, 1, 12, 1,
+     dict(recompute="none", tp_comm_overlap=True, grad_reduce="compute"),
+     [(128, 32, 4.61, 3.16), (256, 64, 4.67, 3.21), (512, 128, 4.7, 3.26),
+      (1024, 256, 4.73, 3.34), (2048, 512, 4.84, 3.49)]),
+    (preset("llama3-8b"), 1, 1, 2, 1, 1, _DGXC_LLAMA,
+     [(8, 128, 12.91, 9.67), (16, 256, 13.00, 9.73), (32, 512, 13.05, 9.75),
+      (64, 1024, 13.08, 9.80), (128, 2048, 13.10, 9.82)]),
+    (preset("llama3-70b"), 4, 4, 2, 5, 1, _DGXC_LLAMA,
+     [(64, 128, 14.72, 11.01), (128, 256, 14.73, 10.93), (256, 512, 14.8, 11.16),
+      (512, 1024, 14.89, 11.18), (1024, 2048, 14.92, 11.28), (2048, 4096, 14.98, 11.39)]),
+    (preset("llama3-405b"), 8, 9, 2, 7, 1, _DGXC_LLAMA,
+     [(576, 252, 17.20, 11.24), (1152, 504, 17.52, 11.31), (2304, 1008, 17.62, 12.35)]),
+]
+# Llama 3.1 405B's proxy configurations for fewer GPUs: the same blocks, fewer of them
+# (layers, GPUs, pp, vp, global batch, BF16 step seconds, FP8 step seconds)
+DGXC_405B_PROXIES = [(7, 32, 1, 1, 126, 8.85, 5.80), (21, 96, 3, 7, 126, 8.75, 5.71),
+                     (42, 192, 3, 7, 252, 16.93, 11.00)]
+
+
+def _dgxc() -> list[dict]:
+    """NVIDIA's DGX Cloud benchmarking recipes on H100 (Megatron-Core under NeMo): every
+    GPU count of their BF16 and FP8 tables, step seconds converted to model TFLOP/s per GPU
+    with paracube's FLOP count."""
+    tables = list(DGXC_TABLES)
+    for layers, n, pp, vp, B, bf16, fp8 in DGXC_405B_PROXIES:
+        cfg = replace(preset("llama3-405b"), n_layers=layers,
+                      name=f"llama3-405b ({layers} blocks)")
+        tables.append((cfg, 8, pp, 2, vp, 1, _DGXC_LLAMA, [(n, B, bf16, fp8)]))
+    out = []
+    for cfg, tp, pp, cp, vp, b, software, scales in tables:
+        for n, B, *steps in scales:
+            fixed = dict(tp=tp, pp=pp, cp=cp, dp=n // (tp * pp * cp), micro_batch=b, zero=1,
+                         sequence_parallel=tp > 1, attention="fused", **MEGATRON_CORE,
+                         **software)
+            if vp > 1:
+                fixed.update(schedule="interleaved-1f1b", chunks=vp)
+            for precision, step in zip(("bf16", "fp8"), steps):
+                published = round(B * cfg.seq_len * model_flops_per_token(cfg) / step / n / 1e12, 1)
+                out.append(_run(f"DGX Cloud benchmarking ({precision.upper()})", cfg, "h100", n,
+                                B, precision, fixed, "model", published))
     return out
 
 

@@ -607,13 +607,17 @@ def overlapped_tp_comm(comm: float, gemms: float, t: int) -> float:
 
 
 def pp_transfer_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, elem: int) -> float:
-    """Stage-boundary transfers: one activation forward and one gradient back per micro-batch."""
+    """Stage-boundary transfers: one activation forward and one gradient back per micro-batch
+    at every boundary it crosses on this rank — once per model chunk, so ``chunks`` times
+    under the interleaved schedule ("the amount of communication also increases by v",
+    Narayanan et al. 2021, §2.2.2): a (b, s, h) tensor, 1/tp of it under sequence
+    parallelism (Megatron sends the sequence shard)."""
     if layout.pp == 1:
         return 0.0
     n = layout.micro_batch * cfg.seq_len * cfg.hidden * elem
     link = cluster.intra if layout.gpus <= cluster.gpus_per_node else cluster.inter
     per_message = n / (layout.tp if layout.sequence_parallel else 1) / link.bandwidth
-    return 2 * layout.microbatches * (per_message + link.latency)
+    return 2 * layout.microbatches * layout.chunks * (per_message + link.latency)
 
 
 def reduction_time(params: float, layout: Layout, link: Interconnect, elem: int) -> float:
