@@ -58,6 +58,14 @@ Sources:
   with paracube's own FLOP count). The rows with the checkpointing paracube implements: none,
   full, and "selective layer" (every other block: half the blocks recomputed); the
   "selective op" rows (an op-level policy) are left out.
+- IBM FMS FSDP: foundation-model-stack/fms-fsdp, ``README.md``'s throughput table (128
+  A100s, tokens/s per GPU; PyTorch blog, "Maximizing training throughput using PyTorch
+  FSDP", IBM and Meta, 2024): the two FULL_SHARD rows — its "34b" at batch 8 and Llama 2
+  70B at batch 6 per GPU, activation checkpointing on (every block: ``selective_checkpointing``
+  1), sequence 4,096, SDPA's FlashAttention-2, bf16 gradients reduced (its bfSixteen policy),
+  one micro-batch per step; A100 80GB (70B at batch 6 does not fit 40 GB). The two HYBRID_SHARD
+  rows (7B, 13B: sharded within a node, replicated across) are left out: the planner does
+  not model hybrid sharding.
 - NeMo AutoModel: NVIDIA-NeMo/Automodel, ``docs/performance-summary.md`` (the version of
   April 2026; also docs.nvidia.com/nemo/automodel, "Performance Summary"), pre-training on
   DGX-H100 in BF16: Llama 3 70B on 64 GPUs, global batch 128 × 8192 tokens, micro-batch 1,
@@ -188,6 +196,7 @@ def runs() -> list[dict]:
         + _megatron_core_h100()
         + _mosaic()
         + _torchtitan()
+        + _fms_fsdp()
         + _automodel()
         + _nemo_fp8()
         + _dgxc()
@@ -219,6 +228,7 @@ STACKS = {
     "MosaicML (A100 40GB)": "FSDP-only: Composer (A100)",
     "MosaicML (H100 FP8)": "FSDP-only: Composer, FP8 (H100)",
     "torchtitan": "FSDP-only: FSDP2 (A100)",
+    "IBM FMS FSDP": "FSDP-only: FSDP1 (A100)",
     "NeMo AutoModel": "FSDP2 + context parallel (H100)",
     "NeMo (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
     "Megatron-Bridge 25.11 (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
@@ -416,6 +426,23 @@ def _torchtitan() -> list[dict]:
             fixed["recompute_blocks"] = cfg.n_layers // 2
         published = round(wps * model_flops_per_token(cfg) / 1e12, 1)
         out.append(_run("torchtitan", cfg, "a100-80gb", 64, 64 * b, "bf16", fixed, "model",
+                        published))
+    return out
+
+
+def _fms_fsdp() -> list[dict]:
+    """IBM's FMS FSDP runs on 128 A100s with FULL_SHARD (ZeRO-3), one micro-batch per step,
+    every block checkpointed: tokens/s per GPU × model FLOPs per token."""
+    # fms-fsdp's "34b" (its get_model_config: Llama 2 70B's width and heads at 48 blocks and
+    # an MLP of 22,016) and Llama 2 70B, Llama 2's vocabulary and its 4,096 tokens
+    fms_34b = replace(preset("llama2-70b"), n_layers=48, ffn_hidden=22016, name="fms-fsdp 34b")
+    out = []
+    for cfg, b, tokens in [(fms_34b, 8, 772), (preset("llama2-70b"), 6, 380)]:
+        # FSDP1: BACKWARD_PRE prefetch (its default), bf16 reduce (the bfSixteen policy)
+        fixed = dict(dp=128, tp=1, pp=1, zero=3, micro_batch=b, recompute="full",
+                     attention="fused", grad_reduce="compute", **PYTORCH_FSDP)
+        published = round(tokens * model_flops_per_token(cfg) / 1e12, 1)
+        out.append(_run("IBM FMS FSDP", cfg, "a100-80gb", 128, 128 * b, "bf16", fixed, "model",
                         published))
     return out
 
