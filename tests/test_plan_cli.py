@@ -243,6 +243,33 @@ def test_software_options_describe_the_run(capsys):
     )  # recompute counted
 
 
+def test_a_stack_states_its_software_at_once(capsys):
+    """--stack megatron-core is the four facts the README's NeMo example spells out (the same
+    plan to the byte); a flag of its own overrides the stack's (here the pipeline split);
+    --stack paracube is the default; the software owner is paracube.planner.stacks."""
+    from paracube.planner.stacks import MEGATRON_CORE
+
+    argv = ["--model", "llama3-70b", "--gpus", "64", "--gpu", "h100", "--global-batch", "128",
+            "--precision", "fp8", "--layout", "dp=2,tp=4,pp=4,cp=2", "--chunks", "5",
+            "--micro-batch", "1", "--schedule", "interleaved-1f1b", "--zero", "1"]  # fmt: skip
+    flags = ["--activations", "megatron", "--loss", "fused", "--grad-accumulation", "fused",
+             "--pipeline-split", "even"]  # fmt: skip
+    assert {k: MEGATRON_CORE[k] for k in ("activations", "loss", "grad_accumulation")} == {
+        "activations": "megatron", "loss": "fused", "grad_accumulation": "fused"
+    }  # fmt: skip
+    stated = best(capsys, *argv, "--stack", "megatron-core")
+    assert stated == best(capsys, *argv, *flags)
+    assert stated["layout"]["split"] == "even" and stated["layout"]["activations"] == "megatron"
+    overridden = best(capsys, *argv, "--stack", "megatron-core", "--pipeline-split", "engine")
+    assert overridden["layout"]["split"] == "engine"
+    assert overridden["layout"]["activations"] == "megatron"
+    assert best(capsys, *argv, "--stack", "paracube") == best(capsys, *argv)
+    composer = best(capsys, "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "64",
+                    "--zero", "3", "--stack", "composer")  # fmt: skip
+    assert composer["layout"]["backward_prefetch"] is False
+    assert composer["layout"]["grad_accumulation"] == "side-stream"
+
+
 def test_grad_reduce_is_part_of_the_software(capsys):
     """--grad-reduce compute halves the gradient bytes the reduction moves and each GPU
     holds, the launch command carries it, and the speed-up's baseline runs it too."""

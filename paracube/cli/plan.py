@@ -95,6 +95,17 @@ def add_parser(sub) -> None:
         help="fix sequence parallelism on or off (default: on wherever tp > 1)",
     )
     t.add_argument(
+        "--stack",
+        default=None,
+        help="the training software to plan for, all its facts at once (each flag below "
+        "overrides its own): paracube (default: what paracube train runs), megatron-core "
+        "(Transformer Engine's blocks, the fused loss, weight gradients accumulated by the "
+        "GEMMs, Megatron's even pipeline split), megatron-lm-2021 (unfused attention, no "
+        "sequence parallelism, gradients reduced after the backward, even split), fsdp "
+        "(PyTorch FSDP1/FSDP2, torchtitan: gradients cast and divided on a side stream) or "
+        "composer (its FSDP1 without backward prefetch, the fused loss)",
+    )
+    t.add_argument(
         "--attention",
         default=None,
         help="fused (FlashAttention-2 / PyTorch SDPA, paracube's default), fused-triton "
@@ -296,37 +307,43 @@ SOFTWARE = (
 
 
 def _plan_fixed(args, gpus: int) -> dict:
-    fixed: dict = {}
+    from paracube.planner.stacks import stack
+
+    layout: dict = {}
     if args.layout:
         try:
-            fixed = {
+            layout = {
                 k.strip(): int(v) for k, v in (part.split("=") for part in args.layout.split(","))
             }
         except ValueError:
             raise ParacubeError(f"--layout {args.layout!r}: write it as dp=N,tp=N,pp=N") from None
-        if set(fixed) - {"dp", "tp", "pp", "cp"} or any(v <= 0 for v in fixed.values()):
+        if set(layout) - {"dp", "tp", "pp", "cp"} or any(v <= 0 for v in layout.values()):
             raise ParacubeError(
                 f"--layout {args.layout!r}: only dp, tp, pp and cp, each a positive integer"
             )
-        if fixed.get("tp", 1) > min(args.gpus_per_node, gpus):
+        if layout.get("tp", 1) > min(args.gpus_per_node, gpus):
             raise ParacubeError(
-                f"--layout tp={fixed['tp']} is larger than a node ({min(args.gpus_per_node, gpus)} GPUs): "
+                f"--layout tp={layout['tp']} is larger than a node ({min(args.gpus_per_node, gpus)} GPUs): "
                 "tensor parallelism needs the intra-node links; use pipeline or data parallelism across nodes"
             )
-        product = fixed.get("dp", 1) * fixed.get("tp", 1) * fixed.get("pp", 1) * fixed.get("cp", 1)
-        if {"dp", "tp", "pp"} <= set(fixed) and product != gpus:
+        product = (
+            layout.get("dp", 1) * layout.get("tp", 1) * layout.get("pp", 1) * layout.get("cp", 1)
+        )
+        if {"dp", "tp", "pp"} <= set(layout) and product != gpus:
             raise ParacubeError(
                 f"--layout {args.layout}: dp×tp×pp×cp = {product} but --gpus is {gpus}; make them equal"
             )
-        if gpus % fixed.get("cp", 1):
+        if gpus % layout.get("cp", 1):
             raise ParacubeError(
-                f"--layout cp={fixed['cp']} does not divide --gpus {gpus}: choose a cp that does"
+                f"--layout cp={layout['cp']} does not divide --gpus {gpus}: choose a cp that does"
             )
-        if fixed.get("cp", 1) > 1 and args.emit == "torchrun":
+        if layout.get("cp", 1) > 1 and args.emit == "torchrun":
             raise ParacubeError(
-                f"--layout cp={fixed['cp']} with --emit torchrun: paracube train does not run "
+                f"--layout cp={layout['cp']} with --emit torchrun: paracube train does not run "
                 "context parallelism (cp is planned to evaluate Megatron-Core runs); drop one"
             )
+    # the stack's software first: the layout and every explicit flag override it
+    fixed: dict = {**(stack(args.stack) if args.stack else {}), **layout}
     for name in (
         "micro_batch",
         "schedule",
@@ -371,6 +388,17 @@ def cmd_plan(args) -> int:
             f"{' '.join(shape)} with --model {args.model}: it is not a transformer and its "
             f"shape is fixed; drop {' '.join(shape)}"
         )
+    if other is not None and args.stack is not None:
+        from paracube.planner.generic import GENERIC_SOFTWARE
+        from paracube.planner.stacks import stack
+
+        unmodelled = sorted(set(stack(args.stack)) - set(GENERIC_SOFTWARE))
+        if unmodelled:
+            raise ParacubeError(
+                f"--stack {args.stack} with --model {args.model}: it is described without layers, "
+                f"and the stack's {', '.join(unmodelled)} describe blocks it does not have; use "
+                "--stack paracube or fsdp"
+            )
     cfg = other or _plan_model(args)  # a transformer (ModelConfig) or a generic model
     cluster = _cluster(args)
     result = _search(args, cfg, cluster, _plan_fixed(args, args.gpus))
@@ -415,6 +443,7 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         ZERO_STAGES,
     )
     from paracube.pipeline.schedules import SCHEDULES
+    from paracube.planner.stacks import STACK_SOFTWARE
     from paracube.values import compression
 
     for name in ("gpus", "global_batch"):
@@ -450,6 +479,7 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         ("activations", "--activations", ACTIVATION_MEMORY),
         ("grad_reduce", "--grad-reduce", GRAD_REDUCE),
         ("offload", "--offload", OFFLOAD),
+        ("stack", "--stack", tuple(STACK_SOFTWARE)),
     )
     for name, flag, allowed in named:
         value = getattr(args, name)
@@ -464,6 +494,11 @@ def _check_args(args, whole_nodes: bool = True) -> None:
     if args.emit == "torchrun":  # before the search: a command paracube train runs as planned
         from paracube.planner.layout import OTHER_SOFTWARE, Layout
 
+        if args.stack not in (None, "paracube"):
+            raise ParacubeError(
+                f"--stack {args.stack} with --emit torchrun: paracube train runs its own software "
+                "(the other stacks are planned to evaluate their runs); drop one"
+            )
         stated = {k: getattr(args, k) for k in OTHER_SOFTWARE if getattr(args, k) is not None}
         Layout(**stated).check_paracube_software()
     if args.split not in (None, "engine") and args.emit == "torchrun":

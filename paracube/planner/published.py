@@ -132,45 +132,15 @@ from paracube.planner import mosaic
 from paracube.planner.flops import hardware_flops_per_token, model_flops_per_token
 from paracube.planner.layout_memory import peak_memory
 from paracube.planner.search import Candidate, candidate_layouts, search
-from paracube.planner.time_model import Cluster, estimate
-
-# Megatron's vocabulary-parallel cross-entropy computes its gradient in the saved softmax's
-# own buffer (megatron/core/tensor_parallel/cross_entropy.py, backward: grad_input = softmax,
-# then in-place updates), not in two new fp32 tensors as paracube's loss does
-MEGATRON_LOSS = dict(loss="fused")
-# Megatron's pipeline split: the same number of blocks in every (virtual) stage, the embedding
-# and the head on top of the first's and the last's (Megatron-LM's get_num_layers,
-# Megatron-Core's get_num_layers_to_build; Megatron-DeepSpeed's GPTModelPipe:
-# partition_method="type:transformer"), not paracube's cut by parameters (stages.even_shares)
-MEGATRON_SPLIT = dict(split="even", **MEGATRON_LOSS)
-# Megatron-Core with Transformer Engine (its README's runs, NeMo, Megatron-Bridge): the fused
-# loss, blocks that keep what TE's modules keep (memory.te_block_bytes), and weight
-# gradients accumulated by the GEMMs themselves (--gradient-accumulation-fusion, on unless
-# --no-gradient-accumulation-fusion: megatron/training/arguments.py)
-MEGATRON_CORE = dict(activations="megatron", grad_accumulation="fused", **MEGATRON_SPLIT)
-# Megatron-LM 2021 and DeepSpeed's pipeline engine: unfused attention, no sequence parallelism,
-# gradients all-reduced after the last backward
-MEGATRON_2021 = dict(
-    attention="unfused", sequence_parallel=False, overlap_grad_reduce=False, **MEGATRON_SPLIT
+from paracube.planner.stacks import (
+    COMPOSER_FSDP,
+    MEGATRON_2021,
+    MEGATRON_CORE,
+    MEGATRON_FP16,
+    MEGATRON_SPLIT,
+    PYTORCH_FSDP,
 )
-# The dtype gradients are reduced in (the planner's default: fp32). Megatron-LM under fp16
-# reduces fp16 gradients unless asked (--accumulate-allreduce-grads-in-fp32 defaults off);
-# under bf16 it forces fp32 ("bfloat16 requires gradient accumulation and all-reduce to be
-# done in fp32", megatron/training/arguments.py) — MT-NLG's Megatron-DeepSpeed and
-# Megatron-Core alike. Llama 3: "we use FP32 gradient accumulation during backward
-# computation over multiple micro-batches and also reduce-scatter gradients in FP32 across
-# data parallel workers in FSDP" (§3.3.4). Composer: the sweep's FSDP mixed_precision
-# DEFAULT (reduce_dtype float32); torchtitan: mixed_precision_reduce "float32".
-MEGATRON_FP16 = dict(grad_reduce="compute")
-# Composer's FSDP (FSDP1) gathers a unit's parameters for backward only after the backward
-# before it: FSDPConfig's backward_prefetch defaults to BACKWARD_POST (composer.utils.
-# FSDPConfig), which the sweep leaves as is (submit_benchmarks.py sets it only when asked;
-# the mpt-*.yaml fsdp_config does not). torchtitan's FSDP2 prefetches (the planner's default).
-# Its MPT loss is llm-foundry's default fused_crossentropy (ComposerMPTCausalLM's loss_fn
-# default, llmfoundry/models/mpt/modeling_mpt.py: flash-attn's xentropy kernel). PyTorch
-# FSDP (1 and 2) casts and pre-divides each unit's gradient on its post-backward stream.
-PYTORCH_FSDP = dict(grad_accumulation="side-stream")
-COMPOSER_FSDP = dict(backward_prefetch=False, loss="fused", **PYTORCH_FSDP)
+from paracube.planner.time_model import Cluster, estimate
 
 
 def gpt(heads: int, hidden: int, layers: int) -> ModelConfig:

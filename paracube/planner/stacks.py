@@ -1,0 +1,73 @@
+"""The software of the stacks the planner describes, as layout facts (pure data).
+
+A published run is timed with the software it ran (``paracube.planner.published``), and a
+user planning for another stack names it once (``paracube plan --stack``) instead of each
+fact: the attention kernel, the loss, what a block keeps, how gradients are accumulated and
+reduced, the pipeline split, ZeRO-3's prefetching. Each fact is a :class:`~paracube.planner.
+layout.Layout` field; paracube's own software is every field at its default (the
+``paracube`` stack). Explicit choices override a stack's.
+
+>>> stack("megatron-core")["grad_accumulation"]
+'fused'
+"""
+
+from __future__ import annotations
+
+from paracube.errors import ConfigError
+
+# Megatron's vocabulary-parallel cross-entropy computes its gradient in the saved softmax's
+# own buffer (megatron/core/tensor_parallel/cross_entropy.py, backward: grad_input = softmax,
+# then in-place updates), not in two new fp32 tensors as paracube's loss does
+MEGATRON_LOSS: dict[str, object] = dict(loss="fused")
+# Megatron's pipeline split: the same number of blocks in every (virtual) stage, the embedding
+# and the head on top of the first's and the last's (Megatron-LM's get_num_layers,
+# Megatron-Core's get_num_layers_to_build; Megatron-DeepSpeed's GPTModelPipe:
+# partition_method="type:transformer"), not paracube's cut by parameters (stages.even_shares)
+MEGATRON_SPLIT: dict[str, object] = dict(split="even", **MEGATRON_LOSS)
+# Megatron-Core with Transformer Engine (its README's runs, NeMo, Megatron-Bridge): the fused
+# loss, blocks that keep what TE's modules keep (memory.te_block_bytes), and weight
+# gradients accumulated by the GEMMs themselves (--gradient-accumulation-fusion, on unless
+# --no-gradient-accumulation-fusion: megatron/training/arguments.py)
+MEGATRON_CORE: dict[str, object] = dict(
+    activations="megatron", grad_accumulation="fused", **MEGATRON_SPLIT
+)
+# Megatron-LM 2021 and DeepSpeed's pipeline engine: unfused attention, no sequence parallelism,
+# gradients all-reduced after the last backward
+MEGATRON_2021: dict[str, object] = dict(
+    attention="unfused", sequence_parallel=False, overlap_grad_reduce=False, **MEGATRON_SPLIT
+)
+# The dtype gradients are reduced in (the planner's default: fp32). Megatron-LM under fp16
+# reduces fp16 gradients unless asked (--accumulate-allreduce-grads-in-fp32 defaults off);
+# under bf16 it forces fp32 ("bfloat16 requires gradient accumulation and all-reduce to be
+# done in fp32", megatron/training/arguments.py) — MT-NLG's Megatron-DeepSpeed and
+# Megatron-Core alike. Llama 3: "we use FP32 gradient accumulation during backward
+# computation over multiple micro-batches and also reduce-scatter gradients in FP32 across
+# data parallel workers in FSDP" (§3.3.4). Composer: the sweep's FSDP mixed_precision
+# DEFAULT (reduce_dtype float32); torchtitan: mixed_precision_reduce "float32".
+MEGATRON_FP16: dict[str, object] = dict(grad_reduce="compute")
+# Composer's FSDP (FSDP1) gathers a unit's parameters for backward only after the backward
+# before it: FSDPConfig's backward_prefetch defaults to BACKWARD_POST (composer.utils.
+# FSDPConfig), which the sweep leaves as is (submit_benchmarks.py sets it only when asked;
+# the mpt-*.yaml fsdp_config does not). torchtitan's FSDP2 prefetches (the planner's default).
+# Its MPT loss is llm-foundry's default fused_crossentropy (ComposerMPTCausalLM's loss_fn
+# default, llmfoundry/models/mpt/modeling_mpt.py: flash-attn's xentropy kernel). PyTorch
+# FSDP (1 and 2) casts and pre-divides each unit's gradient on its post-backward stream.
+PYTORCH_FSDP: dict[str, object] = dict(grad_accumulation="side-stream")
+COMPOSER_FSDP: dict[str, object] = dict(backward_prefetch=False, loss="fused", **PYTORCH_FSDP)
+
+# The stacks a plan can be asked for by name: paracube's own (every fact at its default) and
+# the ones whose facts above were read from their code.
+STACK_SOFTWARE: dict[str, dict[str, object]] = {
+    "paracube": {},
+    "megatron-core": MEGATRON_CORE,
+    "megatron-lm-2021": MEGATRON_2021,
+    "fsdp": PYTORCH_FSDP,
+    "composer": COMPOSER_FSDP,
+}
+
+
+def stack(name: str) -> dict[str, object]:
+    """The layout facts of the stack ``name`` (a copy: the caller may add to it)."""
+    if name not in STACK_SOFTWARE:
+        raise ConfigError(f"unknown stack {name!r}: choose one of {', '.join(STACK_SOFTWARE)}")
+    return dict(STACK_SOFTWARE[name])
