@@ -353,9 +353,9 @@ CASES: list[tuple[str, list[str], str]] = [
               "--grad-accumulation", "fused", "--emit", "torchrun"],
      "grad_accumulation='fused': another stack's software"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8",
-              "--stack", "nemo"],
-     "unknown --stack 'nemo': choose one of paracube, megatron-core, megatron-lm-2021, fsdp, "
-     "composer"),
+              "--stack", "deepspeed"],
+     "unknown --stack 'deepspeed': choose one of paracube, megatron-core, nemo, megatron-bridge, "
+     "megatron-lm-2021, fsdp, torchtitan, composer"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8",
               "--stack", "megatron-core", "--emit", "torchrun"],
      "--stack megatron-core with --emit torchrun: paracube train runs its own software"),

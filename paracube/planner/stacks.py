@@ -57,11 +57,15 @@ COMPOSER_FSDP: dict[str, object] = dict(backward_prefetch=False, loss="fused", *
 
 # The stacks a plan can be asked for by name: paracube's own (every fact at its default) and
 # the ones whose facts above were read from their code.
+# NeMo (2.x) and Megatron-Bridge train with Megatron-Core's modules; torchtitan with FSDP2.
 STACK_SOFTWARE: dict[str, dict[str, object]] = {
     "paracube": {},
     "megatron-core": MEGATRON_CORE,
+    "nemo": MEGATRON_CORE,
+    "megatron-bridge": MEGATRON_CORE,
     "megatron-lm-2021": MEGATRON_2021,
     "fsdp": PYTORCH_FSDP,
+    "torchtitan": PYTORCH_FSDP,
     "composer": COMPOSER_FSDP,
 }
 
