@@ -92,8 +92,9 @@ def test_communication_beside_compute_slows_it():
     )
     gather = _ring(2 * parameter_count(cfg), 64, link) / 2
     scatter = _ring(4 * parameter_count(cfg), 64, link) / 2  # fp32 gradients
+    units = (24 + 23 + 24) * 63 * link.latency  # a ring per unit: zero3_collectives
     assert four.dp_exposed - one.dp_exposed == pytest.approx(
-        OVERLAP_SLOWDOWN * 3 * (2 * gather + scatter)
+        OVERLAP_SLOWDOWN * 3 * (2 * gather + scatter + units)
     )
 
 
@@ -177,7 +178,9 @@ def test_zero3_backward_gathers_without_prefetch_are_waited_for():
         pre, post = (
             estimate(cfg, Layout(**base, backward_prefetch=p), H100) for p in (True, False)
         )
-        gather = _ring(2 * n, 16, dp_link(Layout(**base), H100)) / 2
+        link = dp_link(Layout(**base), H100)
+        # a half ring of the weights, unit by unit: one ring per block (zero3_collectives)
+        gather = _ring(2 * n, 16, link) / 2 + (cfg.n_layers - 1) * 15 * link.latency
         # the prefetched gathers hid and slowed the compute beside them; waited for, they
         # no longer slow it but cost their own seconds, once per micro-batch
         assert post.dp_exposed - pre.dp_exposed == pytest.approx(
@@ -215,3 +218,29 @@ def test_hopper_runs_at_its_measured_sustained_rates():
     assert seconds == pytest.approx(flops / (0.35 * 989e12))
     seconds, flops = attention_core(cfg, layout, a100)
     assert seconds == pytest.approx(flops / (0.50 * 312e12))
+
+
+def test_zero3_pays_a_ring_latency_per_unit():
+    """ZeRO-3 gathers and reduce-scatters unit by unit (time_model.zero3_collectives; the
+    engine's own counts: tests/test_zero.py), and each collective is a ring with its
+    (n − 1) latency steps: over 64 ranks a 24-block model's waited backward gathers pay 23
+    more of them per micro-batch than one gather of all its parameters, and its last
+    micro-batch's gathers and reduce-scatter 24 + 23 + 24 more."""
+    from paracube.planner.time_model import waited_gathers, zero3_collectives
+
+    cfg = preset("gpt3-1.3b")
+    n = parameter_count(cfg)
+    layout = Layout(dp=64, zero=3, micro_batch=1, microbatches=4, backward_prefetch=False)
+    link = dp_link(layout, A100)
+    step = 63 * link.latency  # one half ring's latency over 64 ranks
+    assert zero3_collectives(cfg.n_layers) == (25, 24, 25)
+    blocks = cfg.n_layers
+    assert waited_gathers(layout, link, n, 2, blocks) - waited_gathers(
+        layout, link, n, 2
+    ) == pytest.approx(4 * 23 * step)
+    assert reduction_time(n, layout, link, 2, blocks) - reduction_time(
+        n, layout, link, 2
+    ) == pytest.approx((24 + 23 + 24) * step)
+    assert reduction_time(n, Layout(dp=64, zero=2), link, 2, blocks) == reduction_time(
+        n, Layout(dp=64, zero=2), link, 2
+    )  # ZeRO-2 reduces in buckets, not units

@@ -212,6 +212,21 @@ def test_zero3_peak_parameters_are_a_shard_plus_gathered_units(pools):
         assert peak < full  # never the whole model at once
 
 
+def test_zero3_collectives_per_step_are_the_planners(pools):
+    """The planner charges ZeRO-3 one ring latency per collective (time_model.
+    zero3_collectives: per micro-batch a forward gather per block and one for the root, a
+    backward gather per block — the root stays gathered — and a reduce-scatter per unit);
+    the engine's ledger counts exactly those calls in a step of two micro-batches."""
+    from paracube.planner.time_model import zero3_collectives
+
+    cfg = zcfg(3, dp=2, accum=2, steps=2, model=DEEP)
+    forward, backward, scatters = zero3_collectives(DEEP.n_layers)
+    for _, _, metrics in pools(2).run(run_engine, cfg):
+        comm = metrics[-1].comm
+        assert comm["all_gather/param"]["calls"] == cfg.grad_accum * (forward + backward), comm
+        assert comm["reduce_scatter/grad"]["calls"] == cfg.grad_accum * scatters, comm
+
+
 def test_full_recompute_saves_over_half_the_activations(pools):
     """The engine's per-step peak equals the op-by-op formula for paracube's model, and
     full recomputation keeps less than half of it."""

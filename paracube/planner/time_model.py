@@ -620,23 +620,57 @@ def pp_transfer_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, elem: i
     return 2 * layout.microbatches * layout.chunks * (per_message + link.latency)
 
 
-def reduction_time(params: float, layout: Layout, link: Interconnect, elem: int) -> float:
+def reduction_time(
+    params: float, layout: Layout, link: Interconnect, elem: int, blocks: int = 0
+) -> float:
     """Seconds of one rank's gradient reduction over ``params`` elements on ``link``, once per
     step: a ring all-reduce of the gradients in the dtype they are reduced in (``elem``-byte
     weights; :func:`~paracube.choices.gradient_bytes`); under ZeRO-2 a reduce-scatter (half a
     ring: each rank keeps only its slice); under ZeRO-3 that, plus the backward's and the
-    forward's parameter all-gathers (half a ring each, in the weights' dtype). The
-    reduce-scatters of the micro-batches before the last: :func:`scatter_time`."""
+    forward's parameter all-gathers (half a ring each, in the weights' dtype), unit by unit
+    over the rank's ``blocks`` (:func:`zero3_collectives`). The reduce-scatters of the
+    micro-batches before the last: :func:`scatter_time`."""
     grads = params * gradient_bytes(elem, layout.grad_reduce)
     n = layout.grad_group
     if layout.zero < 2:
         return _ring(grads, n, link)
+    scatter = scatter_time(params, layout, link, elem, blocks)
     if layout.zero == 2:
-        return scatter_time(params, layout, link, elem)
-    return scatter_time(params, layout, link, elem) + 2 * _half_ring(params * elem, n, link)
+        return scatter
+    forward, backward, _ = zero3_collectives(blocks)
+    gathers = 2 * _half_ring(params * elem, n, link)
+    return (
+        scatter
+        + gathers
+        + unit_latency(layout, link, forward)
+        + unit_latency(layout, link, backward)
+    )
 
 
-def scatter_time(params: float, layout: Layout, link: Interconnect, elem: int) -> float:
+def zero3_collectives(blocks: int) -> tuple[int, int, int]:
+    """(forward all-gathers, backward all-gathers, reduce-scatters) of one micro-batch under
+    ZeRO-3 for a rank of ``blocks`` blocks: one per unit — each block, and the root (the
+    embedding, final norm and head), which stays gathered from its forward to the end of the
+    backward, so the backward gathers the blocks only (paracube's ``data_parallel/zero3.py``,
+    whose ledger counts exactly these: ``tests/test_zero.py``; FSDP's auto-wrapped blocks
+    under its root, Zhao et al. 2023 §3). ``blocks`` 0: the rank's parameters as one unit."""
+    if blocks <= 0:
+        return 1, 1, 1
+    return blocks + 1, blocks, blocks + 1
+
+
+def unit_latency(layout: Layout, link: Interconnect, collectives: int) -> float:
+    """The latency a ZeRO-3 pass over a rank's parameters adds by being cut into
+    ``collectives`` rings (:func:`zero3_collectives`): a half ring's (n − 1) latency steps for
+    each one after the first, whose are in the pass's own half ring. 0 below ZeRO-3."""
+    if layout.zero != 3 or collectives <= 1:
+        return 0.0
+    return (collectives - 1) * (layout.grad_group - 1) * link.latency * link.pair_cost_ratio
+
+
+def scatter_time(
+    params: float, layout: Layout, link: Interconnect, elem: int, blocks: int = 0
+) -> float:
     """Seconds of one micro-batch's gradient reduce-scatter under ZeRO-2/3 (half a ring of
     the gradients). These stages keep no full gradients between micro-batches, so every
     backward reduce-scatters its own — paracube's engine refuses ``no_sync`` there
@@ -646,7 +680,9 @@ def scatter_time(params: float, layout: Layout, link: Interconnect, elem: int) -
     reduces in every backward's hooks."""
     if layout.zero < 2:
         return 0.0
-    return _half_ring(params * gradient_bytes(elem, layout.grad_reduce), layout.grad_group, link)
+    grads = params * gradient_bytes(elem, layout.grad_reduce)
+    scatters = zero3_collectives(blocks)[2]
+    return _half_ring(grads, layout.grad_group, link) + unit_latency(layout, link, scatters)
 
 
 def dp_exposed_time(
@@ -667,9 +703,9 @@ def dp_exposed_time(
     it slows down (:data:`OVERLAP_SLOWDOWN`)."""
     g, dp, m = cluster.gpu, layout.grad_group, layout.microbatches
     link = dp_link(layout, cluster)
-    waited = waited_gathers(layout, link, params, elem)
+    waited = waited_gathers(layout, link, params, elem, layers)
     # the first micro-batch's backward gathers hide with the reduction unless waited for
-    allreduce = reduction_time(params, layout, link, elem) - waited / m
+    allreduce = reduction_time(params, layout, link, elem, layers) - waited / m
     blocking = 0.0
     if layout.compress != "none" and dp > 1:
         allreduce, blocking = compressed_reduction(layout, cfg, g, link, params, layers)
@@ -691,31 +727,42 @@ def dp_exposed_time(
         exposed += max(0.0, gather - behind)
         beside_compute += min(gather, behind)
     if layout.zero == 3:  # parameters re-gathered for every micro-batch's forward and backward,
-        prefetched = 2 if layout.backward_prefetch else 1  # behind its compute (or waited_gathers)
-        exposed += (m - 1) * prefetched * max(0.0, gather - forward)
-        beside_compute += (m - 1) * prefetched * min(gather, forward)
+        # unit by unit, behind its compute (or waited for: waited_gathers)
+        forwards, backwards, _ = zero3_collectives(layers)
+        passes = [gather + unit_latency(layout, link, forwards)]
+        if layout.backward_prefetch:
+            passes.append(gather + unit_latency(layout, link, backwards))
+        for one_pass in passes:
+            exposed += (m - 1) * max(0.0, one_pass - forward)
+            beside_compute += (m - 1) * min(one_pass, forward)
     if layout.zero >= 2 and dp > 1:
         # every micro-batch before the last reduce-scatters its gradients during its own
         # backward, unit by unit as they are ready, on the link the prefetched gathers use
-        scatter = scatter_time(params, layout, link, elem)
+        scatter = scatter_time(params, layout, link, elem, layers)
         backward = 2 * per_mb / 3 if overlapped else 0.0
-        if layout.zero == 3 and layout.backward_prefetch:
-            backward = max(0.0, backward - gather)
+        if layout.zero == 3 and layout.backward_prefetch:  # the gathers share the stream
+            backwards = zero3_collectives(layers)[1]
+            backward = max(0.0, backward - gather - unit_latency(layout, link, backwards))
         exposed += (m - 1) * max(0.0, scatter - backward)
         beside_compute += (m - 1) * min(scatter, backward)
     return exposed + OVERLAP_SLOWDOWN * beside_compute
 
 
-def waited_gathers(layout: Layout, link: Interconnect, params: float, elem: int) -> float:
+def waited_gathers(
+    layout: Layout, link: Interconnect, params: float, elem: int, blocks: int = 0
+) -> float:
     """Seconds of ZeRO-3 backward all-gathers nothing hides, per step: without backward
     prefetching (FSDP1's ``BACKWARD_POST``) a unit's gather is issued only "after the current
     set of parameters' gradient computation" (PyTorch, ``torch.distributed.fsdp.
     BackwardPrefetch``), so the next unit's backward waits for it — every micro-batch's
     backward waits for all of its rank's parameters, a half ring of ``params`` ``elem``-byte
-    weights. 0 with prefetching, or below ZeRO-3."""
+    weights, unit by unit over its ``blocks`` (:func:`zero3_collectives`). 0 with
+    prefetching, or below ZeRO-3."""
     if layout.zero != 3 or layout.backward_prefetch or layout.grad_group == 1:
         return 0.0
-    return layout.microbatches * _half_ring(params * elem, layout.grad_group, link)
+    one_pass = _half_ring(params * elem, layout.grad_group, link)
+    backwards = zero3_collectives(blocks)[1]
+    return layout.microbatches * (one_pass + unit_latency(layout, link, backwards))
 
 
 # Compute that runs while a collective is in flight runs slower — the collective's kernels
