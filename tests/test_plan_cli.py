@@ -268,6 +268,9 @@ def test_a_stack_states_its_software_at_once(capsys):
                     "--zero", "3", "--stack", "composer")  # fmt: skip
     assert composer["layout"]["backward_prefetch"] is False
     assert composer["layout"]["grad_accumulation"] == "side-stream"
+    from paracube.planner.stacks import stack
+
+    assert stack("nemo") == {**MEGATRON_CORE, "tp_comm_overlap": True} == stack("megatron-bridge")
 
 
 def test_grad_reduce_is_part_of_the_software(capsys):

@@ -99,8 +99,9 @@ def add_parser(sub) -> None:
         default=None,
         help="the training software to plan for, all its facts at once (each flag below "
         "overrides its own): paracube (default: what paracube train runs), megatron-core "
-        "(also nemo, megatron-bridge: Transformer Engine's blocks, the fused loss, weight "
-        "gradients accumulated by the GEMMs, Megatron's even pipeline split), "
+        "(Transformer Engine's blocks, the fused loss, weight gradients accumulated by the "
+        "GEMMs, Megatron's even pipeline split), nemo or megatron-bridge (the same, with the "
+        "tensor-parallel collectives overlapped as their recipes run them), "
         "megatron-lm-2021 (unfused attention, no sequence parallelism, gradients reduced "
         "after the backward, even split), fsdp (also torchtitan: PyTorch FSDP1/FSDP2, "
         "gradients cast and divided on a side stream) or composer (its FSDP1 without backward "

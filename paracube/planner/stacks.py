@@ -57,12 +57,17 @@ COMPOSER_FSDP: dict[str, object] = dict(backward_prefetch=False, loss="fused", *
 
 # The stacks a plan can be asked for by name: paracube's own (every fact at its default) and
 # the ones whose facts above were read from their code.
-# NeMo (2.x) and Megatron-Bridge train with Megatron-Core's modules; torchtitan with FSDP2.
+# NeMo and Megatron-Bridge train with Megatron-Core's modules, and their performance
+# recipes overlap the tensor-parallel collectives with Transformer Engine's userbuffers
+# (NeMo-Framework-Launcher's training yamls, ub_tp_comm_overlap: true — gpt3, nemotron,
+# llama3, llama3_1; Megatron-Bridge's CommOverlapConfig(tp_comm_overlap=True)), which
+# Megatron-Core leaves off unless --tp-comm-overlap. torchtitan trains with FSDP2.
+NEMO: dict[str, object] = dict(tp_comm_overlap=True, **MEGATRON_CORE)
 STACK_SOFTWARE: dict[str, dict[str, object]] = {
     "paracube": {},
     "megatron-core": MEGATRON_CORE,
-    "nemo": MEGATRON_CORE,
-    "megatron-bridge": MEGATRON_CORE,
+    "nemo": NEMO,
+    "megatron-bridge": NEMO,
     "megatron-lm-2021": MEGATRON_2021,
     "fsdp": PYTORCH_FSDP,
     "torchtitan": PYTORCH_FSDP,
