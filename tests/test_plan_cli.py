@@ -271,6 +271,7 @@ def test_a_stack_states_its_software_at_once(capsys):
     from paracube.planner.stacks import stack
 
     assert stack("nemo") == {**MEGATRON_CORE, "tp_comm_overlap": True} == stack("megatron-bridge")
+    assert "fp8, as nemo runs it;" in plan(capsys, *argv, "--stack", "nemo").splitlines()[0]
 
 
 def test_grad_reduce_is_part_of_the_software(capsys):
@@ -512,3 +513,18 @@ def test_loss_and_recompute_blocks_are_fixed_choices(capsys):
     assert fused["memory"]["total"] < torch_loss["memory"]["total"]
     three = best(capsys, *argv, "--recompute-blocks", "3")["layout"]
     assert (three["recompute"], three["recompute_blocks"]) == ("full", 3)
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """`paracube plan … | head -1`: the pipe closes under the output; the command stops
+    quietly (status 141, as a process ended by SIGPIPE), with nothing on stderr."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "paracube", "plan", "--model", "llama3-70b", "--gpus", "64",
+            "--gpu", "h100", "--global-batch", "128", "--stack", "nemo"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader leaves before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and err == "", err

@@ -38,12 +38,22 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # a reader that left is found here, not in the interpreter's exit
+        return status
     except ParacubeError as e:
         print(f"paracube: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader left (``paracube plan … | head``): stop quietly, as a process killed by
+        # SIGPIPE would (status 128 + 13), pointing stdout at devnull so that flushing it at
+        # exit cannot fail again (the Python documentation's recipe, "Note on SIGPIPE")
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

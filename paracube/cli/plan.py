@@ -671,7 +671,9 @@ def _print(args, cfg, cluster, result) -> None:
     unit = f"× {transformer.seq_len} tokens" if transformer is not None else "samples"
     print(
         f"{cfg.name}: {args.gpus} × {g.name} ({cluster.gpus_per_node} per node), global batch {args.global_batch} "
-        f"{unit}, {args.precision}; {result.evaluated} layouts evaluated, {len(result.ranked)} fit\n"
+        f"{unit}, {args.precision}"
+        + (f", as {args.stack} runs it" if args.stack not in (None, "paracube") else "")
+        + f"; {result.evaluated} layouts evaluated, {len(result.ranked)} fit\n"
     )
     baseline = _baseline(args, cfg, cluster) if result.ranked else None
     print(table(result.ranked[: args.top], cluster, baseline))
