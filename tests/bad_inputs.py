@@ -359,6 +359,9 @@ CASES: list[tuple[str, list[str], str]] = [
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8",
               "--stack", "megatron-core", "--emit", "torchrun"],
      "--stack megatron-core with --emit torchrun: paracube train runs its own software"),
+    ("plan", [*MIXED, "--stack", "megatron-core"],
+     "--stack megatron-core (Megatron's even pipeline split): a mixed cluster's stages are cut "
+     "by each pool's speed"),
     ("plan", ["plan", "--model", "resnet50", "--gpus", "8", "--global-batch", "256",
               "--stack", "megatron-core"],
      "--stack megatron-core with --model resnet50: it is described without layers"),

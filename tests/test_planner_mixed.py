@@ -147,3 +147,16 @@ def test_pipeline_stages_are_timed_at_the_precisions_matmul_rate():
     assert fastest("fp32") > 3 * fastest("bf16")
     with pytest.raises(ConfigError, match="has no FP8 tensor cores"):
         pipeline_plans(GPT, pools, 64, "fp8", fixed)
+
+
+def test_a_stated_software_fact_is_planned_not_a_reason_to_find_nothing(a100_v100):
+    """The mixed planners build their layouts with the software the job states (as the
+    one-type search does): gradients reduced in bf16 are planned — every plan carries them,
+    and the reduction moving half the bytes makes the best plan no slower — where they once
+    matched no layout and the cluster was said to fit nothing."""
+    pools, plans, _ = a100_v100
+    stated, _ = plan_mixed(GPT, pools, 512, fixed={"grad_reduce": "compute"})
+    assert stated and all(plan.layout.grad_reduce == "compute" for plan in stated)
+    assert stated[0].step_time <= plans[0].step_time
+    kinds = {plan.kind for plan in stated}
+    assert {"data parallel by speed", "pipeline stages by speed"} <= kinds

@@ -30,9 +30,14 @@ def cmd_plan_mixed(args, pools: list[Pool]) -> int:
             "(--gpus N --gpu TYPE), not on a mixed cluster"
         )
     if fixed.get("split", "engine") != "engine":
+        stated = (
+            f"--pipeline-split {fixed['split']}"
+            if args.split is not None
+            else f"--stack {args.stack} (Megatron's even pipeline split)"
+        )
         raise ParacubeError(
-            f"--pipeline-split {fixed['split']}: a mixed cluster's stages are cut by each "
-            "pool's speed; plan the even splits on one device type (--gpus N --gpu TYPE)"
+            f"{stated}: a mixed cluster's stages are cut by each pool's speed; plan the even "
+            "splits on one device type (--gpus N --gpu TYPE)"
         )
     plans, slowest = plan_mixed(cfg, pools, args.global_batch, args.precision, fixed)
     if not plans:

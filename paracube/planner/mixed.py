@@ -35,7 +35,7 @@ from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import peak_memory
 from paracube.planner.mixed_pipeline import pipeline_plans
 from paracube.planner.pools import MAX_MICRO_BATCH, MixedPlan, Pool, check_tp, parse_pools
-from paracube.planner.search import Candidate, divisors, search, simplicity
+from paracube.planner.search import Candidate, divisors, search, simplicity, software
 from paracube.planner.time_model import Cluster, estimate
 
 __all__ = ["MixedPlan", "Pool", "check_tp", "parse_pools", "pipeline_plans", "plan_mixed"]
@@ -86,7 +86,7 @@ def data_parallel_plans(
                 for recompute in RECOMPUTE:
                     base = Layout(
                         dp=total, tp=tp, pp=pp, microbatches=m, zero=zero, recompute=recompute,
-                        sequence_parallel=tp > 1,
+                        sequence_parallel=tp > 1, **software(fixed),
                     )  # fmt: skip
                     if any(getattr(base, k) != v for k, v in fixed.items()):
                         continue

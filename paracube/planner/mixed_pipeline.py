@@ -14,7 +14,7 @@ from paracube.pipeline.schedules import get_schedule
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import stage_bytes
 from paracube.planner.pools import MAX_MICRO_BATCH, MixedPlan, Pool
-from paracube.planner.search import divisors
+from paracube.planner.search import divisors, software
 from paracube.planner.time_model import (
     at_precision,
     attention_core,
@@ -52,7 +52,7 @@ def pipeline_plans(
                 for zero, recompute in ((z, r) for z in (0, 1, 2) for r in RECOMPUTE):
                     layout = Layout(
                         dp=dp, tp=tp, pp=pp, micro_batch=b, microbatches=m, zero=zero,
-                        recompute=recompute, sequence_parallel=tp > 1,
+                        recompute=recompute, sequence_parallel=tp > 1, **software(fixed),
                     )  # fmt: skip
                     if all(getattr(layout, k) == v for k, v in fixed.items()):
                         plan = _pipeline(cfg, order, stages, layout, precision)

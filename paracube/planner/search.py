@@ -22,6 +22,14 @@ ENUMERATED = {
     "recompute", "recompute_blocks", "sequence_parallel",
 }  # fmt: skip
 TAKEN_AS_FIXED = {f.name for f in fields(Layout)} - ENUMERATED
+
+
+def software(fixed: dict) -> dict:
+    """The fixed choices every candidate layout takes as given (:data:`TAKEN_AS_FIXED`):
+    the software facts, offload, compression, the balance — the searches enumerate the rest."""
+    return {k: v for k, v in fixed.items() if k in TAKEN_AS_FIXED}
+
+
 MICRO_BATCH_LIMIT = 32  # micro-batches searched: every divisor of the per-rank batch up to this
 
 
@@ -193,7 +201,7 @@ def candidate_layouts(
                             fixed.get("recompute_blocks") if recompute == "full" else None
                         ),
                         cp=cp,
-                        **{k: v for k, v in fixed.items() if k in TAKEN_AS_FIXED},
+                        **software(fixed),
                     )
                     if not _splits(cfg, layout, reject):
                         continue
