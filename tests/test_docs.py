@@ -12,6 +12,7 @@ DOCUMENTED = [
     "paracube.planner.search",
     "paracube.planner.mixed",
     "paracube.planner.time_model",
+    "paracube.planner.stacks",
     "paracube.mesh.layout",
     "paracube.data_parallel.ddp",
     "paracube.models.spec",

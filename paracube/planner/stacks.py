@@ -9,6 +9,15 @@ layout.Layout` field; paracube's own software is every field at its default (the
 
 >>> stack("megatron-core")["grad_accumulation"]
 'fused'
+>>> from paracube.models.presets import preset
+>>> from paracube.planner import hardware as hw
+>>> from paracube.planner.search import search
+>>> from paracube.planner.time_model import Cluster
+>>> h100 = Cluster(hw.gpu("h100"), 8, hw.interconnect("nvlink4"), hw.interconnect("ib-ndr"))
+>>> best = search(preset("llama3-8b"), h100, gpus=8, global_batch=128, top=1,
+...               fixed=stack("nemo") | {"zero": 1}).ranked[0]
+>>> best.layout.activations, best.layout.tp_comm_overlap, best.layout.zero
+('megatron', True, 1)
 """
 
 from __future__ import annotations
