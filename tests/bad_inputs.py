@@ -359,6 +359,12 @@ CASES: list[tuple[str, list[str], str]] = [
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8",
               "--stack", "megatron-core", "--emit", "torchrun"],
      "--stack megatron-core with --emit torchrun: paracube train runs its own software"),
+    ("plan", ["plan", "--model", "gpt3-13b", "--gpus", "64", "--global-batch", "512",
+              "--stack", "megatron-core", "--schedule", "zb-h1"],
+     "--schedule zb-h1 with --stack megatron-core: it runs schedule 1f1b or interleaved-1f1b"),
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "64",
+              "--stack", "composer", "--layout", "tp=2"],
+     "--layout tp=2 with --stack composer: it runs tp 1"),
     ("plan", [*MIXED, "--stack", "megatron-core"],
      "--stack megatron-core (Megatron's even pipeline split): a mixed cluster's stages are cut "
      "by each pool's speed"),

@@ -515,6 +515,38 @@ def test_loss_and_recompute_blocks_are_fixed_choices(capsys):
     assert (three["recompute"], three["recompute_blocks"]) == ("full", 3)
 
 
+def test_a_stack_is_planned_only_with_what_it_runs(capsys):
+    """A plan for a stack proposes only layouts it can run (stacks.STACK_CHOICES): Megatron's
+    1F1B or interleaved schedule (never zero-bubble), Megatron-LM 2021 without ZeRO or
+    selective recomputation, Composer's FSDP alone (tp = pp = 1, ZeRO 0/2/3, whole blocks
+    checkpointed); the one-GPU baseline runs the same stack."""
+    from paracube.planner.stacks import MEGATRON_SCHEDULES
+
+    pipelined = ["--model", "gpt3-13b", "--gpus", "64", "--global-batch", "512", "--json",
+                 "--top", "50"]  # fmt: skip
+    plain = json.loads(plan(capsys, *pipelined))["candidates"]
+    assert any(c["layout"]["schedule"] == "zb-h1" for c in plain)  # what paracube runs
+    for name in ("megatron-core", "megatron-lm-2021"):
+        layouts = [
+            c["layout"] for c in json.loads(plan(capsys, *pipelined, "--stack", name))["candidates"]
+        ]
+        assert layouts and all(L["schedule"] in MEGATRON_SCHEDULES for L in layouts)
+        assert any(L["pp"] > 1 for L in layouts)
+    old = [
+        c["layout"]
+        for c in json.loads(plan(capsys, *pipelined, "--stack", "megatron-lm-2021"))["candidates"]
+    ]
+    assert all(L["zero"] == 0 and L["recompute"] in ("none", "full") for L in old)
+    composer = json.loads(plan(capsys, "--model", "gpt3-1.3b", "--gpus", "16", "--global-batch",
+                               "64", "--stack", "composer", "--json", "--top", "50"))  # fmt: skip
+    assert all(
+        (c["layout"]["tp"], c["layout"]["pp"]) == (1, 1)
+        and c["layout"]["zero"] in (0, 2, 3)
+        and c["layout"]["recompute"] in ("none", "full")
+        for c in composer["candidates"]
+    )
+
+
 def test_a_reader_that_leaves_early_gets_no_traceback():
     """`paracube plan … | head -1`: the pipe closes under the output; the command stops
     quietly (status 141, as a process ended by SIGPIPE), with nothing on stderr."""

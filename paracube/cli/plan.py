@@ -363,7 +363,24 @@ def _plan_fixed(args, gpus: int) -> dict:
         fixed["offload"] = args.offload == "optimizer"
     if args.compress is not None:
         fixed["compress"] = args.compress
+    _check_stack_choices(args, fixed)
     return fixed
+
+
+def _check_stack_choices(args, fixed: dict) -> None:
+    """A choice fixed on the command line that the named stack does not run is refused,
+    naming what it runs (the search proposes only those: stacks.STACK_CHOICES)."""
+    from paracube.planner.stacks import stack_choices
+
+    for field, values in stack_choices(args.stack).items():
+        if field in fixed and fixed[field] not in values:
+            flag = (
+                f"--layout {field}={fixed[field]}"
+                if field in ("tp", "pp")
+                else (f"--{field} {fixed[field]}")
+            )
+            runs = " or ".join(str(v) for v in values)
+            raise ParacubeError(f"{flag} with --stack {args.stack}: it runs {field} {runs}")
 
 
 def cmd_plan(args) -> int:
@@ -580,6 +597,8 @@ def _search(args, cfg, cluster, fixed: dict):
     from paracube.planner.search import search
 
     if isinstance(cfg, ModelConfig):
+        from paracube.planner.stacks import stack_choices
+
         return search(
             cfg,
             cluster,
@@ -588,6 +607,7 @@ def _search(args, cfg, cluster, fixed: dict):
             precision=args.precision,
             fixed=fixed,
             top=args.top,
+            allowed=stack_choices(args.stack),
         )
     if fixed.get("tp", 1) != 1 or fixed.get("pp", 1) != 1 or fixed.get("cp", 1) != 1:
         raise ParacubeError(

@@ -245,11 +245,14 @@ def search(
     precision: str = "bf16",
     fixed: dict | None = None,
     top: int = 10,
+    allowed: dict | None = None,
 ) -> SearchResult:
     """Every valid layout of ``cfg`` on ``gpus`` GPUs of ``cluster`` for ``global_batch``
     sequences per step, those that fit in GPU memory ranked fastest first (ties within 1 %
-    go to the simpler layout). ``fixed`` pins choices (``{"tp": 8, "zero": 1}``); the result
-    also counts what was rejected and why, and keeps the leanest layout that did not fit.
+    go to the simpler layout). ``fixed`` pins choices (``{"tp": 8, "zero": 1}``);
+    ``allowed`` narrows a choice to the values a stack runs (``{"schedule": ("1f1b",)}``:
+    :func:`paracube.planner.stacks.stack_choices`); the result also counts what was rejected
+    and why, and keeps the leanest layout that did not fit.
 
     >>> from paracube.models.presets import preset
     >>> from paracube.planner import hardware as hw
@@ -263,9 +266,17 @@ def search(
     result = SearchResult(ranked=[])
     capacity = cluster.gpu.memory_bytes
     fixed = fixed or {}
+    allowed = allowed or {}
     for layout in candidate_layouts(
         cfg, gpus, cluster.gpus_per_node, global_batch, fixed, result.rejected
     ):
+        outside = [
+            f"{k}={getattr(layout, k)}" for k, v in allowed.items() if getattr(layout, k) not in v
+        ]
+        if outside:
+            reason = f"{outside[0]}: not what the stack runs"
+            result.rejected[reason] = result.rejected.get(reason, 0) + 1
+            continue
         result.evaluated += 1
         mem = peak_memory(cfg, layout, precision)
         if mem.total > capacity and "offload" not in fixed and cluster.gpu.host_link_bandwidth:

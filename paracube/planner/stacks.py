@@ -5,7 +5,9 @@ user planning for another stack names it once (``paracube plan --stack``) instea
 fact: the attention kernel, the loss, what a block keeps, how gradients are accumulated and
 reduced, the pipeline split, ZeRO-3's prefetching. Each fact is a :class:`~paracube.planner.
 layout.Layout` field; paracube's own software is every field at its default (the
-``paracube`` stack). Explicit choices override a stack's.
+``paracube`` stack). Explicit choices override a stack's. A stack also narrows what the
+search proposes to what it can run (:data:`STACK_CHOICES`: its schedules, ZeRO stages,
+recomputation, model parallelism).
 
 >>> stack("megatron-core")["grad_accumulation"]
 'fused'
@@ -84,8 +86,43 @@ STACK_SOFTWARE: dict[str, dict[str, object]] = {
 }
 
 
+# What each stack can run, where it is narrower than what the planner enumerates: the
+# layout field and the values it takes (a plan for the stack proposes nothing else).
+# Megatron's pipeline schedules are 1F1B and its interleaved form (megatron/core/
+# pipeline_parallel/schedules.py, get_forward_backward_func: no pipelining, without and with
+# interleaving; Narayanan et al. 2021 §2.2). Megatron-LM 2021 checkpointed whole layers
+# (--checkpoint-activations; selective recomputation is Korthikanti et al. 2022) and sharded
+# no optimizer state (its runs are plain data parallel; the distributed optimizer came in
+# 2022). PyTorch FSDP stacks checkpoint whole modules (torch.utils.checkpoint around a block:
+# FSDP's apply_activation_checkpointing, llm-foundry's activation_checkpointing, torchtitan's
+# "full" and "selective layer" — every N-th block, recompute_blocks here; its op-level policy
+# is not the planner's selective recomputation of the attention core). llm-foundry's
+# Composer runs trained MPT with FSDP alone (no tensor or pipeline parallelism: its
+# NO_SHARD, SHARD_GRAD_OP and FULL_SHARD are ZeRO 0, 2 and 3).
+MEGATRON_SCHEDULES = ("1f1b", "interleaved-1f1b")
+WHOLE_BLOCKS = ("none", "full")
+STACK_CHOICES: dict[str, dict[str, tuple]] = {
+    "megatron-core": {"schedule": MEGATRON_SCHEDULES},
+    "nemo": {"schedule": MEGATRON_SCHEDULES},
+    "megatron-bridge": {"schedule": MEGATRON_SCHEDULES},
+    "megatron-lm-2021": {"schedule": MEGATRON_SCHEDULES, "zero": (0,), "recompute": WHOLE_BLOCKS},
+    "fsdp": {"recompute": WHOLE_BLOCKS},
+    "torchtitan": {"recompute": WHOLE_BLOCKS},
+    "composer": {"tp": (1,), "pp": (1,), "zero": (0, 2, 3), "recompute": WHOLE_BLOCKS},
+}
+
+
 def stack(name: str) -> dict[str, object]:
     """The layout facts of the stack ``name`` (a copy: the caller may add to it)."""
     if name not in STACK_SOFTWARE:
         raise ConfigError(f"unknown stack {name!r}: choose one of {', '.join(STACK_SOFTWARE)}")
     return dict(STACK_SOFTWARE[name])
+
+
+def stack_choices(name: str | None) -> dict[str, tuple]:
+    """What the stack ``name`` can run, field by field (:data:`STACK_CHOICES`; {}: anything
+    the planner enumerates)."""
+    if name is None:
+        return {}
+    stack(name)  # a known stack
+    return dict(STACK_CHOICES.get(name, {}))
