@@ -66,14 +66,15 @@ MEGATRON_FP16: dict[str, object] = dict(grad_reduce="compute")
 PYTORCH_FSDP: dict[str, object] = dict(grad_accumulation="side-stream")
 COMPOSER_FSDP: dict[str, object] = dict(backward_prefetch=False, loss="fused", **PYTORCH_FSDP)
 
-# The stacks a plan can be asked for by name: paracube's own (every fact at its default) and
-# the ones whose facts above were read from their code.
 # NeMo and Megatron-Bridge train with Megatron-Core's modules, and their performance
 # recipes overlap the tensor-parallel collectives with Transformer Engine's userbuffers
 # (NeMo-Framework-Launcher's training yamls, ub_tp_comm_overlap: true — gpt3, nemotron,
 # llama3, llama3_1; Megatron-Bridge's CommOverlapConfig(tp_comm_overlap=True)), which
-# Megatron-Core leaves off unless --tp-comm-overlap. torchtitan trains with FSDP2.
+# Megatron-Core leaves off unless --tp-comm-overlap
 NEMO: dict[str, object] = dict(tp_comm_overlap=True, **MEGATRON_CORE)
+
+# The stacks a plan can be asked for by name: paracube's own (every fact at its default) and
+# the ones whose facts above were read from their code (torchtitan trains with FSDP2).
 STACK_SOFTWARE: dict[str, dict[str, object]] = {
     "paracube": {},
     "megatron-core": MEGATRON_CORE,
