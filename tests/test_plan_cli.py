@@ -7,6 +7,7 @@ import json
 import pytest
 
 from paracube.cli import main
+from paracube.models.presets import preset
 from paracube.planner.hardware import interconnect
 
 
@@ -545,6 +546,29 @@ def test_a_stack_is_planned_only_with_what_it_runs(capsys):
         and c["layout"]["recompute"] in ("none", "full")
         for c in composer["candidates"]
     )
+
+
+def test_nemos_recipes_are_what_the_planner_chooses_for_nemo(capsys):
+    """Asked which layout NeMo should run, the search — context parallelism included, as
+    NeMo runs it — lands on NVIDIA's own recipes (NVIDIA/dgxc-benchmarking, llama3.1/
+    README_70b.md and README_405b.md): Llama 3.1 70B on 64 H100s at TP 4 × PP 4 × CP 2,
+    interleaved; 405B on 576 at TP 8 × PP 9 × CP 2 × VP 7. paracube's own plan proposes no
+    context parallelism (its engine does not run it)."""
+    from paracube.planner.search import context_parallel_sizes
+
+    h100 = ["--gpu", "h100", "--json", "--top", "3"]
+    l70 = ["--model", "llama3-70b", "--gpus", "64", "--global-batch", "128", *h100]
+    recipe = json.loads(plan(capsys, *l70, "--stack", "nemo"))["candidates"][0]["layout"]
+    assert (recipe["tp"], recipe["pp"], recipe["cp"], recipe["schedule"]) == (
+        4, 4, 2, "interleaved-1f1b"
+    )  # fmt: skip
+    l405 = ["--model", "llama3-405b", "--gpus", "576", "--global-batch", "252", *h100]
+    recipe = json.loads(plan(capsys, *l405, "--stack", "nemo"))["candidates"][0]["layout"]
+    assert (recipe["tp"], recipe["pp"], recipe["cp"], recipe["chunks"]) == (8, 9, 2, 7)
+    own = json.loads(plan(capsys, *l70))["candidates"]
+    assert all(c["layout"]["cp"] == 1 for c in own)
+    assert context_parallel_sizes(preset("llama3-70b"), 64) == [1, 2, 4, 8]  # chunks ≥ 512
+    assert context_parallel_sizes(preset("gpt3-1.3b"), 64) == [1, 2]  # 2,048 tokens
 
 
 def test_a_reader_that_leaves_early_gets_no_traceback():

@@ -105,7 +105,8 @@ def add_parser(sub) -> None:
         "megatron-lm-2021 (unfused attention, no sequence parallelism, gradients reduced "
         "after the backward, even split), fsdp (also torchtitan: PyTorch FSDP1/FSDP2, "
         "gradients cast and divided on a side stream) or composer (its FSDP1 without backward "
-        "prefetch, the fused loss)",
+        "prefetch, the fused loss); the search then proposes only what the stack runs, and "
+        "tries context parallelism where it runs it",
     )
     t.add_argument(
         "--attention",
@@ -597,7 +598,7 @@ def _search(args, cfg, cluster, fixed: dict):
     from paracube.planner.search import search
 
     if isinstance(cfg, ModelConfig):
-        from paracube.planner.stacks import stack_choices
+        from paracube.planner.stacks import CONTEXT_PARALLEL_STACKS, stack_choices
 
         return search(
             cfg,
@@ -608,6 +609,7 @@ def _search(args, cfg, cluster, fixed: dict):
             fixed=fixed,
             top=args.top,
             allowed=stack_choices(args.stack),
+            context_parallel=args.stack in CONTEXT_PARALLEL_STACKS,
         )
     if fixed.get("tp", 1) != 1 or fixed.get("pp", 1) != 1 or fixed.get("cp", 1) != 1:
         raise ParacubeError(

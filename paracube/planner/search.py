@@ -246,13 +246,15 @@ def search(
     fixed: dict | None = None,
     top: int = 10,
     allowed: dict | None = None,
+    context_parallel: bool = False,
 ) -> SearchResult:
     """Every valid layout of ``cfg`` on ``gpus`` GPUs of ``cluster`` for ``global_batch``
     sequences per step, those that fit in GPU memory ranked fastest first (ties within 1 %
     go to the simpler layout). ``fixed`` pins choices (``{"tp": 8, "zero": 1}``);
     ``allowed`` narrows a choice to the values a stack runs (``{"schedule": ("1f1b",)}``:
-    :func:`paracube.planner.stacks.stack_choices`); the result also counts what was rejected
-    and why, and keeps the leanest layout that did not fit.
+    :func:`paracube.planner.stacks.stack_choices`); ``context_parallel`` searches context
+    parallelism too, for a stack that runs it (:func:`context_parallel_sizes`); the result
+    also counts what was rejected and why, and keeps the leanest layout that did not fit.
 
     >>> from paracube.models.presets import preset
     >>> from paracube.planner import hardware as hw
@@ -267,9 +269,15 @@ def search(
     capacity = cluster.gpu.memory_bytes
     fixed = fixed or {}
     allowed = allowed or {}
-    for layout in candidate_layouts(
-        cfg, gpus, cluster.gpus_per_node, global_batch, fixed, result.rejected
-    ):
+    sizes = context_parallel_sizes(cfg, gpus) if context_parallel and "cp" not in fixed else [1]
+    layouts = itertools.chain.from_iterable(
+        candidate_layouts(
+            cfg, gpus, cluster.gpus_per_node, global_batch, fixed | ({"cp": cp} if cp > 1 else {}),
+            result.rejected,
+        )
+        for cp in sizes
+    )  # fmt: skip
+    for layout in layouts:
         outside = [
             f"{k}={getattr(layout, k)}" for k, v in allowed.items() if getattr(layout, k) not in v
         ]
@@ -306,6 +314,26 @@ def search(
     rank(result.ranked)
     del result.ranked[top * 50 :]
     return result
+
+
+# Context parallelism is searched only while each rank's chunks keep this many tokens: the
+# ring cuts every sequence into 2·cp chunks, and below a few hundred tokens a chunk's
+# attention no longer hides the keys and values it passes on (a search bound, not a rule of
+# the time model, which times any cp it is given).
+MIN_CP_CHUNK = 512
+
+
+def context_parallel_sizes(cfg: ModelConfig, gpus: int) -> list[int]:
+    """The context-parallel sizes searched for a stack that runs it: 1 and every power of
+    two dividing the GPUs whose 2·cp chunks split the sequence evenly into
+    :data:`MIN_CP_CHUNK` tokens or more."""
+    sizes, cp = [1], 2
+    while (
+        gpus % cp == 0 and cfg.seq_len % (2 * cp) == 0 and cfg.seq_len // (2 * cp) >= MIN_CP_CHUNK
+    ):
+        sizes.append(cp)
+        cp *= 2
+    return sizes
 
 
 def fewest_recomputed(

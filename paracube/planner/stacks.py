@@ -113,6 +113,12 @@ STACK_CHOICES: dict[str, dict[str, tuple]] = {
 }
 
 
+# The stacks that run context parallelism, which the search then tries too (paracube's engine
+# does not): Megatron-Core's --context-parallel-size (ring attention over its cp group),
+# NeMo's and Megatron-Bridge's context_parallel_size, torchtitan's context_parallel_degree.
+CONTEXT_PARALLEL_STACKS = ("megatron-core", "nemo", "megatron-bridge", "torchtitan")
+
+
 def stack(name: str) -> dict[str, object]:
     """The layout facts of the stack ``name`` (a copy: the caller may add to it)."""
     if name not in STACK_SOFTWARE:
