@@ -160,3 +160,16 @@ def test_a_stated_software_fact_is_planned_not_a_reason_to_find_nothing(a100_v10
     assert stated[0].step_time <= plans[0].step_time
     kinds = {plan.kind for plan in stated}
     assert {"data parallel by speed", "pipeline stages by speed"} <= kinds
+
+
+def test_a_stack_is_planned_only_with_what_it_runs_on_a_mixed_cluster(a100_v100):
+    """Composer runs FSDP alone: on a mixed cluster its plans, and the all-as-the-slowest one
+    they are measured against, are data parallel only (stacks.STACK_CHOICES)."""
+    from paracube.planner.stacks import stack, stack_choices
+
+    pools, _, _ = a100_v100
+    plans, slowest = plan_mixed(GPT, pools, 512, fixed=stack("composer"),
+                                allowed=stack_choices("composer"))  # fmt: skip
+    assert plans and slowest is not None
+    assert all((p.layout.tp, p.layout.pp) == (1, 1) for p in [*plans, slowest])
+    assert all(p.layout.zero in (0, 2, 3) for p in [*plans, slowest])

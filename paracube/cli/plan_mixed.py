@@ -39,7 +39,11 @@ def cmd_plan_mixed(args, pools: list[Pool]) -> int:
             f"{stated}: a mixed cluster's stages are cut by each pool's speed; plan the even "
             "splits on one device type (--gpus N --gpu TYPE)"
         )
-    plans, slowest = plan_mixed(cfg, pools, args.global_batch, args.precision, fixed)
+    from paracube.planner.stacks import stack_choices
+
+    plans, slowest = plan_mixed(
+        cfg, pools, args.global_batch, args.precision, fixed, stack_choices(args.stack)
+    )
     if not plans:
         raise ParacubeError(
             f"{cfg.name} fits no plan on {_cluster_text(pools)} for global batch {args.global_batch}: "

@@ -42,7 +42,12 @@ __all__ = ["MixedPlan", "Pool", "check_tp", "parse_pools", "pipeline_plans", "pl
 
 
 def slowest_plan(
-    cfg: ModelConfig, pools: list[Pool], global_batch: int, precision: str, fixed: dict
+    cfg: ModelConfig,
+    pools: list[Pool],
+    global_batch: int,
+    precision: str,
+    fixed: dict,
+    allowed: dict | None = None,
 ) -> tuple[Candidate | None, Cluster]:
     """The best homogeneous plan with every GPU taken as the slowest type, with the
     smallest memory of any type: what a stack unaware of the mix would run."""
@@ -52,7 +57,9 @@ def slowest_plan(
     node = min(p.cluster.gpus_per_node for p in pools)
     cluster = replace(slow.cluster, gpu=gpu, gpus_per_node=node)
     gpus = sum(p.count for p in pools)
-    result = search(cfg, cluster, gpus, global_batch, precision=precision, fixed=fixed, top=1)
+    result = search(
+        cfg, cluster, gpus, global_batch, precision=precision, fixed=fixed, top=1, allowed=allowed
+    )
     return (result.ranked[0] if result.ranked else None), cluster
 
 
@@ -175,9 +182,15 @@ def _peak(cfg: ModelConfig, layout: Layout, precision: str) -> float:
 
 
 def plan_mixed(
-    cfg: ModelConfig, pools: list[Pool], global_batch: int, precision: str = "bf16", fixed=None
+    cfg: ModelConfig,
+    pools: list[Pool],
+    global_batch: int,
+    precision: str = "bf16",
+    fixed=None,
+    allowed: dict | None = None,
 ) -> tuple[list[MixedPlan], MixedPlan | None]:
-    """The speed-aware plans, fastest first, and the all-as-the-slowest plan they beat.
+    """The speed-aware plans, fastest first, and the all-as-the-slowest plan they beat;
+    ``allowed`` keeps only what a stack runs, as in :func:`~paracube.planner.search.search`.
 
     >>> from paracube.models.presets import preset
     >>> pools = parse_pools("8xa100-80gb,8xv100", gpus_per_node=8)
@@ -193,8 +206,11 @@ def plan_mixed(
         check_tp(pools, fixed["tp"])
     plans = data_parallel_plans(cfg, pools, global_batch, precision, fixed)
     plans += pipeline_plans(cfg, pools, global_batch, precision, fixed)
-    plans = _ranked(plans)
-    best, _ = slowest_plan(cfg, pools, global_batch, precision, fixed)
+    allowed = allowed or {}
+    plans = _ranked(
+        [p for p in plans if all(getattr(p.layout, k) in v for k, v in allowed.items())]
+    )
+    best, _ = slowest_plan(cfg, pools, global_batch, precision, fixed, allowed)
     slowest = None
     if best is not None:
         t = best.time
