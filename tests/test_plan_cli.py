@@ -396,6 +396,22 @@ def test_resnet50_explains_its_speed_up(capsys):
     assert "Speed-up over 1 GPU" in out
 
 
+def test_the_scaling_sentence_names_what_the_overhead_is(capsys):
+    """ResNet-50 on 8 V100s hides its gradient reduction behind the backward: what the step
+    takes beyond the ideal is the compute of a smaller per-GPU batch, and the sentence says
+    so with those seconds — not "data-parallel communication (0 s)"."""
+    import re
+
+    out = plan(capsys, "--model", "resnet50", "--gpus", "8", "--gpu", "v100", "--global-batch", "256",
+               "--explain")  # fmt: skip
+    found = re.search(r"and ([\d.e-]+) s beyond it; of the step's overheads the largest is "
+                      r"the compute beyond the baseline's share \(smaller matmuls per GPU\) "
+                      r"\(([\d.e-]+) s\)", out)  # fmt: skip
+    assert found, out
+    beyond, named = (float(g) for g in found.groups())
+    assert named == pytest.approx(beyond, rel=0.05)
+
+
 def test_resnet50_time_to_train_on_one_and_eight_gpus(capsys):
     """The guide's ResNet-50 question: 90 ImageNet epochs in hours on 8 GPUs and on 1; the
     hours are the images over the predicted images/s, and their ratio is the speed-up."""

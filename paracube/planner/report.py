@@ -87,13 +87,19 @@ def scaling(best: Candidate, baseline: Baseline) -> str:
     ideal = baseline.best.time.step_time / n  # the same global batch, N times the GPUs
     overhead = t.step_time - ideal
     worst, cost = largest_overhead(t, optimizer=False)
+    # compute itself can take more than its share: each GPU's smaller micro-batch runs
+    # smaller matmuls, at lower tile and wave efficiency than the baseline's
+    slower = t.compute - baseline.best.time.compute / n
+    if slower > cost:
+        worst, cost = "the compute beyond the baseline's share (smaller matmuls per GPU)", slower
     plural = "s" if baseline.gpus > 1 else ""
     if overhead >= 0:
         beyond = f"{overhead:.3g} s beyond it"
     else:  # the baseline itself pays for fitting in fewer GPUs (offload, recomputation, …)
         beyond = (
             f"{-overhead:.3g} s below it — more than linear, as the baseline pays to fit in "
-            f"{baseline.gpus} GPU{plural} ({baseline_cost(baseline.best)}) what this layout does not"
+            f"{baseline.gpus} GPU{plural} ({baseline_cost(baseline.best, n * t.compute)}) what "
+            "this layout does not"
         )
     return (
         f"- Speed-up over {baseline.gpus} GPU{plural} ({describe(baseline.best.layout)}): "
@@ -120,9 +126,15 @@ def largest_overhead(t: StepEstimate, optimizer: bool = True) -> tuple[str, floa
     return max(parts.items(), key=lambda kv: kv[1])
 
 
-def baseline_cost(cand: Candidate) -> str:
-    """What a baseline pays beyond its compute, the largest part named with its seconds."""
+def baseline_cost(cand: Candidate, compute_share: float) -> str:
+    """What a baseline pays beyond what N GPUs do, the largest part named with its seconds:
+    one of its overheads, or its compute beyond ``compute_share`` (N × the faster layout's
+    compute) — a smaller micro-batch, or more accumulated micro-batches, to fit."""
     name, seconds = largest_overhead(cand.time)
+    more_compute = cand.time.compute - compute_share
+    if more_compute > seconds:
+        name = "compute beyond the faster layout's × N: smaller or more micro-batches"
+        seconds = more_compute
     return f"{name}: {seconds:.3g} s of its {cand.time.step_time:.3g} s step"
 
 
