@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from paracube.choices import FUSED_ATTENTION
 from paracube.config import ModelConfig
 from paracube.planner.hardware import GPU
 from paracube.planner.search import Candidate, SearchResult
@@ -309,17 +310,27 @@ def recompute_tradeoff(cfg: ModelConfig, layout, cluster: Cluster) -> str:
     from paracube.planner.layout_memory import stage_memory
     from paracube.planner.time_model import estimate
 
-    base = replace(layout, recompute="none")
+    # every block checkpointed or none: the layout's own partial count (recompute_blocks)
+    # would make "full" mean its few blocks
+    base = replace(layout, recompute="none", recompute_blocks=None)
     mem0 = stage_memory(cfg, base)[0].activations
     t0 = estimate(cfg, base, cluster)
     parts = []
     for how in ("selective", "full"):
-        other = replace(layout, recompute=how)
+        other = replace(base, recompute=how)
         mem = stage_memory(cfg, other)[0].activations
         t = estimate(cfg, other, cluster)
+        saved, added = 1 - mem / mem0, t.recompute / t0.compute
+        if how == "selective" and saved < 0.005 and layout.attention in FUSED_ATTENTION:
+            # selective recomputation drops the attention core's s×s scores and softmax
+            # (Korthikanti et al. 2022 §5), which a fused kernel never stores
+            parts.append(
+                f"selective recompute saves nothing here — fused attention stores no s×s "
+                f"scores to drop — for {added:.0%} more compute"
+            )
+            continue
         parts.append(
-            f"{how} recompute cuts activation memory by {1 - mem / mem0:.0%} for "
-            f"{t.recompute / t0.compute:.0%} more compute"
+            f"{how} recompute cuts activation memory by {saved:.0%} for {added:.0%} more compute"
         )
     return "- Activation checkpointing here: " + "; ".join(parts) + "."
 
