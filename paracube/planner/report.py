@@ -229,9 +229,20 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster) -> list[str]:
             )
         )
     if L.recompute != "none":
+        which = (
+            ""
+            if L.recompute_blocks is None
+            else f" in the model's first {L.recompute_blocks} blocks (the rest keep their activations)"
+        )
+        cost = (
+            f"trades {t.recompute:.3g} s of extra compute"
+            if t.recompute > 0
+            # the step's parts are its slowest rank's: a stage that is not it recomputes for free
+            else "adds nothing to the step (the stage that recomputes is not the slowest) in exchange"
+        )
         lines.append(
-            f"- {L.recompute.capitalize()} recomputation trades {t.recompute:.3g} s of extra compute for "
-            f"activation memory ({best.memory.activations / GB:.1f} GB per GPU at the peak)."
+            f"- {L.recompute.capitalize()} recomputation{which} {cost} for activation memory "
+            f"({best.memory.activations / GB:.1f} GB per GPU at the peak)."
         )
     if L.tp > 1 or L.pp > 1:
         lines.append(
