@@ -432,6 +432,23 @@ def test_the_checkpointing_tradeoff_is_for_every_block_whatever_the_layout_recom
     assert "selective recompute saves nothing here" in tradeoff()
 
 
+def test_v100s_are_planned_in_fp16_unless_told(capsys):
+    """V100's tensor cores take fp16, not bfloat16: without --precision a V100 job (or a
+    mixed cluster with V100s) is planned in fp16, at the tensor cores' rate; bf16 asked for
+    is refused (a bad-input row), never timed at a rate the GPU does not have."""
+    out = plan(capsys, "--model", "gpt3-1.3b", "--gpus", "8", "--gpu", "v100", "--global-batch", "64",
+               "--top", "1")  # fmt: skip
+    assert ", fp16;" in out.splitlines()[0]
+    told = plan(capsys, "--model", "gpt3-1.3b", "--gpus", "8", "--gpu", "v100", "--global-batch", "64",
+                "--top", "1", "--precision", "fp16")  # fmt: skip
+    assert told == out
+    mixed = plan(capsys, "--model", "gpt3-1.3b", "--gpus", "8xa100-80gb,8xv100", "--global-batch",
+                 "64", "--top", "1")  # fmt: skip
+    assert ", fp16;" in mixed.splitlines()[0]
+    assert ", bf16;" in plan(capsys, "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "64",
+                             "--top", "1").splitlines()[0]  # fmt: skip
+
+
 def test_resnet50_time_to_train_on_one_and_eight_gpus(capsys):
     """The guide's ResNet-50 question: 90 ImageNet epochs in hours on 8 GPUs and on 1; the
     hours are the images over the predicted images/s, and their ratio is the speed-up."""

@@ -52,7 +52,7 @@ def test_data_parallel_shares_follow_the_speeds_and_the_time_model(a100_v100):
     assert sum(plan.weights) * plan.layout.microbatches == 512
     for pool, (_, _, sizes), seconds in zip(pools, plan.shares, plan.pool_times):
         layout = replace(plan.layout, micro_batch=max(sizes))
-        assert seconds == estimate(GPT, layout, pool.cluster).step_time
+        assert seconds == estimate(GPT, layout, pool.cluster, "fp16").step_time
         assert peak_memory(GPT, layout).total <= pool.gpu.memory_bytes
     assert plan.step_time == max(plan.pool_times)
 
@@ -65,7 +65,7 @@ def test_the_uneven_split_is_the_best_there_is():
         plan_mixed(GPT, pools, 48, fixed={"tp": 1, "pp": 1, "zero": 1})[0][0].layout,
         microbatches=4,
     )
-    plan, _ = _split_by_speed(GPT, pools, [2, 2], base, 12, "bf16")
+    plan, _ = _split_by_speed(GPT, pools, [2, 2], base, 12, "fp16")  # V100s: no bf16
 
     def step(weights):
         worst = 0.0
@@ -73,7 +73,7 @@ def test_the_uneven_split_is_the_best_there_is():
             layout = replace(base, micro_batch=w)
             if peak_memory(GPT, layout).total > pool.gpu.memory_bytes:
                 return float("inf")
-            worst = max(worst, estimate(GPT, layout, pool.cluster).step_time)
+            worst = max(worst, estimate(GPT, layout, pool.cluster, "fp16").step_time)
         return worst
 
     splits = [w for w in itertools.product(range(1, 12), repeat=4) if sum(w) == 12]
@@ -136,17 +136,19 @@ def test_the_emitted_command_is_a_valid_train_job(capsys):
 
 def test_pipeline_stages_are_timed_at_the_precisions_matmul_rate():
     """A mixed pipeline's stages run on the precision's matmul units, as a homogeneous
-    plan's do: fp32 on the CUDA cores is far slower than bf16 on the tensor cores, and fp8
-    is refused where a pool has no FP8 units."""
+    plan's do: fp32 on the CUDA cores is far slower than fp16 on the tensor cores, fp8 is
+    refused where a pool has no FP8 units, and bf16 where one has no bfloat16 units."""
     pools = parse_pools("8xa100-80gb,8xv100", 8)
     fixed = {"zero": 1, "recompute": "full", "tp": 1, "pp": 2, "micro_batch": 1}
 
     def fastest(precision: str) -> float:
         return min(p.step_time for p in pipeline_plans(GPT, pools, 64, precision, fixed))
 
-    assert fastest("fp32") > 3 * fastest("bf16")
+    assert fastest("fp32") > 3 * fastest("fp16")
     with pytest.raises(ConfigError, match="has no FP8 tensor cores"):
         pipeline_plans(GPT, pools, 64, "fp8", fixed)
+    with pytest.raises(ConfigError, match="V100 SXM2 32GB has no bfloat16 tensor cores"):
+        pipeline_plans(GPT, pools, 64, "bf16", fixed)
 
 
 def test_a_stated_software_fact_is_planned_not_a_reason_to_find_nothing(a100_v100):

@@ -60,8 +60,9 @@ def add_parser(sub) -> None:
     t.add_argument("--global-batch", type=int, default=None, help="sequences per step")
     t.add_argument(
         "--precision",
-        default="bf16",
-        help="bf16, fp16, fp32 (CUDA cores: torch's default for fp32 matmuls), tf32 (fp32 "
+        default=None,
+        help="bf16 (the default; fp16 on GPUs without bfloat16 tensor cores: V100), fp16, "
+        "fp32 (CUDA cores: torch's default for fp32 matmuls), tf32 (fp32 "
         "values, TF32 tensor-core matmuls) or fp8 (bf16 with the blocks' linear layers in FP8, "
         "as Transformer Engine runs them on Hopper: planned, not run by paracube train)",
     )
@@ -390,6 +391,7 @@ def cmd_plan(args) -> int:
 
         return cmd_calibrate(args)
     mixed = _gpus(args)
+    _default_precision(args, mixed)
     _check_args(args, whole_nodes=mixed is None)  # a mixed cluster's pools are checked apart
     if mixed is not None:
         from paracube.cli.plan_mixed import cmd_plan_mixed
@@ -442,6 +444,17 @@ def _gpus(args):
     pools = parse_pools(args.gpus, args.gpus_per_node, args.intra, args.inter)
     args.gpus = sum(p.count for p in pools)
     return pools
+
+
+def _default_precision(args, pools) -> None:
+    """Unless ``--precision`` is given, the GPUs' own (:func:`~paracube.planner.hardware.
+    default_precision`: bf16, fp16 on V100s)."""
+    if args.precision is not None:
+        return
+    from paracube.planner import hardware as hw
+
+    keys = [p.key for p in pools] if pools else [args.gpu.lower()]
+    args.precision = hw.default_precision([hw.GPUS[k] for k in keys if k in hw.GPUS])
 
 
 # Beyond any cluster built (the largest are ~10⁵ GPUs); bounds the search's enumeration.

@@ -55,6 +55,9 @@ class GPU:
     measured_sustained: float = 0.0
     # measured fraction of ``hbm_bandwidth`` a streaming kernel moves (0: the datasheet's)
     measured_hbm: float = 0.0
+    # the tensor cores take bfloat16: Ampere and later ("BF16 ... new in A100", the NVIDIA
+    # A100 Tensor Core GPU Architecture whitepaper); Volta's take fp16 only
+    bf16: bool = True
 
     @property
     def memory_rate(self) -> float:
@@ -151,7 +154,7 @@ GPUS: dict[str, GPU] = {
     # 67 / 494.7 TFLOP/s; FP8 dense: H100/H200 SXM 1,979 TFLOP/s (3,958 "with sparsity"),
     # none on V100 and A100
     "v100": GPU("V100 SXM2 32GB", 125e12, device_memory(32), 900 * GB, 300 * GB, 1290, 1530, sms=80,
-                fp32_flops=15.7e12,
+                fp32_flops=15.7e12, bf16=False,
                 host_link_bandwidth=PCIE["v100"], host_memory_bandwidth=HOST_MEMORY["v100"],
                 host_memory_bytes=HOST_RAM["v100"]),
     "a100-40gb": GPU("A100 40GB", 312e12, device_memory(40), 1555 * GB, 600 * GB, 1095, 1410, sms=108,
@@ -225,6 +228,12 @@ def catalog_key(device_name: str) -> str | None:
     if "a100" in name:
         return "a100-40gb" if "40gb" in name else "a100-80gb"
     return None
+
+
+def default_precision(gpus: list[GPU]) -> str:
+    """The precision a job on ``gpus`` trains in unless told: bf16, as Megatron-Core and FSDP
+    recipes do — fp16 where one of them has no bfloat16 tensor cores (V100), as such jobs ran."""
+    return "bf16" if all(g.bf16 for g in gpus) else "fp16"
 
 
 def gpu(name: str) -> GPU:

@@ -31,6 +31,7 @@ from functools import cache
 
 from paracube.choices import RECOMPUTE
 from paracube.config import ModelConfig
+from paracube.planner import hardware as hw
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import peak_memory
 from paracube.planner.mixed_pipeline import pipeline_plans
@@ -185,12 +186,14 @@ def plan_mixed(
     cfg: ModelConfig,
     pools: list[Pool],
     global_batch: int,
-    precision: str = "bf16",
+    precision: str | None = None,
     fixed=None,
     allowed: dict | None = None,
 ) -> tuple[list[MixedPlan], MixedPlan | None]:
     """The speed-aware plans, fastest first, and the all-as-the-slowest plan they beat;
-    ``allowed`` keeps only what a stack runs, as in :func:`~paracube.planner.search.search`.
+    ``allowed`` keeps only what a stack runs, as in :func:`~paracube.planner.search.search`;
+    ``precision`` by default the pools' own (:func:`~paracube.planner.hardware.
+    default_precision`: fp16 with V100s among them).
 
     >>> from paracube.models.presets import preset
     >>> pools = parse_pools("8xa100-80gb,8xv100", gpus_per_node=8)
@@ -202,6 +205,7 @@ def plan_mixed(
     1.59
     """
     fixed = fixed or {}
+    precision = precision or hw.default_precision([p.gpu for p in pools])
     if "tp" in fixed:
         check_tp(pools, fixed["tp"])
     plans = data_parallel_plans(cfg, pools, global_batch, precision, fixed)

@@ -401,11 +401,17 @@ def head_time(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> float:
 
 def at_precision(cluster: Cluster, precision: str) -> Cluster:
     """``cluster`` with its GPU's peak set to the rate of ``precision``'s matmul units;
-    fp8 refused on a GPU without FP8 tensor cores."""
+    fp8 refused on a GPU without FP8 tensor cores, bf16 on one without bfloat16 tensor
+    cores."""
     if precision == "fp8" and not cluster.gpu.fp8_flops:
         raise ConfigError(
             f"--precision fp8: {cluster.gpu.name} has no FP8 tensor cores (Hopper and later); "
             "plan it in bf16"
+        )
+    if precision == "bf16" and not cluster.gpu.bf16:
+        raise ConfigError(
+            f"--precision bf16: {cluster.gpu.name} has no bfloat16 tensor cores (Ampere "
+            "and later); plan it in fp16"
         )
     rate = cluster.gpu.rate(precision)
     if rate == cluster.gpu.peak_flops:
