@@ -183,22 +183,26 @@ GPUS: dict[str, GPU] = {
 # fmt: on
 
 # One direction per GPU: NVLink's bidirectional total halved; IB per port (one per GPU).
-# Latencies: ~2 µs across NVLink/NVSwitch, ~5 µs over InfiniBand, ~20 µs over Ethernet/TCP.
+# Latencies, per ring step: what NCCL's own tuning model charges a step of a ring under its
+# Simple protocol — the one large collectives use —, 3.4 µs over NVLink and 14 µs over the
+# network (NVIDIA/nccl, src/graph/tuning.cc, ``hwLat`` Ring/Simple for NCCL_HW_NVLINK and
+# NCCL_HW_NET; its per-collective ``baseLat`` of 8.4 µs is not charged); ~20 µs over
+# Ethernet/TCP.
 # Omni-Path (Intel OPA, 100 Gb/s per port) as Jean Zay's A100 nodes have it: "8 GPUs per node
 # Using NVLink 4 inter-gpu connects, 4 OmniPath links" (bigscience-workshop/bigscience,
 # train/tr11-176B-ml/README.md, BLOOM's cluster): four ports shared by eight GPUs, at
 # InfiniBand's latency (the same class of RDMA fabric).
 INTERCONNECTS: dict[str, Interconnect] = {
-    "nvlink2": Interconnect("NVLink 2 (V100)", 150 * GB, 2e-6),
-    "nvlink3": Interconnect("NVLink 3 (A100)", 300 * GB, 2e-6),
-    "nvlink4": Interconnect("NVLink 4 (H100/H200)", 450 * GB, 2e-6),
-    "ib-hdr": Interconnect("InfiniBand HDR 200 Gb/s per GPU", 25 * GB, 5e-6),
-    "ib-ndr": Interconnect("InfiniBand NDR 400 Gb/s per GPU", 50 * GB, 5e-6),
+    "nvlink2": Interconnect("NVLink 2 (V100)", 150 * GB, 3.4e-6),
+    "nvlink3": Interconnect("NVLink 3 (A100)", 300 * GB, 3.4e-6),
+    "nvlink4": Interconnect("NVLink 4 (H100/H200)", 450 * GB, 3.4e-6),
+    "ib-hdr": Interconnect("InfiniBand HDR 200 Gb/s per GPU", 25 * GB, 14e-6),
+    "ib-ndr": Interconnect("InfiniBand NDR 400 Gb/s per GPU", 50 * GB, 14e-6),
     "ethernet-100g": Interconnect(
         "Ethernet 100 Gb/s per node", 12.5 * GB, 20e-6, shared_by_node=True
     ),
     "opa-4x100": Interconnect(
-        "Omni-Path 4 × 100 Gb/s per node", 4 * 12.5 * GB, 5e-6, shared_by_node=True
+        "Omni-Path 4 × 100 Gb/s per node", 4 * 12.5 * GB, 14e-6, shared_by_node=True
     ),
 }
 
