@@ -786,7 +786,10 @@ def dp_link(layout: Layout, cluster: Cluster) -> Interconnect:
     k = min(dp, GPUs per node ÷ tp) members of each data-parallel group. Within one node the
     ring runs on NVLink. Across nodes NCCL runs one ring per NIC: each member's rail carries
     1/k of the group's inter-node traffic, so the group sees k × the per-GPU network
-    bandwidth — capped by NVLink, which carries the rest of each ring."""
+    bandwidth — capped by NVLink, which carries the rest of each ring. Of a ring's n − 1
+    steps per pass only the n/k − 1 that cross nodes pay the network's latency, the others
+    NVLink's (NCCL's tuning model, ``nInterSteps`` against ``nsteps``: nccl
+    src/graph/tuning.cc): the link's per-step latency is their mean."""
     group = layout.grad_group  # dp × cp: the context-parallel ranks reduce with the rest
     members = min(group, max(1, cluster.gpus_per_node // layout.tp))
     if layout.tp * group <= cluster.gpus_per_node:
@@ -794,10 +797,15 @@ def dp_link(layout: Layout, cluster: Cluster) -> Interconnect:
     if members == 1:
         return cluster.inter
     bandwidth = min(cluster.intra.bandwidth, members * cluster.inter.bandwidth)
+    crossing = group / members - 1  # of the ring's group − 1 steps
+    latency = (
+        crossing * cluster.inter.latency + (group - 1 - crossing) * cluster.intra.latency
+    ) / (group - 1)
     return replace(
         cluster.inter,
         name=f"{cluster.inter.name} × {members} rails",
         bandwidth=bandwidth,
+        latency=latency,
     )
 
 
