@@ -48,6 +48,11 @@ LOSS_BACKWARD = ("torch", "fused")
 # a cast to fp32 and then an add (bf16-optimizer: DeepSpeed's BF16_Optimizer.update_hp_grads),
 # or FSDP's cast and pre-divide on its post-backward stream, beside the compute (side-stream)
 GRAD_ACCUMULATION = ("buffer", "fused", "bf16-optimizer", "side-stream")
+# ZeRO-3's gathered parameters: used where the all-gather wrote them (flat: paracube's units,
+# FSDP1's FlatParameter, DeepSpeed's partitions — parameters are views of the gathered buffer)
+# or copied out of it into each parameter's own tensor (per-parameter: FSDP2's DTensor
+# shards, whose gathered buffer holds every rank's shard of every parameter in turn)
+PARAM_GATHER = ("flat", "per-parameter")
 ON_NAN = ("stop", "skip", "continue")  # a non-finite loss or gradient norm: what then
 METRICS_MODES = ("new", "append", "overwrite")  # an existing --metrics file: refuse, add, replace
 

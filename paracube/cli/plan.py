@@ -104,8 +104,9 @@ def add_parser(sub) -> None:
         "GEMMs, Megatron's even pipeline split), nemo or megatron-bridge (the same, with the "
         "tensor-parallel collectives overlapped as their recipes run them), "
         "megatron-lm-2021 (unfused attention, no sequence parallelism, gradients reduced "
-        "after the backward, even split), fsdp (also torchtitan: PyTorch FSDP1/FSDP2, "
-        "gradients cast and divided on a side stream) or composer (its FSDP1 without backward "
+        "after the backward, even split), fsdp or torchtitan (PyTorch FSDP2: gradients cast "
+        "and divided on a side stream, gathered parameters copied out into each parameter), "
+        "fsdp1 (FSDP1's flat parameters: no copy-out) or composer (its FSDP1 without backward "
         "prefetch, the fused loss); the search then proposes only what the stack runs, and "
         "tries context parallelism where it runs it",
     )
@@ -136,6 +137,13 @@ def add_parser(sub) -> None:
         default=None,
         help="under bf16/fp16, gradients accumulated and reduced in fp32 (default, as paracube "
         "train and Megatron do) or in the compute dtype (compute: half the bytes)",
+    )
+    t.add_argument(
+        "--param-gather",
+        default=None,
+        help="ZeRO-3's gathered parameters: used where the all-gather wrote them (flat: "
+        "paracube train, FSDP1, DeepSpeed; default) or copied out into each parameter "
+        "(per-parameter: FSDP2, one read and write of every gathered parameter per pass)",
     )
     t.add_argument(
         "--grad-accumulation",
@@ -307,6 +315,7 @@ SOFTWARE = (
     "fp8_scaling",
     "split",
     "grad_accumulation",
+    "param_gather",
 )
 
 
@@ -470,6 +479,7 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         GRAD_REDUCE,
         LOSS_BACKWARD,
         OFFLOAD,
+        PARAM_GATHER,
         PIPELINE_SPLIT,
         PRECISIONS,
         RECOMPUTE,
@@ -509,6 +519,7 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         ("split", "--pipeline-split", PIPELINE_SPLIT),
         ("loss", "--loss", LOSS_BACKWARD),
         ("grad_accumulation", "--grad-accumulation", GRAD_ACCUMULATION),
+        ("param_gather", "--param-gather", PARAM_GATHER),
         ("activations", "--activations", ACTIVATION_MEMORY),
         ("grad_reduce", "--grad-reduce", GRAD_REDUCE),
         ("offload", "--offload", OFFLOAD),

@@ -26,6 +26,7 @@ from paracube.planner.time_model import (
     StepEstimate,
     accumulation_time,
     at_precision,
+    gather_copy_time,
     reduction_time,
     waited_gathers,
 )
@@ -90,7 +91,9 @@ def evaluate(
     exposed = max(0.0, allreduce - (2 / 3 * per_mb if overlapped else 0.0)) + waited
     optimizer = 7 * 4 * model.params / (dp if layout.zero else 1) / g.memory_rate
     # each micro-batch's gradients brought into the buffer they are reduced from
-    compute = m * per_mb + accumulation_time(layout, g, model.params, 0.0, w)
+    compute = m * (per_mb + gather_copy_time(layout, g, model.params, 0.0, w)) + accumulation_time(
+        layout, g, model.params, 0.0, w
+    )
     step = compute + exposed + optimizer
     samples = dp * b * m
     tflops = 3 * model.forward_flops_per_sample * samples / (step * dp) / 1e12
@@ -113,7 +116,13 @@ def evaluate(
 # reduced and accumulated (the search also fixes micro-batches and ZeRO stage). A fixed
 # choice beyond these and off its default (the attention kernel, the loss, compression, …)
 # describes layers it has not: refused with the reason, never matched against nothing.
-GENERIC_SOFTWARE = ("overlap_grad_reduce", "grad_reduce", "backward_prefetch", "grad_accumulation")
+GENERIC_SOFTWARE = (
+    "overlap_grad_reduce",
+    "grad_reduce",
+    "backward_prefetch",
+    "grad_accumulation",
+    "param_gather",
+)
 
 
 def search_generic(

@@ -19,6 +19,7 @@ from paracube.choices import (
     FP8_SCALING,
     GRAD_ACCUMULATION,
     LOSS_BACKWARD,
+    PARAM_GATHER,
     PIPELINE_SPLIT,
     PRECISIONS,
     RECOMPUTE,
@@ -40,6 +41,7 @@ OTHER_SOFTWARE = (
     "activations",
     "tp_comm_overlap",
     "grad_accumulation",
+    "param_gather",
 )
 
 
@@ -124,6 +126,10 @@ class Layout:
     # DeepSpeed's BF16_Optimizer), or cast and pre-divided on a stream of its own beside the
     # compute (side-stream: PyTorch FSDP); :func:`paracube.planner.time_model.accumulation_time`
     grad_accumulation: str = "buffer"
+    # ZeRO-3's gathered parameters used in place (flat: paracube, FSDP1, DeepSpeed) or copied
+    # out into each parameter (per-parameter: FSDP2); choices.PARAM_GATHER,
+    # :func:`paracube.planner.time_model.gather_copy_time`
+    param_gather: str = "flat"
 
     def __post_init__(self) -> None:
         # the planned-only choices, which no engine config checks first: a misspelt one
@@ -144,6 +150,10 @@ class Layout:
             raise ConfigError(
                 f"grad_accumulation={self.grad_accumulation!r}: choose one of "
                 f"{', '.join(GRAD_ACCUMULATION)}"
+            )
+        if self.param_gather not in PARAM_GATHER:
+            raise ConfigError(
+                f"param_gather={self.param_gather!r}: choose {' or '.join(PARAM_GATHER)}"
             )
         if self.loss not in LOSS_BACKWARD:
             raise ConfigError(f"loss={self.loss!r}: choose {' or '.join(LOSS_BACKWARD)}")

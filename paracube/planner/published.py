@@ -134,6 +134,7 @@ from paracube.planner.layout_memory import peak_memory
 from paracube.planner.search import Candidate, candidate_layouts, search
 from paracube.planner.stacks import (
     COMPOSER_FSDP,
+    FSDP2,
     MEGATRON_2021,
     MEGATRON_CORE,
     MEGATRON_FP16,
@@ -390,7 +391,7 @@ def _torchtitan() -> list[dict]:
         ("llama2-70b", 2, "full", 353),
     ]:
         cfg = preset(name)
-        fixed = dict(dp=64, tp=1, pp=1, zero=3, micro_batch=b, attention="fused", **PYTORCH_FSDP,
+        fixed = dict(dp=64, tp=1, pp=1, zero=3, micro_batch=b, attention="fused", **FSDP2,
                      recompute="none" if ac == "none" else "full")
         if ac == "layer":
             fixed["recompute_blocks"] = cfg.n_layers // 2
@@ -421,7 +422,7 @@ def _automodel() -> list[dict]:
     """NeMo AutoModel's Llama 3 70B on 64 H100s: FSDP2 (ZeRO-3) over 32 ranks × context
     parallel 2, tokens/s per GPU × model FLOPs per token."""
     cfg = preset("llama3-70b")  # sequence 8192, as the run
-    fixed = dict(dp=32, cp=2, tp=1, pp=1, zero=3, micro_batch=1, attention="fused", **PYTORCH_FSDP)
+    fixed = dict(dp=32, cp=2, tp=1, pp=1, zero=3, micro_batch=1, attention="fused", **FSDP2)
     published = round(866.77 * model_flops_per_token(cfg) / 1e12, 1)
     return [_run("NeMo AutoModel", cfg, "h100", 64, 128, "bf16", fixed, "model", published)]
 

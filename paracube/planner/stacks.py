@@ -64,6 +64,10 @@ MEGATRON_FP16: dict[str, object] = dict(grad_reduce="compute")
 # default, llmfoundry/models/mpt/modeling_mpt.py: flash-attn's xentropy kernel). PyTorch
 # FSDP (1 and 2) casts and pre-divides each unit's gradient on its post-backward stream.
 PYTORCH_FSDP: dict[str, object] = dict(grad_accumulation="side-stream")
+# FSDP2 (fully_shard: torchtitan, NeMo AutoModel, today's PyTorch FSDP) shards each parameter
+# on its own and copies every gathered unit out into its parameters (the planner's
+# per-parameter gather); FSDP1's FlatParameter is a view of what the all-gather wrote
+FSDP2: dict[str, object] = dict(param_gather="per-parameter", **PYTORCH_FSDP)
 COMPOSER_FSDP: dict[str, object] = dict(backward_prefetch=False, loss="fused", **PYTORCH_FSDP)
 
 # NeMo and Megatron-Bridge train with Megatron-Core's modules, and their performance
@@ -81,8 +85,9 @@ STACK_SOFTWARE: dict[str, dict[str, object]] = {
     "nemo": NEMO,
     "megatron-bridge": NEMO,
     "megatron-lm-2021": MEGATRON_2021,
-    "fsdp": PYTORCH_FSDP,
-    "torchtitan": PYTORCH_FSDP,
+    "fsdp": FSDP2,
+    "fsdp1": PYTORCH_FSDP,
+    "torchtitan": FSDP2,
     "composer": COMPOSER_FSDP,
 }
 
@@ -108,6 +113,7 @@ STACK_CHOICES: dict[str, dict[str, tuple]] = {
     "megatron-bridge": {"schedule": MEGATRON_SCHEDULES},
     "megatron-lm-2021": {"schedule": MEGATRON_SCHEDULES, "zero": (0,), "recompute": WHOLE_BLOCKS},
     "fsdp": {"recompute": WHOLE_BLOCKS},
+    "fsdp1": {"recompute": WHOLE_BLOCKS},
     "torchtitan": {"recompute": WHOLE_BLOCKS},
     "composer": {"tp": (1,), "pp": (1,), "zero": (0, 2, 3), "recompute": WHOLE_BLOCKS},
 }

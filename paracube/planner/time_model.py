@@ -368,6 +368,24 @@ def accumulation_time(layout: Layout, g: GPU, params: float, embedding: float, e
     return OVERLAP_SLOWDOWN * seconds if kind == "side-stream" else seconds
 
 
+def gather_copy_time(layout: Layout, g: GPU, params: float, root: float, elem: int) -> float:
+    """Seconds per micro-batch of copying ZeRO-3's gathered parameters out of the
+    all-gather's output into each parameter's own tensor, under per-parameter sharding
+    (FSDP2: "foreach_all_gather (copy-in/all-gather collective) and
+    foreach_all_gather_copy_out (copy-out)", pytorch/pytorch#117950 — the output holds rank
+    0's shard of every parameter, then rank 1's…, so no parameter is a view of it,
+    #117203). A read and a write of ``elem``-byte values for the rank's ``params`` gathered
+    for forward and again, all but the ``root`` unit's (which stays gathered), for backward
+    (:func:`zero3_collectives`) — on the compute stream: FSDP2 copies out in
+    ``wait_for_unshard``, before the unit computes, overlapping only the collectives
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py). 0 for flat units (paracube,
+    FSDP1, DeepSpeed: the parameters are views of the gathered buffer), below ZeRO-3 or
+    without a group to gather from."""
+    if layout.zero != 3 or layout.param_gather != "per-parameter" or layout.grad_group == 1:
+        return 0.0
+    return 2 * elem * (2 * params - root) / g.memory_rate
+
+
 def optimizer_time(layout: Layout, g: GPU, shard: float, elem: int) -> float:
     """The optimizer step is memory-bound, on this rank's share of the states: the global
     gradient norm reads the fp32 gradients (4 bytes per parameter; clipping, when the norm
@@ -528,9 +546,12 @@ def _rank_step(
             params += shapes.head_params(cfg, tp=t)
     ring_redone = redone * ring[0] if layout.recompute == "full" else 0.0
     embedding = shapes.embed_params(cfg, tp=t) if share.embedding else 0.0
+    root = params - blocks * shapes.block_params(cfg, tp=t)  # embedding, final norm, head
     return _RankTime(
-        # the blocks' and the head's work, and bringing their gradients into the buffer
-        compute=m * per_mb + accumulation_time(layout, g, params, embedding, elem),
+        # the blocks' and the head's work, ZeRO-3's copy-outs (FSDP2) and bringing their
+        # gradients into the buffer
+        compute=m * (per_mb + gather_copy_time(layout, g, params, root, elem))
+        + accumulation_time(layout, g, params, embedding, elem),
         recompute=m * redone * redo,
         tp_comm=_tp_comm(cfg, layout, cluster, blocks, elem, redone, gemms),
         dp_exposed=dp_exposed_time(layout, cluster, params, per_mb, cfg, blocks, elem),
