@@ -450,6 +450,22 @@ def test_v100s_are_planned_in_fp16_unless_told(capsys):
                              "--top", "1").splitlines()[0]  # fmt: skip
 
 
+def test_fsdp2s_copy_out_is_explained_with_its_seconds(capsys):
+    """--stack torchtitan (FSDP2) under ZeRO-3: --explain names the copy-out and its seconds,
+    exactly the compute the same layout with flat units (--stack fsdp1) does not pay."""
+    import re
+
+    argv = ["--model", "llama3-8b", "--gpus", "64", "--global-batch", "64",
+            "--layout", "dp=64,tp=1,pp=1", "--zero", "3"]  # fmt: skip
+    out = plan(capsys, *argv, "--stack", "torchtitan", "--explain")
+    said = float(re.search(r"\(FSDP2's per-parameter sharding\) adds ([\d.e-]+) s", out).group(1))
+    fsdp2, fsdp1 = (best(capsys, *argv, "--stack", name) for name in ("torchtitan", "fsdp1"))
+    assert fsdp2["layout"]["param_gather"] == "per-parameter"
+    assert fsdp1["layout"]["param_gather"] == "flat"
+    assert said == pytest.approx(fsdp2["time"]["compute"] - fsdp1["time"]["compute"], rel=2e-3)
+    assert "per-parameter sharding" not in plan(capsys, *argv, "--stack", "fsdp1", "--explain")
+
+
 def test_resnet50_time_to_train_on_one_and_eight_gpus(capsys):
     """The guide's ResNet-50 question: 90 ImageNet epochs in hours on 8 GPUs and on 1; the
     hours are the images over the predicted images/s, and their ratio is the speed-up."""

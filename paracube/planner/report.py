@@ -145,14 +145,14 @@ def explain(
     """The reasoning behind the best layout, in plain language, with its numbers."""
     best = result.ranked[0]
     lines = [f"Why {describe(best.layout)}:"]
-    lines += _layout_reasons(best, cfg, cluster)
+    lines += _layout_reasons(best, cfg, cluster, precision)
     lines.append(recompute_tradeoff(cfg, best.layout, cluster))
     lines.append(_predicted(best, cluster, precision))
     lines += _alternatives(result)
     return "\n".join(lines)
 
 
-def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster) -> list[str]:
+def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) -> list[str]:
     """One line per parallel dimension the best layout uses: what it costs and buys."""
     L, t = best.layout, best.time
     lines = []
@@ -228,6 +228,16 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster) -> list[str]:
                 else "."
             )
         )
+        if L.zero == 3 and L.param_gather == "per-parameter" and L.grad_group > 1:
+            from dataclasses import replace
+
+            from paracube.planner.time_model import estimate
+
+            flat = estimate(cfg, replace(L, param_gather="flat"), cluster, precision)
+            lines[-1] += (
+                f" Copying each gathered unit out into its parameters (FSDP2's per-parameter "
+                f"sharding) adds {t.compute - flat.compute:.3g} s of compute."
+            )
     if L.recompute != "none":
         which = (
             ""
