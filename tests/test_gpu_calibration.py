@@ -53,6 +53,8 @@ def _section(name: str = "NVIDIA H200") -> dict:
         ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
         ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
         ("Tesla V100-SXM2-32GB", "v100"),
+        ("NVIDIA H800", "h800"),
+        ("NVIDIA A800-SXM4-80GB", "a800"),
         ("NVIDIA GeForce RTX 4090", None),
     ],
 )

@@ -4,6 +4,8 @@ at fixed work per replica; Hopper runs at its measured sustained rate and FlashA
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from paracube.errors import ConfigError
@@ -244,3 +246,25 @@ def test_zero3_pays_a_ring_latency_per_unit():
     assert reduction_time(n, Layout(dp=64, zero=2), link, 2, blocks) == reduction_time(
         n, Layout(dp=64, zero=2), link, 2
     )  # ZeRO-2 reduces in buckets, not units
+
+
+def test_the_export_variants_compute_alike_and_talk_slower():
+    """H800 and A800 are H100 and A100 silicon at 400 GB/s of NVLink (200 each way, against
+    450 and 300): one tensor-parallel layout computes in the same time and spends the
+    bandwidth part of its collectives 450/200 (300/200) times as long."""
+    cfg = preset("gpt3-13b")
+    layout = Layout(dp=1, tp=8, micro_batch=1, microbatches=4, sequence_parallel=True)
+    for fast, slow in (("h100", "h800"), ("a100-80gb", "a800")):
+        times = {}
+        for key in (fast, slow):
+            intra = hw.interconnect(hw.DEFAULT_INTRA[key])
+            cluster = Cluster(hw.gpu(key), 8, intra, hw.interconnect(hw.DEFAULT_INTER[key]))
+            # the collectives' latency steps are the same on both: compare what is left
+            no_latency = replace(cluster, intra=replace(intra, latency=0.0))
+            times[key] = estimate(cfg, layout, no_latency)
+        assert times[slow].compute == pytest.approx(times[fast].compute)
+        ratio = (
+            hw.interconnect(hw.DEFAULT_INTRA[fast]).bandwidth
+            / hw.interconnect("nvlink-400").bandwidth
+        )
+        assert times[slow].tp_comm == pytest.approx(ratio * times[fast].tp_comm)

@@ -51,7 +51,7 @@ def add_parser(sub) -> None:
     c.add_argument(
         "--gpu",
         default="a100-80gb",
-        help="v100, a100-40gb, a100-80gb, h100, h200, or calibrated (this machine's GPU, "
+        help="v100, a100-40gb, a100-80gb, a800, h100, h800, h200, or calibrated (this machine's GPU, "
         "as `paracube calibrate` measured it)",
     )
     c.add_argument("--intra", default=None, help="intra-node link (default: the GPU's NVLink)")

@@ -173,6 +173,20 @@ GPUS: dict[str, GPU] = {
                 measured_sustained=HOPPER_SUSTAINED, measured_hbm=HBM_ACHIEVED["hopper"],
                 host_link_bandwidth=PCIE["h100"], host_memory_bandwidth=HOST_MEMORY["h100"],
                 host_memory_bytes=HOST_RAM["h100"]),
+    # The export variants: the same silicon, clocks and power at a lower NVLink rate — 400 GB/s
+    # per GPU, both directions, against A100's 600 and H100's 900 (NVIDIA's A800 and H800
+    # datasheets); every other figure is their A100 80GB's and H100 SXM's
+    "a800": GPU("A800 80GB", 312e12, device_memory(80), 2039 * GB, 400 * GB, 1095, 1410, sms=108,
+                fp32_flops=19.5e12, tf32_flops=156e12, attention_rate=FLASH2_AMPERE,
+                measured_hbm=HBM_ACHIEVED["a100-80gb"],
+                host_link_bandwidth=PCIE["a100"], host_memory_bandwidth=HOST_MEMORY["a100"],
+                host_memory_bytes=HOST_RAM["a100"]),
+    "h800": GPU("H800 SXM", 989e12, device_memory(80), 3350 * GB, 400 * GB, 1590, 1980, sms=132,
+                fp32_flops=67e12, tf32_flops=494.7e12, fp8_flops=1979e12,
+                attention_rate=FLASH2_HOPPER,
+                measured_sustained=HOPPER_SUSTAINED, measured_hbm=HBM_ACHIEVED["hopper"],
+                host_link_bandwidth=PCIE["h100"], host_memory_bandwidth=HOST_MEMORY["h100"],
+                host_memory_bytes=HOST_RAM["h100"]),
     "h200": GPU("H200 SXM", 989e12, device_memory(141), 4800 * GB, 900 * GB, 1590, 1980, sms=132,
                 fp32_flops=67e12, tf32_flops=494.7e12, fp8_flops=1979e12,
                 attention_rate=FLASH2_HOPPER,
@@ -196,6 +210,7 @@ INTERCONNECTS: dict[str, Interconnect] = {
     "nvlink2": Interconnect("NVLink 2 (V100)", 150 * GB, 3.4e-6),
     "nvlink3": Interconnect("NVLink 3 (A100)", 300 * GB, 3.4e-6),
     "nvlink4": Interconnect("NVLink 4 (H100/H200)", 450 * GB, 3.4e-6),
+    "nvlink-400": Interconnect("NVLink 400 GB/s (A800/H800)", 200 * GB, 3.4e-6),
     "ib-hdr": Interconnect("InfiniBand HDR 200 Gb/s per GPU", 25 * GB, 14e-6),
     "ib-ndr": Interconnect("InfiniBand NDR 400 Gb/s per GPU", 50 * GB, 14e-6),
     "ethernet-100g": Interconnect(
@@ -210,14 +225,18 @@ DEFAULT_INTRA = {
     "v100": "nvlink2",
     "a100-40gb": "nvlink3",
     "a100-80gb": "nvlink3",
+    "a800": "nvlink-400",
     "h100": "nvlink4",
+    "h800": "nvlink-400",
     "h200": "nvlink4",
 }
 DEFAULT_INTER = {
     "v100": "ib-hdr",
     "a100-40gb": "ib-hdr",
     "a100-80gb": "ib-hdr",
+    "a800": "ib-hdr",
     "h100": "ib-ndr",
+    "h800": "ib-ndr",
     "h200": "ib-ndr",
 }
 
@@ -226,7 +245,7 @@ def catalog_key(device_name: str) -> str | None:
     """The catalog entry of a GPU as CUDA names it (``torch.cuda.get_device_name``:
     "NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"), None if not listed."""
     name = device_name.lower()
-    for model in ("h200", "h100", "v100"):
+    for model in ("h200", "h100", "h800", "a800", "v100"):
         if model in name:
             return model
     if "a100" in name:
