@@ -175,3 +175,19 @@ def test_a_stack_is_planned_only_with_what_it_runs_on_a_mixed_cluster(a100_v100)
     assert plans and slowest is not None
     assert all((p.layout.tp, p.layout.pp) == (1, 1) for p in [*plans, slowest])
     assert all(p.layout.zero in (0, 2, 3) for p in [*plans, slowest])
+
+
+def test_the_mixed_header_says_whose_software_it_plans(capsys):
+    """As the one-type plan does: --stack fsdp on a mixed cluster heads its table with the
+    stack it plans for, and the plans carry that stack's software (FSDP2's copy-out)."""
+    import json
+
+    from paracube.cli import main
+
+    argv = ["plan", "--model", "gpt3-1.3b", "--gpus", "8xa100-80gb,8xv100", "--global-batch",
+            "512", "--top", "1", "--stack", "fsdp"]  # fmt: skip
+    assert main(argv) == 0
+    assert ", fp16, as fsdp runs it;" in capsys.readouterr().out.splitlines()[0]
+    assert main([*argv, "--json"]) == 0
+    layout = json.loads(capsys.readouterr().out)["plans"][0]["layout"]
+    assert layout["param_gather"] == "per-parameter"

@@ -54,7 +54,9 @@ def cmd_plan_mixed(args, pools: list[Pool]) -> int:
         return 0
     print(
         f"{cfg.name} on a mixed cluster: {_cluster_text(pools)}, global batch {args.global_batch} "
-        f"× {cfg.seq_len} tokens, {args.precision}; {len(plans)} plans evaluated\n"
+        f"× {cfg.seq_len} tokens, {args.precision}"
+        + (f", as {args.stack} runs it" if args.stack not in (None, "paracube") else "")
+        + f"; {len(plans)} plans evaluated\n"
     )
     print(_table(plans[: args.top], slowest))
     print("\n" + headline(plans[0], slowest, pools))
