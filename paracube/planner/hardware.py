@@ -7,7 +7,7 @@ direction (HDR 200 Gb/s, NDR 400 Gb/s), and a DGX-class node has 8 compute ports
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from paracube.errors import ConfigError
 
@@ -173,20 +173,6 @@ GPUS: dict[str, GPU] = {
                 measured_sustained=HOPPER_SUSTAINED, measured_hbm=HBM_ACHIEVED["hopper"],
                 host_link_bandwidth=PCIE["h100"], host_memory_bandwidth=HOST_MEMORY["h100"],
                 host_memory_bytes=HOST_RAM["h100"]),
-    # The export variants: the same silicon, clocks and power at a lower NVLink rate — 400 GB/s
-    # per GPU, both directions, against A100's 600 and H100's 900 (NVIDIA's A800 and H800
-    # datasheets); every other figure is their A100 80GB's and H100 SXM's
-    "a800": GPU("A800 80GB", 312e12, device_memory(80), 2039 * GB, 400 * GB, 1095, 1410, sms=108,
-                fp32_flops=19.5e12, tf32_flops=156e12, attention_rate=FLASH2_AMPERE,
-                measured_hbm=HBM_ACHIEVED["a100-80gb"],
-                host_link_bandwidth=PCIE["a100"], host_memory_bandwidth=HOST_MEMORY["a100"],
-                host_memory_bytes=HOST_RAM["a100"]),
-    "h800": GPU("H800 SXM", 989e12, device_memory(80), 3350 * GB, 400 * GB, 1590, 1980, sms=132,
-                fp32_flops=67e12, tf32_flops=494.7e12, fp8_flops=1979e12,
-                attention_rate=FLASH2_HOPPER,
-                measured_sustained=HOPPER_SUSTAINED, measured_hbm=HBM_ACHIEVED["hopper"],
-                host_link_bandwidth=PCIE["h100"], host_memory_bandwidth=HOST_MEMORY["h100"],
-                host_memory_bytes=HOST_RAM["h100"]),
     "h200": GPU("H200 SXM", 989e12, device_memory(141), 4800 * GB, 900 * GB, 1590, 1980, sms=132,
                 fp32_flops=67e12, tf32_flops=494.7e12, fp8_flops=1979e12,
                 attention_rate=FLASH2_HOPPER,
@@ -195,6 +181,11 @@ GPUS: dict[str, GPU] = {
                 host_memory_bytes=HOST_RAM["h100"]),
 }
 # fmt: on
+# The export variants: the same silicon, clocks and power at a lower NVLink rate — 400 GB/s
+# per GPU, both directions, against A100's 600 and H100's 900 (NVIDIA's A800 and H800
+# datasheets); every other figure is their A100 80GB's and H100 SXM's
+GPUS["a800"] = replace(GPUS["a100-80gb"], name="A800 80GB", nvlink_bandwidth=400 * GB)
+GPUS["h800"] = replace(GPUS["h100"], name="H800 SXM", nvlink_bandwidth=400 * GB)
 
 # One direction per GPU: NVLink's bidirectional total halved; IB per port (one per GPU).
 # Latencies, per ring step: what NCCL's own tuning model charges a step of a ring under its
