@@ -7,7 +7,10 @@ pipeline parallelism), the micro-batch the sweep found, activation checkpointing
 and MPT's FlashAttention in Triton — the sweep's default ``--attn_impl triton``
 (``scripts/train/benchmarking/submit_benchmarks.py``). The MPT shapes
 (``scripts/train/yamls/pretrain/mpt-*.yaml``: learned positions, tied embedding, 50,368
-tokens) give every parameter count of the tables exactly (a test checks it).
+tokens) give every parameter count of the tables exactly (a test checks it). The H100 and
+A100 80GB BF16 tables are the rows of one sweep, whose raw results the same folder keeps
+(``h100new.md``: image ``mosaicml/pytorch:2.1.0_cu121-nightly20230827`` — PyTorch 2.1 —,
+FSDP mixed precision DEFAULT, i.e. gradients reduced in fp32, as planned here).
 """
 
 from __future__ import annotations
