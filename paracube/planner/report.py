@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from paracube.choices import FUSED_ATTENTION
 from paracube.config import ModelConfig
 from paracube.planner.hardware import GPU
 from paracube.planner.search import Candidate, SearchResult
-from paracube.planner.time_model import Cluster, StepEstimate
+from paracube.planner.time_model import Cluster, StepEstimate, estimate
 
 GB = 1e9
 SHARDED_STATES = {
@@ -229,10 +229,6 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
             )
         )
         if L.zero == 3 and L.param_gather == "per-parameter" and L.grad_group > 1:
-            from dataclasses import replace
-
-            from paracube.planner.time_model import estimate
-
             flat = estimate(cfg, replace(L, param_gather="flat"), cluster, precision)
             lines[-1] += (
                 f" Copying each gathered unit out into its parameters (FSDP2's per-parameter "
@@ -326,10 +322,7 @@ def _alternatives(result: SearchResult) -> list[str]:
 def recompute_tradeoff(cfg: ModelConfig, layout, cluster: Cluster) -> str:
     """What activation checkpointing would trade for this layout: activation memory saved
     against compute added, for selective and for full recomputation."""
-    from dataclasses import replace
-
     from paracube.planner.layout_memory import stage_memory
-    from paracube.planner.time_model import estimate
 
     # every block checkpointed or none: the layout's own partial count (recompute_blocks)
     # would make "full" mean its few blocks
