@@ -745,7 +745,10 @@ def _print(args, cfg, cluster, result) -> None:
 
 def _nothing_fits(result, cfg, g, args) -> int:
     if result.smallest_misfit is None:
-        reasons = "; ".join(f"{why} ({n}×)" for why, n in sorted(result.rejected.items()))
+        reasons = "; ".join(
+            f"{why} ({n} layout{'s' if n > 1 else ''})"
+            for why, n in sorted(result.rejected.items())
+        )
         raise ParacubeError(
             "no layout satisfies the constraints (divisibility, tp within a node, the fixed choices)"
             + (f" — {reasons}" if reasons else "")

@@ -167,7 +167,10 @@ def candidate_layouts(
                 continue
             sizes = micro_batches(global_batch // dp, fixed.get("micro_batch"))
             if not sizes:
-                reject(f"--micro-batch {fixed['micro_batch']} does not divide the per-rank batch")
+                reject(
+                    f"--micro-batch {fixed['micro_batch']} does not divide the per-rank batch "
+                    f"({global_batch} ÷ dp)"
+                )
             for b in sizes:
                 m = global_batch // (dp * b)
                 schedules = _schedules(
