@@ -660,7 +660,8 @@ def _time_to_train(args, cfg, best, baseline) -> str:
         return samples / (candidate.time.tokens_per_s / seq) / 3600
 
     line = (
-        f"Time to train {args.epochs:g} epochs of {per_epoch:,.0f} samples: {hours(best):,.2f} h "
+        f"Time to train {args.epochs:g} epoch{'' if args.epochs == 1 else 's'} of "
+        f"{per_epoch:,.0f} samples: {hours(best):,.2f} h "
         f"on {best.layout.gpus} GPUs ({describe(best.layout)})"
     )
     if baseline is not None and baseline.gpus < best.layout.gpus:
