@@ -654,3 +654,30 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     proc.stdout.close()  # the reader leaves before the first line
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141 and err == "", err
+
+
+def test_the_header_counts_every_layout_that_fits_not_only_those_kept(capsys):
+    """The search keeps the fastest 50 × --top candidates; the header still counts every
+    layout that fits (it said "150 fit" for --top 3 where 730 did), and with --explain's
+    rejections the counts add up to the layouts evaluated."""
+    import re
+
+    from paracube.models.presets import preset
+    from paracube.planner import hardware as hw
+    from paracube.planner.search import search
+    from paracube.planner.time_model import Cluster
+
+    out = plan(capsys, "--model", "llama3-8b", "--gpus", "8", "--gpu", "h100", "--global-batch",
+               "64", "--top", "1", "--explain")  # fmt: skip
+    evaluated, fit = (
+        int(n.replace(",", ""))
+        for n in re.search(r"([\d,]+) layouts evaluated, ([\d,]+) fit", out).groups()
+    )
+    lost = int(
+        re.search(r"does not fit in GPU memory \(([\d,]+) layouts\)", out).group(1).replace(",", "")
+    )
+    assert fit > 50 and evaluated == fit + lost
+    h100 = hw.gpu("h100")
+    cluster = Cluster(h100, 8, hw.interconnect(hw.DEFAULT_INTRA["h100"]), hw.interconnect("ib-hdr"))
+    result = search(preset("llama3-8b"), cluster, 8, 64, precision="bf16", top=1)
+    assert result.fitting == fit and len(result.ranked) == 50

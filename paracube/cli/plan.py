@@ -720,7 +720,7 @@ def _print(args, cfg, cluster, result) -> None:
         f"{cfg.name}: {args.gpus} × {g.name} ({cluster.gpus_per_node} per node), global batch {args.global_batch} "
         f"{unit}, {args.precision}"
         + (f", as {args.stack} runs it" if args.stack not in (None, "paracube") else "")
-        + f"; {result.evaluated} layouts evaluated, {len(result.ranked)} fit\n"
+        + f"; {result.evaluated:,} layouts evaluated, {result.fitting:,} fit\n"
     )
     baseline = _baseline(args, cfg, cluster) if result.ranked else None
     print(table(result.ranked[: args.top], cluster, baseline))

@@ -168,6 +168,6 @@ def search_generic(
                 ):
                     result.smallest_misfit = Candidate(layout, mem, est)
                 continue
-            result.ranked.append(Candidate(layout, mem, est))
+            result.add(Candidate(layout, mem, est))
     rank(result.ranked)
     return result

@@ -302,7 +302,8 @@ def _alternatives(result: SearchResult) -> list[str]:
     lines = []
     if result.rejected:
         why = "; ".join(
-            f"{n} {reason}" for reason, n in sorted(result.rejected.items(), key=lambda x: -x[1])
+            f"{reason} ({n:,} layout{'s' if n > 1 else ''})"
+            for reason, n in sorted(result.rejected.items(), key=lambda x: -x[1])
         )
         lines.append(f"- Not considered or lost: {why}.")
     other = next((c for c in result.ranked[1:] if (c.layout.tp, c.layout.pp) != (L.tp, L.pp)), None)

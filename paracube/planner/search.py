@@ -46,6 +46,11 @@ class SearchResult:
     rejected: dict[str, int] = field(default_factory=dict)  # reason -> count
     smallest_misfit: Candidate | None = None  # the least memory among layouts that don't fit
     evaluated: int = 0
+    fitting: int = 0  # how many fit; ``ranked`` keeps only the fastest of them
+
+    def add(self, candidate: Candidate) -> None:
+        self.ranked.append(candidate)
+        self.fitting += 1
 
 
 def divisors(n: int) -> list[int]:
@@ -288,7 +293,6 @@ def search(
             reason = f"{outside[0]}: not what the stack runs"
             result.rejected[reason] = result.rejected.get(reason, 0) + 1
             continue
-        result.evaluated += 1
         mem = peak_memory(cfg, layout, precision)
         if mem.total > capacity and "offload" not in fixed and cluster.gpu.host_link_bandwidth:
             # what does not fit may with the optimizer in host memory (ZeRO-Offload)
@@ -306,6 +310,7 @@ def search(
             if fewest is None:
                 continue  # it fits without recomputation: that layout is its own candidate
             layout, mem = fewest
+        result.evaluated += 1  # a distinct layout (the dominated full-recompute twin is not)
         if mem.total > capacity:
             result.rejected["does not fit in GPU memory"] = (
                 result.rejected.get("does not fit in GPU memory", 0) + 1
@@ -313,7 +318,7 @@ def search(
             if result.smallest_misfit is None or mem.total < result.smallest_misfit.memory.total:
                 result.smallest_misfit = Candidate(layout, mem, None)  # type: ignore[arg-type]
             continue
-        result.ranked.append(Candidate(layout, mem, estimate(cfg, layout, cluster, precision)))
+        result.add(Candidate(layout, mem, estimate(cfg, layout, cluster, precision)))
     rank(result.ranked)
     del result.ranked[top * 50 :]
     return result
