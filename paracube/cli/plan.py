@@ -319,7 +319,10 @@ SOFTWARE = (
 )
 
 
-def _plan_fixed(args, gpus: int) -> dict:
+def _plan_fixed(args, gpus: int, mixed: bool = False) -> dict:
+    """The fixed choices of ``--layout``, ``--stack`` and the explicit flags, each checked
+    against ``gpus`` (on a ``mixed`` cluster only cp must divide them all: each device type
+    takes its own share of the replicas, and plan_mixed checks tp and pp per type)."""
     from paracube.planner.stacks import stack
 
     layout: dict = {}
@@ -339,16 +342,18 @@ def _plan_fixed(args, gpus: int) -> dict:
                 f"--layout tp={layout['tp']} is larger than a node ({min(args.gpus_per_node, gpus)} GPUs): "
                 "tensor parallelism needs the intra-node links; use pipeline or data parallelism across nodes"
             )
-        product = (
-            layout.get("dp", 1) * layout.get("tp", 1) * layout.get("pp", 1) * layout.get("cp", 1)
-        )
-        if {"dp", "tp", "pp"} <= set(layout) and product != gpus:
+        total = math.prod(layout.values())
+        if {"dp", "tp", "pp"} <= set(layout) and total != gpus:
             raise ParacubeError(
-                f"--layout {args.layout}: dp×tp×pp×cp = {product} but --gpus is {gpus}; make them equal"
+                f"--layout {args.layout}: dp×tp×pp×cp = {total} but --gpus is {gpus}; make them equal"
             )
-        if gpus % layout.get("cp", 1):
+        dividing = {k: v for k, v in layout.items() if not mixed or k == "cp"}
+        product = math.prod(dividing.values())
+        if gpus % product:  # checked here: the search would find nothing and blame others
+            given = ",".join(f"{k}={v}" for k, v in dividing.items())
+            what = given if len(dividing) == 1 else f"{given} (product {product})"
             raise ParacubeError(
-                f"--layout cp={layout['cp']} does not divide --gpus {gpus}: choose a cp that does"
+                f"--layout {what} does not divide --gpus {gpus}: choose degrees whose product does"
             )
         if layout.get("cp", 1) > 1 and args.emit == "torchrun":
             raise ParacubeError(

@@ -23,7 +23,7 @@ def cmd_plan_mixed(args, pools: list[Pool]) -> int:
             f"plan {args.model} on one device type (--gpus N --gpu TYPE)"
         )
     cfg = _plan_model(args)
-    fixed = _plan_fixed(args, args.gpus)
+    fixed = _plan_fixed(args, args.gpus, mixed=True)
     if fixed.get("cp", 1) > 1:
         raise ParacubeError(
             f"--layout cp={fixed['cp']}: context parallelism is planned on one device type "
