@@ -681,3 +681,19 @@ def test_the_header_counts_every_layout_that_fits_not_only_those_kept(capsys):
     cluster = Cluster(h100, 8, hw.interconnect(hw.DEFAULT_INTRA["h100"]), hw.interconnect("ib-hdr"))
     result = search(preset("llama3-8b"), cluster, 8, 64, precision="bf16", top=1)
     assert result.fitting == fit and len(result.ranked) == 50
+
+
+def test_a_model_larger_than_a_node_is_scaled_from_the_fewest_nodes_that_hold_it(capsys):
+    """GPT-3 175B fits on no node of 8 A100 80GB: its speed-up is measured from the fewest
+    of 2, 4… nodes that hold it, which the plan on half as many GPUs confirms does not; with
+    none below --gpus that holds it the plan says so rather than dropping the column."""
+    import re
+
+    argv = ["--model", "gpt3-175b", "--gpu", "a100-80gb", "--global-batch", "64", "--top", "1"]
+    out = plan(capsys, *argv, "--gpus", "64")
+    base = int(re.search(r"speed-up vs (\d+) GPUs", out).group(1))
+    assert base in (16, 32)
+    assert "fits no layout" in error(capsys, *argv, "--gpus", str(base // 2))
+    alone = plan(capsys, *argv, "--gpus", str(base))
+    assert "speed-up vs" not in alone
+    assert "No speed-up column: gpt3-175b fits on none of" in alone

@@ -677,17 +677,25 @@ def _time_to_train(args, cfg, best, baseline) -> str:
     return line + "."
 
 
+def _baseline_counts(gpus: int, node: int) -> list[int]:
+    """The GPU counts a speed-up is measured from, fewest first: 1, then 1, 2, 4… nodes
+    below ``gpus``."""
+    counts = [1] + [node * 2**k for k in range(gpus.bit_length()) if node * 2**k < gpus]
+    return list(dict.fromkeys(c for c in counts if c < gpus or c == 1))
+
+
 def _baseline(args, cfg, cluster):
-    """The fastest layout for the same global batch on one GPU — or on one node when the
-    model does not fit on one — for the speed-up column (None: neither fits)."""
+    """The fastest layout for the same global batch on one GPU — or, for a model that does
+    not fit on one, on one node, two, four… (the fewest of those below --gpus that hold it,
+    as scaling studies start from the smallest run that fits) — for the speed-up column
+    (None: none fits)."""
     from argparse import Namespace
 
     from paracube.planner.report import Baseline
 
-    node = cluster.gpus_per_node
     # the same software (its attention kernel, whether and in what dtype it reduces), any layout
     software = {k: v for k, v in _plan_fixed(args, args.gpus).items() if k in SOFTWARE}
-    for gpus in [1, node] if 1 < node < args.gpus else [1]:
+    for gpus in _baseline_counts(args.gpus, cluster.gpus_per_node):
         few = Namespace(**{**vars(args), "gpus": gpus, "top": 1})
         ranked = _search(few, cfg, cluster, software).ranked
         if ranked:
@@ -729,6 +737,12 @@ def _print(args, cfg, cluster, result) -> None:
     )
     baseline = _baseline(args, cfg, cluster) if result.ranked else None
     print(table(result.ranked[: args.top], cluster, baseline))
+    if baseline is None and result.ranked and args.gpus > 1:
+        tried = ", ".join(map(str, _baseline_counts(args.gpus, cluster.gpus_per_node)))
+        print(
+            f"\nNo speed-up column: {cfg.name} fits on none of the fewer-GPU runs it would be "
+            f"measured from ({tried} GPUs)."
+        )
     if args.explain and result.ranked:
         text = (
             explain(result, transformer, cluster, args.gpus, args.precision)
