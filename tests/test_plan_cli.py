@@ -697,3 +697,17 @@ def test_a_model_larger_than_a_node_is_scaled_from_the_fewest_nodes_that_hold_it
     alone = plan(capsys, *argv, "--gpus", str(base))
     assert "speed-up vs" not in alone
     assert "No speed-up column: gpt3-175b fits on none of" in alone
+
+
+def test_json_carries_the_speed_up_its_baseline_and_the_counts(capsys):
+    """--json emits every figure the table shows: each candidate's speed-up over the
+    baseline (its tokens/s over the baseline's) and the scaling efficiency, the baseline
+    itself, and the counts of the header."""
+    out = json.loads(plan(capsys, "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "64",
+                          "--top", "2", "--json"))  # fmt: skip
+    base = out["baseline"]
+    assert base["gpus"] == 1 and base["layout"]["dp"] == 1
+    for c in out["candidates"]:
+        assert c["speedup"] == pytest.approx(c["time"]["tokens_per_s"] / base["tokens_per_s"])
+        assert c["scaling_efficiency"] == pytest.approx(c["speedup"] / 8)
+    assert out["fit"] <= out["evaluated"] and out["rejected"] == {}

@@ -709,10 +709,10 @@ def _print(args, cfg, cluster, result) -> None:
     from paracube.planner.report import describe, explain, scaling, table, to_json, torchrun_command
 
     g = cluster.gpu
+    baseline = _baseline(args, cfg, cluster) if result.ranked else None
     if args.json:
         from dataclasses import asdict
 
-        candidates = to_json(result)[: args.top]
         # the shape planned, as read from --model or the custom flags (a transformer's)
         shape = asdict(cfg) if isinstance(cfg, ModelConfig) else None
         print(
@@ -722,7 +722,18 @@ def _print(args, cfg, cluster, result) -> None:
                     "shape": shape,
                     "gpus": args.gpus,
                     "gpu": g.name,
-                    "candidates": candidates,
+                    "evaluated": result.evaluated,
+                    "fit": result.fitting,
+                    "rejected": result.rejected,
+                    "baseline": None
+                    if baseline is None
+                    else {
+                        "gpus": baseline.gpus,
+                        "layout": asdict(baseline.best.layout),
+                        "step_time": baseline.best.time.step_time,
+                        "tokens_per_s": baseline.best.time.tokens_per_s,
+                    },
+                    "candidates": to_json(result.ranked[: args.top], baseline),
                 }
             )
         )
@@ -735,7 +746,6 @@ def _print(args, cfg, cluster, result) -> None:
         + (f", as {args.stack} runs it" if args.stack not in (None, "paracube") else "")
         + f"; {result.evaluated:,} layouts evaluated, {result.fitting:,} fit\n"
     )
-    baseline = _baseline(args, cfg, cluster) if result.ranked else None
     print(table(result.ranked[: args.top], cluster, baseline))
     if baseline is None and result.ranked and args.gpus > 1:
         tried = ", ".join(map(str, _baseline_counts(args.gpus, cluster.gpus_per_node)))

@@ -350,15 +350,22 @@ def recompute_tradeoff(cfg: ModelConfig, layout, cluster: Cluster) -> str:
     return "- Activation checkpointing here: " + "; ".join(parts) + "."
 
 
-def to_json(result: SearchResult) -> list[dict]:
-    return [
-        {
+def to_json(candidates: list[Candidate], baseline: Baseline | None = None) -> list[dict]:
+    """Every figure of each candidate; with a ``baseline``, its speed-up over it and
+    the scaling efficiency, as the table's last column."""
+
+    def figures(c: Candidate) -> dict:
+        row: dict[str, object] = {
             "layout": asdict(c.layout),
             "memory": {**asdict(c.memory), "total": c.memory.total},
             "time": {**asdict(c.time), "step_time": c.time.step_time},
         }
-        for c in result.ranked
-    ]
+        if baseline is not None:
+            row["speedup"] = baseline.speedup(c)
+            row["scaling_efficiency"] = baseline.efficiency(c)
+        return row
+
+    return [figures(c) for c in candidates]
 
 
 def model_args(preset_name: str | None, seq_len: int | None = None) -> str:
