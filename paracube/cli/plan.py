@@ -436,6 +436,7 @@ def cmd_plan(args) -> int:
                 "--stack paracube or fsdp"
             )
     cfg = other or _plan_model(args)  # a transformer (ModelConfig) or a generic model
+    epoch_samples(args, cfg)  # refused before the search, not after its table
     cluster = _cluster(args)
     result = _search(args, cfg, cluster, _plan_fixed(args, args.gpus))
     if not result.ranked:
@@ -502,6 +503,15 @@ def _check_args(args, whole_nodes: bool = True) -> None:
             raise ParacubeError(
                 f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}"
             )
+    for name in ("epochs", "train_samples"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:  # NaN too
+            raise ParacubeError(f"--{name.replace('_', '-')} must be positive, got {value:g}")
+    if args.train_samples is not None and args.epochs is None:
+        raise ParacubeError(
+            f"--train-samples {args.train_samples:g} without --epochs: it sizes the epochs of "
+            "--epochs E (the time to train); add --epochs or drop it"
+        )
     if args.gpus > MAX_GPUS:
         raise ParacubeError(f"--gpus {args.gpus} is more than {MAX_GPUS:,}: plan a real cluster")
     if whole_nodes and args.gpus > args.gpus_per_node and args.gpus % args.gpus_per_node:
@@ -648,25 +658,45 @@ def _search(args, cfg, cluster, fixed: dict):
     return search_generic(cfg, cluster, args.gpus, args.global_batch, args.precision, per_model)
 
 
+def epoch_samples(args, cfg) -> float | None:
+    """Samples in one epoch for --epochs (--train-samples, or the model's own dataset:
+    resnet50's ImageNet-1k), checked before any search; None without --epochs."""
+    if args.epochs is None:
+        return None
+    per_epoch = args.train_samples or getattr(cfg, "dataset_samples", 0)
+    if not per_epoch:
+        raise ParacubeError(
+            f"--epochs {args.epochs:g}: needs --train-samples N (samples per epoch); "
+            "resnet50 knows ImageNet-1k's"
+        )
+    return per_epoch
+
+
+def epochs_text(args, per_epoch: float) -> str:
+    return (
+        f"Time to train {args.epochs:g} epoch{'' if args.epochs == 1 else 's'} of "
+        f"{per_epoch:,.0f} samples"
+    )
+
+
+def training_hours(args, per_epoch: float, tokens_per_s: float, seq: int) -> float:
+    """Hours to see ``--epochs`` × ``per_epoch`` samples of ``seq`` tokens each."""
+    return args.epochs * per_epoch / (tokens_per_s / seq) / 3600
+
+
 def _time_to_train(args, cfg, best, baseline) -> str:
     """--epochs: hours to train on the best layout and on the baseline (one GPU or node)."""
     from paracube.planner.report import describe
 
-    per_epoch = args.train_samples or getattr(cfg, "dataset_samples", 0)
-    if not per_epoch or args.epochs <= 0:
-        raise ParacubeError(
-            f"--epochs {args.epochs:g}: needs --train-samples N (samples per epoch) and a positive "
-            "count; resnet50 knows ImageNet-1k's"
-        )
+    per_epoch = epoch_samples(args, cfg)
+    assert per_epoch is not None  # called under --epochs
     seq = cfg.seq_len if isinstance(cfg, ModelConfig) else 1  # tokens per sample
-    samples = args.epochs * per_epoch
 
     def hours(candidate) -> float:
-        return samples / (candidate.time.tokens_per_s / seq) / 3600
+        return training_hours(args, per_epoch, candidate.time.tokens_per_s, seq)
 
     line = (
-        f"Time to train {args.epochs:g} epoch{'' if args.epochs == 1 else 's'} of "
-        f"{per_epoch:,.0f} samples: {hours(best):,.2f} h "
+        f"{epochs_text(args, per_epoch)}: {hours(best):,.2f} h "
         f"on {best.layout.gpus} GPUs ({describe(best.layout)})"
     )
     if baseline is not None and baseline.gpus < best.layout.gpus:
