@@ -103,7 +103,9 @@ def _schedules(
             continue
         counts = chunk_counts(p, layers, fixed_chunks) if sched.chunked else [1]
         if not counts and reject is not None:
-            if fixed_chunks is not None:
+            if fixed_chunks is not None and fixed_chunks < 2:
+                reject(f"--chunks {fixed_chunks}: {name} runs 2 or more chunks per stage")
+            elif fixed_chunks is not None:
                 reject(f"--chunks {fixed_chunks} needs pp × chunks ≤ {layers} layers")
             else:
                 reject(f"{name} needs pp × 2 chunks ≤ {layers} layers")
