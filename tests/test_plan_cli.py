@@ -563,6 +563,23 @@ def test_plan_reads_the_model_as_train_does(capsys):
     assert shape["activation"] == "swiglu" and shape["seq_len"] == 256
 
 
+def test_a_hugging_face_config_is_planned_at_its_own_context(capsys, tmp_path):
+    """Llama 3 8B's Hugging Face config, without --seq, is planned at its 8,192-token context
+    exactly as the llama3-8b preset (train's default caps at 1,024 tokens to fit a CPU; it
+    planned at 1,024 before), and the emitted command trains at that length."""
+    config = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
+              "vocab_size": 128256, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+              "tie_word_embeddings": False, "hidden_act": "silu"}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    cluster = ["--gpus", "8", "--gpu", "h100", "--global-batch", "64"]
+    hf = best(capsys, "--model", f"hf:{tmp_path}", *cluster)
+    named = best(capsys, "--model", "llama3-8b", *cluster)
+    assert hf["layout"] == named["layout"] and hf["time"] == named["time"]
+    line = plan(capsys, "--model", f"hf:{tmp_path}", *cluster, "--top", "1", "--emit", "torchrun")
+    assert "--seq-len 8192" in line.strip().splitlines()[-1]
+
+
 def test_a_custom_llama_shape_is_the_preset(capsys):
     """A custom shape with a LLaMA block (--activation swiglu --norm rmsnorm --position rope
     --no-bias) is planned exactly as the llama3-8b preset it spells out."""

@@ -269,7 +269,8 @@ def _model_shape(args):
                 "a custom shape without --model (--layers --hidden --heads --vocab --seq), or "
                 f"drop {' '.join(shape)}"
             )
-        return _named_model(args.model, custom["seq"])
+        _plan_at_the_models_context(args)
+        return _named_model(args.model, args.seq)
     missing = [f"--{k}" for k in ("layers", "hidden", "heads", "vocab", "seq") if custom[k] is None]
     if missing:
         raise ParacubeError(f"give --model PRESET or a custom shape; missing {' '.join(missing)}")
@@ -284,6 +285,19 @@ def _model_shape(args):
         name="custom",
         **block,
     )
+
+
+def _plan_at_the_models_context(args) -> None:
+    """A Hugging Face model without --seq is planned at its own context, as a preset is:
+    ``paracube train`` caps its default at 1,024 tokens so that a run fits a CPU, which is
+    no guide to the GPUs planned. Set as ``args.seq``, so the header and the emitted
+    command (``--seq-len``) say it."""
+    from paracube.models.sources import hf_context, parse_model, read_hf_config
+
+    if args.seq is None:
+        source = parse_model(args.model)
+        if source.kind == "hf":
+            args.seq = hf_context(read_hf_config(source.where))
 
 
 def _named_model(text: str, seq: int | None):
@@ -710,8 +724,8 @@ def _time_to_train(args, cfg, best, baseline) -> str:
 def _baseline_counts(gpus: int, node: int) -> list[int]:
     """The GPU counts a speed-up is measured from, fewest first: 1, then 1, 2, 4… nodes
     below ``gpus``."""
-    counts = [1] + [node * 2**k for k in range(gpus.bit_length()) if node * 2**k < gpus]
-    return list(dict.fromkeys(c for c in counts if c < gpus or c == 1))
+    nodes = [node * 2**k for k in range(gpus.bit_length()) if node * 2**k < gpus]
+    return list(dict.fromkeys([1, *nodes]))
 
 
 def _baseline(args, cfg, cluster):

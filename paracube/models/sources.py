@@ -123,6 +123,13 @@ def dropouts_turned_off(data: dict) -> list[str]:
     ]
 
 
+def hf_context(data: dict) -> int:
+    """The longest sequence a Hugging Face config's model takes (its position table)."""
+    if HF_FAMILIES[data["model_type"]] == "gpt2":
+        return data.get("n_positions", 1024)
+    return data.get("max_position_embeddings", 2048)
+
+
 def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = None) -> ModelConfig:
     """The shape of a Hugging Face config as paracube's :class:`ModelConfig`.
 
@@ -132,7 +139,7 @@ def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = No
     kind = data["model_type"]
     get = data.get
     if HF_FAMILIES[kind] == "gpt2":
-        hidden, context = get("n_embd", 768), get("n_positions", 1024)
+        hidden = get("n_embd", 768)
         shape = dict(
             n_layers=get("n_layer", 12), hidden=hidden, n_heads=get("n_head", 12),
             ffn_hidden=get("n_inner") or 4 * hidden, norm="layernorm", activation="gelu",
@@ -152,7 +159,6 @@ def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = No
                 f"{kind} config: head_dim {head_dim} × {heads} heads ≠ hidden_size {hidden}: "
                 "a decoupled head size is not supported"
             )
-        context = get("max_position_embeddings", 2048)
         shape = dict(
             n_layers=get("num_hidden_layers", 32), hidden=hidden, n_heads=heads,
             n_kv_heads=get("num_key_value_heads") or heads,
@@ -161,6 +167,7 @@ def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = No
             bias=bool(get("attention_bias", kind == "qwen2")),
             norm_eps=get("rms_norm_eps", 1e-6), init_std=get("initializer_range", 0.02),
         )  # fmt: skip
+    context = hf_context(data)
     seq = seq_len if seq_len is not None else min(context, 1024)
     if seq > context:
         raise ConfigError(
