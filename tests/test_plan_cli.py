@@ -728,3 +728,37 @@ def test_json_carries_the_speed_up_its_baseline_and_the_counts(capsys):
         assert c["speedup"] == pytest.approx(c["time"]["tokens_per_s"] / base["tokens_per_s"])
         assert c["scaling_efficiency"] == pytest.approx(c["speedup"] / 8)
     assert out["fit"] <= out["evaluated"] and out["rejected"] == {}
+
+
+def test_an_offloaded_optimizer_is_explained_and_one_gpu_has_no_speed_up(capsys):
+    """llama2-7b on one A100 80GB at micro-batch 8 fits only with its optimizer in host
+    memory: --explain says so with the memory it frees (the layout kept on the GPU needs
+    more than the GPU has) and the optimizer seconds the step pays; one GPU is its own
+    baseline, so no speed-up column (it showed 0.88× "over 1 GPU")."""
+    import re
+
+    argv = ["--model", "llama2-7b", "--gpus", "1", "--gpu", "a100-80gb", "--global-batch", "8",
+            "--micro-batch", "8", "--top", "1"]  # fmt: skip
+    out = plan(capsys, *argv, "--explain")
+    assert "speed-up" not in out.lower() and "No speed-up column" not in out
+    found = re.search(
+        r"offloaded \(ZeRO-Offload\).*?([\d.]+) GB off each GPU — kept there, this layout would "
+        r"need ([\d.]+) of (\d+) GB\. The step pays ([\d.]+) s for it .* against ([\d.]+) s on the GPU",
+        out,
+    )
+    assert found, out
+    freed, kept, capacity, offloaded, stepped_on_gpu = (float(g) for g in found.groups())
+    top = best(capsys, *argv)
+    assert top["layout"]["offload"] is True
+    assert kept > capacity >= top["memory"]["total"] / 1e9
+    from paracube.models.presets import preset
+    from paracube.planner.layout import Layout
+    from paracube.planner.layout_memory import peak_memory
+
+    kept_layout = Layout(**{**top["layout"], "offload": False})
+    states = peak_memory(preset("llama2-7b"), kept_layout, "bf16").model_states / 1e9
+    assert freed == pytest.approx(states - top["memory"]["model_states"] / 1e9, abs=0.05)
+    assert (
+        offloaded == pytest.approx(top["time"]["optimizer"], rel=1e-2)
+        and offloaded > stepped_on_gpu
+    )

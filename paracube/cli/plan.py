@@ -722,10 +722,10 @@ def _time_to_train(args, cfg, best, baseline) -> str:
 
 
 def _baseline_counts(gpus: int, node: int) -> list[int]:
-    """The GPU counts a speed-up is measured from, fewest first: 1, then 1, 2, 4… nodes
-    below ``gpus``."""
-    nodes = [node * 2**k for k in range(gpus.bit_length()) if node * 2**k < gpus]
-    return list(dict.fromkeys([1, *nodes]))
+    """The GPU counts a speed-up is measured from, fewest first: 1, then 1, 2, 4… nodes —
+    all below ``gpus`` (a plan on one GPU has no speed-up)."""
+    nodes = [node * 2**k for k in range(gpus.bit_length())]
+    return [c for c in dict.fromkeys([1, *nodes]) if c < gpus]
 
 
 def _baseline(args, cfg, cluster):
@@ -792,10 +792,10 @@ def _print(args, cfg, cluster, result) -> None:
     )
     print(table(result.ranked[: args.top], cluster, baseline))
     if baseline is None and result.ranked and args.gpus > 1:
-        tried = ", ".join(map(str, _baseline_counts(args.gpus, cluster.gpus_per_node)))
+        tried = _baseline_counts(args.gpus, cluster.gpus_per_node)
         print(
             f"\nNo speed-up column: {cfg.name} fits on none of the fewer-GPU runs it would be "
-            f"measured from ({tried} GPUs)."
+            f"measured from ({', '.join(map(str, tried))} GPU{'s' if tried[-1] > 1 else ''})."
         )
     if args.explain and result.ranked:
         text = (

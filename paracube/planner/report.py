@@ -234,6 +234,8 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
                 f" Copying each gathered unit out into its parameters (FSDP2's per-parameter "
                 f"sharding) adds {t.compute - flat.compute:.3g} s of compute."
             )
+    if L.offload:
+        lines.append(_offload_reason(best, cfg, cluster, precision))
     if L.recompute != "none":
         which = (
             ""
@@ -318,6 +320,25 @@ def _alternatives(result: SearchResult) -> list[str]:
             f"- The best layout with another model-parallel shape, {describe(other.layout)}, is {verdict}."
         )
     return lines
+
+
+def _offload_reason(best: Candidate, cfg: ModelConfig, cluster: Cluster, precision: str) -> str:
+    """Why the optimizer lives in host memory (ZeRO-Offload), what it frees and what the
+    step pays for it — the same layout kept on the GPU as the measure."""
+    from paracube.planner.layout_memory import peak_memory
+
+    L, t, g = best.layout, best.time, cluster.gpu
+    on_gpu = replace(L, offload=False)
+    kept = peak_memory(cfg, on_gpu, precision)
+    gpu_step = estimate(cfg, on_gpu, cluster, precision).optimizer
+    return (
+        f"- The optimizer is offloaded (ZeRO-Offload): its states live in the node's memory and "
+        f"its CPU steps them, {(kept.model_states - best.memory.model_states) / GB:.1f} GB off "
+        f"each GPU — kept there, this layout would need {kept.total / GB:.1f} of "
+        f"{g.memory_bytes / GB:.0f} GB. The step pays {t.optimizer:.3g} s for it (gradients to "
+        f"the host and new weights back over PCIe, Adam at the host's memory bandwidth) against "
+        f"{gpu_step:.3g} s on the GPU."
+    )
 
 
 def recompute_tradeoff(cfg: ModelConfig, layout, cluster: Cluster) -> str:
