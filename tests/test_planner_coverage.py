@@ -288,3 +288,19 @@ def test_every_fixed_software_choice_is_honoured():
     assert ranked
     assert all(c.layout.balance == "memory" for c in ranked)
     assert all(c.layout.grad_accumulation == "fused" for c in ranked)
+
+
+def test_resnet50_on_cuda_cores_is_what_nvidia_measured():
+    """NVIDIA's ResNet-50 in fp32 on DGX-1 V100s (DeepLearningExamples: 356–367 images/s on
+    one GPU, 2,766–2,855 on eight) is predicted within ±15 %. Its tensor-core rows are not:
+    the planner is 26–76 % fast there (BENCHMARKS.md says why), and this test pins that it
+    stays optimistic, never pessimistic, until a cited convolution rate changes it."""
+    from paracube.planner.published import RESNET50_RUNS, resnet50_images_per_s
+
+    for _system, gpu, precision, batch, measured in RESNET50_RUNS:
+        for gpus, images in measured.items():
+            ratio = resnet50_images_per_s(gpu, precision, batch, gpus) / images
+            if precision == "fp32":
+                assert ratio == pytest.approx(1, abs=0.15), (gpu, precision, gpus, ratio)
+            else:
+                assert 1 < ratio < 1.8, (gpu, precision, gpus, ratio)

@@ -119,6 +119,12 @@ Sources:
   and, for 405B, the embedding and the loss counted in the pipeline split
   (``src/megatron/bridge/recipes/llama/llama3_70b.py``, ``llama31_405b.py``);
   checkpointing is not stated, so the planner chooses it. MoE rows are left out.
+- ResNet-50 (:data:`RESNET50_RUNS`, a model described without layers: not in :func:`runs`):
+  NVIDIA/DeepLearningExamples, ``PyTorch/Classification/ConvNets/resnet50v1.5/README.md``,
+  "Training performance results" (pytorch-21.03 container): images/s on 1 and 8 GPUs of a
+  DGX A100 (8 × A100 80GB, TF32 and mixed precision) and of DGX-1s (8 × V100 16GB and
+  32GB, FP32 and mixed precision — apex AMP, fp16); the per-GPU batch of each from the same
+  folder's ``configs.yml`` (256; FP32 on DGX-1V 112).
 """
 
 from __future__ import annotations
@@ -662,3 +668,31 @@ def evaluate(row: dict) -> dict:
         "bubble_share": round(best.time.bubble / best.time.step_time, 3),
         "note": note,
     }
+
+
+# ResNet-50 v1.5 as NVIDIA measured it (module docstring): (system, GPU, precision as
+# planned, per-GPU batch, {GPUs: images/s}). The V100 16GB rows run on the catalog's 32 GB
+# V100: memory does not enter the step time.
+RESNET50_RUNS = [
+    ("DGX A100 80GB, TF32", "a100-80gb", "tf32", 256, {1: 938, 8: 7248}),
+    ("DGX A100 80GB, AMP", "a100-80gb", "fp16", 256, {1: 2470, 8: 16621}),
+    ("DGX-1 V100 16GB, FP32", "v100", "fp32", 112, {1: 367, 8: 2855}),
+    ("DGX-1 V100 16GB, AMP", "v100", "fp16", 256, {1: 1200, 8: 8322}),
+    ("DGX-1 V100 32GB, FP32", "v100", "fp32", 112, {1: 356, 8: 2766}),
+    ("DGX-1 V100 32GB, AMP", "v100", "fp16", 256, {1: 1156, 8: 8056}),
+]
+
+
+def resnet50_images_per_s(gpu: str, precision: str, batch: int, gpus: int) -> float:
+    """The planner's ResNet-50 images/s at ``batch`` per GPU, one micro-batch per step, data
+    parallel over one node's NVLink (as :data:`RESNET50_RUNS` ran)."""
+    from paracube.planner.generic import generic, search_generic
+
+    cluster = Cluster(
+        hw.gpu(gpu), 8, hw.interconnect(hw.DEFAULT_INTRA[gpu]), hw.interconnect("ib-hdr")
+    )
+    model = generic("resnet50")
+    assert model is not None
+    fixed = {"micro_batch": batch, "zero": 0}
+    result = search_generic(model, cluster, gpus, batch * gpus, precision, fixed)
+    return result.ranked[0].time.tokens_per_s  # samples/s for a model without tokens
