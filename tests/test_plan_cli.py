@@ -762,3 +762,17 @@ def test_an_offloaded_optimizer_is_explained_and_one_gpu_has_no_speed_up(capsys)
         offloaded == pytest.approx(top["time"]["optimizer"], rel=1e-2)
         and offloaded > stepped_on_gpu
     )
+
+
+def test_more_gpus_are_suggested_only_where_they_would_hold_the_model(capsys):
+    """With tp and pp pinned by --layout, more GPUs only add replicas: ZeRO-3 shards the
+    states over them but every replica keeps its activations, so "about N GPUs" (what the
+    memory spread over N would give) is not offered; unpinned (llama3-70b on 16 A100 80GB
+    without recomputation), more GPUs do hold it."""
+    argv = ["--model", "llama3-8b", "--gpus", "8", "--gpu", "a100-40gb", "--global-batch", "16",
+            "--micro-batch", "2", "--recompute", "none", "--offload", "none"]  # fmt: skip
+    pinned = error(capsys, *argv, "--layout", "tp=1,pp=1")
+    assert "GPUs or more" not in pinned and "--recompute full" in pinned
+    free = error(capsys, "--model", "llama3-70b", "--gpus", "16", "--global-batch", "64",
+                 "--recompute", "none", "--offload", "none")  # fmt: skip
+    assert "about 25 GPUs or more" in free

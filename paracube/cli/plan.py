@@ -838,8 +838,27 @@ def _nothing_fits(result, cfg, g, args) -> int:
         if getattr(args, "recompute", None) not in (None, "full")
         else ""
     )
+    gpus = f"about {more} GPUs or more, " if _more_gpus_help(result, cfg, g, args, more) else ""
     raise ParacubeError(
         f"{cfg.name} fits no layout on {args.gpus} × {g.name}: the leanest ({describe(result.smallest_misfit.layout)}) "
         f"needs {need / 1e9:.1f} GB per GPU, {need / g.memory_bytes:.1f}× the {g.memory_bytes / 1e9:.0f} GB; "
-        f"use {recompute}about {more} GPUs or more, GPUs with more memory, or a smaller global batch / micro-batch"
+        f"use {recompute}{gpus}GPUs with more memory, or a smaller global batch / micro-batch"
     )
+
+
+def _more_gpus_help(result, cfg, g, args, more: int) -> bool:
+    """Whether ``more`` GPUs could hold the model: the estimate assumes its memory spreads
+    over them, true when the search may shard it further; when --layout pins tp and pp,
+    the extra GPUs only replicate it (dp), so the leanest layout at that dp must fit."""
+    from dataclasses import replace
+
+    from paracube.planner.layout_memory import peak_memory
+
+    pinned = {k for k, _ in (p.split("=") for p in (args.layout or "").split(",") if "=" in p)}
+    if "dp" in pinned and {"tp", "pp"} <= pinned:
+        return False  # the whole layout is fixed: more GPUs cannot run it
+    if not ({"tp", "pp"} <= pinned and isinstance(cfg, ModelConfig)):
+        return True
+    leanest = result.smallest_misfit.layout
+    wider = replace(leanest, dp=leanest.dp * math.ceil(more / args.gpus))
+    return peak_memory(cfg, wider, args.precision).total <= g.memory_bytes
