@@ -335,6 +335,8 @@ CASES: list[tuple[str, list[str], str]] = [
      "--epochs 2: needs --train-samples N (samples per epoch)"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--train-samples", "1000"],
      "--train-samples 1000 without --epochs"),
+    ("plan", ["plan", "--model", "gpt3-175b", "--gpus", "24", "--global-batch", "64", "--layout", "tp=6"],
+     "--layout tp=6 does not divide --gpus-per-node 8: some tensor-parallel groups would span two nodes"),
     ("plan", ["plan", "--model", "llama3-70b", "--gpus", "64", "--global-batch", "128", "--layout", "dp=3"],
      "--layout dp=3 does not divide --gpus 64: choose degrees whose product does"),
     ("plan", ["plan", "--model", "llama3-70b", "--gpus", "64", "--global-batch", "128", "--layout", "tp=4,pp=5"],

@@ -327,9 +327,19 @@ def test_backward_prefetch_is_part_of_the_software(capsys):
 
 
 def test_fits_nothing_says_by_how_much_and_what_would_fit(capsys):
+    """By how much, and the fewest GPUs (whole nodes) that hold the model under the same
+    choices, with the layout found there: one node fewer does not."""
+    import re
+
     argv = ["--model", "llama2-70b", "--gpus", "8", "--global-batch", "64"]
     err = error(capsys, *argv, "--offload", "none")
-    assert "per GPU" in err and "× the 85 GB" in err and "use about" in err  # 80 GiB
+    assert "per GPU" in err and "× the 85 GB" in err  # 80 GiB
+    found = re.search(r"use (\d+) GPUs or more \(\1 hold it as ([^)]+)\)", err)
+    assert found, err
+    n, layout = int(found[1]), found[2]
+    fewest = ["--model", "llama2-70b", "--global-batch", "64", "--offload", "none", "--top", "1"]
+    assert f"| 1 | {layout} |" in plan(capsys, *fewest, "--gpus", str(n))
+    assert "fits no layout" in error(capsys, *fewest, "--gpus", str(n - 8))
     # with the optimizer in host memory (105 GB a GPU of its 128 GB share of a DGX A100's
     # 1 TB) it fits: the search offers that unless --offload none
     assert "offload" in plan(capsys, *argv)
@@ -766,13 +776,12 @@ def test_an_offloaded_optimizer_is_explained_and_one_gpu_has_no_speed_up(capsys)
 
 def test_more_gpus_are_suggested_only_where_they_would_hold_the_model(capsys):
     """With tp and pp pinned by --layout, more GPUs only add replicas: ZeRO-3 shards the
-    states over them but every replica keeps its activations, so "about N GPUs" (what the
-    memory spread over N would give) is not offered; unpinned (llama3-70b on 16 A100 80GB
-    without recomputation), more GPUs do hold it."""
+    states over them but every replica keeps its activations, so no GPU count is offered;
+    unpinned (llama3-70b on 16 A100 80GB without recomputation), 32 do hold it."""
     argv = ["--model", "llama3-8b", "--gpus", "8", "--gpu", "a100-40gb", "--global-batch", "16",
             "--micro-batch", "2", "--recompute", "none", "--offload", "none"]  # fmt: skip
     pinned = error(capsys, *argv, "--layout", "tp=1,pp=1")
     assert "GPUs or more" not in pinned and "--recompute full" in pinned
     free = error(capsys, "--model", "llama3-70b", "--gpus", "16", "--global-batch", "64",
                  "--recompute", "none", "--offload", "none")  # fmt: skip
-    assert "about 25 GPUs or more" in free
+    assert "32 GPUs or more (32 hold it as" in free

@@ -304,3 +304,17 @@ def test_resnet50_on_cuda_cores_is_what_nvidia_measured():
                 assert ratio == pytest.approx(1, abs=0.15), (gpu, precision, gpus, ratio)
             else:
                 assert 1 < ratio < 1.8, (gpu, precision, gpus, ratio)
+
+
+def test_tensor_parallel_groups_stay_inside_nodes():
+    """Ranks fill nodes in order with tp innermost, so on 24 GPUs of 8-GPU nodes tp = 6
+    (96 heads divide by it) would put some groups across two nodes: never a candidate. On
+    one node of 6 GPUs it is one node's NVLink and stays."""
+    from paracube.planner.search import candidate_layouts
+
+    cfg = preset("gpt3-175b")
+    rejected: dict = {}
+    tps = {L.tp for L in candidate_layouts(cfg, 24, 8, 64, {}, rejected)}
+    assert 6 not in tps and {1, 2, 4, 8} <= tps
+    assert any("across nodes" in reason for reason in rejected)
+    assert 6 in {L.tp for L in candidate_layouts(cfg, 6, 8, 12, {}, {})}

@@ -356,6 +356,12 @@ def _plan_fixed(args, gpus: int, mixed: bool = False) -> dict:
                 f"--layout tp={layout['tp']} is larger than a node ({min(args.gpus_per_node, gpus)} GPUs): "
                 "tensor parallelism needs the intra-node links; use pipeline or data parallelism across nodes"
             )
+        tp = layout.get("tp", 1)
+        if gpus > args.gpus_per_node and args.gpus_per_node % tp and not mixed:
+            raise ParacubeError(
+                f"--layout tp={tp} does not divide --gpus-per-node {args.gpus_per_node}: some "
+                "tensor-parallel groups would span two nodes; choose a tp that divides it"
+            )
         total = math.prod(layout.values())
         if {"dp", "tp", "pp"} <= set(layout) and total != gpus:
             raise ParacubeError(
@@ -454,7 +460,7 @@ def cmd_plan(args) -> int:
     cluster = _cluster(args)
     result = _search(args, cfg, cluster, _plan_fixed(args, args.gpus))
     if not result.ranked:
-        return _nothing_fits(result, cfg, cluster.gpu, args)
+        return _nothing_fits(result, cfg, cluster, args)
     _print(args, cfg, cluster, result)
     return 0
 
@@ -817,7 +823,8 @@ def _print(args, cfg, cluster, result) -> None:
         print("\n" + command)
 
 
-def _nothing_fits(result, cfg, g, args) -> int:
+def _nothing_fits(result, cfg, cluster, args) -> int:
+    g = cluster.gpu
     if result.smallest_misfit is None:
         reasons = "; ".join(
             f"{why} ({n} layout{'s' if n > 1 else ''})"
@@ -831,14 +838,17 @@ def _nothing_fits(result, cfg, g, args) -> int:
     need = result.smallest_misfit.memory.total
     from paracube.planner.report import describe
 
-    more = math.ceil(args.gpus * need / g.memory_bytes)
     # recomputation was ruled out by the user's choice: say what it would do
     recompute = (
         "--recompute full (blocks keep only their input), "
         if getattr(args, "recompute", None) not in (None, "full")
         else ""
     )
-    gpus = f"about {more} GPUs or more, " if _more_gpus_help(result, cfg, g, args, more) else ""
+    fewest = _fewest_gpus_that_fit(args, cfg, cluster)
+    gpus = ""
+    if fewest is not None:
+        n, layout = fewest
+        gpus = f"{n} GPUs or more ({n} hold it as {describe(layout)}), "
     raise ParacubeError(
         f"{cfg.name} fits no layout on {args.gpus} × {g.name}: the leanest ({describe(result.smallest_misfit.layout)}) "
         f"needs {need / 1e9:.1f} GB per GPU, {need / g.memory_bytes:.1f}× the {g.memory_bytes / 1e9:.0f} GB; "
@@ -846,19 +856,49 @@ def _nothing_fits(result, cfg, g, args) -> int:
     )
 
 
-def _more_gpus_help(result, cfg, g, args, more: int) -> bool:
-    """Whether ``more`` GPUs could hold the model: the estimate assumes its memory spreads
-    over them, true when the search may shard it further; when --layout pins tp and pp,
-    the extra GPUs only replicate it (dp), so the leanest layout at that dp must fit."""
-    from dataclasses import replace
+# How many doublings of the GPU count "fits no layout" tries before giving up on more GPUs
+MORE_GPU_DOUBLINGS = 8
 
-    from paracube.planner.layout_memory import peak_memory
+
+def _fewest_gpus_that_fit(args, cfg, cluster):
+    """The fewest GPUs — whole nodes past one — on which the same search, fixed choices and
+    all, finds a layout that fits: doubling --gpus until one does, then bisecting down to a
+    node (the offload and recomputation the search may choose included). As (count, its
+    best layout); None when no count up to 2^MORE_GPU_DOUBLINGS × --gpus does (--layout
+    pins every degree, or extra GPUs only add replicas that keep their own activations)."""
+    from argparse import Namespace
 
     pinned = {k for k, _ in (p.split("=") for p in (args.layout or "").split(",") if "=" in p)}
-    if "dp" in pinned and {"tp", "pp"} <= pinned:
-        return False  # the whole layout is fixed: more GPUs cannot run it
-    if not ({"tp", "pp"} <= pinned and isinstance(cfg, ModelConfig)):
-        return True
-    leanest = result.smallest_misfit.layout
-    wider = replace(leanest, dp=leanest.dp * math.ceil(more / args.gpus))
-    return peak_memory(cfg, wider, args.precision).total <= g.memory_bytes
+    if {"dp", "tp", "pp"} <= pinned:
+        return None  # the whole layout is fixed: more GPUs cannot run it
+    node = cluster.gpus_per_node
+
+    def best(count: int):
+        more = Namespace(**{**vars(args), "gpus": count, "top": 1})
+        try:
+            ranked = _search(more, cfg, cluster, _plan_fixed(more, count)).ranked
+        except ParacubeError:
+            return None  # a fixed choice that does not divide this count
+        return ranked[0].layout if ranked else None
+
+    low, high, found = args.gpus, 2 * args.gpus, None
+    for _ in range(MORE_GPU_DOUBLINGS):
+        if high > MAX_GPUS:
+            return None
+        found = best(high)
+        if found is not None:
+            break
+        low, high = high, 2 * high
+    if found is None:
+        return None
+    step = node if low >= node else 1
+    while high - low > step:  # fits at high, not at low
+        middle = (low + high) // 2 // step * step
+        layout = best(middle) if low < middle < high else None
+        if layout is None and low < middle < high:
+            low = middle
+        elif layout is not None:
+            high, found = middle, layout
+        else:
+            break
+    return high, found

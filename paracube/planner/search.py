@@ -134,6 +134,7 @@ def candidate_layouts(
     check_fixed(fixed)
 
     compress_kind = fixed.get("compress", "none").partition(":")[0]
+    total = gpus  # before context parallelism takes its share
     cp = fixed.get("cp", 1)
     if cp > 1:
         if gpus % cp or cfg.seq_len % (2 * cp):
@@ -148,6 +149,11 @@ def candidate_layouts(
             continue  # a fixed degree: the others are not candidates (nor reasons)
         if tp > gpus_per_node:
             reject("tensor parallel larger than a node")
+            continue
+        if total > gpus_per_node and gpus_per_node % tp:
+            # ranks fill nodes in order, tp innermost: a tp that does not divide the node
+            # puts some groups across two nodes, on the network, not NVLink
+            reject("tensor-parallel groups across nodes (tp must divide the GPUs per node)")
             continue
         if cfg.n_heads % tp or cfg.n_kv_heads % tp or cfg.ffn_hidden % tp:
             reject("heads or MLP size not divisible by tp")
