@@ -217,3 +217,16 @@ def test_epochs_on_a_mixed_cluster_are_hours_at_each_plans_rate(capsys):
     hours = [float(g.replace(",", "")) for g in found.groups()]
     seq = preset("gpt3-1.3b").seq_len
     assert hours == pytest.approx([3e6 * seq / r / 3600 for r in (rate, slowest)], rel=0.01)
+
+
+def test_tensor_parallel_groups_tile_each_pools_nodes():
+    """A pool of 24 GPUs on 8-GPU nodes takes tp 1, 2, 4, 8 — not 6, whose groups of
+    consecutive ranks would span two nodes (it divides 24); a pool smaller than a node is
+    one node and takes any tp dividing it; a fixed tp=6 is refused by name."""
+    from paracube.planner.pools import check_tp, parse_pools, tp_fits_nodes
+
+    big, small = parse_pools("24xa100-80gb,6xv100", 8)
+    assert [t for t in (1, 2, 3, 4, 6, 8) if tp_fits_nodes(big, t)] == [1, 2, 4, 8]
+    assert [t for t in (1, 2, 3, 6, 8) if tp_fits_nodes(small, t)] == [1, 2, 3, 6]
+    with pytest.raises(ConfigError, match="tp=6 cannot stay within one device type"):
+        check_tp([big, small], 6)

@@ -35,7 +35,14 @@ from paracube.planner import hardware as hw
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import peak_memory
 from paracube.planner.mixed_pipeline import pipeline_plans
-from paracube.planner.pools import MAX_MICRO_BATCH, MixedPlan, Pool, check_tp, parse_pools
+from paracube.planner.pools import (
+    MAX_MICRO_BATCH,
+    MixedPlan,
+    Pool,
+    check_tp,
+    parse_pools,
+    tp_fits_nodes,
+)
 from paracube.planner.search import Candidate, divisors, search, simplicity, software
 from paracube.planner.time_model import Cluster, estimate
 
@@ -67,9 +74,10 @@ def slowest_plan(
 def _replica_shapes(cfg: ModelConfig, pools: list[Pool], fixed: dict):
     """(tp, pp) every pool can run whole replicas of, tp inside a pool's node."""
     common = math.gcd(*(p.count for p in pools))
-    node = min(p.cluster.gpus_per_node for p in pools)
     for tp in divisors(common):
-        if tp > node or cfg.n_heads % tp or cfg.n_kv_heads % tp or cfg.ffn_hidden % tp:
+        if not all(tp_fits_nodes(p, tp) for p in pools):
+            continue
+        if cfg.n_heads % tp or cfg.n_kv_heads % tp or cfg.ffn_hidden % tp:
             continue
         for pp in divisors(common // tp):
             if pp <= cfg.n_layers and all(

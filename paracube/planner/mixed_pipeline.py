@@ -13,7 +13,7 @@ from paracube.pipeline.partition import partition
 from paracube.pipeline.schedules import get_schedule
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import stage_bytes
-from paracube.planner.pools import MAX_MICRO_BATCH, MixedPlan, Pool
+from paracube.planner.pools import MAX_MICRO_BATCH, MixedPlan, Pool, tp_fits_nodes
 from paracube.planner.search import divisors, software
 from paracube.planner.time_model import (
     at_precision,
@@ -35,10 +35,11 @@ def pipeline_plans(
     replicas), blocks cut by each stage's own speed and memory."""
     order = sorted(pools, key=lambda p: -p.gpu.memory_bytes)
     common = math.gcd(*(p.count for p in pools))
-    node = min(p.cluster.gpus_per_node for p in pools)
     plans = []
     for tp in divisors(common):
-        if tp > node or cfg.n_heads % tp or cfg.n_kv_heads % tp or cfg.ffn_hidden % tp:
+        if not all(tp_fits_nodes(p, tp) for p in pools):
+            continue
+        if cfg.n_heads % tp or cfg.n_kv_heads % tp or cfg.ffn_hidden % tp:
             continue
         for dp in divisors(common // tp):
             stages = tuple(p.count // (dp * tp) for p in order)

@@ -91,10 +91,17 @@ def _cluster(key: str, count: int, gpus_per_node: int, intra: str | None) -> Clu
     return Cluster(hw.gpu(key), min(gpus_per_node, count), link, inter)
 
 
+def tp_fits_nodes(pool: Pool, tp: int) -> bool:
+    """Whether tensor-parallel groups of ``tp`` consecutive ranks tile the pool's nodes:
+    within a node, dividing the pool, and dividing the node when the pool spans several."""
+    node = pool.cluster.gpus_per_node
+    return tp <= node and pool.count % tp == 0 and (pool.count <= node or node % tp == 0)
+
+
 def check_tp(pools: list[Pool], tp: int) -> None:
     """A tensor-parallel group must stay inside one device type's node."""
     for pool in pools:
-        if tp > pool.cluster.gpus_per_node or pool.count % tp:
+        if not tp_fits_nodes(pool, tp):
             raise ConfigError(
                 f"tp={tp} cannot stay within one device type: {pool.count}x{pool.key} has nodes of "
                 f"{pool.cluster.gpus_per_node}; use a tp that divides every pool's node"
