@@ -259,7 +259,11 @@ def test_a_stack_states_its_software_at_once(capsys):
         "activations": "megatron", "loss": "fused", "grad_accumulation": "fused"
     }  # fmt: skip
     stated = best(capsys, *argv, "--stack", "megatron-core")
-    assert stated == best(capsys, *argv, *flags)
+    spelt = best(capsys, *argv, *flags)
+    # the plan itself to the byte; its speed-up differs, as its baseline on fewer GPUs is
+    # searched over what Megatron-Core runs (no zero-bubble schedule), the flags' over all
+    plan_of = ("layout", "memory", "time")
+    assert {k: stated[k] for k in plan_of} == {k: spelt[k] for k in plan_of}
     assert stated["layout"]["split"] == "even" and stated["layout"]["activations"] == "megatron"
     overridden = best(capsys, *argv, "--stack", "megatron-core", "--pipeline-split", "engine")
     assert overridden["layout"]["split"] == "engine"

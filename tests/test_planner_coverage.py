@@ -318,3 +318,18 @@ def test_tensor_parallel_groups_stay_inside_nodes():
     assert 6 not in tps and {1, 2, 4, 8} <= tps
     assert any("across nodes" in reason for reason in rejected)
     assert 6 in {L.tp for L in candidate_layouts(cfg, 6, 8, 12, {}, {})}
+
+
+def test_within_the_models_resolution_fewer_pipeline_stages_come_before_no_zero():
+    """Ties (within 1 % of speed) go to the simpler layout, and half the pipeline stages
+    with ZeRO-1 is simpler than twice them without (a 175B model on 992 GPUs ranked
+    dp=4 pp=62 above the faster dp=8 pp=31 zero1); at equal model parallelism no ZeRO
+    still comes first."""
+    from paracube.planner.layout import Layout
+    from paracube.planner.search import simplicity
+
+    deep = Layout(dp=4, tp=4, pp=62, micro_batch=2, microbatches=128)
+    zero1 = Layout(dp=8, tp=4, pp=31, micro_batch=2, microbatches=64, zero=1)
+    assert simplicity(zero1) < simplicity(deep)
+    plain = Layout(dp=8, tp=4, pp=31, micro_batch=2, microbatches=64)
+    assert simplicity(plain) < simplicity(zero1)

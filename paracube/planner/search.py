@@ -375,14 +375,15 @@ def fewest_recomputed(
 
 
 def simplicity(layout: Layout) -> tuple:
-    """Fewer moving parts first: no offload, no ZeRO, no recompute, less model
-    parallelism, fewer (larger) micro-batches."""
+    """Fewer moving parts first: no offload, less model parallelism (a pipeline stage
+    more is a partition, a bubble and a balance to keep; a ZeRO stage is a sharded
+    optimizer), no ZeRO, no recompute, fewer (larger) micro-batches."""
     return (
         layout.offload,
-        layout.zero,
-        ("none", "selective", "full").index(layout.recompute),
         layout.pp,
         layout.tp,
+        layout.zero,
+        ("none", "selective", "full").index(layout.recompute),
         layout.chunks,
         layout.microbatches,
     )
