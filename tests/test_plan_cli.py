@@ -789,3 +789,16 @@ def test_more_gpus_are_suggested_only_where_they_would_hold_the_model(capsys):
     free = error(capsys, "--model", "llama3-70b", "--gpus", "16", "--global-batch", "64",
                  "--recompute", "none", "--offload", "none")  # fmt: skip
     assert "32 GPUs or more (32 hold it as" in free
+
+
+def test_more_gpus_from_less_than_a_node_are_whole_nodes(capsys):
+    """From 6 GPUs (one partial node of 8) the count offered is whole nodes of
+    --gpus-per-node — a count `plan` itself accepts — and that count holds the model."""
+    import re
+
+    argv = ["--model", "llama3-70b", "--gpu", "a100-40gb", "--global-batch", "60",
+            "--offload", "none"]  # fmt: skip
+    err = error(capsys, *argv, "--gpus", "6")
+    n = int(re.search(r"use (\d+) GPUs or more", err)[1])
+    assert n % 8 == 0
+    assert "| 1 |" in plan(capsys, *argv, "--gpus", str(n), "--top", "1")

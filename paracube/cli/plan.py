@@ -844,7 +844,7 @@ def _nothing_fits(result, cfg, cluster, args) -> int:
         if getattr(args, "recompute", None) not in (None, "full")
         else ""
     )
-    fewest = _fewest_gpus_that_fit(args, cfg, cluster)
+    fewest = _fewest_gpus_that_fit(args, cfg)
     gpus = ""
     if fewest is not None:
         n, layout = fewest
@@ -860,7 +860,7 @@ def _nothing_fits(result, cfg, cluster, args) -> int:
 MORE_GPU_DOUBLINGS = 8
 
 
-def _fewest_gpus_that_fit(args, cfg, cluster):
+def _fewest_gpus_that_fit(args, cfg):
     """The fewest GPUs — whole nodes past one — on which the same search, fixed choices and
     all, finds a layout that fits: doubling --gpus until one does, then bisecting down to a
     node (the offload and recomputation the search may choose included). As (count, its
@@ -871,34 +871,37 @@ def _fewest_gpus_that_fit(args, cfg, cluster):
     pinned = {k for k, _ in (p.split("=") for p in (args.layout or "").split(",") if "=" in p)}
     if {"dp", "tp", "pp"} <= pinned:
         return None  # the whole layout is fixed: more GPUs cannot run it
-    node = cluster.gpus_per_node
+    node = args.gpus_per_node  # the cluster of --gpus below a node is one partial node
 
     def best(count: int):
         more = Namespace(**{**vars(args), "gpus": count, "top": 1})
         try:
-            ranked = _search(more, cfg, cluster, _plan_fixed(more, count)).ranked
+            ranked = _search(more, cfg, _cluster(more), _plan_fixed(more, count)).ranked
         except ParacubeError:
             return None  # a fixed choice that does not divide this count
         return ranked[0].layout if ranked else None
 
-    low, high, found = args.gpus, 2 * args.gpus, None
+    def whole(count: int, up: bool) -> int:  # past one node, whole nodes
+        if count <= node:
+            return count
+        return (math.ceil(count / node) if up else count // node) * node
+
+    low, high, found = args.gpus, whole(2 * args.gpus, up=True), None
     for _ in range(MORE_GPU_DOUBLINGS):
         if high > MAX_GPUS:
             return None
         found = best(high)
         if found is not None:
             break
-        low, high = high, 2 * high
+        low, high = high, whole(2 * high, up=True)
     if found is None:
         return None
-    step = node if low >= node else 1
-    while high - low > step:  # fits at high, not at low
-        middle = (low + high) // 2 // step * step
-        layout = best(middle) if low < middle < high else None
-        if layout is None and low < middle < high:
+    while True:  # it fits on high GPUs, not on low: bisect
+        middle = whole((low + high) // 2, up=False)
+        if not low < middle < high:
+            return high, found
+        layout = best(middle)
+        if layout is None:
             low = middle
-        elif layout is not None:
-            high, found = middle, layout
         else:
-            break
-    return high, found
+            high, found = middle, layout
