@@ -802,3 +802,37 @@ def test_more_gpus_from_less_than_a_node_are_whole_nodes(capsys):
     n = int(re.search(r"use (\d+) GPUs or more", err)[1])
     assert n % 8 == 0
     assert "| 1 |" in plan(capsys, *argv, "--gpus", str(n), "--top", "1")
+
+
+def test_explain_says_why_the_layout_shards_its_states(capsys):
+    """--explain's ZeRO line says what the same layout without ZeRO would be: over the GPU's
+    memory (Llama 3 8B on 8 H100s: sharded to fit), or fitting and slower (GPT-3 350M on 8
+    A100s: sharded for speed) — both figures the planner's own for that layout."""
+    import re
+
+    from paracube.models.presets import preset
+    from paracube.planner.layout import Layout
+    from paracube.planner.layout_memory import peak_memory
+
+    argv = ["--model", "llama3-8b", "--gpus", "8", "--gpu", "h100", "--global-batch", "64",
+            "--top", "1"]  # fmt: skip
+    out = plan(capsys, *argv, "--explain")
+    need = float(re.search(r"Without ZeRO this layout would need ([\d.]+) of the 85 GB", out)[1])
+    layout = Layout(**{**best(capsys, *argv)["layout"], "zero": 0})
+    assert need == pytest.approx(
+        peak_memory(preset("llama3-8b"), layout, "bf16").total / 1e9, abs=0.06
+    )
+    assert need > 85
+
+    argv = ["--model", "gpt3-350m", "--gpus", "8", "--global-batch", "64", "--top", "1"]
+    out = plan(capsys, *argv, "--explain")
+    found = re.search(
+        r"Without ZeRO it fits too \(([\d.]+) GB\) at ([\d.]+) s a step against ([\d.]+) s", out
+    )
+    assert found, out
+    top = best(capsys, *argv)
+    assert top["layout"]["zero"] > 0
+    plain = best(capsys, *argv, "--zero", "0", "--micro-batch", str(top["layout"]["micro_batch"]))
+    assert float(found[2]) == pytest.approx(plain["time"]["step_time"], rel=2e-3)
+    assert float(found[3]) == pytest.approx(top["time"]["step_time"], rel=2e-3)
+    assert float(found[3]) < float(found[2])

@@ -234,6 +234,7 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
                 f" Copying each gathered unit out into its parameters (FSDP2's per-parameter "
                 f"sharding) adds {t.compute - flat.compute:.3g} s of compute."
             )
+        lines[-1] += " " + _without_zero(best, cfg, cluster, precision)
     if L.offload:
         lines.append(_offload_reason(best, cfg, cluster, precision))
     if L.recompute != "none":
@@ -320,6 +321,38 @@ def _alternatives(result: SearchResult) -> list[str]:
             f"- The best layout with another model-parallel shape, {describe(other.layout)}, is {verdict}."
         )
     return lines
+
+
+def _without_zero(best: Candidate, cfg: ModelConfig, cluster: Cluster, precision: str) -> str:
+    """Why the layout shards at all: the same layout with replicated states either does not
+    fit (by how much) or fits and is slower or no faster (by its step)."""
+    from paracube.planner.layout_memory import peak_memory
+
+    L, capacity = best.layout, cluster.gpu.memory_bytes
+    plain = replace(L, zero=0)
+    memory = peak_memory(cfg, plain, precision).total
+    if memory > capacity:
+        return (
+            f"Without ZeRO this layout would need {memory / GB:.1f} of the "
+            f"{capacity / GB:.0f} GB: it is sharded to fit."
+        )
+    other, t = estimate(cfg, plain, cluster, precision), best.time
+    if other.step_time <= t.step_time:
+        return (
+            f"Without ZeRO it fits too ({memory / GB:.1f} GB) and is no slower "
+            f"({other.step_time:.3g} s a step): within the ranking's 1 % either serves."
+        )
+    parts = {
+        "the optimizer step": other.optimizer - t.optimizer,
+        "exposed data-parallel communication": other.dp_exposed - t.dp_exposed,
+        "compute": other.compute - t.compute,
+    }
+    name, seconds = max(parts.items(), key=lambda kv: kv[1])
+    return (
+        f"Without ZeRO it fits too ({memory / GB:.1f} GB) at {other.step_time:.3g} s a step "
+        f"against {t.step_time:.3g} s: it is sharded for speed, most of it in {name} "
+        f"({seconds:.3g} s shorter)."
+    )
 
 
 def _offload_reason(best: Candidate, cfg: ModelConfig, cluster: Cluster, precision: str) -> str:
