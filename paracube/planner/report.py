@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, replace
 from paracube.choices import FUSED_ATTENTION
 from paracube.config import ModelConfig
 from paracube.planner.hardware import GPU
+from paracube.planner.layout_memory import peak_memory
 from paracube.planner.search import Candidate, SearchResult
 from paracube.planner.time_model import Cluster, StepEstimate, estimate
 
@@ -326,8 +327,6 @@ def _alternatives(result: SearchResult) -> list[str]:
 def _without_zero(best: Candidate, cfg: ModelConfig, cluster: Cluster, precision: str) -> str:
     """Why the layout shards at all: the same layout with replicated states either does not
     fit (by how much) or fits and is slower or no faster (by its step)."""
-    from paracube.planner.layout_memory import peak_memory
-
     L, capacity = best.layout, cluster.gpu.memory_bytes
     plain = replace(L, zero=0)
     memory = peak_memory(cfg, plain, precision).total
@@ -358,8 +357,6 @@ def _without_zero(best: Candidate, cfg: ModelConfig, cluster: Cluster, precision
 def _offload_reason(best: Candidate, cfg: ModelConfig, cluster: Cluster, precision: str) -> str:
     """Why the optimizer lives in host memory (ZeRO-Offload), what it frees and what the
     step pays for it — the same layout kept on the GPU as the measure."""
-    from paracube.planner.layout_memory import peak_memory
-
     L, t, g = best.layout, best.time, cluster.gpu
     on_gpu = replace(L, offload=False)
     kept = peak_memory(cfg, on_gpu, precision)
