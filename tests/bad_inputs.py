@@ -329,6 +329,9 @@ CASES: list[tuple[str, list[str], str]] = [
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--chunks", "1",
               "--schedule", "interleaved-1f1b"],
      "--chunks 1: interleaved-1f1b runs 2 or more chunks per stage"),
+    ("plan", ["plan", "--model", "resnet50", "--gpus", "16", "--global-batch", "1000"],
+     "--global-batch 1000 does not divide over --gpus 16: resnet50 is planned data parallel only "
+     "(one replica per GPU); use 992 or 1008"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--epochs", "-1"],
      "--epochs must be positive, got -1"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--epochs", "2"],

@@ -457,6 +457,13 @@ def cmd_plan(args) -> int:
             )
     cfg = other or _plan_model(args)  # a transformer (ModelConfig) or a generic model
     epoch_samples(args, cfg)  # refused before the search, not after its table
+    if other is not None and args.global_batch % args.gpus:
+        lower = args.global_batch // args.gpus * args.gpus
+        multiples = " or ".join(str(n) for n in (lower, lower + args.gpus) if n > 0)
+        raise ParacubeError(
+            f"--global-batch {args.global_batch} does not divide over --gpus {args.gpus}: "
+            f"{cfg.name} is planned data parallel only (one replica per GPU); use {multiples}"
+        )
     cluster = _cluster(args)
     result = _search(args, cfg, cluster, _plan_fixed(args, args.gpus))
     if not result.ranked:
