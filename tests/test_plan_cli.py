@@ -786,6 +786,8 @@ def test_more_gpus_are_suggested_only_where_they_would_hold_the_model(capsys):
             "--micro-batch", "2", "--recompute", "none", "--offload", "none"]  # fmt: skip
     pinned = error(capsys, *argv, "--layout", "tp=1,pp=1")
     assert "GPUs or more" not in pinned and "--recompute full" in pinned
+    whole = error(capsys, *argv, "--layout", "dp=8,tp=1,pp=1")  # every degree fixed
+    assert "GPUs or more" not in whole
     free = error(capsys, "--model", "llama3-70b", "--gpus", "16", "--global-batch", "64",
                  "--recompute", "none", "--offload", "none")  # fmt: skip
     assert "32 GPUs or more (32 hold it as" in free

@@ -875,8 +875,7 @@ def _fewest_gpus_that_fit(args, cfg):
     pins every degree, or extra GPUs only add replicas that keep their own activations)."""
     from argparse import Namespace
 
-    pinned = {k for k, _ in (p.split("=") for p in (args.layout or "").split(",") if "=" in p)}
-    if {"dp", "tp", "pp"} <= pinned:
+    if {"dp", "tp", "pp"} <= set(_plan_fixed(args, args.gpus)):  # as --layout gave them
         return None  # the whole layout is fixed: more GPUs cannot run it
     node = args.gpus_per_node  # the cluster of --gpus below a node is one partial node
 
