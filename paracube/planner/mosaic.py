@@ -10,7 +10,11 @@ and MPT's FlashAttention in Triton — the sweep's default ``--attn_impl triton`
 tokens) give every parameter count of the tables exactly (a test checks it). The H100 and
 A100 80GB BF16 tables are the rows of one sweep, whose raw results the same folder keeps
 (``h100new.md``: image ``mosaicml/pytorch:2.1.0_cu121-nightly20230827`` — PyTorch 2.1 —,
-FSDP mixed precision DEFAULT, i.e. gradients reduced in fp32, as planned here).
+FSDP mixed precision DEFAULT, i.e. gradients reduced in fp32); the A100 40GB table is an
+earlier sweep's, run with FSDP mixed precision PURE (gradients reduced in bf16), as its "MP
+Mode" column says (:data:`MIXED_PRECISION`). The README's 2023 revision held a further H100
+table, amp_bf16 under PURE, whose rows stand beside the same runs in FP8
+(:data:`H100_PURE_2023`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,12 @@ MPT_SHAPES = {
     "30b": (7168, 56, 48),
     "70b": (8192, 64, 80),
 }
+
+# Each table's FSDP mixed precision, its "MP Mode" column: DEFAULT — the compute dtype for
+# parameters, gradients reduced in float32 — or PURE, which reduces them in the compute dtype
+# too (Composer's get_mixed_precision: PURE sets reduce_dtype to the precision's dtype). The
+# A100 40GB table is the one sweep run with PURE; the 2023 H100 table below is another.
+MIXED_PRECISION = {"h100": "DEFAULT", "a100-80gb": "DEFAULT", "a100-40gb": "PURE"}
 
 # The peak each table's MFU is a fraction of: Composer's GPU_AVAILABLE_FLOPS for bf16
 # (composer.callbacks.speed_monitor, which the README's collect_results.py imports).
@@ -275,5 +285,34 @@ FP8_TABLE: list[tuple[str, int, int, float, int, int, bool, int]] = [
     ("350m", 32768, 8, 14.8, 1, 32, False, 387442688),
     ("350m", 16384, 8, 15.31, 2, 64, False, 370665472),
     ("350m", 512, 8, 17.77, 56, 1792, False, 354412544),
+]
+
+# The README's 2023 revision, before the sweep above replaced its H100 table: "H100 80GB" as
+# it then stood — every amp_bf16 row (FSDP mixed precision PURE), each beside the FP8 row of
+# the same run where it has one (the FP8 rows are FP8_TABLE's, the same figures), so the two
+# measure FP8's gain on one configuration. Same columns as TABLES.
+H100_PURE_2023: list[tuple[str, int, int, float, int, int, bool, int]] = [
+    ("30b", 8192, 8, 27.87, 1, 168, True, 30019254272),
+    ("30b", 4096, 8, 34.61, 1, 168, True, 29989894144),
+    ("30b", 2048, 8, 37.54, 3, 504, True, 29975214080),
+    ("30b", 1024, 8, 38.21, 6, 1008, True, 29967874048),
+    ("30b", 512, 8, 38.64, 12, 2016, True, 29964204032),
+    ("13b", 32768, 8, 30.73, 1, 24, True, 13011240960),
+    ("13b", 8192, 8, 37.15, 5, 120, True, 12885411840),
+    ("13b", 2048, 8, 41.29, 20, 480, True, 12853954560),
+    ("13b", 512, 8, 42.63, 80, 1920, True, 12846090240),
+    ("7b", 32768, 8, 30.45, 2, 32, True, 6784688128),
+    ("7b", 8192, 8, 36.43, 8, 128, True, 6684024832),
+    ("7b", 2048, 8, 40.48, 32, 512, True, 6658859008),
+    ("7b", 512, 8, 42.02, 128, 2048, True, 6652567552),
+    ("3b", 32768, 8, 28.0, 3, 144, True, 2730480640),
+    ("3b", 8192, 8, 40.35, 3, 144, False, 2667566080),
+    ("3b", 2048, 8, 44.43, 10, 480, False, 2651837440),
+    ("3b", 512, 8, 46.38, 40, 1920, False, 2647905280),
+    ("1b", 32768, 8, 33.6, 1, 32, False, 1378865152),
+    ("1b", 8192, 8, 36.74, 2, 64, False, 1328533504),
+    ("350m", 32768, 8, 28.98, 1, 32, False, 387442688),
+    ("350m", 16384, 8, 29.95, 2, 64, False, 370665472),
+    ("350m", 512, 8, 32.79, 56, 1792, False, 354412544),
 ]
 # fmt: on

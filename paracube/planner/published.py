@@ -204,6 +204,7 @@ STACKS = {
     "MosaicML (A100 80GB)": "FSDP-only: Composer (A100)",
     "MosaicML (A100 40GB)": "FSDP-only: Composer (A100)",
     "MosaicML (H100 FP8)": "FSDP-only: Composer, FP8 (H100)",
+    "MosaicML (H100, 2023)": "FSDP-only: Composer (H100)",
     "torchtitan": "FSDP-only: FSDP2 (A100)",
     "IBM FMS FSDP": "FSDP-only: FSDP1 (A100)",
     "NeMo AutoModel": "FSDP2 + context parallel (H100)",
@@ -370,16 +371,26 @@ def _mosaic() -> list[dict]:
     """llm-foundry's H100 and A100 tables (:mod:`paracube.planner.mosaic`): the throughput
     behind each MFU, in paracube's model FLOPs (which leave the position table out)."""
     out = []
-    tables = [(gpu, "bf16", rows, mosaic.PEAK_BF16[gpu]) for gpu, rows in mosaic.TABLES.items()]
-    tables.append(("h100", "fp8", mosaic.FP8_TABLE, mosaic.PEAK_FP8_H100))
-    for gpu, precision, rows, peak in tables:
+    # (source, GPU, precision, FSDP mixed precision, rows, the peak its MFU is a fraction of)
+    tables = [
+        (MOSAIC_SOURCE[gpu], gpu, "bf16", mosaic.MIXED_PRECISION[gpu], rows,
+         mosaic.PEAK_BF16[gpu])
+        for gpu, rows in mosaic.TABLES.items()
+    ]
+    tables += [
+        ("MosaicML (H100 FP8)", "h100", "fp8", "DEFAULT", mosaic.FP8_TABLE, mosaic.PEAK_FP8_H100),
+        ("MosaicML (H100, 2023)", "h100", "bf16", "PURE", mosaic.H100_PURE_2023,
+         mosaic.PEAK_BF16["h100"]),
+    ]
+    for source, gpu, precision, mixed, rows, peak in tables:
         for name, s, n, mfu, b, B, ckpt, params in rows:
             cfg = mosaic.mpt(name, s)
             fixed = dict(dp=n, tp=1, pp=1, zero=3, micro_batch=b, attention="fused-triton",
                          recompute="full" if ckpt else "none", **COMPOSER_FSDP)
+            if mixed == "PURE":  # gradients reduced in the compute dtype
+                fixed["grad_reduce"] = "compute"
             tflops = (mosaic.tokens_per_s(mfu, params, cfg, peak)
                       * model_flops_per_token(cfg) / 1e12)
-            source = MOSAIC_SOURCE[gpu] if precision == "bf16" else "MosaicML (H100 FP8)"
             out.append(_run(source, cfg, gpu, n, B, precision, fixed, "model", round(tflops, 1)))
     return out
 
