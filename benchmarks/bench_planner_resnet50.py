@@ -19,21 +19,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import write_json
-from paracube.planner.published import RESNET50_RUNS, resnet50_images_per_s
+from paracube.planner.published import resnet50_checks
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/results/planner_resnet50.json")
     args = p.parse_args()
-    rows = []
-    for system, gpu, precision, batch, measured in RESNET50_RUNS:
-        for gpus, images in measured.items():
-            rate = resnet50_images_per_s(gpu, precision, batch, gpus)
-            rows.append(
-                {"system": system, "precision": precision, "batch_per_gpu": batch, "gpus": gpus,
-                 "published": images, "predicted": round(rate), "ratio": round(rate / images, 3)}
-            )  # fmt: skip
+    rows = resnet50_checks()
     write_json(
         args.out,
         {"benchmark": "planner_resnet50", "source": "benchmarks/bench_planner_resnet50.py",

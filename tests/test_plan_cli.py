@@ -498,6 +498,35 @@ def test_resnet50_time_to_train_on_one_and_eight_gpus(capsys):
     assert 1 < one / eight <= 8.05
 
 
+def test_a_resnet50_plan_says_what_nvidias_measured_runs_say_of_it(capsys):
+    """A ResNet-50 plan prints the planner's images/s against NVIDIA's measured runs on the
+    same kind of units — on tensor cores the range it is optimistic by, and on a GPU and
+    precision NVIDIA ran, those runs' images/s beside this plan's; in fp32 its CUDA-core
+    range. Every figure is published.resnet50_checks' (the bench's rows)."""
+    from paracube.planner.published import resnet50_checks
+
+    tf32 = plan(capsys, "--model", "resnet50", "--gpus", "8", "--gpu", "a100-80gb",
+                "--global-batch", "2048", "--precision", "tf32", "--top", "1")  # fmt: skip
+    tensor = resnet50_checks(tensor_cores=True)
+    low, high = min(r["ratio"] for r in tensor), max(r["ratio"] for r in tensor)
+    assert high > 1.2  # the gap this line exists to state
+    assert f"on tensor cores (fp16, tf32) this model gives {low:.2f}–{high:.2f}×" in tf32
+    runs = [r for r in tensor if r["gpu"] == "a100-80gb" and r["precision"] == "tf32"]
+    one, eight = sorted(runs, key=lambda r: r["gpus"])
+    assert (
+        f"{one['published']:,} images/s on 1 and {eight['published']:,} on 8 GPUs, against "
+        f"{one['predicted']:,} and {eight['predicted']:,} here" in tf32
+    )
+    fp32 = plan(capsys, "--model", "resnet50", "--gpus", "8", "--gpu", "h100",
+                "--global-batch", "256", "--precision", "fp32", "--top", "1")  # fmt: skip
+    cuda = resnet50_checks(tensor_cores=False)
+    low, high = min(r["ratio"] for r in cuda), max(r["ratio"] for r in cuda)
+    assert f"on CUDA cores (fp32) this model gives {low:.2f}–{high:.2f}×" in fp32
+    assert "images per GPU" not in fp32  # NVIDIA's fp32 runs are on V100s, not H100s
+    gpt = plan(capsys, "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "64", "--top", "1")
+    assert "NVIDIA's measured ResNet-50" not in gpt
+
+
 def test_epochs_of_a_model_without_a_dataset_size_needs_it(capsys):
     err = error(
         capsys, "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "64", "--epochs", "1"

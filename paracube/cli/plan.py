@@ -823,6 +823,10 @@ def _print(args, cfg, cluster, result) -> None:
         print("\n" + text)
     if args.epochs is not None and result.ranked:
         print("\n" + _time_to_train(args, cfg, result.ranked[0], baseline))
+    if cfg.name == "resnet50" and result.ranked:  # the one model with published runs to show
+        from paracube.planner.report import resnet50_check
+
+        print("\n" + resnet50_check(g, args.precision))
     if args.emit == "torchrun":
         command = torchrun_command(
             result.ranked[0], args.model, cluster.gpus_per_node, args.precision, args.seq

@@ -707,3 +707,22 @@ def resnet50_images_per_s(gpu: str, precision: str, batch: int, gpus: int) -> fl
     fixed = {"micro_batch": batch, "zero": 0}
     result = search_generic(model, cluster, gpus, batch * gpus, precision, fixed)
     return result.ranked[0].time.tokens_per_s  # samples/s for a model without tokens
+
+
+def resnet50_checks(tensor_cores: bool | None = None) -> list[dict]:
+    """Every run of :data:`RESNET50_RUNS` beside the planner's images/s for it — the rows of
+    ``benchmarks/bench_planner_resnet50.py`` and the check ``paracube plan --model resnet50``
+    prints. ``tensor_cores``: only the runs on tensor cores (fp16, tf32: True) or on CUDA
+    cores (fp32: False); None, all."""
+    rows = []
+    for system, gpu, precision, batch, measured in RESNET50_RUNS:
+        if tensor_cores is not None and (precision != "fp32") != tensor_cores:
+            continue
+        for gpus, images in measured.items():
+            rate = resnet50_images_per_s(gpu, precision, batch, gpus)
+            rows.append(
+                {"system": system, "gpu": gpu, "precision": precision, "batch_per_gpu": batch,
+                 "gpus": gpus, "published": images, "predicted": round(rate),
+                 "ratio": round(rate / images, 3)}
+            )  # fmt: skip
+    return rows

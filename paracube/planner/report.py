@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, replace
 
 from paracube.choices import FUSED_ATTENTION
 from paracube.config import ModelConfig
+from paracube.planner import hardware as hw
 from paracube.planner.hardware import GPU
 from paracube.planner.layout_memory import peak_memory
 from paracube.planner.search import Candidate, SearchResult
@@ -441,3 +442,42 @@ def torchrun_command(
         f"torchrun --nnodes {nodes} --nproc-per-node {per_node} --rdzv-backend c10d --rdzv-endpoint $MASTER:29500 "
         f"-m paracube train {model} {' '.join(L.to_args(precision, gpus_per_node))}"
     )
+
+
+def resnet50_check(gpu: GPU, precision: str) -> str:
+    """What NVIDIA's measured ResNet-50 runs say of a ResNet-50 plan in ``precision`` — the
+    planner's images/s against theirs on the same kind of units (:func:`~paracube.planner.
+    published.resnet50_checks`), and the runs on ``gpu`` in ``precision`` where there are."""
+    from paracube.planner.published import resnet50_checks
+
+    tensor = precision != "fp32"
+    rows = resnet50_checks(tensor_cores=tensor)
+    low, high = min(r["ratio"] for r in rows), max(r["ratio"] for r in rows)
+    text = (
+        "Checked against NVIDIA's measured ResNet-50 v1.5 runs (DeepLearningExamples; "
+        "python benchmarks/bench_planner_resnet50.py): "
+    )
+    if tensor:
+        text += (
+            f"on tensor cores (fp16, tf32) this model gives {low:.2f}–{high:.2f}× their "
+            "images/s — it times every convolution at the tensor cores' sustained matmul rate, "
+            "which cuDNN's convolutions do not reach, and leaves data loading out — so a real "
+            "run may take up to that much longer."
+        )
+    else:
+        text += f"on CUDA cores (fp32) this model gives {low:.2f}–{high:.2f}× their images/s."
+    systems: dict[str, list[dict]] = {}  # the runs on this GPU in this precision, by system
+    for r in rows:
+        if hw.gpu(r["gpu"]).name == gpu.name and r["precision"] == precision:
+            systems.setdefault(r["system"], []).append(r)
+    for system, runs_ in systems.items():
+        measured = " and ".join(
+            f"{r['published']:,}" + (" images/s" if i == 0 else "") + f" on {r['gpus']}"
+            for i, r in enumerate(runs_)
+        )
+        planned = " and ".join(f"{r['predicted']:,}" for r in runs_)
+        text += (
+            f" {system} ({runs_[0]['batch_per_gpu']} images per GPU): {measured} GPUs, "
+            f"against {planned} here."
+        )
+    return text
