@@ -430,6 +430,18 @@ CASES: list[tuple[str, list[str], str]] = [
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--precision", "tf32",
               "--grad-reduce", "compute"],
      "--grad-reduce compute is for --precision bf16 or fp16"),
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "16", "--global-batch", "32",
+              "--shard-group", "8", "--zero", "1"],
+     "--shard-group 8 with --zero 1: hybrid sharding shards ZeRO-3's states"),
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "16", "--global-batch", "32",
+              "--shard-group", "0"],
+     "--shard-group must be a positive integer, got 0"),
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "16", "--global-batch", "32",
+              "--layout", "dp=8,tp=2", "--shard-group", "3"],
+     "--shard-group 3 does not divide the data-parallel group of --layout (dp × cp = 8)"),
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "16", "--global-batch", "32",
+              "--shard-group", "8", "--emit", "torchrun"],
+     "--shard-group 8 with --emit torchrun: paracube train shards ZeRO-3 over the whole"),
     # -- plan on a mixed cluster ----------------------------------------------------------
     ("plan", [*MIXED[:4], "8xa100-80gb,8xtpu9", *MIXED[5:]], "unknown device type 'tpu9'"),
     ("plan", [*MIXED[:4], "8a100,8xv100", *MIXED[5:]], "'8a100' is not COUNTxTYPE"),
@@ -440,6 +452,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("plan", [*MIXED[:4], "8xa100-80gb,4xv100", *MIXED[5:], "--layout", "tp=8"],
      "tp=8 cannot stay within one device type"),
     ("plan", [*MIXED, "--model", "resnet50"], "mixed clusters are planned for transformer models"),
+    ("plan", [*MIXED, "--shard-group", "8"],
+     "--shard-group 8: hybrid sharding is planned on one device type"),
 ]  # fmt: skip
 
 

@@ -867,3 +867,20 @@ def test_explain_says_why_the_layout_shards_its_states(capsys):
     assert float(found[2]) == pytest.approx(plain["time"]["step_time"], rel=2e-3)
     assert float(found[3]) == pytest.approx(top["time"]["step_time"], rel=2e-3)
     assert float(found[3]) < float(found[2])
+
+
+def test_hybrid_sharding_on_the_command_line(capsys):
+    """--shard-group N plans ZeRO-3 within groups of N (implying --zero 3), shown as hsdp=N
+    and explained; an FSDP stack's search finds one node's group by itself on a slow
+    network, where paracube's (which cannot run it) keeps FULL_SHARD or other layouts."""
+    argv = ("--model", "llama2-7b", "--gpus", "64", "--gpu", "a100-80gb", "--global-batch", "64",
+            "--inter", "ethernet-100g")  # fmt: skip
+    fixed = best(capsys, *argv, "--layout", "dp=64,tp=1,pp=1", "--shard-group", "8")["layout"]
+    assert (fixed["zero"], fixed["shard"]) == (3, 8)
+    text = plan(capsys, *argv, "--layout", "dp=64,tp=1,pp=1", "--shard-group", "8", "--top", "1",
+                "--explain")  # fmt: skip
+    assert "zero3 hsdp=8" in text and "8 ranks of each hybrid shard group (8 replicas" in text
+    fsdp = best(capsys, *argv, "--stack", "fsdp", "--layout", "dp=64,tp=1,pp=1", "--zero", "3")
+    assert fsdp["layout"]["shard"] == 8
+    own = best(capsys, *argv, "--layout", "dp=64,tp=1,pp=1", "--zero", "3")
+    assert own["layout"]["shard"] == 0

@@ -139,6 +139,14 @@ def add_parser(sub) -> None:
         "train and Megatron do) or in the compute dtype (compute: half the bytes)",
     )
     t.add_argument(
+        "--shard-group",
+        type=int,
+        default=None,
+        help="hybrid sharding (HSDP: FSDP's HYBRID_SHARD): ZeRO-3 within groups of N "
+        "data-parallel ranks, replicated across the groups — implies --zero 3; planned, not run "
+        "by paracube train (the FSDP stacks' searches try one node's group themselves)",
+    )
+    t.add_argument(
         "--param-gather",
         default=None,
         help="ZeRO-3's gathered parameters: used where the all-gather wrote them (flat: "
@@ -399,8 +407,36 @@ def _plan_fixed(args, gpus: int, mixed: bool = False) -> dict:
         fixed["offload"] = args.offload == "optimizer"
     if args.compress is not None:
         fixed["compress"] = args.compress
+    if args.shard_group is not None:
+        _hybrid_shard(args, fixed)
     _check_stack_choices(args, fixed)
     return fixed
+
+
+def _hybrid_shard(args, fixed: dict) -> None:
+    """``--shard-group N`` into the fixed choices (ZeRO-3 within groups of N), refused by name
+    where it cannot be: another ZeRO stage, a data-parallel group it does not divide, a
+    command paracube train would have to run."""
+    n = args.shard_group
+    if n <= 0:
+        raise ParacubeError(f"--shard-group must be a positive integer, got {n}")
+    if fixed.get("zero", 3) != 3:
+        raise ParacubeError(
+            f"--shard-group {n} with --zero {fixed['zero']}: hybrid sharding shards ZeRO-3's "
+            "states; use --zero 3 or drop --shard-group"
+        )
+    if "dp" in fixed and (fixed["dp"] * fixed.get("cp", 1)) % n:
+        raise ParacubeError(
+            f"--shard-group {n} does not divide the data-parallel group of --layout "
+            f"(dp × cp = {fixed['dp'] * fixed.get('cp', 1)}): choose a group that does"
+        )
+    if args.emit == "torchrun":
+        raise ParacubeError(
+            f"--shard-group {n} with --emit torchrun: paracube train shards ZeRO-3 over the "
+            "whole data-parallel group (hybrid sharding is planned to evaluate the FSDP stacks "
+            "that run it); drop one"
+        )
+    fixed.update(zero=3, shard=n)
 
 
 def _check_stack_choices(args, fixed: dict) -> None:
@@ -664,7 +700,11 @@ def _search(args, cfg, cluster, fixed: dict):
     from paracube.planner.search import search
 
     if isinstance(cfg, ModelConfig):
-        from paracube.planner.stacks import CONTEXT_PARALLEL_STACKS, stack_choices
+        from paracube.planner.stacks import (
+            CONTEXT_PARALLEL_STACKS,
+            HYBRID_SHARD_STACKS,
+            stack_choices,
+        )
 
         return search(
             cfg,
@@ -676,6 +716,7 @@ def _search(args, cfg, cluster, fixed: dict):
             top=args.top,
             allowed=stack_choices(args.stack),
             context_parallel=args.stack in CONTEXT_PARALLEL_STACKS,
+            hybrid_shard=args.stack in HYBRID_SHARD_STACKS,
         )
     if fixed.get("tp", 1) != 1 or fixed.get("pp", 1) != 1 or fixed.get("cp", 1) != 1:
         raise ParacubeError(

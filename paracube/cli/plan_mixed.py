@@ -30,6 +30,11 @@ def cmd_plan_mixed(args, pools: list[Pool]) -> int:
             f"--layout cp={fixed['cp']}: context parallelism is planned on one device type "
             "(--gpus N --gpu TYPE), not on a mixed cluster"
         )
+    if fixed.get("shard"):
+        raise ParacubeError(
+            f"--shard-group {fixed['shard']}: hybrid sharding is planned on one device type "
+            "(--gpus N --gpu TYPE), not on a mixed cluster"
+        )
     if fixed.get("split", "engine") != "engine":
         stated = (
             f"--pipeline-split {fixed['split']}"

@@ -130,6 +130,12 @@ class Layout:
     # out into each parameter (per-parameter: FSDP2); choices.PARAM_GATHER,
     # :func:`paracube.planner.time_model.gather_copy_time`
     param_gather: str = "flat"
+    # hybrid sharding (HSDP: PyTorch FSDP's HYBRID_SHARD, FSDP2 over a 2-D mesh, Composer's
+    # HYBRID_SHARD): ZeRO-3 within groups of ``shard`` consecutive data-parallel ranks, the
+    # groups replicas of each other, whose sharded gradients are all-reduced across them
+    # (Zhao et al. 2023, "PyTorch FSDP", §3.2.2); 0: over the whole group (FULL_SHARD).
+    # Planned, to evaluate the stacks that run it: ``paracube train`` does not (:meth:`to_args`)
+    shard: int = 0
 
     def __post_init__(self) -> None:
         # the planned-only choices, which no engine config checks first: a misspelt one
@@ -154,6 +160,13 @@ class Layout:
         if self.param_gather not in PARAM_GATHER:
             raise ConfigError(
                 f"param_gather={self.param_gather!r}: choose {' or '.join(PARAM_GATHER)}"
+            )
+        if not isinstance(self.shard, int) or isinstance(self.shard, bool) or self.shard < 0:
+            raise ConfigError(f"shard={self.shard!r}: a shard group of ranks (0: all of them)")
+        if self.shard and self.zero != 3:
+            raise ConfigError(
+                f"shard={self.shard}: hybrid sharding shards ZeRO-3's states (zero=3), not "
+                f"ZeRO-{self.zero}'s"
             )
         if self.loss not in LOSS_BACKWARD:
             raise ConfigError(f"loss={self.loss!r}: choose {' or '.join(LOSS_BACKWARD)}")
@@ -183,6 +196,24 @@ class Layout:
         context-parallel ranks hold the same weights and see other tokens, so they join the
         reduction (Megatron-Core's data-parallel group "with context parallel")."""
         return self.dp * self.cp
+
+    @property
+    def shard_group(self) -> int:
+        """Ranks ZeRO shards the states over: the whole gradient group, or under hybrid
+        sharding its shard groups of ``shard`` ranks, which must divide it."""
+        if not self.shard:
+            return self.grad_group
+        if self.grad_group % self.shard:
+            raise ConfigError(
+                f"shard={self.shard} does not divide the data-parallel group (dp × cp = "
+                f"{self.grad_group}): choose a shard group that does"
+            )
+        return self.shard
+
+    @property
+    def replicas(self) -> int:
+        """Shard groups holding the same states (1 without hybrid sharding)."""
+        return self.grad_group // self.shard_group
 
     @classmethod
     def from_config(cls, cfg: TrainConfig) -> Layout:
@@ -232,6 +263,12 @@ class Layout:
             raise ConfigError(
                 f"cp={self.cp}: paracube train does not run context parallelism (it is planned "
                 "to evaluate Megatron-Core runs); plan with cp=1 for a layout it runs"
+            )
+        if self.shard:
+            raise ConfigError(
+                f"shard={self.shard}: paracube train shards ZeRO-3 over the whole "
+                "data-parallel group (hybrid sharding is planned to evaluate the FSDP stacks "
+                "that run it); plan without it for a layout it runs"
             )
         if self.split != "engine" and self.pp > 1:
             raise ConfigError(

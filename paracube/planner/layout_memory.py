@@ -184,7 +184,7 @@ def stage_bytes(
     states = model_state_bytes(
         params,
         layout.zero,
-        layout.grad_group,  # ZeRO shards over dp × cp
+        layout.shard_group,  # ZeRO shards over dp × cp, or a hybrid shard group of it
         weight_bytes=terms.weight,
         grad_bytes=terms.gradient,
         optimizer_bytes=terms.optimizer,

@@ -64,8 +64,11 @@ Sources:
   70B at batch 6 per GPU, activation checkpointing on (every block: ``selective_checkpointing``
   1), sequence 4,096, SDPA's FlashAttention-2, bf16 gradients reduced (its bfSixteen policy),
   one micro-batch per step; A100 80GB (70B at batch 6 does not fit 40 GB). The two HYBRID_SHARD
-  rows (7B, 13B: sharded within a node, replicated across) are left out: the planner does
-  not model hybrid sharding.
+  rows (7B, 13B: sharded within a node, replicated across; ``Layout.shard``) are left out:
+  they turn on the network between the nodes, which neither the README nor the blog states
+  — the planner gives them 1.17 and 1.36 on InfiniBand HDR (25 GB/s a GPU), 0.73 and 0.49
+  on one 100 Gb/s Ethernet NIC per node (hybrid sharding is what a slow network is given);
+  a network chosen to match them would be fitted, not predicted.
 - NeMo AutoModel: NVIDIA-NeMo/Automodel, ``docs/performance-summary.md`` (the version of
   April 2026; also docs.nvidia.com/nemo/automodel, "Performance Summary"), pre-training on
   DGX-H100 in BF16: Llama 3 70B on 64 GPUs, global batch 128 × 8192 tokens, micro-batch 1,

@@ -32,6 +32,8 @@ def describe(layout) -> str:
             text += f" split={layout.split}"
     if layout.zero:
         text += f" zero{layout.zero}"
+    if getattr(layout, "shard", 0):
+        text += f" hsdp={layout.shard}"
     if layout.recompute != "none":
         text += f" recompute={layout.recompute}"
         if getattr(layout, "recompute_blocks", None) is not None:
@@ -210,11 +212,18 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
             )
         )
     if L.zero:
-        lines.append(
-            f"- ZeRO-{L.zero} shards {SHARDED_STATES[L.zero]} over the {L.grad_group} "
+        group = (
+            f"{L.grad_group} "
             + ("data-parallel" if L.cp == 1 else f"data- and context-parallel ({L.dp} × {L.cp})")
-            + f" ranks: {best.memory.model_states / GB:.1f} GB of model states per GPU, and each "
-            f"rank steps 1/{L.grad_group} of the optimizer ({t.optimizer:.3g} s); the parameter "
+            if not L.shard
+            else f"{L.shard} ranks of each hybrid shard group ({L.replicas} replicas of it, "
+            "whose gradient shards are all-reduced across them in every backward)"
+        )
+        lines.append(
+            f"- ZeRO-{L.zero} shards {SHARDED_STATES[L.zero]} over the {group}"
+            + (" ranks" if not L.shard else "")
+            + f": {best.memory.model_states / GB:.1f} GB of model states per GPU, and each "
+            f"rank steps 1/{L.shard_group} of the optimizer ({t.optimizer:.3g} s); the parameter "
             "all-gathers it adds"
             + (
                 f", and a gradient reduce-scatter in each of the {L.microbatches} micro-batches' "
@@ -329,7 +338,7 @@ def _without_zero(best: Candidate, cfg: ModelConfig, cluster: Cluster, precision
     """Why the layout shards at all: the same layout with replicated states either does not
     fit (by how much) or fits and is slower or no faster (by its step)."""
     L, capacity = best.layout, cluster.gpu.memory_bytes
-    plain = replace(L, zero=0)
+    plain = replace(L, zero=0, shard=0)
     memory = peak_memory(cfg, plain, precision).total
     if memory > capacity:
         return (

@@ -202,6 +202,15 @@ def candidate_layouts(
                     if refusal:
                         reject(refusal)
                         continue
+                    shard = fixed.get("shard", 0)
+                    if shard and zero != 3:
+                        continue  # hybrid sharding is ZeRO-3's: the other stages are not candidates
+                    if shard and (dp * cp) % shard:
+                        reject(
+                            f"--shard-group {shard} does not divide the data-parallel group "
+                            "(dp × cp)"
+                        )
+                        continue
                     layout = Layout(
                         dp=dp,
                         tp=tp,
@@ -263,13 +272,15 @@ def search(
     top: int = 10,
     allowed: dict | None = None,
     context_parallel: bool = False,
+    hybrid_shard: bool = False,
 ) -> SearchResult:
     """Every valid layout of ``cfg`` on ``gpus`` GPUs of ``cluster`` for ``global_batch``
     sequences per step, those that fit in GPU memory ranked fastest first (ties within 1 %
     go to the simpler layout). ``fixed`` pins choices (``{"tp": 8, "zero": 1}``);
     ``allowed`` narrows a choice to the values a stack runs (``{"schedule": ("1f1b",)}``:
     :func:`paracube.planner.stacks.stack_choices`); ``context_parallel`` searches context
-    parallelism too, for a stack that runs it (:func:`context_parallel_sizes`); the result
+    parallelism too, for a stack that runs it (:func:`context_parallel_sizes`), and
+    ``hybrid_shard`` hybrid sharding (:func:`with_hybrid_shards`); the result
     also counts what was rejected and why, and keeps the leanest layout that did not fit.
 
     >>> from paracube.models.presets import preset
@@ -293,6 +304,8 @@ def search(
         )
         for cp in sizes
     )  # fmt: skip
+    if hybrid_shard and "shard" not in fixed:
+        layouts = with_hybrid_shards(layouts, cluster.gpus_per_node)
     for layout in layouts:
         outside = [
             f"{k}={getattr(layout, k)}" for k, v in allowed.items() if getattr(layout, k) not in v
@@ -330,6 +343,17 @@ def search(
     rank(result.ranked)
     del result.ranked[top * 50 :]
     return result
+
+
+def with_hybrid_shards(layouts, gpus_per_node: int):
+    """Each layout, and after a ZeRO-3 layout whose data-parallel group spans nodes its hybrid
+    sharding twin: ZeRO-3 within each node's members of the group (shard = GPUs per node ÷
+    tp, as FSDP's HYBRID_SHARD does by default), replicated across nodes."""
+    for layout in layouts:
+        yield layout
+        shard = gpus_per_node // layout.tp
+        if layout.zero == 3 and 1 < shard < layout.grad_group and layout.grad_group % shard == 0:
+            yield replace(layout, shard=shard)
 
 
 # Context parallelism is searched only while each rank's chunks keep this many tokens: the
@@ -377,12 +401,14 @@ def fewest_recomputed(
 def simplicity(layout: Layout) -> tuple:
     """Fewer moving parts first: no offload, less model parallelism (a pipeline stage
     more is a partition, a bubble and a balance to keep; a ZeRO stage is a sharded
-    optimizer), no ZeRO, no recompute, fewer (larger) micro-batches."""
+    optimizer), no ZeRO, sharded over the whole group rather than hybrid, no recompute,
+    fewer (larger) micro-batches."""
     return (
         layout.offload,
         layout.pp,
         layout.tp,
         layout.zero,
+        layout.shard > 0,  # hybrid sharding: a replica group more to reduce over
         ("none", "selective", "full").index(layout.recompute),
         layout.chunks,
         layout.microbatches,

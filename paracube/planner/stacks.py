@@ -125,6 +125,14 @@ STACK_CHOICES: dict[str, dict[str, tuple]] = {
 CONTEXT_PARALLEL_STACKS = ("megatron-core", "nemo", "megatron-bridge", "torchtitan")
 
 
+# The stacks that run hybrid sharding (ZeRO-3 within a node, replicas across nodes), which the
+# search then tries too (paracube's engine shards over the whole group): PyTorch FSDP's
+# ShardingStrategy.HYBRID_SHARD (FSDP1: "shard within a node, replicate across nodes"),
+# FSDP2's fully_shard over a 2-D (replicate, shard) DeviceMesh — torchtitan's
+# data_parallel_replicate_degree — and Composer's FSDPConfig sharding_strategy HYBRID_SHARD.
+HYBRID_SHARD_STACKS = ("fsdp", "fsdp1", "torchtitan", "composer")
+
+
 def stack(name: str) -> dict[str, object]:
     """The layout facts of the stack ``name`` (a copy: the caller may add to it)."""
     if name not in STACK_SOFTWARE:

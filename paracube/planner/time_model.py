@@ -381,7 +381,7 @@ def gather_copy_time(layout: Layout, g: GPU, params: float, root: float, elem: i
     (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py). 0 for flat units (paracube,
     FSDP1, DeepSpeed: the parameters are views of the gathered buffer), below ZeRO-3 or
     without a group to gather from."""
-    if layout.zero != 3 or layout.param_gather != "per-parameter" or layout.grad_group == 1:
+    if layout.zero != 3 or layout.param_gather != "per-parameter" or layout.shard_group == 1:
         return 0.0
     return 2 * elem * (2 * params - root) / g.memory_rate
 
@@ -396,7 +396,7 @@ def optimizer_time(layout: Layout, g: GPU, shard: float, elem: int) -> float:
     *are* its weights). On a GPU's HBM; or offloaded: in host memory, after the gradient
     slice crossed PCIe to the host and before the new values cross back (paracube copies
     after the reduction: exposed)."""
-    stepped = shard / (layout.grad_group if layout.zero >= 1 else 1)
+    stepped = shard / (layout.shard_group if layout.zero >= 1 else 1)
     if not layout.offload:
         write_back = 4 + elem if elem != 4 else 0
         return (4 + 7 * 4 + write_back) * stepped / g.memory_rate
@@ -728,6 +728,8 @@ def dp_exposed_time(
     less what hides behind the next forward; under ZeRO-3 the parameter gathers of every
     micro-batch less what hides behind its compute — and, for what does hide, the compute
     it slows down (:data:`OVERLAP_SLOWDOWN`)."""
+    if layout.shard and layout.replicas > 1:
+        return hybrid_exposed_time(layout, cluster, params, per_mb, cfg, layers, elem)
     g, dp, m = cluster.gpu, layout.grad_group, layout.microbatches
     link = dp_link(layout, cluster)
     waited = waited_gathers(layout, link, params, elem, layers)
@@ -775,6 +777,46 @@ def dp_exposed_time(
     return exposed + OVERLAP_SLOWDOWN * beside_compute
 
 
+def hybrid_exposed_time(
+    layout: Layout,
+    cluster: Cluster,
+    params: float,
+    per_mb: float,
+    cfg: ModelConfig | None = None,
+    layers: int = 0,
+    elem: int = 2,
+) -> float:
+    """The step time hybrid sharding's communication costs (``Layout.shard``): ZeRO-3 within
+    each shard group — its gathers and reduce-scatters on that group's link, as
+    :func:`dp_exposed_time` times them for a data-parallel group of ``shard`` ranks — and,
+    after each unit's reduce-scatter in every backward, an all-reduce of the unit's gradient
+    shard across the replicas: PyTorch FSDP's HYBRID_SHARD reduce-scatters in the shard
+    group and then all-reduces the shard over the replicate group
+    (torch/distributed/fsdp/_runtime_utils.py ``_reduce_grad``; FSDP2's ``foreach_reduce``
+    with its all-reduce group), on the stream the reduce-scatters run on, beside the
+    backward. One ring per unit over the replicas, tp × shard GPUs apart
+    (:func:`group_link`); what the backward leaves free after the group's own gathers and
+    reduce-scatter hides it (slowing that compute by :data:`OVERLAP_SLOWDOWN` of its
+    seconds), the rest is exposed — every micro-batch."""
+    view = replace(layout, dp=layout.shard, cp=1, shard=0)  # one shard group, FULL_SHARD
+    exposed = dp_exposed_time(view, cluster, params, per_mb, cfg, layers, elem)
+    g, m, n = cluster.gpu, layout.microbatches, layout.replicas
+    link = group_link(cluster, n, layout.tp * layout.shard)
+    grads = params / layout.shard * gradient_bytes(elem, layout.grad_reduce)
+    units = zero3_collectives(layers)[2]
+    allreduce = _ring(grads, n, link) + (units - 1) * 2 * (n - 1) * link.latency
+    overlapped = g.overlaps_communication and layout.overlap_grad_reduce
+    backward = 2 * per_mb / 3 if overlapped else 0.0
+    own = dp_link(view, cluster)
+    busy = scatter_time(params, view, own, elem, layers)
+    if layout.backward_prefetch:  # the backward's gathers share the stream (dp_exposed_time)
+        busy += _half_ring(params * elem, view.grad_group, own) + unit_latency(
+            view, own, zero3_collectives(layers)[1]
+        )
+    free = max(0.0, backward - busy)
+    return exposed + m * (max(0.0, allreduce - free) + OVERLAP_SLOWDOWN * min(allreduce, free))
+
+
 def waited_gathers(
     layout: Layout, link: Interconnect, params: float, elem: int, blocks: int = 0
 ) -> float:
@@ -802,26 +844,32 @@ OVERLAP_SLOWDOWN = 0.189
 
 
 def dp_link(layout: Layout, cluster: Cluster) -> Interconnect:
-    """The link a data-parallel ring runs at, per GPU. Ranks are ordered tensor-parallel
-    innermost, then data-parallel (Megatron's order), so a node holds
-    k = min(dp, GPUs per node ÷ tp) members of each data-parallel group. Within one node the
-    ring runs on NVLink. Across nodes NCCL runs one ring per NIC: each member's rail carries
-    1/k of the group's inter-node traffic, so the group sees k × the per-GPU network
-    bandwidth — capped by NVLink, which carries the rest of each ring. Of a ring's n − 1
-    steps per pass only the n/k − 1 that cross nodes pay the network's latency, the others
-    NVLink's (NCCL's tuning model, ``nInterSteps`` against ``nsteps``: nccl
-    src/graph/tuning.cc): the link's per-step latency is their mean."""
-    group = layout.grad_group  # dp × cp: the context-parallel ranks reduce with the rest
-    members = min(group, max(1, cluster.gpus_per_node // layout.tp))
-    if layout.tp * group <= cluster.gpus_per_node:
+    """The link a data-parallel ring runs at, per GPU (:func:`group_link`): dp × cp ranks,
+    tensor-parallel groups between consecutive members."""
+    return group_link(cluster, layout.grad_group, layout.tp)
+
+
+def group_link(cluster: Cluster, ranks: int, stride: int) -> Interconnect:
+    """The link a ring over ``ranks`` GPUs runs at, per GPU, consecutive members ``stride``
+    GPUs apart. Ranks are ordered tensor-parallel innermost, then data-parallel (Megatron's
+    order): a data-parallel group's members are tp apart, a hybrid-sharding replica group's
+    tp × shard. A node holds k = min(ranks, GPUs per node ÷ stride) members of the group.
+    Within one node the ring runs on NVLink. Across nodes NCCL runs one ring per NIC: each
+    member's rail carries 1/k of the group's inter-node traffic, so the group sees k × the
+    per-GPU network bandwidth — capped by NVLink, which carries the rest of each ring. Of a
+    ring's n − 1 steps per pass only the n/k − 1 that cross nodes pay the network's
+    latency, the others NVLink's (NCCL's tuning model, ``nInterSteps`` against ``nsteps``:
+    nccl src/graph/tuning.cc): the link's per-step latency is their mean."""
+    members = min(ranks, max(1, cluster.gpus_per_node // stride))
+    if stride * ranks <= cluster.gpus_per_node:
         return cluster.intra
     if members == 1:
         return cluster.inter
     bandwidth = min(cluster.intra.bandwidth, members * cluster.inter.bandwidth)
-    crossing = group / members - 1  # of the ring's group − 1 steps
+    crossing = ranks / members - 1  # of the ring's ranks − 1 steps
     latency = (
-        crossing * cluster.inter.latency + (group - 1 - crossing) * cluster.intra.latency
-    ) / (group - 1)
+        crossing * cluster.inter.latency + (ranks - 1 - crossing) * cluster.intra.latency
+    ) / (ranks - 1)
     return replace(
         cluster.inter,
         name=f"{cluster.inter.name} × {members} rails",
