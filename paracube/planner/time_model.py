@@ -33,7 +33,9 @@ fitted to a published result:
   link (:func:`dp_link`: NVLink inside a node, across nodes k members' rails), overlapped
   with the backward of the last micro-batch — only what sticks out is counted, and never
   less than the last bucket (:func:`last_bucket_time`); what hides slows the compute it
-  runs beside by :data:`OVERLAP_SLOWDOWN` of its seconds.
+  runs beside by :data:`OVERLAP_SLOWDOWN` of its seconds. Hybrid sharding: ZeRO-3's
+  collectives within each shard group, and every backward an all-reduce of the gradient
+  shards across the replicas (:func:`hybrid_exposed_time`).
 """
 
 from __future__ import annotations
