@@ -334,3 +334,28 @@ def test_within_the_models_resolution_fewer_pipeline_stages_come_before_no_zero(
     assert simplicity(zero1) < simplicity(deep)
     plain = Layout(dp=8, tp=4, pp=31, micro_batch=2, microbatches=64)
     assert simplicity(plain) < simplicity(zero1)
+
+
+def test_a_layout_at_the_memory_edge_carries_the_allocators_caveat():
+    """Within 5 % of the GPU's memory (the fragmentation allowance included) --explain says
+    the prediction leaves out the caching allocator's retries, with the published slowdowns
+    and the setting that avoids them; with room to spare it says nothing."""
+    from paracube.planner import hardware as hw
+    from paracube.planner.layout import Layout
+    from paracube.planner.layout_memory import StageMemory
+    from paracube.planner.report import MEMORY_EDGE, memory_edge
+    from paracube.planner.search import Candidate
+    from paracube.planner.time_model import Cluster
+
+    cluster = Cluster(hw.gpu("h100"), 8, hw.interconnect("nvlink4"), hw.interconnect("ib-ndr"))
+    capacity = cluster.gpu.memory_bytes
+
+    def at(share: float) -> str:
+        memory = StageMemory("rank 0", share * capacity, 0.0, 0.0)
+        return memory_edge(Candidate(Layout(), memory, None), cluster)  # type: ignore[arg-type]
+
+    share = 1 - 0.4 * MEMORY_EDGE  # inside the edge, away from a rounding boundary
+    edge = at(share)
+    assert "At the memory edge" in edge and f"({share:.0%}," in edge
+    assert "expandable_segments:True" in edge and "cudaMalloc retries" in edge
+    assert at(1 - 2 * MEMORY_EDGE) == ""
