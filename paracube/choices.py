@@ -53,6 +53,16 @@ GRAD_ACCUMULATION = ("buffer", "fused", "bf16-optimizer", "side-stream")
 # or copied out of it into each parameter's own tensor (per-parameter: FSDP2's DTensor
 # shards, whose gathered buffer holds every rank's shard of every parameter in turn)
 PARAM_GATHER = ("flat", "per-parameter")
+# planner: the AdamW step's kernels over fp32 weights, gradients, m and v — one fused kernel
+# (fused: paracube's, apex's and Transformer Engine's FusedAdam, torch's fused=True) or an
+# op per pass over the states (multi-op: torch.optim.AdamW's default multi-tensor path,
+# Composer's DecoupledAdamW; time_model.OPTIMIZER_BYTES)
+OPTIMIZER_KERNELS = ("fused", "multi-op")
+# planner: whether clipping rescales the gradients only when their norm is over the limit
+# (when-clipped: paracube's and Megatron's, which read the norm on the host first) or always,
+# by the clamped coefficient, to spare that host sync (always: torch.nn.utils.clip_grad_norm_,
+# FSDP1's FullyShardedDataParallel.clip_grad_norm_)
+CLIP_SCALING = ("when-clipped", "always")
 ON_NAN = ("stop", "skip", "continue")  # a non-finite loss or gradient norm: what then
 METRICS_MODES = ("new", "append", "overwrite")  # an existing --metrics file: refuse, add, replace
 

@@ -154,6 +154,21 @@ def add_parser(sub) -> None:
         "(per-parameter: FSDP2, one read and write of every gathered parameter per pass)",
     )
     t.add_argument(
+        "--optimizer-kernel",
+        default=None,
+        help="the AdamW step: one fused kernel (fused: paracube train, Megatron's and "
+        "Transformer Engine's FusedAdam; default) or an op per pass over the states "
+        "(multi-op: torch.optim.AdamW's default, Composer's DecoupledAdamW — 80 bytes a "
+        "parameter against 28)",
+    )
+    t.add_argument(
+        "--clip-scale",
+        default=None,
+        help="clipping rescales the gradients only when their norm is over the limit "
+        "(when-clipped: paracube train, Megatron; default) or always (torch's and FSDP's "
+        "clip_grad_norm_: one more read and write of every gradient)",
+    )
+    t.add_argument(
         "--grad-accumulation",
         default=None,
         help="how each micro-batch's weight gradients reach the buffer they are reduced from: "
@@ -338,6 +353,8 @@ SOFTWARE = (
     "split",
     "grad_accumulation",
     "param_gather",
+    "optimizer_kernel",
+    "clip_scale",
 )
 
 
@@ -543,11 +560,13 @@ def _check_args(args, whole_nodes: bool = True) -> None:
     from paracube.choices import (
         ACTIVATION_MEMORY,
         ATTENTION,
+        CLIP_SCALING,
         FP8_SCALING,
         GRAD_ACCUMULATION,
         GRAD_REDUCE,
         LOSS_BACKWARD,
         OFFLOAD,
+        OPTIMIZER_KERNELS,
         PARAM_GATHER,
         PIPELINE_SPLIT,
         PRECISIONS,
@@ -598,6 +617,8 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         ("loss", "--loss", LOSS_BACKWARD),
         ("grad_accumulation", "--grad-accumulation", GRAD_ACCUMULATION),
         ("param_gather", "--param-gather", PARAM_GATHER),
+        ("optimizer_kernel", "--optimizer-kernel", OPTIMIZER_KERNELS),
+        ("clip_scale", "--clip-scale", CLIP_SCALING),
         ("activations", "--activations", ACTIVATION_MEMORY),
         ("grad_reduce", "--grad-reduce", GRAD_REDUCE),
         ("offload", "--offload", OFFLOAD),
@@ -608,6 +629,11 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         if value is not None and value not in allowed:
             choices = ", ".join(str(a) for a in allowed)
             raise ParacubeError(f"unknown {flag} {value!r}: choose one of {choices}")
+    if args.optimizer_kernel not in (None, "fused") and args.offload == "optimizer":
+        raise ParacubeError(
+            f"--optimizer-kernel {args.optimizer_kernel} with --offload optimizer: the offloaded "
+            "step runs on the host, as its own loop; drop one of them"
+        )
     if args.fp8_scaling is not None and args.precision != "fp8":
         raise ParacubeError(
             f"--fp8-scaling {args.fp8_scaling} under --precision {args.precision}: nothing is "

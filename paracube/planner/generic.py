@@ -27,6 +27,7 @@ from paracube.planner.time_model import (
     accumulation_time,
     at_precision,
     gather_copy_time,
+    optimizer_time,
     reduction_time,
     waited_gathers,
 )
@@ -89,7 +90,7 @@ def evaluate(
     allreduce = reduction_time(model.params, layout, link, w) - waited / m
     overlapped = g.overlaps_communication and layout.overlap_grad_reduce
     exposed = max(0.0, allreduce - (2 / 3 * per_mb if overlapped else 0.0)) + waited
-    optimizer = 7 * 4 * model.params / (dp if layout.zero else 1) / g.memory_rate
+    optimizer = optimizer_time(layout, g, model.params, w)
     # each micro-batch's gradients brought into the buffer they are reduced from
     compute = m * (per_mb + gather_copy_time(layout, g, model.params, 0.0, w)) + accumulation_time(
         layout, g, model.params, 0.0, w
@@ -122,6 +123,8 @@ GENERIC_SOFTWARE = (
     "backward_prefetch",
     "grad_accumulation",
     "param_gather",
+    "optimizer_kernel",
+    "clip_scale",
 )
 
 

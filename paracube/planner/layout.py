@@ -16,9 +16,11 @@ from dataclasses import dataclass, fields, replace
 from paracube.choices import (
     ACTIVATION_MEMORY,
     ATTENTION,
+    CLIP_SCALING,
     FP8_SCALING,
     GRAD_ACCUMULATION,
     LOSS_BACKWARD,
+    OPTIMIZER_KERNELS,
     PARAM_GATHER,
     PIPELINE_SPLIT,
     PRECISIONS,
@@ -32,7 +34,8 @@ from paracube.pipeline.schedules import SCHEDULES
 # Facts about the training software a layout may state to describe another stack — each
 # field's default is what paracube train runs (Layout.from_config leaves them so): fused
 # attention, gradient reduction overlapped with the backward, ZeRO-3's backward gathers
-# prefetched, paracube's loss and blocks, no userbuffers overlap.
+# prefetched, paracube's loss and blocks, no userbuffers overlap, a fused AdamW whose
+# gradients are rescaled only when clipped.
 OTHER_SOFTWARE = (
     "attention",
     "overlap_grad_reduce",
@@ -42,6 +45,8 @@ OTHER_SOFTWARE = (
     "tp_comm_overlap",
     "grad_accumulation",
     "param_gather",
+    "optimizer_kernel",
+    "clip_scale",
 )
 
 
@@ -136,6 +141,14 @@ class Layout:
     # (Zhao et al. 2023, "PyTorch FSDP", §3.2.2); 0: over the whole group (FULL_SHARD).
     # Planned, to evaluate the stacks that run it: ``paracube train`` does not (:meth:`to_args`)
     shard: int = 0
+    # the AdamW step as one fused kernel (paracube, Megatron) or an op per pass over the
+    # states (multi-op: torch.optim.AdamW's default, Composer's DecoupledAdamW) — on the GPU:
+    # an offloaded step is the host's own loop; choices.OPTIMIZER_KERNELS,
+    # :func:`paracube.planner.time_model.optimizer_time`
+    optimizer_kernel: str = "fused"
+    # clipping's rescale of the gradients: only when their norm is over the limit
+    # (paracube, Megatron) or always (torch's and FSDP1's clip_grad_norm_); choices.CLIP_SCALING
+    clip_scale: str = "when-clipped"
 
     def __post_init__(self) -> None:
         # the planned-only choices, which no engine config checks first: a misspelt one
@@ -161,6 +174,13 @@ class Layout:
             raise ConfigError(
                 f"param_gather={self.param_gather!r}: choose {' or '.join(PARAM_GATHER)}"
             )
+        if self.optimizer_kernel not in OPTIMIZER_KERNELS:
+            raise ConfigError(
+                f"optimizer_kernel={self.optimizer_kernel!r}: choose "
+                f"{' or '.join(OPTIMIZER_KERNELS)}"
+            )
+        if self.clip_scale not in CLIP_SCALING:
+            raise ConfigError(f"clip_scale={self.clip_scale!r}: choose {' or '.join(CLIP_SCALING)}")
         if not isinstance(self.shard, int) or isinstance(self.shard, bool) or self.shard < 0:
             raise ConfigError(f"shard={self.shard!r}: a shard group of ranks (0: all of them)")
         if self.shard and self.zero != 3:

@@ -429,9 +429,11 @@ def _fms_fsdp() -> list[dict]:
     fms_34b = replace(preset("llama2-70b"), n_layers=48, ffn_hidden=22016, name="fms-fsdp 34b")
     out = []
     for cfg, b, tokens in [(fms_34b, 8, 772), (preset("llama2-70b"), 6, 380)]:
-        # FSDP1: BACKWARD_PRE prefetch (its default), bf16 reduce (the bfSixteen policy)
+        # FSDP1: BACKWARD_PRE prefetch (its default), bf16 reduce (the bfSixteen policy),
+        # torch.optim.AdamW at its default multi-tensor kernels (main_training_llama.py)
         fixed = dict(dp=128, tp=1, pp=1, zero=3, micro_batch=b, recompute="full",
-                     attention="fused", grad_reduce="compute", **PYTORCH_FSDP)
+                     attention="fused", grad_reduce="compute", optimizer_kernel="multi-op",
+                     **PYTORCH_FSDP)
         published = round(tokens * model_flops_per_token(cfg) / 1e12, 1)
         out.append(_run("IBM FMS FSDP", cfg, "a100-80gb", 128, 128 * b, "bf16", fixed, "model",
                         published))

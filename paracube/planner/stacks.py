@@ -62,13 +62,21 @@ MEGATRON_FP16: dict[str, object] = dict(grad_reduce="compute")
 # the mpt-*.yaml fsdp_config does not). torchtitan's FSDP2 prefetches (the planner's default).
 # Its MPT loss is llm-foundry's default fused_crossentropy (ComposerMPTCausalLM's loss_fn
 # default, llmfoundry/models/mpt/modeling_mpt.py: flash-attn's xentropy kernel). PyTorch
-# FSDP (1 and 2) casts and pre-divides each unit's gradient on its post-backward stream.
-PYTORCH_FSDP: dict[str, object] = dict(grad_accumulation="side-stream")
+# FSDP (1 and 2) casts and pre-divides each unit's gradient on its post-backward stream, and
+# its stacks clip with FSDP1's clip_grad_norm_ or torch.nn.utils.clip_grad_norm_ (FSDP2's
+# DTensors), which rescale every gradient whatever the norm: "multiplying by the clamped coef
+# is redundant when the coef is clamped to 1, but doing so avoids a `if clip_coef < 1:`
+# conditional which can require a CPU <=> device synchronization" (torch/nn/utils/clip_grad.py).
+PYTORCH_FSDP: dict[str, object] = dict(grad_accumulation="side-stream", clip_scale="always")
 # FSDP2 (fully_shard: torchtitan, NeMo AutoModel, today's PyTorch FSDP) shards each parameter
 # on its own and copies every gathered unit out into its parameters (the planner's
 # per-parameter gather); FSDP1's FlatParameter is a view of what the all-gather wrote
 FSDP2: dict[str, object] = dict(param_gather="per-parameter", **PYTORCH_FSDP)
-COMPOSER_FSDP: dict[str, object] = dict(backward_prefetch=False, loss="fused", **PYTORCH_FSDP)
+# llm-foundry's yamls step Composer's DecoupledAdamW (optimizer name decoupled_adamw:
+# composer/optim/decoupled_weight_decay.py, a loop over the parameters, op by op)
+COMPOSER_FSDP: dict[str, object] = dict(
+    backward_prefetch=False, loss="fused", optimizer_kernel="multi-op", **PYTORCH_FSDP
+)
 
 # NeMo and Megatron-Bridge train with Megatron-Core's modules, and their performance
 # recipes overlap the tensor-parallel collectives with Transformer Engine's userbuffers

@@ -388,23 +388,39 @@ def gather_copy_time(layout: Layout, g: GPU, params: float, root: float, elem: i
     return 2 * elem * (2 * params - root) / g.memory_rate
 
 
+# Bytes per parameter an AdamW step moves over fp32 weights w, gradients g and moments m, v
+# (choices.OPTIMIZER_KERNELS). Fused: one kernel reads w, g, m, v and writes w, m, v — 7 × 4.
+# Multi-op: each op a pass of its own, 20 fp32 reads and writes — torch.optim.AdamW's default
+# multi-tensor path (torch/optim/adam.py, _multi_tensor_adam: the decoupled decay
+# _foreach_mul_ on w 2, _foreach_lerp_ of m toward g 3, _foreach_mul_ of v 2,
+# _foreach_addcmul_ of g² into v 3, _foreach_sqrt of v 2, _foreach_div_ by the bias
+# correction 2, _foreach_add_ of eps 2, _foreach_addcdiv_ into w 4), and Composer's
+# DecoupledAdamW as llm-foundry's yamls run it (weight_decay 0: no decay pass; per parameter
+# exp_avg.mul_().add_() 5, exp_avg_sq.mul_().addcmul_() 5, sqrt, / and add_ 6, addcdiv_ 4).
+OPTIMIZER_BYTES = {"fused": 7 * 4, "multi-op": 20 * 4}
+
+
 def optimizer_time(layout: Layout, g: GPU, shard: float, elem: int) -> float:
     """The optimizer step is memory-bound, on this rank's share of the states: the global
-    gradient norm reads the fp32 gradients (4 bytes per parameter; clipping, when the norm
-    is over the limit, reads and writes them once more — not counted: late in training it
-    rarely is); fused AdamW reads weights, gradients, m and v and writes weights, m and v
-    (fp32 main copies: 7 × 4 bytes); a 16-bit model then gets its new weights — the main
-    copy read, the compute copy written (4 + elem bytes; an fp32 model's main parameters
-    *are* its weights). On a GPU's HBM; or offloaded: in host memory, after the gradient
-    slice crossed PCIe to the host and before the new values cross back (paracube copies
-    after the reduction: exposed)."""
+    gradient norm reads the fp32 gradients (4 bytes per parameter); clipping rescales them —
+    a read and a write more — always under torch's and FSDP1's ``clip_grad_norm_`` (which
+    multiply by the clamped coefficient to spare a host sync; ``clip_scale="always"``), only
+    when the norm is over the limit under paracube's and Megatron's (not counted: late in
+    training it rarely is); AdamW moves :data:`OPTIMIZER_BYTES` (``layout.optimizer_kernel``);
+    a 16-bit model then gets its new weights — the main copy read, the compute copy written
+    (4 + elem bytes; an fp32 model's main parameters *are* its weights). On a GPU's HBM; or
+    offloaded: in host memory, the host's own fused step, after the gradient slice crossed
+    PCIe to the host and before the new values cross back (paracube copies after the
+    reduction: exposed)."""
     stepped = shard / (layout.shard_group if layout.zero >= 1 else 1)
     if not layout.offload:
         write_back = 4 + elem if elem != 4 else 0
-        return (4 + 7 * 4 + write_back) * stepped / g.memory_rate
+        rescale = 2 * 4 if layout.clip_scale == "always" else 0
+        adam = OPTIMIZER_BYTES[layout.optimizer_kernel]
+        return (4 + rescale + adam + write_back) * stepped / g.memory_rate
     if not (g.host_link_bandwidth and g.host_memory_bandwidth):
         raise ConfigError(f"--offload: no host link or host memory figures for {g.name}")
-    host = (4 + 7 * 4) * stepped / g.host_memory_bandwidth
+    host = (4 + OPTIMIZER_BYTES["fused"]) * stepped / g.host_memory_bandwidth
     return 2 * elem * stepped / g.host_link_bandwidth + host
 
 
