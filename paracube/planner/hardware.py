@@ -99,6 +99,9 @@ class Interconnect:
     # True: ``bandwidth`` is one NIC shared by the node's GPUs (Ethernet), so each GPU gets
     # bandwidth ÷ GPUs per node (the Cluster divides it); False: per GPU (a rail each)
     shared_by_node: bool = False
+    # An all-reduce's bus bandwidth where the fabric reduces in the switch (NVLink SHARP,
+    # NCCL's NVLS algorithm on H100/H200 NVSwitch nodes); None: a ring at ``bandwidth``
+    allreduce_bandwidth: float | None = None
 
 
 # Host side, for --offload: PCIe per direction — Gen3 x16 16 GB/s (V100), Gen4 x16 32 GB/s
@@ -187,7 +190,15 @@ GPUS: dict[str, GPU] = {
 GPUS["a800"] = replace(GPUS["a100-80gb"], name="A800 80GB", nvlink_bandwidth=400 * GB)
 GPUS["h800"] = replace(GPUS["h100"], name="H800 SXM", nvlink_bandwidth=400 * GB)
 
-# One direction per GPU: NVLink's bidirectional total halved; IB per port (one per GPU).
+# One direction per GPU, at the rate NCCL's collectives move data. NVLink: the links' line
+# rate is 25 GB/s each way, but NCCL's kernels carry 128-byte payloads on both directions at
+# once — "the app-level bandwidth is 80% of the peak bandwidth" (NVIDIA/nccl#1054) — and its
+# topology model sets an NVLink at 20 GB/s on Volta and Ampere and 20.6 on Hopper
+# (src/graph/topo.h: SM70/SM80_NVLINK_BW, SM90_NVLINK_BW): V100 6 links, A100 12 ("the
+# total effective bandwidth should therefore be 240GB/s on A100", NVIDIA/nccl-tests#149),
+# H100 18 ("with the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of
+# 370GB/s", NVIDIA/nccl-tests#212), A800 and H800 8. The network at its line rate per port
+# (one per GPU), as NCCL's model takes a NIC's speed.
 # Latencies, per ring step: what NCCL's own tuning model charges a step of a ring under its
 # Simple protocol — the one large collectives use —, 3.4 µs over NVLink and 14 µs over the
 # network (NVIDIA/nccl, src/graph/tuning.cc, ``hwLat`` Ring/Simple for NCCL_HW_NVLINK and
@@ -197,11 +208,29 @@ GPUS["h800"] = replace(GPUS["h100"], name="H800 SXM", nvlink_bandwidth=400 * GB)
 # Using NVLink 4 inter-gpu connects, 4 OmniPath links" (bigscience-workshop/bigscience,
 # train/tr11-176B-ml/README.md, BLOOM's cluster): four ports shared by eight GPUs, at
 # InfiniBand's latency (the same class of RDMA fabric).
+# NCCL's effective bandwidth of one NVLink, one direction (src/graph/topo.h; above)
+NVLINK_EFFECTIVE = {"volta": 20.0 * GB, "ampere": 20.0 * GB, "hopper": 20.6 * GB}
+# Hopper's NVSwitch reduces in the switch: "allreduce uses NVLink SHARP by default ... On 8
+# GPUs, you should reach a peak busBw of ~480GB/s (algbw ~275GB/s)" (NVIDIA/nccl-tests#212,
+# NCCL's maintainer, of H100's 18 links), against the 370 of its rings — the all-gathers and
+# reduce-scatters. The H800's 8 links: the same per link, 480 × 8/18.
+NVLS_ALLREDUCE_PER_LINK = 480 * GB / 18
 INTERCONNECTS: dict[str, Interconnect] = {
-    "nvlink2": Interconnect("NVLink 2 (V100)", 150 * GB, 3.4e-6),
-    "nvlink3": Interconnect("NVLink 3 (A100)", 300 * GB, 3.4e-6),
-    "nvlink4": Interconnect("NVLink 4 (H100/H200)", 450 * GB, 3.4e-6),
-    "nvlink-400": Interconnect("NVLink 400 GB/s (A800/H800)", 200 * GB, 3.4e-6),
+    "nvlink2": Interconnect("NVLink 2 (V100)", 6 * NVLINK_EFFECTIVE["volta"], 3.4e-6),
+    "nvlink3": Interconnect("NVLink 3 (A100)", 12 * NVLINK_EFFECTIVE["ampere"], 3.4e-6),
+    "nvlink4": Interconnect(
+        "NVLink 4 (H100/H200)",
+        18 * NVLINK_EFFECTIVE["hopper"],
+        3.4e-6,
+        allreduce_bandwidth=18 * NVLS_ALLREDUCE_PER_LINK,
+    ),
+    "nvlink-400": Interconnect("NVLink 3, 400 GB/s (A800)", 8 * NVLINK_EFFECTIVE["ampere"], 3.4e-6),
+    "nvlink4-400": Interconnect(
+        "NVLink 4, 400 GB/s (H800)",
+        8 * NVLINK_EFFECTIVE["hopper"],
+        3.4e-6,
+        allreduce_bandwidth=8 * NVLS_ALLREDUCE_PER_LINK,
+    ),
     "ib-hdr": Interconnect("InfiniBand HDR 200 Gb/s per GPU", 25 * GB, 14e-6),
     "ib-ndr": Interconnect("InfiniBand NDR 400 Gb/s per GPU", 50 * GB, 14e-6),
     "ethernet-100g": Interconnect(
@@ -218,7 +247,7 @@ DEFAULT_INTRA = {
     "a100-80gb": "nvlink3",
     "a800": "nvlink-400",
     "h100": "nvlink4",
-    "h800": "nvlink-400",
+    "h800": "nvlink4-400",
     "h200": "nvlink4",
 }
 DEFAULT_INTER = {

@@ -210,7 +210,7 @@ def plan_mixed(
     >>> best.kind, [(key, replicas, max(sizes)) for key, replicas, sizes in best.shares]
     ('data parallel by speed', [('a100-80gb', 8, 11), ('v100', 8, 5)])
     >>> round(best.tokens_per_s / slowest.tokens_per_s, 2)
-    1.59
+    1.6
     """
     fixed = fixed or {}
     precision = precision or hw.default_precision([p.gpu for p in pools])

@@ -66,7 +66,7 @@ Sources:
   one micro-batch per step; A100 80GB (70B at batch 6 does not fit 40 GB). The two HYBRID_SHARD
   rows (7B, 13B: sharded within a node, replicated across; ``Layout.shard``) are left out:
   they turn on the network between the nodes, which neither the README nor the blog states
-  — the planner gives them 1.17 and 1.36 on InfiniBand HDR (25 GB/s a GPU), 0.73 and 0.49
+  — the planner gives them 1.15 and 1.32 on InfiniBand HDR (25 GB/s a GPU), 0.72 and 0.48
   on one 100 Gb/s Ethernet NIC per node (hybrid sharding is what a slow network is given);
   a network chosen to match them would be fitted, not predicted.
 - NeMo AutoModel: NVIDIA-NeMo/Automodel, ``docs/performance-summary.md`` (the version of

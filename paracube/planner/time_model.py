@@ -158,17 +158,25 @@ def _gemm_fwd_bwd(m: float, n: float, k: float, g: GPU, elem: int = 2) -> tuple[
 
 
 def _ring(bytes_: float, ranks: int, link: Interconnect) -> float:
+    """An all-reduce of ``bytes_`` over ``ranks``: a ring's 2(n − 1)/n of the bytes at the
+    link's bus bandwidth — the switch-reduced one where the fabric has it
+    (``Interconnect.allreduce_bandwidth``: NVLS) — and its 2(n − 1) latency steps."""
     if ranks <= 1:
         return 0.0
-    return 2 * (ranks - 1) / ranks * bytes_ / link.bandwidth + 2 * (ranks - 1) * link.latency
+    bandwidth = link.allreduce_bandwidth or link.bandwidth
+    return 2 * (ranks - 1) / ranks * bytes_ / bandwidth + 2 * (ranks - 1) * link.latency
 
 
 def _half_ring(bytes_: float, ranks: int, link: Interconnect) -> float:
     """An all-gather (of ``bytes_`` gathered) or a reduce-scatter (of ``bytes_`` in): half a
-    ring all-reduce's traffic and steps, at what the link measured such a pair to cost
-    against the all-reduce (``Interconnect.pair_cost_ratio``: 1 on NCCL, whose all-reduce is
-    that pair; gloo implements the three separately and its pair costs 2–3×)."""
-    return link.pair_cost_ratio * _ring(bytes_, ranks, link) / 2
+    ring all-reduce's traffic and steps at the link's bandwidth, at what the link measured
+    such a pair to cost against the all-reduce (``Interconnect.pair_cost_ratio``: 1 on NCCL,
+    whose ring all-reduce is that pair; gloo implements the three separately and its pair
+    costs 2–3×)."""
+    if ranks <= 1:
+        return 0.0
+    one_way = (ranks - 1) / ranks * bytes_ / link.bandwidth + (ranks - 1) * link.latency
+    return link.pair_cost_ratio * one_way
 
 
 # How much slower than FlashAttention-2 a fused kernel runs its (forward, backward): 1 for
