@@ -266,3 +266,28 @@ def test_the_export_variants_compute_alike_and_talk_slower():
         assert times[slow].compute == pytest.approx(times[fast].compute)
         links = {"h100": 18, "a100-80gb": 12}[fast] / 8
         assert times[slow].tp_comm == pytest.approx(links * times[fast].tp_comm)
+
+
+def test_nvlink_runs_at_nccls_rate_and_hoppers_switch_reduces():
+    """NVLink as NCCL moves data (src/graph/topo.h: 20 GB/s a link on Volta and Ampere, 20.6
+    on Hopper; 25 is the line rate): V100 6 links, A100 12, H100 18, A800 and H800 8. On
+    Hopper's NVSwitch an all-reduce of B bytes over 8 GPUs takes 2 · 7/8 · B at NVLS's
+    480 GB/s bus bandwidth (480 × 8/18 on the H800), an all-gather 7/8 · B at the rings'
+    rate; on A100 both run at the rings' 240 GB/s; across nodes no switch reduces."""
+    from paracube.planner.time_model import _half_ring
+
+    gb = 1e9
+    expected = {"nvlink2": 6 * 20, "nvlink3": 12 * 20, "nvlink4": 18 * 20.6,
+                "nvlink-400": 8 * 20, "nvlink4-400": 8 * 20.6}  # fmt: skip
+    for name, rate in expected.items():
+        assert hw.interconnect(name).bandwidth == pytest.approx(rate * gb)
+    b = 1e9  # bytes
+    for name, allreduce in (("nvlink4", 480), ("nvlink4-400", 480 * 8 / 18)):
+        link = replace(hw.interconnect(name), latency=0.0)
+        assert _ring(b, 8, link) == pytest.approx(2 * 7 / 8 * b / (allreduce * gb))
+        assert _half_ring(b, 8, link) == pytest.approx(7 / 8 * b / link.bandwidth)
+    a100 = replace(hw.interconnect("nvlink3"), latency=0.0)
+    assert _ring(b, 8, a100) == pytest.approx(2 * _half_ring(b, 8, a100))
+    across = dp_link(Layout(dp=16, tp=8), H100)  # one rank per node: the network's ring
+    assert across.allreduce_bandwidth is None
+    assert hw.DEFAULT_INTRA["h800"] == "nvlink4-400" and hw.DEFAULT_INTRA["a800"] == "nvlink-400"
