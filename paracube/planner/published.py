@@ -48,8 +48,9 @@ Sources:
   sequence 4096, DP/TP/PP communication overlapped) and the README's parallelism guide for
   GPT-3 175B (TP 4, PP 8); virtual stages, micro-batch and ZeRO are left to the planner.
 - MosaicML: mosaicml/llm-foundry, ``scripts/train/benchmarking/README.md``, every row of
-  its H100 80GB, A100 80GB and A100 40GB BF16 tables and of its H100 80GB FP8 table
-  (:mod:`paracube.planner.mosaic`: MPT
+  its H100 80GB, A100 80GB and A100 40GB BF16 tables and of its H100 80GB FP8 table, of
+  the H100 table of its 2023 revision, and of the first sweep's A100 80GB table (mosaicml/
+  examples, ``examples/llm/throughput/README.md``) (:mod:`paracube.planner.mosaic`: MPT
   models on Composer's FSDP FULL_SHARD — ZeRO-3 with no tensor or pipeline parallelism —,
   FlashAttention in Triton; MFU by the README's formula, the same model FLOPs as
   Korthikanti Eq. 7).
@@ -208,6 +209,7 @@ STACKS = {
     "MosaicML (A100 40GB)": "FSDP-only: Composer (A100)",
     "MosaicML (H100 FP8)": "FSDP-only: Composer, FP8 (H100)",
     "MosaicML (H100, 2023)": "FSDP-only: Composer (H100)",
+    "MosaicML (A100 80GB, PURE)": "FSDP-only: Composer (A100)",
     "torchtitan": "FSDP-only: FSDP2 (A100)",
     "IBM FMS FSDP": "FSDP-only: FSDP1 (A100)",
     "NeMo AutoModel": "FSDP2 + context parallel (H100)",
@@ -384,6 +386,8 @@ def _mosaic() -> list[dict]:
         ("MosaicML (H100 FP8)", "h100", "fp8", "DEFAULT", mosaic.FP8_TABLE, mosaic.PEAK_FP8_H100),
         ("MosaicML (H100, 2023)", "h100", "bf16", "PURE", mosaic.H100_PURE_2023,
          mosaic.PEAK_BF16["h100"]),
+        ("MosaicML (A100 80GB, PURE)", "a100-80gb", "bf16", "PURE", mosaic.A100_80GB_PURE,
+         mosaic.PEAK_BF16["a100-80gb"]),
     ]
     for source, gpu, precision, mixed, rows, peak in tables:
         for name, s, n, mfu, b, B, ckpt, params in rows:
