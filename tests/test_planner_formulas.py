@@ -11,6 +11,7 @@ from paracube.pipeline.schedules import SCHEDULES
 from paracube.planner.flops import (
     flops_with_full_recompute,
     model_flops,
+    model_flops_per_token,
     narayanan_params,
     training_days,
 )
@@ -258,16 +259,16 @@ def test_megatron_class_runs_stay_within_30_percent():
 
 
 def test_four_in_five_published_runs_within_15_percent():
-    """Across every published run paracube holds (442: Megatron-LM, MT-NLG, BLOOM, Llama 3,
-    Nemotron-4, Megatron-Core, llm-foundry's MPT tables, torchtitan, IBM's FMS FSDP, NeMo, NVIDIA's DGX Cloud
-    benchmarking tables, Megatron-Bridge), predicted ÷ published lies
+    """Across every published run paracube holds (444: Megatron-LM, MT-NLG, BLOOM, Llama 3,
+    Nemotron-4, Megatron-Core, llm-foundry's MPT tables, torchtitan, IBM's FMS FSDP, LLaMA,
+    TinyLlama, NeMo, NVIDIA's DGX Cloud benchmarking tables, Megatron-Bridge), predicted ÷ published lies
     within ±15 % for at least 80 % of them — the issue's bar. The FSDP-only A100 runs, as
     described (MPT's Triton FlashAttention), land within ±15 % in at least 90 % of cases.
     (The issue's second bar, none beyond ±30 %, is not met: BENCHMARKS.md lists them.)"""
     from paracube.planner.published import evaluate, runs
 
     checked = [evaluate(r) for r in runs()]
-    assert len(checked) == 442
+    assert len(checked) == 444
     within = [abs(r["ratio"] - 1) <= 0.15 for r in checked]
     assert sum(within) >= 0.8 * len(checked), sum(within)
     composer_a100 = [
@@ -410,6 +411,25 @@ def test_fp8_gain_over_bf16_is_the_one_llm_foundry_measured():
         for which in (0, 1):  # measured, then predicted
             series = [gains[k][which] for k in shortest_last]
             assert series == sorted(series), (model, which, series)
+
+
+def test_llama_and_tinyllama_rows_agree_with_their_sources_other_figures():
+    """Each row's throughput agrees with the other figure its source gives: LLaMA 65B's 380
+    tokens/s per GPU on 2,048 GPUs trains its 1.4T tokens "in approximately 21 days"; TinyLlama's
+    24k tokens/s per A100 "translates to 56% model flops utilization" — paracube's FLOPs per
+    token count its work as the README does. Both are predicted within ±15 %."""
+    from paracube.planner.published import evaluate, runs
+
+    rows = {r["source"]: r for r in runs() if r["source"] in ("LLaMA", "TinyLlama")}
+    llama, tiny = rows["LLaMA"], rows["TinyLlama"]
+    tokens_per_s = llama["published"] * 1e12 / model_flops_per_token(llama["cfg"])
+    assert tokens_per_s == pytest.approx(380, rel=0.002)
+    assert 1.4e12 / (tokens_per_s * llama["gpus"]) / 86400 == pytest.approx(21, abs=0.5)
+    assert tiny["published"] * 1e12 / 312e12 == pytest.approx(0.56, abs=0.005)
+    assert tiny["batch"] * tiny["cfg"].seq_len == 2 * 1024 * 1024  # "2 million tokens"
+    assert tiny["fixed"]["micro_batch"] * tiny["cfg"].seq_len == 16 * 1024  # "16k tokens"
+    for row in (llama, tiny):
+        assert abs(evaluate(row)["ratio"] - 1) <= 0.15
 
 
 def test_published_table_covers_fsdp_only_stacks_and_h100():

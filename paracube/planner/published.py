@@ -70,6 +70,25 @@ Sources:
   — the planner gives them 1.15 and 1.32 on InfiniBand HDR (25 GB/s a GPU), 0.72 and 0.48
   on one 100 Gb/s Ethernet NIC per node (hybrid sharding is what a slow network is given);
   a network chosen to match them would be fitted, not predicted.
+- LLaMA: Touvron et al. 2023, "LLaMA: Open and Efficient Foundation Language Models", §2.4:
+  the 65B model at "around 380 tokens/sec/GPU on 2048 A100 GPU with 80GB of RAM" (1.4T
+  tokens in about 21 days, which it agrees with), 4M-token batches of 2,048-token sequences
+  (§2.3, Table 2), xformers' causal attention kernel, "model and sequence parallelism, as
+  described by Korthikanti et al. (2022)" with the expensive activations (the linear layers'
+  outputs) kept and the cheap ones recomputed — the planner's fused attention, sequence
+  parallelism and selective recomputation. The model-parallel sizes, ZeRO and micro-batch
+  are not stated: the planner's; the network neither (200 Gb/s a GPU, the A100 default,
+  what both of Meta's clusters give a GPU: Llama 2 paper §2.2.1).
+- TinyLlama: jzhang38/TinyLlama, ``README.md`` ("24k tokens per second per A100-40G GPU",
+  16 A100-40G, 2M-token batches of 2,048 tokens, "a per-gpu batch size of 16k tokens", no
+  activation checkpointing; FlashAttention-2, fused norm, SwiGLU, rotary and cross-entropy)
+  and ``pretrain/tinyllama.py`` (micro-batch 8; Lightning's FSDPStrategy: FULL_SHARD over
+  every GPU, one unit per block; bf16-mixed, whose FSDP policy reduces gradients in bf16;
+  torch.optim.AdamW with ``foreach=False``, a kernel per op and parameter); the 1.1B shape
+  of its README's table (22 blocks of 2,048, 32 heads in 4 groups, SwiGLU of 5,632, Llama's
+  32,000 tokens). Two nodes whose network the repository does not state: the planner's
+  InfiniBand default gives 0.95, one 100 Gb/s Ethernet NIC per node 0.91 — the step hides
+  its gathers either way.
 - NeMo AutoModel: NVIDIA-NeMo/Automodel, ``docs/performance-summary.md`` (the version of
   April 2026; also docs.nvidia.com/nemo/automodel, "Performance Summary"), pre-training on
   DGX-H100 in BF16: Llama 3 70B on 64 GPUs, global batch 128 × 8192 tokens, micro-batch 1,
@@ -178,6 +197,8 @@ def runs() -> list[dict]:
         + _mosaic()
         + _torchtitan()
         + _fms_fsdp()
+        + _llama1()
+        + _tinyllama()
         + _automodel()
         + _nemo_fp8()
         + _dgxc()
@@ -212,6 +233,8 @@ STACKS = {
     "MosaicML (A100 80GB, PURE)": "FSDP-only: Composer (A100)",
     "torchtitan": "FSDP-only: FSDP2 (A100)",
     "IBM FMS FSDP": "FSDP-only: FSDP1 (A100)",
+    "LLaMA": "Meta production (A100)",
+    "TinyLlama": "FSDP-only: FSDP1 (A100)",
     "NeMo AutoModel": "FSDP2 + context parallel (H100)",
     "NeMo (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
     "Megatron-Bridge 25.11 (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
@@ -442,6 +465,32 @@ def _fms_fsdp() -> list[dict]:
         out.append(_run("IBM FMS FSDP", cfg, "a100-80gb", 128, 128 * b, "bf16", fixed, "model",
                         published))
     return out
+
+
+def _llama1() -> list[dict]:
+    """LLaMA 65B on 2,048 A100 80GB: 380 tokens/s per GPU × model FLOPs per token; 2,048
+    sequences of 2,048 tokens a step, sequence parallel, selective recomputation, fused
+    attention; the parallel sizes the planner's."""
+    cfg = replace(preset("llama2-70b", n_kv_heads=64, ffn_hidden=22016, seq_len=2048),
+                  name="LLaMA 65B")  # Table 2: 80 blocks of 8,192, 64 heads, no grouping
+    fixed = dict(recompute="selective", sequence_parallel=True, attention="fused")
+    published = round(380 * model_flops_per_token(cfg) / 1e12, 1)
+    return [_run("LLaMA", cfg, "a100-80gb", 2048, 2048, "bf16", fixed, "model", published)]
+
+
+def _tinyllama() -> list[dict]:
+    """TinyLlama 1.1B on 16 A100 40GB with FSDP1 FULL_SHARD: 24,000 tokens/s per GPU × model
+    FLOPs per token; 1,024 sequences a step in micro-batches of 8, no recomputation. Its
+    fused kernels keep what Transformer Engine's do (FlashAttention-2 takes the grouped keys
+    and values unexpanded; the norm and rotary kernels keep their inputs): the memory model's
+    ``megatron`` blocks."""
+    cfg = replace(preset("llama2-7b", n_layers=22, hidden=2048, n_heads=32, n_kv_heads=4,
+                         ffn_hidden=5632, seq_len=2048), name="TinyLlama 1.1B")
+    fixed = dict(dp=16, tp=1, pp=1, zero=3, micro_batch=8, recompute="none", attention="fused",
+                 grad_reduce="compute", optimizer_kernel="multi-op", loss="fused",
+                 activations="megatron", **PYTORCH_FSDP)
+    published = round(24000 * model_flops_per_token(cfg) / 1e12, 1)
+    return [_run("TinyLlama", cfg, "a100-40gb", 16, 1024, "bf16", fixed, "model", published)]
 
 
 def _automodel() -> list[dict]:
