@@ -117,8 +117,13 @@ HOST_RAM = {"v100": 512 * GB / 8, "a100": 1024 * GB / 8, "h100": 2048 * GB / 8}
 # FlashAttention-2 on Hopper: "only 35% utilization on the H100 GPU" (Shah et al. 2024,
 # FlashAttention-3, abstract) — it does not use Hopper's asynchronous tensor-core and TMA
 # instructions; FLOPs counted as executed (the causal half). On Ampere: "50–73% of the
-# theoretical maximum FLOPs/s on A100" (Dao 2023, FlashAttention-2, abstract) — the forward
-# at the top of that range; the backward, 2.5× the forward's work, at the bottom: 50 %.
+# theoretical maximum FLOPs/s on A100" (Dao 2023, FlashAttention-2, abstract) — "up to 73%
+# ... in the forward pass, and up to 63% ... in the backward pass" (§1), the maxima of its
+# benchmarks over masks, head sizes and sequence lengths. One rate for both passes, the
+# range's bottom, 50 %: the maxima (73/63) put llm-foundry's A100 runs at 32–64K tokens at
+# 1.12–1.26 and drop the published table's count within ±15 % from 407 to 394; a forward at
+# 73 % with the backward at 50 % moves those runs from ~0.88 to ~0.98 and no count — neither
+# is a figure for the causal 2–8K-token kernels most runs use, so neither is taken.
 FLASH2_HOPPER = 0.35 * 989e12
 FLASH2_AMPERE = 0.50 * 312e12
 # Hopper at its 700 W limit: the maximum *sustainable* matmul rate measured on an 8-GPU H200
