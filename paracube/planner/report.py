@@ -77,7 +77,7 @@ def table(cands: list[Candidate], cluster: Cluster, baseline: Baseline | None = 
         t = c.time
         speed = f" {baseline.speedup(c):.2f}× ({baseline.efficiency(c):.0%}) |" if baseline else ""
         rows.append(
-            f"| {i} | {describe(c.layout)} | {c.memory.total / GB:.1f} / {cluster.gpu.memory_bytes / GB:.0f} GB | "
+            f"| {i} | {describe(c.layout)} | {c.memory.total / GB:.1f} / {cluster.gpu.memory_bytes / GB:.1f} GB | "
             f"{t.step_time:.3g} s | {t.tokens_per_s:,.0f} | {t.tflops_per_gpu:.0f} | {t.mfu:.0%} | "
             f"{t.bubble / t.step_time:.1%} |" + speed
         )
