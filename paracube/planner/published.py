@@ -72,8 +72,9 @@ Sources:
   a network chosen to match them would be fitted, not predicted.
 - LLaMA: Touvron et al. 2023, "LLaMA: Open and Efficient Foundation Language Models", §2.4:
   the 65B model at "around 380 tokens/sec/GPU on 2048 A100 GPU with 80GB of RAM" (1.4T
-  tokens in about 21 days, which it agrees with), 4M-token batches of 2,048-token sequences
-  (§2.3, Table 2), xformers' causal attention kernel, "model and sequence parallelism, as
+  tokens in about 21 days, which it agrees with), 4M-token batches (Table 2) of 2,048-token
+  sequences, the 65B shape of Table 2 (80 blocks of 8,192, 64 heads; the released model's
+  SwiGLU of 22,016), xformers' causal attention kernel, "model and sequence parallelism, as
   described by Korthikanti et al. (2022)" with the expensive activations (the linear layers'
   outputs) kept and the cheap ones recomputed — the planner's fused attention, sequence
   parallelism and selective recomputation. The model-parallel sizes, ZeRO and micro-batch
@@ -472,7 +473,7 @@ def _llama1() -> list[dict]:
     sequences of 2,048 tokens a step, sequence parallel, selective recomputation, fused
     attention; the parallel sizes the planner's."""
     cfg = replace(preset("llama2-70b", n_kv_heads=64, ffn_hidden=22016, seq_len=2048),
-                  name="LLaMA 65B")  # Table 2: 80 blocks of 8,192, 64 heads, no grouping
+                  name="LLaMA 65B")  # multi-head: every head its own keys and values
     fixed = dict(recompute="selective", sequence_parallel=True, attention="fused")
     published = round(380 * model_flops_per_token(cfg) / 1e12, 1)
     return [_run("LLaMA", cfg, "a100-80gb", 2048, 2048, "bf16", fixed, "model", published)]
