@@ -13,6 +13,7 @@ DOCUMENTED = [
     "paracube.planner.mixed",
     "paracube.planner.time_model",
     "paracube.planner.stacks",
+    "paracube.planner.published",
     "paracube.mesh.layout",
     "paracube.data_parallel.ddp",
     "paracube.models.spec",

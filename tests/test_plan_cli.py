@@ -884,3 +884,41 @@ def test_hybrid_sharding_on_the_command_line(capsys):
     assert fsdp["layout"]["shard"] == 8
     own = best(capsys, *argv, "--layout", "dp=64,tp=1,pp=1", "--zero", "3")
     assert own["layout"]["shard"] == 0
+
+
+def test_explain_gives_the_stacks_published_track_record(capsys):
+    """A plan for a stack whose published runs paracube holds carries the planner's record on
+    them — the runs of that stack's software on that GPU in that precision, each predicted ÷
+    published as the published-run benchmark computes it — in --explain and --json; a stack
+    with none (paracube's own, on a GPU) carries none."""
+    from paracube.planner.published import PLANNED_AS, STACKS, evaluate, runs
+
+    argv = ("--model", "llama2-7b", "--gpus", "8", "--gpu", "h100", "--global-batch", "64")
+    rows = [
+        r
+        for r in runs()
+        if STACKS[r["source"]] in PLANNED_AS["composer"]
+        and r["gpu"] == "h100"
+        and r["precision"] == "bf16"
+    ]
+    ratios = sorted(evaluate(r)["ratio"] for r in rows)
+    within = sum(abs(x - 1) <= 0.15 for x in ratios)
+    assert len(ratios) == 74 and within < len(ratios)  # MosaicML's two H100 BF16 tables
+    record = json.loads(plan(capsys, *argv, "--stack", "composer", "--json"))["track_record"]
+    assert (record["runs"], record["low"], record["high"], record["within"]) == (
+        len(ratios),
+        ratios[0],
+        ratios[-1],
+        within,
+    )
+    assert record["median"] == ratios[len(ratios) // 2]
+    text = plan(capsys, *argv, "--stack", "composer", "--explain")
+    line = next(x for x in text.splitlines() if x.startswith("- Track record:"))
+    assert f"{len(ratios)} published runs of composer's software on H100 SXM in bf16" in line
+    assert f"{ratios[0]:.2f}–{ratios[-1]:.2f}×" in line and f"{within} within ±15 %" in line
+    fp8 = json.loads(plan(capsys, *argv, "--stack", "composer", "--precision", "fp8", "--json"))
+    assert fp8["track_record"]["runs"] == sum(
+        r["precision"] == "fp8" for r in runs() if r["source"] == "MosaicML (H100 FP8)"
+    )
+    assert json.loads(plan(capsys, *argv, "--json"))["track_record"] is None
+    assert "Track record" not in plan(capsys, *argv, "--explain")

@@ -829,14 +829,24 @@ def _baseline(args, cfg, cluster):
 
 def _print(args, cfg, cluster, result) -> None:
     import json
+    from dataclasses import asdict
 
-    from paracube.planner.report import describe, explain, scaling, table, to_json, torchrun_command
+    from paracube.planner.published import track_record as record_of
+    from paracube.planner.report import (
+        describe,
+        explain,
+        scaling,
+        table,
+        to_json,
+        torchrun_command,
+        track_record,
+    )
 
     g = cluster.gpu
     baseline = _baseline(args, cfg, cluster) if result.ranked else None
+    wanted = args.json or args.explain
+    record = record_of(args.stack, args.gpu.lower(), args.precision) if wanted else None
     if args.json:
-        from dataclasses import asdict
-
         # the shape planned, as read from --model or the custom flags (a transformer's)
         shape = asdict(cfg) if isinstance(cfg, ModelConfig) else None
         print(
@@ -858,6 +868,8 @@ def _print(args, cfg, cluster, result) -> None:
                         "tokens_per_s": baseline.best.time.tokens_per_s,
                     },
                     "candidates": to_json(result.ranked[: args.top], baseline),
+                    # how the planner did on the published runs of this stack, GPU, precision
+                    "track_record": None if record is None else asdict(record),
                 }
             )
         )
@@ -887,6 +899,8 @@ def _print(args, cfg, cluster, result) -> None:
             text += ("\n" if text else f"Why {describe(result.ranked[0].layout)}:\n") + scaling(
                 result.ranked[0], baseline
             )
+        if record is not None and transformer is not None:
+            text += "\n" + track_record(record, args.stack, args.precision, g.name)
         print("\n" + text)
     if args.epochs is not None and result.ranked:
         print("\n" + _time_to_train(args, cfg, result.ranked[0], baseline))

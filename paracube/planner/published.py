@@ -153,7 +153,7 @@ Sources:
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from paracube.config import ModelConfig
 from paracube.models.presets import preset
@@ -244,6 +244,73 @@ STACKS = {
     "DGX Cloud benchmarking (BF16)": "Megatron-Core via NeMo, BF16 (H100)",
     "DGX Cloud benchmarking (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
 }
+
+
+# The stacks `paracube plan --stack` names whose published runs this module holds: the run
+# labels of STACKS each one's software is (DeepSpeed's pipeline engine and Meta's production
+# code have no --stack of their own).
+PLANNED_AS = {
+    "composer": (
+        "FSDP-only: Composer (H100)",
+        "FSDP-only: Composer (A100)",
+        "FSDP-only: Composer, FP8 (H100)",
+    ),
+    "fsdp": ("FSDP-only: FSDP2 (A100)", "FSDP2 + context parallel (H100)"),
+    "torchtitan": ("FSDP-only: FSDP2 (A100)", "FSDP2 + context parallel (H100)"),
+    "fsdp1": ("FSDP-only: FSDP1 (A100)",),
+    "megatron-core": (
+        "Megatron-Core (H100)",
+        "NVIDIA production (H100)",
+        "Megatron-Core via NeMo, FP8 (H100)",
+        "Megatron-Core via NeMo, BF16 (H100)",
+    ),
+    "nemo": ("Megatron-Core via NeMo, FP8 (H100)", "Megatron-Core via NeMo, BF16 (H100)"),
+    "megatron-bridge": (
+        "Megatron-Core via NeMo, FP8 (H100)",
+        "Megatron-Core via NeMo, BF16 (H100)",
+    ),
+    "megatron-lm-2021": ("Megatron-LM",),
+}
+
+
+@dataclass(frozen=True)
+class TrackRecord:
+    """How the planner did on the published runs of one stack on one GPU in one precision:
+    predicted ÷ published, its range and median, and how many of the runs within ±15 %."""
+
+    runs: int
+    low: float
+    median: float
+    high: float
+    within: int
+    sources: tuple[str, ...]
+
+
+def track_record(stack_name: str | None, gpu: str, precision: str) -> TrackRecord | None:
+    """The planner's record on the published runs of ``stack_name`` (a ``--stack``) on
+    ``gpu`` (a catalog key) in ``precision``; None where this module holds none.
+
+    >>> record = track_record("fsdp1", "a100-80gb", "bf16")
+    >>> record.runs, record.sources
+    (2, ('IBM FMS FSDP',))
+    """
+    labels = PLANNED_AS.get(stack_name or "", ())
+    rows = [
+        r
+        for r in runs()
+        if STACKS[r["source"]] in labels and r["gpu"] == gpu and r["precision"] == precision
+    ]
+    if not rows:
+        return None
+    ratios = sorted(evaluate(r)["ratio"] for r in rows)
+    return TrackRecord(
+        runs=len(ratios),
+        low=ratios[0],
+        median=ratios[len(ratios) // 2],  # the upper middle, as the benchmark's table
+        high=ratios[-1],
+        within=sum(abs(x - 1) <= 0.15 for x in ratios),
+        sources=tuple(dict.fromkeys(r["source"] for r in rows)),
+    )
 
 
 # Run tables are laid out as tables, not by the formatter.

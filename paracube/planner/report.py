@@ -10,6 +10,7 @@ from paracube.config import ModelConfig
 from paracube.planner import hardware as hw
 from paracube.planner.hardware import GPU
 from paracube.planner.layout_memory import FRAGMENTATION, peak_memory
+from paracube.planner.published import TrackRecord
 from paracube.planner.search import Candidate, SearchResult
 from paracube.planner.time_model import Cluster, StepEstimate, estimate
 
@@ -157,6 +158,18 @@ def explain(
         lines.append(edge)
     lines += _alternatives(result)
     return "\n".join(lines)
+
+
+def track_record(record: TrackRecord, stack_name: str, precision: str, gpu_name: str) -> str:
+    """How the planner did on the published runs of this stack on this GPU in this precision
+    (:func:`paracube.planner.published.track_record`), as a caveat on the plan's figures."""
+    return (
+        f"- Track record: {record.runs} published run{'s' if record.runs > 1 else ''} of "
+        f"{stack_name}'s software on {gpu_name} in {precision} ({', '.join(record.sources)}) "
+        f"were predicted at {record.low:.2f}–{record.high:.2f}× what they reached, median "
+        f"{record.median:.2f}, {record.within} within ±15 % — the spread to read this plan's "
+        "figures with (benchmarks/bench_planner_published.py; BENCHMARKS.md)."
+    )
 
 
 # A layout planned within this share of its GPU's memory gets the allocator's caveat in
