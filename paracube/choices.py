@@ -15,6 +15,11 @@ ACTIVATIONS = ("gelu", "swiglu")
 POSITIONS = ("learned", "rope")
 ZERO_STAGES = (0, 1, 2, 3)
 RECOMPUTE = ("none", "selective", "full")
+# planner: torchtitan's op-level selective checkpointing (its activation_checkpoint
+# selective_ac_option "op"): every matmul's and the attention kernel's output kept but every
+# second matmul's, the rest of the block recomputed — planned for the stacks that run it,
+# not run by paracube train
+PLANNED_RECOMPUTE = ("op",)
 PRECISIONS = ("fp32", "bf16", "fp16")
 OFFLOAD = ("none", "optimizer")  # what lives and steps in host memory instead of the GPU's
 COMPRESSORS = ("none", "fp16", "bf16", "topk", "powersgd")  # --compress KIND[:VALUE]

@@ -76,7 +76,13 @@ def add_parser(sub) -> None:
     t.add_argument("--schedule", default=None)
     t.add_argument("--chunks", type=int, default=None)
     t.add_argument("--zero", type=int, default=None)
-    t.add_argument("--recompute", default=None, help="none, selective or full")
+    t.add_argument(
+        "--recompute",
+        default=None,
+        help="none, selective (the attention core), full, or op (torchtitan's op-level "
+        "selective checkpointing: every matmul's output kept but every second one's; "
+        "planned, not run by paracube train)",
+    )
     t.add_argument(
         "--compress",
         default=None,
@@ -569,6 +575,7 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         OPTIMIZER_KERNELS,
         PARAM_GATHER,
         PIPELINE_SPLIT,
+        PLANNED_RECOMPUTE,
         PRECISIONS,
         RECOMPUTE,
         ZERO_STAGES,
@@ -610,7 +617,7 @@ def _check_args(args, whole_nodes: bool = True) -> None:
     named: tuple[tuple[str, str, tuple], ...] = (  # (dest, flag, the names it takes)
         ("zero", "--zero", ZERO_STAGES),
         ("schedule", "--schedule", tuple(SCHEDULES)),
-        ("recompute", "--recompute", RECOMPUTE),
+        ("recompute", "--recompute", RECOMPUTE + PLANNED_RECOMPUTE),
         ("attention", "--attention", ATTENTION),
         ("fp8_scaling", "--fp8-scaling", FP8_SCALING),
         ("split", "--pipeline-split", PIPELINE_SPLIT),
@@ -649,6 +656,12 @@ def _check_args(args, whole_nodes: bool = True) -> None:
             )
         stated = {k: getattr(args, k) for k in OTHER_SOFTWARE if getattr(args, k) is not None}
         Layout(**stated).check_paracube_software()
+    if args.recompute in PLANNED_RECOMPUTE and args.emit == "torchrun":
+        raise ParacubeError(
+            f"--recompute {args.recompute} with --emit torchrun: paracube train recomputes "
+            "none, selective or full blocks (op-level checkpointing is planned to evaluate "
+            "torchtitan's runs); drop one"
+        )
     if args.split not in (None, "engine") and args.emit == "torchrun":
         raise ParacubeError(
             f"--pipeline-split {args.split} with --emit torchrun: paracube train cuts its "
@@ -729,6 +742,7 @@ def _search(args, cfg, cluster, fixed: dict):
         from paracube.planner.stacks import (
             CONTEXT_PARALLEL_STACKS,
             HYBRID_SHARD_STACKS,
+            OP_RECOMPUTE_STACKS,
             stack_choices,
         )
 
@@ -743,6 +757,7 @@ def _search(args, cfg, cluster, fixed: dict):
             allowed=stack_choices(args.stack),
             context_parallel=args.stack in CONTEXT_PARALLEL_STACKS,
             hybrid_shard=args.stack in HYBRID_SHARD_STACKS,
+            op_recompute=args.stack in OP_RECOMPUTE_STACKS,
         )
     if fixed.get("tp", 1) != 1 or fixed.get("pp", 1) != 1 or fixed.get("cp", 1) != 1:
         raise ParacubeError(

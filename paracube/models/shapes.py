@@ -48,6 +48,36 @@ def block_linears(cfg: ModelConfig) -> list[Linear]:
     ]
 
 
+def op_checkpoint_linears(cfg: ModelConfig) -> list[tuple[Linear, bool, bool]]:
+    """The block's linears as torchtitan's Llama calls them — separate q, k and v
+    projections, the output projection, then SwiGLU's w1 (gate), w3 (up) and w2 (down), or a
+    GELU MLP's two — each as (linear, kept, redone): whether torchtitan's op-level selective
+    checkpointing keeps its output, and whether backward recomputes it. "Saves output of
+    all compute ops, except every second mm" (torchtitan's ``_apply_op_sac``, counting the
+    block's matmuls from 1: the 2nd, 4th, 6th are not kept),
+    and PyTorch's non-reentrant checkpoint stops recomputing once backward has all it needs
+    (``early_stop``), so the block's last matmul, whose output only enters the residual sum,
+    is never redone (a GELU MLP's second). tests/test_planner_op_checkpoint.py runs the
+    policy on torch's ops and watches which matmuls its backward redoes."""
+    h, kv, f = cfg.hidden, kv_dim(cfg), cfg.ffn_hidden
+    calls = [
+        Linear("attn.wq", h, h, "column"),
+        Linear("attn.wk", h, kv, "column"),
+        Linear("attn.wv", h, kv, "column"),
+        Linear("attn.wo", h, h, "row"),
+    ]
+    if cfg.activation == "swiglu":
+        calls += [
+            Linear("mlp.w1", h, f, "column"),
+            Linear("mlp.w3", h, f, "column"),
+            Linear("mlp.w2", f, h, "row"),
+        ]
+    else:
+        calls += [Linear("mlp.fc1", h, f, "column"), Linear("mlp.fc2", f, h, "row")]
+    last = len(calls) - 1
+    return [(lin, i % 2 == 0, i % 2 == 1 and i < last) for i, lin in enumerate(calls)]
+
+
 def block_matrix_dims(cfg: ModelConfig, tp: int = 1) -> list[tuple[int, int]]:
     """(out, in) of each linear of a block as one tensor-parallel rank holds it: a
     column-parallel layer's outputs and a row-parallel layer's inputs divided by tp."""
@@ -226,6 +256,8 @@ def block_saved_bytes(
     ts = tp if sequence_parallel else 1
     if recompute == "full":
         return n * h * elem // ts
+    if recompute == "op":  # torchtitan's op-level policy (op_checkpoint_linears)
+        return op_checkpoint_saved_bytes(cfg, n, elem, tp, ts)
     norms = 2 * _norm_bytes(cfg, n, elem) // ts
     norm_outputs = 2 * n * h * elem // ts  # kept by qkv_proj and up_proj (their shards under SP)
     attention = n * (h + 2 * kv) * elem // tp + n * h * elem // tp
@@ -239,6 +271,20 @@ def block_saved_bytes(
         attention += n * (h + kv) * elem // tp + cfg.seq_len * d * elem
     mlp = (4 if cfg.activation == "swiglu" else 2) * n * cfg.ffn_hidden * elem // tp
     return norms + norm_outputs + attention + mlp
+
+
+def op_checkpoint_saved_bytes(cfg: ModelConfig, n: int, elem: int, tp: int, ts: int) -> int:
+    """What a block under torchtitan's op-level selective checkpointing keeps for n tokens:
+    its input (the checkpoint's), the outputs of the matmuls it does not redo (each a
+    column-parallel shard, or a row-parallel layer's whole partial sum) and the attention
+    kernel's — its output and fp32 log-sum-exp. Everything else (the norms, rotary, the
+    activation, the redone matmuls, the kernel's q, k and v) is recomputed in backward."""
+    saved = n * cfg.hidden * elem // ts  # the block's input
+    for lin, kept, _ in op_checkpoint_linears(cfg):
+        if kept:
+            width = lin.out_features // tp if lin.split == "column" else lin.out_features
+            saved += n * width * elem
+    return saved + n * cfg.hidden * elem // tp + 4 * n * cfg.n_heads // tp
 
 
 def model_saved_bytes(

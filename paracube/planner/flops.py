@@ -46,14 +46,21 @@ def model_flops_per_token(cfg) -> float:
 def hardware_flops_per_token(cfg, recompute: str, share: float = 1.0) -> float:
     """FLOPs the GPUs execute per token: the model FLOPs plus the recomputed forward — every
     block under full recomputation (SC21 Eq. 3 for GPT shapes), the attention core under
-    selective recomputation; ``share`` of the blocks under --recompute-blocks. HFU's
-    numerator."""
+    selective recomputation, the matmuls torchtitan's op-level checkpointing does not keep
+    (op); ``share`` of the blocks under --recompute-blocks. HFU's numerator."""
     extra = (
         share
         * {
             "none": 0.0,
             "full": forward_flops_per_token(cfg, head=False),
             "selective": cfg.n_layers * 4 * cfg.seq_len * cfg.n_heads * cfg.head_dim,
+            "op": cfg.n_layers
+            * 2
+            * sum(
+                lin.in_features * lin.out_features
+                for lin, _, redone in shapes.op_checkpoint_linears(cfg)
+                if redone
+            ),
         }[recompute]
     )
     return model_flops_per_token(cfg) + extra

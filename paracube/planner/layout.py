@@ -18,11 +18,13 @@ from paracube.choices import (
     ATTENTION,
     CLIP_SCALING,
     FP8_SCALING,
+    FUSED_ATTENTION,
     GRAD_ACCUMULATION,
     LOSS_BACKWARD,
     OPTIMIZER_KERNELS,
     PARAM_GATHER,
     PIPELINE_SPLIT,
+    PLANNED_RECOMPUTE,
     PRECISIONS,
     RECOMPUTE,
     ZERO_STAGES,
@@ -197,13 +199,18 @@ class Layout:
                 raise ConfigError(f"{name}={value!r}: must be a positive integer")
         for name, allowed in (
             ("zero", ZERO_STAGES),
-            ("recompute", RECOMPUTE),
+            ("recompute", RECOMPUTE + PLANNED_RECOMPUTE),
             ("schedule", SCHEDULES),
             ("attention", ATTENTION),
         ):
             if getattr(self, name) not in allowed:
                 choices = ", ".join(str(a) for a in allowed)
                 raise ConfigError(f"{name}={getattr(self, name)!r}: choose one of {choices}")
+        if self.recompute == "op" and self.attention not in FUSED_ATTENTION:
+            raise ConfigError(
+                "recompute=op keeps the fused attention kernel's output (torchtitan's "
+                f"policy); attention={self.attention!r} has none: plan it with fused attention"
+            )
 
     @property
     def gpus(self) -> int:
@@ -289,6 +296,12 @@ class Layout:
                 f"shard={self.shard}: paracube train shards ZeRO-3 over the whole "
                 "data-parallel group (hybrid sharding is planned to evaluate the FSDP stacks "
                 "that run it); plan without it for a layout it runs"
+            )
+        if self.recompute in PLANNED_RECOMPUTE:
+            raise ConfigError(
+                f"recompute={self.recompute}: paracube train recomputes none, selective "
+                "(the attention core) or full blocks (op-level checkpointing is planned to "
+                "evaluate torchtitan's runs); plan with one of those for a layout it runs"
             )
         if self.split != "engine" and self.pp > 1:
             raise ConfigError(

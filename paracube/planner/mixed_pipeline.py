@@ -17,7 +17,6 @@ from paracube.planner.pools import MAX_MICRO_BATCH, MixedPlan, Pool, tp_fits_nod
 from paracube.planner.search import divisors, software
 from paracube.planner.time_model import (
     at_precision,
-    attention_core,
     block_gemm_time,
     block_tp_comm,
     dp_exposed_time,
@@ -25,6 +24,7 @@ from paracube.planner.time_model import (
     layer_time,
     optimizer_time,
     pp_transfer_time,
+    recompute_time,
 )
 
 
@@ -72,14 +72,10 @@ def _pipeline(cfg: ModelConfig, order, stages, layout: Layout, precision: str):
         cluster = at_precision(pool.cluster, precision)  # the precision's matmul units
         g = cluster.gpu
         fwd, bwd, _ = layer_time(cfg, layout, g, elem, fp8)
-        redo = {
-            "none": 0.0,
-            "full": fwd,
-            "selective": attention_core(cfg, layout, g, elem)[0],
-        }
+        redo = recompute_time(cfg, layout, g, elem, fp8, fwd)
         gemms = sum(block_gemm_time(cfg, layout, g, elem, fp8))
         tp = block_tp_comm(cfg, layout, cluster, elem, gemms)
-        block.append(fwd + bwd + redo[layout.recompute] + tp)
+        block.append(fwd + bwd + redo + tp)
         head.append(head_time(cfg, layout, g, elem))
     # a stage's bytes are affine in its blocks (states, activations, the 10 % allowance)
     empty = [stage_bytes(cfg, layout, k, 0, precision).total for k in range(p)]

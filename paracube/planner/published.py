@@ -56,9 +56,9 @@ Sources:
   Korthikanti Eq. 7).
 - torchtitan: pytorch/torchtitan, ``docs/performance.md`` (Llama 2 and Llama 3 on 64
   A100-80GB with FSDP2, local batch 1–2; tokens/s per GPU converted to model TFLOP/s here
-  with paracube's own FLOP count). The rows with the checkpointing paracube implements: none,
-  full, and "selective layer" (every other block: half the blocks recomputed); the
-  "selective op" rows (an op-level policy) are left out.
+  with paracube's own FLOP count), with their checkpointing: none, full, "selective layer"
+  (every other block: half the blocks recomputed) and "selective op" (the op-level policy,
+  ``recompute="op"``: :func:`paracube.models.shapes.op_checkpoint_linears`).
 - IBM FMS FSDP: foundation-model-stack/fms-fsdp, ``README.md``'s throughput table (128
   A100s, tokens/s per GPU; PyTorch blog, "Maximizing training throughput using PyTorch
   FSDP", IBM and Meta, 2024): the two FULL_SHARD rows — its "34b" at batch 8 and Llama 2
@@ -495,19 +495,22 @@ def _mosaic() -> list[dict]:
 
 def _torchtitan() -> list[dict]:
     """torchtitan's FSDP2 runs on 64 A100-80GB: tokens/s per GPU (WPS) × model FLOPs per
-    token; "selective layer" checkpointing recomputes every other block (half of them)."""
+    token; "selective layer" checkpointing recomputes every other block (half of them),
+    "selective op" is the planner's recompute "op"."""
     out = []
     # preset, local batch, checkpointing, tokens/s per GPU
     for name, b, ac, wps in [
         ("llama3-8b", 1, "layer", 2904),
+        ("llama3-8b", 1, "op", 2973),
         ("llama3-70b", 1, "full", 331),
         ("llama2-13b", 2, "none", 2162),
         ("llama2-13b", 2, "layer", 1914),
         ("llama2-70b", 2, "full", 353),
     ]:
         cfg = preset(name)
+        recompute = {"none": "none", "op": "op"}.get(ac, "full")
         fixed = dict(dp=64, tp=1, pp=1, zero=3, micro_batch=b, attention="fused", **FSDP2,
-                     recompute="none" if ac == "none" else "full")
+                     recompute=recompute)
         if ac == "layer":
             fixed["recompute_blocks"] = cfg.n_layers // 2
         published = round(wps * model_flops_per_token(cfg) / 1e12, 1)

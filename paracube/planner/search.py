@@ -6,7 +6,7 @@ import itertools
 import math
 from dataclasses import dataclass, field, fields, replace
 
-from paracube.choices import FUSED_ATTENTION, RECOMPUTE, ZERO_STAGES
+from paracube.choices import FUSED_ATTENTION, PLANNED_RECOMPUTE, RECOMPUTE, ZERO_STAGES
 from paracube.config import ZERO3_WITH_PIPELINE, ModelConfig, compression_with_zero
 from paracube.errors import ConfigError
 from paracube.pipeline.schedules import SCHEDULES
@@ -120,13 +120,21 @@ def _schedules(
 
 
 def candidate_layouts(
-    cfg: ModelConfig, gpus: int, gpus_per_node: int, global_batch: int, fixed: dict, rejected: dict
+    cfg: ModelConfig,
+    gpus: int,
+    gpus_per_node: int,
+    global_batch: int,
+    fixed: dict,
+    rejected: dict,
+    op_recompute: bool = False,
 ):
     """Every layout the engines can run: tp within a node and dividing the heads (the
     vocabulary is padded to a multiple of tp, as Megatron does), pp ≤ layers, the global
     batch divisible into dp × micro-batch × m, schedules whose constraints hold. Context
     parallelism only where ``fixed`` asks for it (paracube's engine does not run it): the
-    sequence cut into 2·cp equal chunks, under fused attention."""
+    sequence cut into 2·cp equal chunks, under fused attention. torchtitan's op-level
+    checkpointing (``recompute="op"``) only where ``fixed`` asks for it or ``op_recompute``
+    (a stack that runs it), under fused attention."""
 
     def reject(reason: str) -> None:
         rejected[reason] = rejected.get(reason, 0) + 1
@@ -134,6 +142,12 @@ def candidate_layouts(
     check_fixed(fixed)
 
     compress_kind = fixed.get("compress", "none").partition(":")[0]
+    recomputes: tuple[str, ...] = (
+        RECOMPUTE  # op-level checkpointing keeps a fused kernel's output (Layout)
+    )
+    asked = op_recompute or fixed.get("recompute") in PLANNED_RECOMPUTE
+    if asked and fixed.get("attention", "fused") in FUSED_ATTENTION:
+        recomputes = RECOMPUTE + PLANNED_RECOMPUTE
     total = gpus  # before context parallelism takes its share
     cp = fixed.get("cp", 1)
     if cp > 1:
@@ -190,7 +204,7 @@ def candidate_layouts(
                     pp, m, cfg.n_layers, fixed.get("chunks"), reject, fixed.get("schedule")
                 )
                 for (schedule, v), zero, recompute in itertools.product(
-                    schedules, ZERO_STAGES if dp * cp > 1 else (0,), RECOMPUTE
+                    schedules, ZERO_STAGES if dp * cp > 1 else (0,), recomputes
                 ):
                     if fixed.get("zero", zero) != zero:
                         continue  # another stage than the one asked for: not a candidate
@@ -273,6 +287,7 @@ def search(
     allowed: dict | None = None,
     context_parallel: bool = False,
     hybrid_shard: bool = False,
+    op_recompute: bool = False,
 ) -> SearchResult:
     """Every valid layout of ``cfg`` on ``gpus`` GPUs of ``cluster`` for ``global_batch``
     sequences per step, those that fit in GPU memory ranked fastest first (ties within 1 %
@@ -280,7 +295,8 @@ def search(
     ``allowed`` narrows a choice to the values a stack runs (``{"schedule": ("1f1b",)}``:
     :func:`paracube.planner.stacks.stack_choices`); ``context_parallel`` searches context
     parallelism too, for a stack that runs it (:func:`context_parallel_sizes`), and
-    ``hybrid_shard`` hybrid sharding (:func:`with_hybrid_shards`); the result
+    ``hybrid_shard`` hybrid sharding (:func:`with_hybrid_shards`), ``op_recompute``
+    torchtitan's op-level checkpointing (:func:`candidate_layouts`); the result
     also counts what was rejected and why, and keeps the leanest layout that did not fit.
 
     >>> from paracube.models.presets import preset
@@ -300,7 +316,7 @@ def search(
     layouts = itertools.chain.from_iterable(
         candidate_layouts(
             cfg, gpus, cluster.gpus_per_node, global_batch, fixed | ({"cp": cp} if cp > 1 else {}),
-            result.rejected,
+            result.rejected, op_recompute,
         )
         for cp in sizes
     )  # fmt: skip
@@ -409,7 +425,7 @@ def simplicity(layout: Layout) -> tuple:
         layout.tp,
         layout.zero,
         layout.shard > 0,  # hybrid sharding: a replica group more to reduce over
-        ("none", "selective", "full").index(layout.recompute),
+        ("none", "selective", "op", "full").index(layout.recompute),
         layout.chunks,
         layout.microbatches,
     )

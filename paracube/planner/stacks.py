@@ -109,8 +109,9 @@ STACK_SOFTWARE: dict[str, dict[str, object]] = {
 # no optimizer state (its runs are plain data parallel; the distributed optimizer came in
 # 2022). PyTorch FSDP stacks checkpoint whole modules (torch.utils.checkpoint around a block:
 # FSDP's apply_activation_checkpointing, llm-foundry's activation_checkpointing, torchtitan's
-# "full" and "selective layer" — every N-th block, recompute_blocks here; its op-level policy
-# is not the planner's selective recomputation of the attention core). llm-foundry's
+# "full" and "selective layer" — every N-th block, recompute_blocks here; its "selective op"
+# policy is the planner's recompute "op", not its selective recomputation of the attention
+# core: OP_RECOMPUTE_STACKS). llm-foundry's
 # Composer runs trained MPT with FSDP alone (no tensor or pipeline parallelism: its
 # NO_SHARD, SHARD_GRAD_OP and FULL_SHARD are ZeRO 0, 2 and 3).
 MEGATRON_SCHEDULES = ("1f1b", "interleaved-1f1b")
@@ -122,7 +123,7 @@ STACK_CHOICES: dict[str, dict[str, tuple]] = {
     "megatron-lm-2021": {"schedule": MEGATRON_SCHEDULES, "zero": (0,), "recompute": WHOLE_BLOCKS},
     "fsdp": {"recompute": WHOLE_BLOCKS},
     "fsdp1": {"recompute": WHOLE_BLOCKS},
-    "torchtitan": {"recompute": WHOLE_BLOCKS},
+    "torchtitan": {"recompute": (*WHOLE_BLOCKS, "op")},
     "composer": {"tp": (1,), "pp": (1,), "zero": (0, 2, 3), "recompute": WHOLE_BLOCKS},
 }
 
@@ -132,6 +133,12 @@ STACK_CHOICES: dict[str, dict[str, tuple]] = {
 # NeMo's and Megatron-Bridge's context_parallel_size, torchtitan's context_parallel_degree.
 CONTEXT_PARALLEL_STACKS = ("megatron-core", "nemo", "megatron-bridge", "torchtitan")
 
+
+# The stacks that run op-level selective checkpointing, which the search then tries too:
+# torchtitan's activation_checkpoint mode "selective" with selective_ac_option "op" (its
+# _apply_op_sac: every op output in its save list kept but every second matmul's;
+# paracube.models.shapes.op_checkpoint_linears) — the default of its Llama 3 8B config.
+OP_RECOMPUTE_STACKS = ("torchtitan",)
 
 # The stacks that run hybrid sharding (ZeRO-3 within a node, replicas across nodes), which the
 # search then tries too (paracube's engine shards over the whole group): PyTorch FSDP's

@@ -14,8 +14,9 @@ fitted to a published result:
   Korthikanti's per-layer bytes for Megatron's unfused layer); every memory-bound byte
   at the HBM rate a streaming kernel was measured to reach (``GPU.memory_rate``). Backward
   is twice the forward. The resulting FLOP rate, divided by peak, is the *achievable
-  fraction* the planner states. Recompute adds the recomputed forward (full) or the
-  attention core (selective).
+  fraction* the planner states. Recompute adds the recomputed forward (full), the
+  attention core (selective), or the matmuls and element-wise work torchtitan's op-level
+  policy does not keep (op: :func:`op_recompute_time`).
 - **tensor parallel**: per layer and micro-batch, four all-reduces (or all-gather +
   reduce-scatter pairs) of b·s·h 16-bit values in a ring over t ranks on the intra-node
   link: 2(t−1)/t·n/B + 2(t−1)·α each (docs/formulas.md); not overlapped. A pair costs the
@@ -260,7 +261,7 @@ def layer_time(
     on one GPU for one micro-batch (``cfg``: the rank's view, :func:`rank_sequence`).
     ``fp8``: the linear layers run as Transformer Engine runs them under FP8
     (:func:`fp8_cast_bytes`); the attention core and everything else stay 16-bit."""
-    b, s, h, t = layout.micro_batch, cfg.seq_len, cfg.hidden, layout.tp
+    b, s, t = layout.micro_batch, cfg.seq_len, layout.tp
     M = b * s
     gemms = shapes.block_gemms(cfg, M, t)
     fwd, bwd = block_gemm_time(cfg, layout, g, elem, fp8)
@@ -275,6 +276,20 @@ def layer_time(
     # the model's own blocks op by op (models/shapes.py — RMSNorm's fp32 copies, SwiGLU's
     # gate and product, rotated q and k), or Megatron's 2021 layer (Korthikanti's 34·s·b·h,
     # /t under sequence parallelism) when attention is unfused
+    elementwise = elementwise_forward(cfg, layout, g, elem)
+    core_bwd = attention_core_backward(layout, core_time, g)
+    if (
+        all(g.activation_rates) and cfg.activation != "swiglu"
+    ):  # a compute-bound GELU (calibrated CPU)
+        elements = M * cfg.ffn_hidden / t
+        fwd, bwd = fwd + elements / g.activation_rates[0], bwd + elements / g.activation_rates[1]
+    return fwd + core_time + elementwise, bwd + core_bwd + 2 * elementwise, flops + core_flops
+
+
+def elementwise_forward(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> float:
+    """Seconds of one block's element-wise forward for one micro-batch (its backward: twice
+    this): what the block keeps for backward, read and written (:func:`layer_time`)."""
+    b, s, h, t = layout.micro_batch, cfg.seq_len, cfg.hidden, layout.tp
     acts: float
     if layout.attention in FUSED_ATTENTION:
         acts = shapes.block_saved_bytes(
@@ -284,14 +299,44 @@ def layer_time(
         acts = activation_bytes_per_layer(  # the s×s passes are the core's (attention_core)
             s, b, h, cfg.n_heads, t=t, sequence_parallel=layout.sequence_parallel, attention="fused"
         ) * (elem / 2)
-    elementwise = 2 * acts / g.memory_rate
-    core_bwd = attention_core_backward(layout, core_time, g)
-    if (
-        all(g.activation_rates) and cfg.activation != "swiglu"
-    ):  # a compute-bound GELU (calibrated CPU)
-        elements = M * cfg.ffn_hidden / t
-        fwd, bwd = fwd + elements / g.activation_rates[0], bwd + elements / g.activation_rates[1]
-    return fwd + core_time + elementwise, bwd + core_bwd + 2 * elementwise, flops + core_flops
+    return 2 * acts / g.memory_rate
+
+
+def recompute_time(
+    cfg: ModelConfig, layout: Layout, g: GPU, elem: int, fp8: bool, forward: float
+) -> float:
+    """Seconds one recomputed block re-runs per micro-batch in backward: its whole
+    ``forward`` (full), the attention core (selective: under fused attention only the
+    kernel's log-sum-exp is dropped, so the planner seldom gains from it), or what
+    torchtitan's op-level policy does not keep (op: :func:`op_recompute_time`)."""
+    if layout.recompute == "full":
+        return forward
+    if layout.recompute == "selective":
+        return attention_core(cfg, layout, g, elem)[0]
+    if layout.recompute == "op":
+        return op_recompute_time(cfg, layout, g, elem, fp8)
+    return 0.0
+
+
+def op_recompute_time(
+    cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2, fp8: bool = False
+) -> float:
+    """Seconds torchtitan's op-level selective checkpointing re-runs per block and
+    micro-batch (``recompute="op"``): the forward of the matmuls whose outputs it does not
+    keep (:func:`paracube.models.shapes.op_checkpoint_linears`: k, the output projection,
+    SwiGLU's up or a GELU MLP's second) and the block's element-wise forward (norms, rotary,
+    the activation, the residual adds); not the attention kernel, whose output it keeps.
+    Under ``fp8`` the matmuls at the FP8 rate, their casts not charged again."""
+    linear, linear_elem = (replace(g, peak_flops=g.fp8_flops), 1) if fp8 else (g, elem)
+    tokens, t = layout.micro_batch * cfg.seq_len, layout.tp
+    matmuls = sum(
+        _gemm(tokens, lin.out_features / t, lin.in_features, linear, linear_elem)
+        if lin.split == "column"
+        else _gemm(tokens, lin.out_features, lin.in_features / t, linear, linear_elem)
+        for lin, _, redone in shapes.op_checkpoint_linears(cfg)
+        if redone
+    )
+    return matmuls + elementwise_forward(cfg, layout, g, elem)
 
 
 def block_gemm_time(
@@ -485,10 +530,8 @@ def estimate(
     fp8 = precision == "fp8"
     local = rank_sequence(cfg, layout)  # the s/cp tokens a rank holds under context parallelism
     fwd, bwd, flops = layer_time(local, layout, g, elem, fp8)
-    # selective recomputation re-runs the attention core (under fused attention it drops
-    # only the kernel's log-sum-exp, so the planner seldom gains from it there)
-    core = attention_core(local, layout, g, elem)[0]
-    redo = {"none": 0.0, "full": fwd, "selective": core}[layout.recompute]
+    core = attention_core(local, layout, g, elem)[0]  # the context-parallel ring hides behind it
+    redo = recompute_time(local, layout, g, elem, fp8, fwd)
     ring = cp_comm_time(local, layout, cluster, elem, core)
     gemms = sum(block_gemm_time(local, layout, g, elem, fp8))
     # every pipeline rank with the blocks the engine's split gives it; the slowest sets the pace
@@ -610,7 +653,7 @@ def _tp_comm(
     link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
     plain = block_tp_comm(cfg, replace(layout, recompute="none"), cluster, elem, gemms)
     comm = m * layers * plain
-    if layout.recompute == "full":  # a recomputed block's forward collectives once more
+    if layout.recompute in ("full", "op"):  # a recomputed block's forward collectives again
         redo = block_tp_comm(cfg, layout, cluster, elem, gemms) - plain
         comm += m * redone * redo
     if t > 1:  # the vocabulary-parallel embedding's all-reduce and the head's input gradient,
@@ -636,7 +679,10 @@ def block_tp_comm(
     t = layout.tp
     n = layout.micro_batch * cfg.seq_len * cfg.hidden * elem  # b·s·h values
     link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
-    full = layout.recompute == "full"
+    # a recomputed forward redoes its collectives: every block's under full recomputation;
+    # under op-level checkpointing too (its kept outputs come after the reductions, the
+    # gathers before the first matmuls are redone — charged as full's, an upper bound)
+    full = layout.recompute in ("full", "op")
     rings = 4 * (1.5 if full else 1.0)
     if layout.sequence_parallel:  # pairs of half rings, and the two re-gathers: one ring
         rings += 1
