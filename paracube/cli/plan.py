@@ -474,7 +474,8 @@ def _check_stack_choices(args, fixed: dict) -> None:
                 if field in ("tp", "pp")
                 else (f"--{field} {fixed[field]}")
             )
-            runs = " or ".join(str(v) for v in values)
+            names = [str(v) for v in values]
+            runs = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
             raise ParacubeError(f"{flag} with --stack {args.stack}: it runs {field} {runs}")
 
 
