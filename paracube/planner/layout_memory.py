@@ -104,16 +104,9 @@ def _layout_terms(cfg: ModelConfig, layout: Layout, precision: str) -> _LayoutTe
     w, g, o = state_bytes_per_parameter(precision, layout.grad_reduce)
 
     def act_layer(recompute: str) -> float:
-        if recompute == "op":  # torchtitan's policy over PyTorch's own ops, whatever the blocks
-            return shapes.block_saved_bytes(
-                cfg,
-                layout.micro_batch,
-                elem=w,
-                tp=t,
-                sequence_parallel=layout.sequence_parallel,
-                recompute=recompute,
-            )
-        if layout.activations == "megatron" and layout.attention in FUSED_ATTENTION:
+        # torchtitan's op-level policy keeps what PyTorch's own ops made, whatever the blocks
+        megatron = layout.activations == "megatron" and recompute != "op"
+        if megatron and layout.attention in FUSED_ATTENTION:
             return te_block_bytes(
                 cfg,
                 layout.micro_batch,
