@@ -130,13 +130,14 @@ def test_an_injected_delay_is_the_first_cause(tmp_path, fault, cause):
 
 
 def test_a_tiny_micro_batch_is_the_first_cause(tmp_path):
-    """Micro-batch 1 with 8 accumulation steps: the per-token compute a micro-batch of 8
+    """Micro-batch 1 with 32 accumulation steps: the per-token compute a larger micro-batch
     would save (measured by diagnose's calibration) outweighs the one gradient reduction —
-    it is the first of the causes the layout makes. Waits the machine makes (a rank
-    descheduled on a loaded 2-core host reads as a straggler, a late batch as data) are
-    not the layout's: CI once ranked such a wait first, and the injected-fault tests own
-    them."""
-    path, _ = train(tmp_path, "tiny", "--micro-batch", "1", "--grad-accum", "8")
+    it is the first of the causes the layout makes. 32 micro-batches put it ~5× above the
+    reduction on this machine; with 8 it was under 2×, and a clean-clone run once saw the
+    all-reduce's jitter on the 2-core host outweigh it. Waits the machine makes (a rank
+    descheduled on a loaded host reads as a straggler, a late batch as data) are not the
+    layout's: CI once ranked such a wait first, and the injected-fault tests own them."""
+    path, _ = train(tmp_path, "tiny", "--micro-batch", "1", "--grad-accum", "32")
     figures = diagnose(path)
     assert 0 < figures["small_batch_fraction"] < 1
     made_by_layout = [c for c in figures["causes"] if c["cause"] not in ("straggler", "data")]
