@@ -54,11 +54,11 @@ def op_checkpoint_linears(cfg: ModelConfig) -> list[tuple[Linear, bool, bool]]:
     GELU MLP's two — each as (linear, kept, redone): whether torchtitan's op-level selective
     checkpointing keeps its output, and whether backward recomputes it. "Saves output of
     all compute ops, except every second mm" (torchtitan's ``_apply_op_sac``, counting the
-    block's matmuls from 1: the 2nd, 4th, 6th are not kept),
-    and PyTorch's non-reentrant checkpoint stops recomputing once backward has all it needs
-    (``early_stop``), so the block's last matmul, whose output only enters the residual sum,
-    is never redone (a GELU MLP's second). tests/test_planner_op_checkpoint.py runs the
-    policy on torch's ops and watches which matmuls its backward redoes."""
+    block's matmuls from 1: the 2nd, 4th, 6th are not kept); PyTorch's non-reentrant
+    checkpoint stops recomputing once backward has all it needs (``early_stop``), so the
+    block's last matmul, whose output only enters the residual sum, is never redone (a GELU
+    MLP's second). tests/test_planner_op_checkpoint.py runs the policy on torch's ops and
+    watches what the forward keeps and which matmuls the backward redoes."""
     h, kv, f = cfg.hidden, kv_dim(cfg), cfg.ffn_hidden
     calls = [
         Linear("attn.wq", h, h, "column"),
