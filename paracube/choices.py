@@ -28,9 +28,10 @@ DP_MODES = ("sync", "local-sgd", "diloco", "stale", "ps")
 GRAD_REDUCE = ("fp32", "compute")  # dtype of gradient accumulation/reduction under bf16/fp16
 BALANCE = ("params", "flops", "memory", "time", "speed")  # how pipeline stages are cut
 MEASURED_BALANCE = ("time", "speed")  # measured on the ranks' real layers (built whole)
-# planner: FlashAttention-2 (SDPA), FlashAttention in Triton, or s×s scores materialized
-ATTENTION = ("fused", "fused-triton", "unfused")
-FUSED_ATTENTION = ("fused", "fused-triton")  # kernels that never store the s×s scores
+# planner: FlashAttention-2 (SDPA), FlashAttention (v1, CUDA), FlashAttention in Triton, or
+# s×s scores materialized
+ATTENTION = ("fused", "fused-v1", "fused-triton", "unfused")
+FUSED_ATTENTION = ("fused", "fused-v1", "fused-triton")  # kernels that never store the s×s scores
 # fp8 (planner): each tensor's scale from the amax history (Transformer Engine's delayed
 # scaling) or from its own amax, read just before the cast (current scaling)
 FP8_SCALING = ("delayed", "current")

@@ -119,7 +119,8 @@ def add_parser(sub) -> None:
     t.add_argument(
         "--attention",
         default=None,
-        help="fused (FlashAttention-2 / PyTorch SDPA, paracube's default), fused-triton "
+        help="fused (FlashAttention-2 / PyTorch SDPA, paracube's default), fused-v1 "
+        "(FlashAttention's own CUDA kernels before flash-attn 2.0), fused-triton "
         "(FlashAttention in Triton, as MPT's attn_impl: triton) or unfused (s×s scores "
         "materialized, as Megatron-LM before 2022)",
     )

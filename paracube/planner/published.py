@@ -102,6 +102,18 @@ Sources:
   not stated: the scripts' launcher default, one node of 8 (``olmo_core.internal.experiment``,
   ``num_nodes=1``) — 16 to 64 GPUs predict within 0.01 of it; on 8 the planner's memory
   model, which counts eager blocks, puts the layout over the GPU (compiled blocks keep less).
+- FlashAttention's GPT: Dao-AILab/flash-attention, ``training/README.md`` ("Training
+  speed", added in its commit of 29 November 2022 with the configurations it names): GPT-3
+  125M to 2.7B on The Pile, "one node with 8 x A100 80GB SXM4 80GB (400W) with NVLink",
+  tokens/s for the node; FlashAttention's own CUDA kernels of that time (flash-attn before
+  2.0: the planner's ``fused-v1``), its fused matmul + bias + GELU, dropout + residual +
+  LayerNorm and cross-entropy kernels, no activation checkpointing, bf16 autocast (fp32
+  parameters and gradients). ``training/configs/experiment/pile/``: ``base.yaml`` (2,048
+  tokens, 256 sequences a step, Lightning DDP, apex's fused AdamW, GPT-2's 50,257 tokens
+  padded to a multiple of 8, learned positions, tied embedding), ``gpt3{s,m,l,xl}-flash.yaml``
+  and ``gpt3-2.7B-flash-hdim128.yaml`` (the shapes; the per-GPU batch each picks on an 80 GB
+  GPU: 32, 16, 16, 8, 4; 512 sequences a step from 1.3B; from 760M PyTorch's
+  ZeroRedundancyOptimizer over ``torch.optim.AdamW`` — ZeRO-1, an op per pass).
 - NeMo AutoModel: NVIDIA-NeMo/Automodel, ``docs/performance-summary.md`` (the version of
   April 2026; also docs.nvidia.com/nemo/automodel, "Performance Summary"), pre-training on
   DGX-H100 in BF16: Llama 3 70B on 64 GPUs, global batch 128 × 8192 tokens, micro-batch 1,
@@ -213,6 +225,7 @@ def runs() -> list[dict]:
         + _llama1()
         + _tinyllama()
         + _olmo_core()
+        + _flash_attention_gpt()
         + _automodel()
         + _nemo_fp8()
         + _dgxc()
@@ -251,6 +264,7 @@ STACKS = {
     "TinyLlama": "FSDP-only: FSDP1 (A100)",
     "OLMo-core": "FSDP-only: FSDP2 (H100)",
     "OLMo-core (FP8)": "FSDP-only: FSDP2, FP8 (H100)",
+    "FlashAttention's GPT": "DDP / ZeRO-1: FlashAttention's GPT (A100)",
     "NeMo AutoModel": "FSDP2 + context parallel (H100)",
     "NeMo (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
     "Megatron-Bridge 25.11 (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
@@ -603,6 +617,34 @@ def _olmo_core() -> list[dict]:
             ("OLMo-core (FP8)", "fp8", {"fp8_scaling": "current"}, 12500),
         ]
     ]
+
+# GPT-3's shapes as FlashAttention's training README runs them on 8 A100 80GB: (name, blocks,
+# width, heads, per-GPU batch, sequences a step, ZeRO stage, tokens/s of the node)
+FLASH_ATTENTION_GPT = [
+    ("GPT3-125M", 12, 768, 12, 32, 256, 0, 1310e3),
+    ("GPT3-355M", 24, 1024, 16, 16, 256, 0, 503e3),
+    ("GPT3-760M", 24, 1536, 16, 16, 256, 1, 245e3),
+    ("GPT3-1.3B", 24, 2048, 16, 8, 512, 1, 169e3),
+    ("GPT3-2.7B", 32, 2560, 20, 4, 512, 1, 85e3),
+]
+
+
+def _flash_attention_gpt() -> list[dict]:
+    """FlashAttention's GPT-3 models on one node of 8 A100 80GB: the node's tokens/s over its
+    8 GPUs × model FLOPs per token; data parallel (DDP, ZeRO-1 from 760M), no recomputation,
+    FlashAttention's first CUDA kernels."""
+    out = []
+    for name, layers, hidden, heads, b, batch, zero, tokens in FLASH_ATTENTION_GPT:
+        cfg = ModelConfig(n_layers=layers, hidden=hidden, n_heads=heads, vocab_size=50264,
+                          seq_len=2048, tie_embeddings=True, name=name)
+        fixed = dict(dp=8, tp=1, pp=1, zero=zero, micro_batch=b, recompute="none",
+                     attention="fused-v1", loss="fused",  # apex's in-place cross-entropy
+                     optimizer_kernel="multi-op" if zero else "fused")
+        published = round(tokens / 8 * model_flops_per_token(cfg) / 1e12, 1)
+        out.append(_run("FlashAttention's GPT", cfg, "a100-80gb", 8, batch, "bf16", fixed,
+                        "model", published))
+    return out
+
 
 def _automodel() -> list[dict]:
     """NeMo AutoModel's Llama 3 70B on 64 H100s: FSDP2 (ZeRO-3) over 32 ranks × context
