@@ -59,6 +59,12 @@ Sources:
   with paracube's own FLOP count), with their checkpointing: none, full, "selective layer"
   (every other block: half the blocks recomputed) and "selective op" (the op-level policy,
   ``recompute="op"``: :func:`paracube.models.shapes.op_checkpoint_linears`).
+- torchtitan on H200 (FP8): pytorch/torchtitan, ``benchmarks/llama3_8b_h200_2025-06_torchtitan.md``
+  (Trainy, June 2025; the same table as ``llama3-8b_h200_202506_trainy-whitefiber.md``):
+  Llama 3.1 8B on 4 and 8 hosts of 8 H200s, "400Gb/s (Mellanox CX-7) per GPU", 10,938 and
+  10,753 tokens/s per GPU; its command: ``llama3_8b.toml`` (8,192 tokens, op-level selective
+  checkpointing), local batch 2, torch.compile, torchao's float8 (tensor-wise dynamic scaling:
+  the planner's current scaling) with float8 all-gathers of the FSDP2 parameters.
 - IBM FMS FSDP: foundation-model-stack/fms-fsdp, ``README.md``'s throughput table (128
   A100s, tokens/s per GPU; PyTorch blog, "Maximizing training throughput using PyTorch
   FSDP", IBM and Meta, 2024): the two FULL_SHARD rows — its "34b" at batch 8 and Llama 2
@@ -221,6 +227,7 @@ def runs() -> list[dict]:
         + _megatron_core_h100()
         + _mosaic()
         + _torchtitan()
+        + _torchtitan_h200()
         + _fms_fsdp()
         + _llama1()
         + _tinyllama()
@@ -259,6 +266,7 @@ STACKS = {
     "MosaicML (H100, 2023)": "FSDP-only: Composer (H100)",
     "MosaicML (A100 80GB, PURE)": "FSDP-only: Composer (A100)",
     "torchtitan": "FSDP-only: FSDP2 (A100)",
+    "torchtitan (H200, FP8)": "FSDP-only: FSDP2, FP8 (H200)",
     "IBM FMS FSDP": "FSDP-only: FSDP1 (A100)",
     "LLaMA": "Meta production (A100)",
     "TinyLlama": "FSDP-only: FSDP1 (A100)",
@@ -288,12 +296,14 @@ PLANNED_AS = {
         "FSDP-only: FSDP2 (A100)",
         "FSDP-only: FSDP2 (H100)",
         "FSDP-only: FSDP2, FP8 (H100)",
+        "FSDP-only: FSDP2, FP8 (H200)",
         "FSDP2 + context parallel (H100)",
     ),
     "torchtitan": (
         "FSDP-only: FSDP2 (A100)",
         "FSDP-only: FSDP2 (H100)",
         "FSDP-only: FSDP2, FP8 (H100)",
+        "FSDP-only: FSDP2, FP8 (H200)",
         "FSDP2 + context parallel (H100)",
     ),
     "fsdp1": ("FSDP-only: FSDP1 (A100)",),
@@ -544,6 +554,8 @@ def _torchtitan() -> list[dict]:
         ("llama3-70b", 1, "full", 331),
         ("llama2-13b", 2, "none", 2162),
         ("llama2-13b", 2, "layer", 1914),
+        ("llama2-13b", 2, "op", 1904),
+        ("llama2-70b", 1, "op", 355),  # batch 1: "2 ... will cause an OOM error" (its note)
         ("llama2-70b", 2, "full", 353),
     ]:
         cfg = preset(name)
@@ -556,6 +568,20 @@ def _torchtitan() -> list[dict]:
         out.append(_run("torchtitan", cfg, "a100-80gb", 64, 64 * b, "bf16", fixed, "model",
                         published))
     return out
+
+
+def _torchtitan_h200() -> list[dict]:
+    """torchtitan's Llama 3.1 8B on 32 and 64 H200s with FSDP2, torch.compile and torchao's
+    float8: tokens/s per GPU × model FLOPs per token; local batch 2, op-level selective
+    checkpointing (its llama3_8b.toml)."""
+    cfg = replace(preset("llama3-8b"), seq_len=8192, name="Llama 3.1 8B")
+    fixed = dict(tp=1, pp=1, zero=3, micro_batch=2, recompute="op", attention="fused",
+                 loss="fused", fp8_scaling="current", **FSDP2)
+    return [
+        _run("torchtitan (H200, FP8)", cfg, "h200", n, 2 * n, "fp8", fixed | {"dp": n}, "model",
+             round(tokens * model_flops_per_token(cfg) / 1e12, 1))
+        for n, tokens in [(32, 10938), (64, 10753)]
+    ]
 
 
 def _fms_fsdp() -> list[dict]:
