@@ -465,7 +465,7 @@ def test_flash_attention_gpt_rows_agree_with_their_readmes_other_figures():
     for row, hours, millions in zip(rows, hours_per_billion, batch_millions, strict=True):
         cfg = row["cfg"]
         node_tokens = row["published"] * 1e12 / model_flops_per_token(cfg) * row["gpus"]
-        assert round(1e9 / node_tokens / 3600, 2) == pytest.approx(hours, abs=0.011)
+        assert round(1e9 / node_tokens / 3600, 2) == pytest.approx(hours)
         assert row["batch"] * cfg.seq_len == pytest.approx(millions * 2**20)
         assert abs(evaluate(row)["ratio"] - 1) <= 0.15
     big = rows[-1]["cfg"]
@@ -488,7 +488,7 @@ def test_torchtitan_rows_are_its_tables_and_scale_as_published():
 
     a100 = [r for r in runs() if r["source"] == "torchtitan"]
     assert len(a100) == 8
-    assert sorted(r["fixed"]["recompute"] for r in a100).count("op") == 3
+    assert [r["fixed"]["recompute"] for r in a100].count("op") == 3
     h200 = [r for r in runs() if r["source"] == "torchtitan (H200, FP8)"]
     tokens = [r["published"] * 1e12 / model_flops_per_token(r["cfg"]) for r in h200]
     assert [r["gpus"] for r in h200] == [32, 64]

@@ -644,6 +644,7 @@ def _olmo_core() -> list[dict]:
         ]
     ]
 
+
 # GPT-3's shapes as FlashAttention's training README runs them on 8 A100 80GB: (name, blocks,
 # width, heads, per-GPU batch, sequences a step, ZeRO stage, tokens/s of the node)
 FLASH_ATTENTION_GPT = [
