@@ -176,6 +176,15 @@ def add_parser(sub) -> None:
         "clip_grad_norm_: one more read and write of every gradient)",
     )
     t.add_argument(
+        "--logit-metrics",
+        type=int,
+        default=None,
+        metavar="N",
+        help="cross-entropy metrics the trainer computes over every micro-batch's logits "
+        "beside the loss (Composer's training metrics: 2; paracube train: 0, the default) — "
+        "each a cast of the logits to fp32 and a log-softmax: 14 bytes a 16-bit logit",
+    )
+    t.add_argument(
         "--grad-accumulation",
         default=None,
         help="how each micro-batch's weight gradients reach the buffer they are reduced from: "
@@ -362,6 +371,7 @@ SOFTWARE = (
     "param_gather",
     "optimizer_kernel",
     "clip_scale",
+    "logit_metrics",
 )
 
 
@@ -616,6 +626,11 @@ def _check_args(args, whole_nodes: bool = True) -> None:
             raise ParacubeError(
                 f"--{name.replace('_', '-')} must be a positive integer, got {value}"
             )
+    if args.logit_metrics is not None and args.logit_metrics < 0:
+        raise ParacubeError(
+            f"--logit-metrics must be 0 or more (metrics computed over the logits), got "
+            f"{args.logit_metrics}"
+        )
     named: tuple[tuple[str, str, tuple], ...] = (  # (dest, flag, the names it takes)
         ("zero", "--zero", ZERO_STAGES),
         ("schedule", "--schedule", tuple(SCHEDULES)),

@@ -37,7 +37,7 @@ from paracube.pipeline.schedules import SCHEDULES
 # field's default is what paracube train runs (Layout.from_config leaves them so): fused
 # attention, gradient reduction overlapped with the backward, ZeRO-3's backward gathers
 # prefetched, paracube's loss and blocks, no userbuffers overlap, a fused AdamW whose
-# gradients are rescaled only when clipped.
+# gradients are rescaled only when clipped, no metric computed over the logits.
 OTHER_SOFTWARE = (
     "attention",
     "overlap_grad_reduce",
@@ -49,6 +49,7 @@ OTHER_SOFTWARE = (
     "param_gather",
     "optimizer_kernel",
     "clip_scale",
+    "logit_metrics",
 )
 
 
@@ -151,6 +152,11 @@ class Layout:
     # clipping's rescale of the gradients: only when their norm is over the limit
     # (paracube, Megatron) or always (torch's and FSDP1's clip_grad_norm_); choices.CLIP_SCALING
     clip_scale: str = "when-clipped"
+    # cross-entropy metrics the trainer computes over every micro-batch's logits beside the
+    # loss (Composer's training metrics: llm-foundry's MPT logs LanguageCrossEntropy and
+    # LanguagePerplexity, each a full torch cross-entropy); paracube train logs the loss
+    # only (0); :func:`paracube.planner.time_model.logit_metric_bytes`
+    logit_metrics: int = 0
 
     def __post_init__(self) -> None:
         # the planned-only choices, which no engine config checks first: a misspelt one
@@ -183,6 +189,14 @@ class Layout:
             )
         if self.clip_scale not in CLIP_SCALING:
             raise ConfigError(f"clip_scale={self.clip_scale!r}: choose {' or '.join(CLIP_SCALING)}")
+        if (
+            not isinstance(self.logit_metrics, int)
+            or isinstance(self.logit_metrics, bool)
+            or self.logit_metrics < 0
+        ):
+            raise ConfigError(
+                f"logit_metrics={self.logit_metrics!r}: a count of cross-entropy metrics (0: none)"
+            )
         if not isinstance(self.shard, int) or isinstance(self.shard, bool) or self.shard < 0:
             raise ConfigError(f"shard={self.shard!r}: a shard group of ranks (0: all of them)")
         if self.shard and self.zero != 3:

@@ -326,6 +326,13 @@ def _predicted(best, cluster: Cluster, precision: str = "bf16") -> str:
         if precision == "fp8"
         else ""
     )
+    metrics = (
+        f" The trainer's {L.logit_metrics} metric{'s' if L.logit_metrics > 1 else ''} over each "
+        "micro-batch's logits (a cross-entropy each, beside the loss) stream them through HBM "
+        "again."
+        if L.logit_metrics
+        else ""
+    )
     executed = (
         f" ({t.hardware_tflops_per_gpu:.0f} TFLOP/s executed, the recomputation included)"
         if L.recompute != "none"
@@ -339,7 +346,7 @@ def _predicted(best, cluster: Cluster, precision: str = "bf16") -> str:
         f"{sustained(cluster.gpu)}, each matmul's "
         f"roofline with tile and wave quantization over {cluster.gpu.sms or 'no'} SMs, and the "
         "memory-bound element-wise work and the passes that bring each micro-batch's gradients "
-        "into the buffer they are reduced from (paracube.planner.time_model)." + fp8
+        "into the buffer they are reduced from (paracube.planner.time_model)." + metrics + fp8
     )
 
 

@@ -73,9 +73,19 @@ PYTORCH_FSDP: dict[str, object] = dict(grad_accumulation="side-stream", clip_sca
 # per-parameter gather); FSDP1's FlatParameter is a view of what the all-gather wrote
 FSDP2: dict[str, object] = dict(param_gather="per-parameter", **PYTORCH_FSDP)
 # llm-foundry's yamls step Composer's DecoupledAdamW (optimizer name decoupled_adamw:
-# composer/optim/decoupled_weight_decay.py, a loop over the parameters, op by op)
+# composer/optim/decoupled_weight_decay.py, a loop over the parameters, op by op). Composer's
+# trainer updates the model's training metrics after every micro-batch's backward
+# (Trainer._train_microbatch → _eval_train_metrics, on the logits the forward returned), and
+# its train_metrics are set from the model's get_metrics(is_train=True) whatever the run: for
+# llm-foundry's ComposerMPTCausalLM (and mosaicml/examples' ComposerMosaicGPT before it)
+# LanguageCrossEntropy and LanguagePerplexity, whose update is LanguageCrossEntropy's — each
+# a torch.nn.CrossEntropyLoss over the whole (b·s, V) logits (composer/metrics/nlp.py).
 COMPOSER_FSDP: dict[str, object] = dict(
-    backward_prefetch=False, loss="fused", optimizer_kernel="multi-op", **PYTORCH_FSDP
+    backward_prefetch=False,
+    loss="fused",
+    optimizer_kernel="multi-op",
+    logit_metrics=2,
+    **PYTORCH_FSDP,
 )
 
 # NeMo and Megatron-Bridge train with Megatron-Core's modules, and their performance

@@ -481,15 +481,27 @@ def optimizer_time(layout: Layout, g: GPU, shard: float, elem: int) -> float:
     return 2 * elem * stepped / g.host_link_bandwidth + host
 
 
+def logit_metric_bytes(elem: int) -> int:
+    """HBM bytes per logit of one cross-entropy metric over ``elem``-byte logits, as torch
+    runs ``CrossEntropyLoss`` under autocast (counted from its dispatched kernels in
+    tests/test_planner_metrics.py): 16-bit logits cast to fp32 (read 2, write 4 bytes) —
+    log_softmax is autocast to fp32 — then the fp32 log-softmax read and written (8); the
+    loss itself gathers one log-probability a row. fp32 logits: the log-softmax only."""
+    return (elem + 4 if elem < 4 else 0) + 2 * 4
+
+
 def head_time(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> float:
-    """Forward + backward seconds of the output head and the loss for one micro-batch."""
+    """Forward + backward seconds of the output head and the loss for one micro-batch, and
+    of the metrics the trainer computes over its logits (``layout.logit_metrics``)."""
     t = layout.tp
+    logits = layout.micro_batch * cfg.seq_len * cfg.vocab_size / t  # (b, s, V/t)
     head_fwd, head_bwd = _gemm_fwd_bwd(
         layout.micro_batch * cfg.seq_len, cfg.vocab_size / t, cfg.hidden, g, elem
     )
     # the loss: softmax over the logits in fp32 — written, read, and its gradient written
-    loss = 3 * layout.micro_batch * cfg.seq_len * cfg.vocab_size / t * 4 / g.memory_rate
-    return head_fwd + head_bwd + loss
+    loss = 3 * logits * 4 / g.memory_rate
+    metrics = layout.logit_metrics * logits * logit_metric_bytes(elem) / g.memory_rate
+    return head_fwd + head_bwd + loss + metrics
 
 
 def at_precision(cluster: Cluster, precision: str) -> Cluster:
