@@ -12,9 +12,10 @@ fitted to a published result:
   element-wise work (norms, activation function, rotary, residuals) moves what the layer
   keeps for backward twice through HBM (read + write: the model's own count, or
   Korthikanti's per-layer bytes for Megatron's unfused layer); every memory-bound byte
-  at the HBM rate a streaming kernel was measured to reach (``GPU.memory_rate``). Backward
-  is twice the forward. The resulting FLOP rate, divided by peak, is the *achievable
-  fraction* the planner states. Recompute adds the recomputed forward (full), the
+  at the HBM rate a streaming kernel was measured to reach (``GPU.memory_rate``), the
+  loss's softmax and any metric the trainer computes over the logits among them
+  (:func:`logit_metric_bytes`). Backward is twice the forward. The resulting FLOP rate,
+  divided by peak, is the *achievable fraction* the planner states. Recompute adds the recomputed forward (full), the
   attention core (selective), or the matmuls and element-wise work torchtitan's op-level
   policy does not keep (op: :func:`op_recompute_time`).
 - **tensor parallel**: per layer and micro-batch, four all-reduces (or all-gather +
