@@ -328,8 +328,8 @@ def _predicted(best, cluster: Cluster, precision: str = "bf16") -> str:
     )
     metrics = (
         f" The trainer's {L.logit_metrics} metric{'s' if L.logit_metrics > 1 else ''} over each "
-        "micro-batch's logits (a cross-entropy each, beside the loss) stream them through HBM "
-        "again."
+        "micro-batch's logits (a cross-entropy each, beside the loss) are in the step: each "
+        "reads and writes the logits again."
         if L.logit_metrics
         else ""
     )
