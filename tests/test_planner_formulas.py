@@ -278,6 +278,26 @@ def test_four_in_five_published_runs_within_15_percent():
     assert len(composer_a100) == 223 and sum(composer_a100) >= 0.9 * 223
 
 
+def test_only_the_three_named_runs_lie_beyond_30_percent():
+    """The issue's second bar, none beyond ±30 %, is not met by three llm-foundry runs that
+    BENCHMARKS.md names and discusses ("The three beyond ±30 %"): MPT-30B at 8,192 tokens on
+    8 H100s in two sweeps, and MPT-70B on 64 A100 40GB. Every other published run stays
+    inside the bound, so a change that pushes a further run past it fails here rather than
+    only moving a count in the table."""
+    from paracube.planner.published import evaluate, runs
+
+    beyond = sorted(
+        (r["source"], r["model"], r["seq_len"], r["gpus"])
+        for r in map(evaluate, runs())
+        if abs(r["ratio"] - 1) > 0.30
+    )
+    assert beyond == [
+        ("MosaicML (A100 40GB)", "MPT-70b", 2048, 64),
+        ("MosaicML (H100)", "MPT-30b", 8192, 8),
+        ("MosaicML (H100, 2023)", "MPT-30b", 8192, 8),
+    ], beyond
+
+
 def test_bloom_row_is_its_logged_step_on_its_own_cluster():
     """BLOOM's row is its production log's iteration time (104.70 s for 2048 × 2048 tokens on
     384 GPUs) under paracube's hardware FLOP count — which reproduces the log's own TFLOPs
