@@ -59,6 +59,11 @@ GRAD_ACCUMULATION = ("buffer", "fused", "bf16-optimizer", "side-stream")
 # or copied out of it into each parameter's own tensor (per-parameter: FSDP2's DTensor
 # shards, whose gathered buffer holds every rank's shard of every parameter in turn)
 PARAM_GATHER = ("flat", "per-parameter")
+# planner: how ZeRO-1/2 bring every rank's updated slice back into the full parameters after
+# the step — one all-gather (all-gather: paracube, Megatron's distributed optimizer,
+# DeepSpeed) or one broadcast from each rank of the ZeRO group in turn (broadcast: InternLM's
+# HybridZeroOptimizer.broadcast_params), which pays a ring's latency once per rank
+PARAM_SYNC = ("all-gather", "broadcast")
 # planner: the AdamW step's kernels over fp32 weights, gradients, m and v — one fused kernel
 # (fused: paracube's, apex's and Transformer Engine's FusedAdam, torch's fused=True) or an
 # op per pass over the states (multi-op: torch.optim.AdamW's default multi-tensor path,

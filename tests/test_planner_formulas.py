@@ -259,17 +259,17 @@ def test_megatron_class_runs_stay_within_30_percent():
 
 
 def test_four_in_five_published_runs_within_15_percent():
-    """Across every published run paracube holds (456: Megatron-LM, MT-NLG, BLOOM, Llama 3,
+    """Across every published run paracube holds (502: Megatron-LM, MT-NLG, BLOOM, Llama 3,
     Nemotron-4, Megatron-Core, llm-foundry's MPT tables, torchtitan, IBM's FMS FSDP, LLaMA,
     TinyLlama, OLMo-core, FlashAttention's GPT, NeMo, NVIDIA's DGX Cloud benchmarking tables,
-    Megatron-Bridge), predicted ÷ published lies
+    Megatron-Bridge, InternLM), predicted ÷ published lies
     within ±15 % for at least 80 % of them — the issue's bar. The FSDP-only A100 runs, as
     described (MPT's Triton FlashAttention), land within ±15 % in at least 90 % of cases.
     (The issue's second bar, none beyond ±30 %, is not met: BENCHMARKS.md lists them.)"""
     from paracube.planner.published import evaluate, runs
 
     checked = [evaluate(r) for r in runs()]
-    assert len(checked) == 456
+    assert len(checked) == 502
     within = [abs(r["ratio"] - 1) <= 0.15 for r in checked]
     assert sum(within) >= 0.8 * len(checked), sum(within)
     composer_a100 = [
@@ -278,12 +278,14 @@ def test_four_in_five_published_runs_within_15_percent():
     assert len(composer_a100) == 223 and sum(composer_a100) >= 0.9 * 223
 
 
-def test_only_the_three_named_runs_lie_beyond_30_percent():
-    """The issue's second bar, none beyond ±30 %, is not met by three llm-foundry runs that
-    BENCHMARKS.md names and discusses ("The three beyond ±30 %"): MPT-30B at 8,192 tokens on
-    8 H100s in two sweeps, and MPT-70B on 64 A100 40GB. Every other published run stays
-    inside the bound, so a change that pushes a further run past it fails here rather than
-    only moving a count in the table."""
+def test_only_the_named_runs_lie_beyond_30_percent():
+    """The issue's second bar, none beyond ±30 %, is not met by six runs that BENCHMARKS.md
+    names and discusses ("The six beyond ±30 %"): three llm-foundry runs — MPT-30B at 8,192
+    tokens on 8 H100s in two sweeps, MPT-70B on 64 A100 40GB — and InternLM's three smallest
+    steps on 512 and 1,024 A100s (4,096–8,192 tokens a GPU, no checkpointing), whose gradient
+    all-reduce the planner hides behind the backward. Every other published run stays inside
+    the bound, so a change that pushes a further run past it fails here rather than only
+    moving a count in the table."""
     from paracube.planner.published import evaluate, runs
 
     beyond = sorted(
@@ -292,6 +294,9 @@ def test_only_the_three_named_runs_lie_beyond_30_percent():
         if abs(r["ratio"] - 1) > 0.30
     )
     assert beyond == [
+        ("InternLM", "InternLM-7B", 2048, 512),
+        ("InternLM", "InternLM-7B", 2048, 1024),
+        ("InternLM", "InternLM-7B", 2048, 1024),
         ("MosaicML (A100 40GB)", "MPT-70b", 2048, 64),
         ("MosaicML (H100)", "MPT-30b", 8192, 8),
         ("MosaicML (H100, 2023)", "MPT-30b", 8192, 8),

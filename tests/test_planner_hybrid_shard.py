@@ -99,13 +99,13 @@ def test_fsdp_stacks_search_hybrid_sharding_and_paracube_does_not():
     assert hybrid[0].layout.shard == 8
     assert all(c.layout.shard == 0 for c in plain)
     assert hybrid[0].time.step_time < plain[0].time.step_time
-    with pytest.raises(ConfigError, match="shard=8: paracube train shards ZeRO-3"):
+    with pytest.raises(ConfigError, match="shard=8: paracube train shards ZeRO over"):
         hybrid[0].layout.to_args()
 
 
 def test_a_shard_group_is_refused_where_it_cannot_be():
-    with pytest.raises(ConfigError, match="zero=3"):
-        Layout(dp=16, zero=1, shard=8)
+    with pytest.raises(ConfigError, match="zero=1 or 3"):
+        Layout(dp=16, zero=2, shard=8)
     with pytest.raises(ConfigError, match="does not divide the data-parallel group"):
         _ = Layout(dp=12, zero=3, shard=8).shard_group
     with pytest.raises(ConfigError, match="shard group"):

@@ -149,9 +149,17 @@ def add_parser(sub) -> None:
         "--shard-group",
         type=int,
         default=None,
-        help="hybrid sharding (HSDP: FSDP's HYBRID_SHARD): ZeRO-3 within groups of N "
-        "data-parallel ranks, replicated across the groups — implies --zero 3; planned, not run "
-        "by paracube train (the FSDP stacks' searches try one node's group themselves)",
+        help="hybrid sharding: ZeRO within groups of N data-parallel ranks, replicated across "
+        "the groups — ZeRO-3 (HSDP: FSDP's HYBRID_SHARD; the default) or, with --zero 1, the "
+        "optimizer states only (InternLM's zero1 size); planned, not run by paracube train "
+        "(the FSDP stacks' searches try one node's group themselves)",
+    )
+    t.add_argument(
+        "--param-sync",
+        default=None,
+        help="ZeRO-1/2's updated slices brought back after the step: one all-gather "
+        "(all-gather: paracube train, Megatron, DeepSpeed; default) or a broadcast from each "
+        "rank of the ZeRO group in turn (broadcast: InternLM — a ring's latency per rank)",
     )
     t.add_argument(
         "--param-gather",
@@ -369,6 +377,7 @@ SOFTWARE = (
     "split",
     "grad_accumulation",
     "param_gather",
+    "param_sync",
     "optimizer_kernel",
     "clip_scale",
     "logit_metrics",
@@ -448,16 +457,16 @@ def _plan_fixed(args, gpus: int, mixed: bool = False) -> dict:
 
 
 def _hybrid_shard(args, fixed: dict) -> None:
-    """``--shard-group N`` into the fixed choices (ZeRO-3 within groups of N), refused by name
-    where it cannot be: another ZeRO stage, a data-parallel group it does not divide, a
-    command paracube train would have to run."""
+    """``--shard-group N`` into the fixed choices (ZeRO-3 within groups of N, or ZeRO-1's
+    optimizer states with --zero 1), refused by name where it cannot be: another ZeRO stage,
+    a data-parallel group it does not divide, a command paracube train would have to run."""
     n = args.shard_group
     if n <= 0:
         raise ParacubeError(f"--shard-group must be a positive integer, got {n}")
-    if fixed.get("zero", 3) != 3:
+    if fixed.get("zero", 3) not in (1, 3):
         raise ParacubeError(
             f"--shard-group {n} with --zero {fixed['zero']}: hybrid sharding shards ZeRO-3's "
-            "states; use --zero 3 or drop --shard-group"
+            "states or ZeRO-1's optimizer states; use --zero 3 or 1, or drop --shard-group"
         )
     if "dp" in fixed and (fixed["dp"] * fixed.get("cp", 1)) % n:
         raise ParacubeError(
@@ -466,11 +475,11 @@ def _hybrid_shard(args, fixed: dict) -> None:
         )
     if args.emit == "torchrun":
         raise ParacubeError(
-            f"--shard-group {n} with --emit torchrun: paracube train shards ZeRO-3 over the "
-            "whole data-parallel group (hybrid sharding is planned to evaluate the FSDP stacks "
-            "that run it); drop one"
+            f"--shard-group {n} with --emit torchrun: paracube train shards ZeRO over the "
+            "whole data-parallel group (hybrid sharding is planned to evaluate the FSDP and "
+            "InternLM stacks that run it); drop one"
         )
-    fixed.update(zero=3, shard=n)
+    fixed.update(zero=fixed.get("zero", 3), shard=n)
 
 
 def _check_stack_choices(args, fixed: dict) -> None:
@@ -586,6 +595,7 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         OFFLOAD,
         OPTIMIZER_KERNELS,
         PARAM_GATHER,
+        PARAM_SYNC,
         PIPELINE_SPLIT,
         PLANNED_RECOMPUTE,
         PRECISIONS,
@@ -641,6 +651,7 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         ("loss", "--loss", LOSS_BACKWARD),
         ("grad_accumulation", "--grad-accumulation", GRAD_ACCUMULATION),
         ("param_gather", "--param-gather", PARAM_GATHER),
+        ("param_sync", "--param-sync", PARAM_SYNC),
         ("optimizer_kernel", "--optimizer-kernel", OPTIMIZER_KERNELS),
         ("clip_scale", "--clip-scale", CLIP_SCALING),
         ("activations", "--activations", ACTIVATION_MEMORY),
@@ -657,6 +668,11 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         raise ParacubeError(
             f"--optimizer-kernel {args.optimizer_kernel} with --offload optimizer: the offloaded "
             "step runs on the host, as its own loop; drop one of them"
+        )
+    if args.param_sync not in (None, "all-gather") and args.zero not in (None, 1, 2):
+        raise ParacubeError(
+            f"--param-sync {args.param_sync} with --zero {args.zero}: the parameter sync after "
+            "the step is ZeRO-1/2's; use --zero 1 or 2, or drop --param-sync"
         )
     if args.fp8_scaling is not None and args.precision != "fp8":
         raise ParacubeError(

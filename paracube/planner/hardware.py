@@ -212,7 +212,10 @@ GPUS["h800"] = replace(GPUS["h100"], name="H800 SXM", nvlink_bandwidth=400 * GB)
 # Omni-Path (Intel OPA, 100 Gb/s per port) as Jean Zay's A100 nodes have it: "8 GPUs per node
 # Using NVLink 4 inter-gpu connects, 4 OmniPath links" (bigscience-workshop/bigscience,
 # train/tr11-176B-ml/README.md, BLOOM's cluster): four ports shared by eight GPUs, at
-# InfiniBand's latency (the same class of RDMA fabric).
+# InfiniBand's latency (the same class of RDMA fabric). RoCE, four 100 Gb/s ports per node
+# of eight A100s as InternLM's scaling tests ran ("Inter-machine bandwidth: 4 * 100Gb RoCE",
+# InternLM/InternLM, doc/en/train_performance.md): the same shape and latency — NCCL's
+# tuning model has one network class for InfiniBand and RoCE alike (NCCL_HW_NET).
 # NCCL's effective bandwidth of one NVLink, one direction (src/graph/topo.h; above)
 NVLINK_EFFECTIVE = {"volta": 20.0 * GB, "ampere": 20.0 * GB, "hopper": 20.6 * GB}
 # Hopper's NVSwitch reduces in the switch: "allreduce uses NVLink SHARP by default ... On 8
@@ -243,6 +246,9 @@ INTERCONNECTS: dict[str, Interconnect] = {
     ),
     "opa-4x100": Interconnect(
         "Omni-Path 4 × 100 Gb/s per node", 4 * 12.5 * GB, 14e-6, shared_by_node=True
+    ),
+    "roce-4x100": Interconnect(
+        "RoCE 4 × 100 Gb/s per node", 4 * 12.5 * GB, 14e-6, shared_by_node=True
     ),
 }
 

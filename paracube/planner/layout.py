@@ -23,6 +23,7 @@ from paracube.choices import (
     LOSS_BACKWARD,
     OPTIMIZER_KERNELS,
     PARAM_GATHER,
+    PARAM_SYNC,
     PIPELINE_SPLIT,
     PLANNED_RECOMPUTE,
     PRECISIONS,
@@ -47,6 +48,7 @@ OTHER_SOFTWARE = (
     "tp_comm_overlap",
     "grad_accumulation",
     "param_gather",
+    "param_sync",
     "optimizer_kernel",
     "clip_scale",
     "logit_metrics",
@@ -138,11 +140,19 @@ class Layout:
     # out into each parameter (per-parameter: FSDP2); choices.PARAM_GATHER,
     # :func:`paracube.planner.time_model.gather_copy_time`
     param_gather: str = "flat"
-    # hybrid sharding (HSDP: PyTorch FSDP's HYBRID_SHARD, FSDP2 over a 2-D mesh, Composer's
-    # HYBRID_SHARD): ZeRO-3 within groups of ``shard`` consecutive data-parallel ranks, the
-    # groups replicas of each other, whose sharded gradients are all-reduced across them
-    # (Zhao et al. 2023, "PyTorch FSDP", §3.2.2); 0: over the whole group (FULL_SHARD).
-    # Planned, to evaluate the stacks that run it: ``paracube train`` does not (:meth:`to_args`)
+    # ZeRO-1/2's updated slices brought back by one all-gather (paracube, Megatron, DeepSpeed)
+    # or by a broadcast from each rank of the ZeRO group (InternLM); choices.PARAM_SYNC,
+    # :func:`paracube.planner.time_model.param_sync_time`
+    param_sync: str = "all-gather"
+    # hybrid sharding: ZeRO within groups of ``shard`` consecutive data-parallel ranks, the
+    # groups replicas of each other; 0: over the whole group. ZeRO-3 (HSDP: PyTorch FSDP's
+    # HYBRID_SHARD, FSDP2 over a 2-D mesh, Composer's HYBRID_SHARD): the sharded gradients
+    # are all-reduced across the replicas (Zhao et al. 2023, "PyTorch FSDP", §3.2.2). ZeRO-1
+    # (InternLM's ``zero1=dict(size=8)``, "the world size of zero is a subset of dp world
+    # size"): the optimizer states are sharded within the group while the gradients are
+    # still all-reduced over every data-parallel rank, so only the parameter sync after the
+    # step stays inside the group. Planned, to evaluate the stacks that run it: ``paracube
+    # train`` does not (:meth:`to_args`)
     shard: int = 0
     # the AdamW step as one fused kernel (paracube, Megatron) or an op per pass over the
     # states (multi-op: torch.optim.AdamW's default, Composer's DecoupledAdamW) — on the GPU:
@@ -199,11 +209,13 @@ class Layout:
             )
         if not isinstance(self.shard, int) or isinstance(self.shard, bool) or self.shard < 0:
             raise ConfigError(f"shard={self.shard!r}: a shard group of ranks (0: all of them)")
-        if self.shard and self.zero != 3:
+        if self.shard and self.zero not in (1, 3):
             raise ConfigError(
-                f"shard={self.shard}: hybrid sharding shards ZeRO-3's states (zero=3), not "
-                f"ZeRO-{self.zero}'s"
+                f"shard={self.shard}: hybrid sharding shards ZeRO-1's optimizer states or "
+                f"ZeRO-3's states (zero=1 or 3), not ZeRO-{self.zero}'s"
             )
+        if self.param_sync not in PARAM_SYNC:
+            raise ConfigError(f"param_sync={self.param_sync!r}: choose {' or '.join(PARAM_SYNC)}")
         if self.loss not in LOSS_BACKWARD:
             raise ConfigError(f"loss={self.loss!r}: choose {' or '.join(LOSS_BACKWARD)}")
         # the engine's choices too, for layouts made in the API rather than from a job
@@ -307,9 +319,9 @@ class Layout:
             )
         if self.shard:
             raise ConfigError(
-                f"shard={self.shard}: paracube train shards ZeRO-3 over the whole "
-                "data-parallel group (hybrid sharding is planned to evaluate the FSDP stacks "
-                "that run it); plan without it for a layout it runs"
+                f"shard={self.shard}: paracube train shards ZeRO over the whole "
+                "data-parallel group (hybrid sharding is planned to evaluate the FSDP and "
+                "InternLM stacks that run it); plan without it for a layout it runs"
             )
         if self.recompute in PLANNED_RECOMPUTE:
             raise ConfigError(

@@ -173,6 +173,19 @@ Sources:
   and, for 405B, the embedding and the loss counted in the pipeline split
   (``src/megatron/bridge/recipes/llama/llama3_70b.py``, ``llama31_405b.py``);
   checkpointing is not stated, so the planner chooses it. MoE rows are left out.
+- InternLM: InternLM/InternLM, ``doc/en/train_performance.md`` (InternLM-7B's scaling tests,
+  2023): A100 80GB nodes of 8 over "4 * 100Gb RoCE" (``roce-4x100``), sequence 2,048, from
+  8 to 1,024 GPUs. Both FLOPS tables (packed samples, tp 1, ZeRO-1 within each node —
+  ``zero1=8``, :attr:`~paracube.planner.layout.Layout.shard` under ZeRO-1 —, with and
+  without activation checkpointing, 11 rows each: tokens/s per GPU, and the TFLOPS the
+  table derives from them with Megatron's count, which paracube's hardware FLOPs reproduce
+  within 4 %), and the throughput table's three other layouts (tp 1 and 2 with ZeRO-1 over
+  every data-parallel rank, tp 2 within groups of 4; 8 GPU counts each; its tp 1, zero1=8
+  row is the FLOPS table's runs). The throughput table ran ``pack_sample_into_one=False``
+  — attention within each packed document, cheaper than the whole 2,048 the planner
+  charges: under 4 % of a step's FLOPs at this size. The software from the code
+  (:data:`~paracube.planner.stacks.INTERNLM`): bf16 gradient all-reduce in 512M-element
+  buckets during the last backward, a broadcast from each ZeRO rank after the step.
 - ResNet-50 (:data:`RESNET50_RUNS`, a model described without layers: not in :func:`runs`):
   NVIDIA/DeepLearningExamples, ``PyTorch/Classification/ConvNets/resnet50v1.5/README.md``,
   "Training performance results" (pytorch-21.03 container): images/s on 1 and 8 GPUs of a
@@ -195,6 +208,7 @@ from paracube.planner.search import Candidate, candidate_layouts, search
 from paracube.planner.stacks import (
     COMPOSER_FSDP,
     FSDP2,
+    INTERNLM,
     MEGATRON_2021,
     MEGATRON_CORE,
     MEGATRON_FP16,
@@ -238,6 +252,7 @@ def runs() -> list[dict]:
         + _dgxc()
         + _megatron_bridge_fp8()
         + _nemo_long_sequence()
+        + _internlm()
     )
 
 
@@ -280,6 +295,7 @@ STACKS = {
     "NeMo long sequence (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
     "DGX Cloud benchmarking (BF16)": "Megatron-Core via NeMo, BF16 (H100)",
     "DGX Cloud benchmarking (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
+    "InternLM": "ZeRO-1: InternLM (A100)",
 }
 
 
@@ -319,6 +335,7 @@ PLANNED_AS = {
         "Megatron-Core via NeMo, BF16 (H100)",
     ),
     "megatron-lm-2021": ("Megatron-LM",),
+    "internlm": ("ZeRO-1: InternLM (A100)",),
 }
 
 
@@ -816,6 +833,64 @@ def _nemo_long_sequence() -> list[dict]:
     return out
 
 
+def internlm_7b() -> ModelConfig:
+    """InternLM-7B as its scaling tests trained it (InternLM/InternLM ``configs/7B_sft.py``):
+    32 blocks of 4,096 with 32 heads, SwiGLU of 8/3 · 4,096 rounded up to 256 — 11,008 —,
+    RMSNorm, rotary positions, a 103,168-token vocabulary, untied head; the linear layers'
+    biases (the attention's) left out, under 0.1 % of its FLOPs."""
+    return ModelConfig(n_layers=32, hidden=4096, n_heads=32, vocab_size=103168, seq_len=2048,
+                       ffn_hidden=11008, activation="swiglu", norm="rmsnorm", position="rope",
+                       tie_embeddings=False, bias=False, name="InternLM-7B")
+
+
+# The FLOPS tables: packed samples (pack_sample_into_one True, attention over the whole
+# 2,048), tp 1, ZeRO-1 within each node (zero1=8); per row (GPUs, micro-batch, micro-batches
+# a step, tokens/s per GPU, the table's TFLOPS), with and without activation checkpointing
+INTERNLM_FLOPS = {
+    True: [(8, 8, 1, 3314, 193), (16, 8, 1, 3268, 191), (32, 8, 1, 3323, 188),
+           (64, 8, 1, 3217, 188), (128, 8, 1, 3260, 187), (256, 8, 1, 3215, 187),
+           (512, 8, 1, 3199, 186), (1024, 8, 1, 3163, 184), (512, 4, 1, 2963, 173),
+           (1024, 2, 1, 2341, 136), (1024, 4, 1, 2796, 160)],
+    False: [(8, 2, 4, 4103, 183), (16, 2, 4, 3939, 177), (32, 2, 4, 3919, 176),
+            (64, 2, 4, 3944, 174), (128, 2, 4, 3928, 173), (256, 2, 4, 3920, 173),
+            (512, 2, 4, 3900, 173), (1024, 2, 4, 3625, 160), (512, 2, 2, 3084, 139),
+            (1024, 2, 1, 2346, 105), (1024, 2, 2, 2817, 124)],
+}
+# The throughput table's other layouts (checkpointing off, pack_sample_into_one False),
+# tokens/s per GPU on 8 … 1,024 GPUs: (tp, ZeRO-1 group: 0 = every data-parallel rank,
+# zero1=-1), micro-batch 2 (tp 1) or 4 (tp 2), 4 micro-batches a step
+INTERNLM_THROUGHPUT = {
+    (1, 0): [4062, 3842, 3752, 3690, 3571, 3209, 2861, 2271],
+    (2, 0): [3822, 3595, 3475, 3438, 3308, 3094, 2992, 2785],
+    (2, 4): [3761, 3658, 3655, 3650, 3651, 3653, 3589, 3486],
+}
+
+
+def _internlm() -> list[dict]:
+    """InternLM-7B on 8 to 1,024 A100 80GB over four 100 Gb/s RoCE ports a node (InternLM's
+    scaling tables): ZeRO-1 over every data-parallel rank or within a node, its parameters
+    synced by broadcasts (:data:`~paracube.planner.stacks.INTERNLM`)."""
+    cfg = internlm_7b()
+    per_token = model_flops_per_token(cfg)
+    out = []
+
+    def row(n: int, tp: int, group: int, b: int, m: int, ckpt: bool, tokens: float) -> None:
+        dp = n // tp
+        fixed = dict(dp=dp, tp=tp, pp=1, zero=1, micro_batch=b, sequence_parallel=False,
+                     attention="fused", recompute="full" if ckpt else "none",
+                     shard=group if 1 < group < dp else 0, **INTERNLM)
+        out.append(_run("InternLM", cfg, "a100-80gb", n, dp * b * m, "bf16", fixed, "model",
+                        round(tokens * per_token / 1e12, 1), inter="roce-4x100"))
+
+    for ckpt, rows in INTERNLM_FLOPS.items():
+        for n, b, m, tokens, _ in rows:
+            row(n, 1, 8, b, m, ckpt, tokens)
+    for (tp, group), tokens_per_gpu in INTERNLM_THROUGHPUT.items():
+        for n, tokens in zip((8, 16, 32, 64, 128, 256, 512, 1024), tokens_per_gpu):
+            row(n, tp, group, 2 * tp, 4, False, tokens)
+    return out
+
+
 def _megatron_bridge_fp8() -> list[dict]:
     """Megatron-Bridge's dense FP8 pre-training rows on DGX-H100 (sequence 8192): 25.11's,
     and 26.02's larger-batch runs of the same recipes."""
@@ -903,7 +978,9 @@ def evaluate(row: dict) -> dict:
         "gpu": row["gpu"],
         "gpus": row["gpus"],
         "batch": row["batch"],
-        "layout": f"{L.tp}×{L.pp}×{L.dp}" + (f" (cp {L.cp})" if L.cp > 1 else ""),
+        "layout": f"{L.tp}×{L.pp}×{L.dp}"
+        + (f" (cp {L.cp})" if L.cp > 1 else "")
+        + (f" (ZeRO in groups of {L.shard})" if L.shard else ""),
         "seq_len": cfg.seq_len,
         "recompute": L.recompute
         + ("" if L.recompute_blocks is None else f" ({L.recompute_blocks} blocks)"),

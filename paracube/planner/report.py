@@ -34,7 +34,9 @@ def describe(layout) -> str:
     if layout.zero:
         text += f" zero{layout.zero}"
     if getattr(layout, "shard", 0):
-        text += f" hsdp={layout.shard}"
+        text += f" hsdp={layout.shard}" if layout.zero == 3 else f" zero-group={layout.shard}"
+    if getattr(layout, "param_sync", "all-gather") != "all-gather" and layout.zero in (1, 2):
+        text += f" sync={layout.param_sync}"
     if layout.recompute != "none":
         text += f" recompute={layout.recompute}"
         if getattr(layout, "recompute_blocks", None) is not None:
@@ -262,14 +264,24 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
             + ("data-parallel" if L.cp == 1 else f"data- and context-parallel ({L.dp} × {L.cp})")
             if not L.shard
             else f"{L.shard} ranks of each hybrid shard group ({L.replicas} replicas of it, "
-            "whose gradient shards are all-reduced across them in every backward)"
+            + (
+                "whose gradient shards are all-reduced across them in every backward)"
+                if L.zero == 3
+                else "while the gradients are all-reduced over all "
+                f"{L.grad_group} data-parallel ranks)"
+            )
         )
         lines.append(
             f"- ZeRO-{L.zero} shards {SHARDED_STATES[L.zero]} over the {group}"
             + (" ranks" if not L.shard else "")
             + f": {best.memory.model_states / GB:.1f} GB of model states per GPU, and each "
             f"rank steps 1/{L.shard_group} of the optimizer ({t.optimizer:.3g} s); the parameter "
-            "all-gathers it adds"
+            + (
+                f"broadcasts it adds (one from each of the {L.shard_group} ranks, each a ring of "
+                "its own)"
+                if L.zero in (1, 2) and L.param_sync == "broadcast"
+                else "all-gathers it adds"
+            )
             + (
                 f", and a gradient reduce-scatter in each of the {L.microbatches} micro-batches' "
                 "backwards (no full gradients are kept to accumulate into),"

@@ -217,8 +217,8 @@ def candidate_layouts(
                         reject(refusal)
                         continue
                     shard = fixed.get("shard", 0)
-                    if shard and zero != 3:
-                        continue  # hybrid sharding is ZeRO-3's: the other stages are not candidates
+                    if shard and zero not in (1, 3):
+                        continue  # hybrid sharding is ZeRO-1's or ZeRO-3's: not the others
                     if shard and (dp * cp) % shard:
                         reject(
                             f"--shard-group {shard} does not divide the data-parallel group "

@@ -95,6 +95,22 @@ COMPOSER_FSDP: dict[str, object] = dict(
 # Megatron-Core leaves off unless --tp-comm-overlap
 NEMO: dict[str, object] = dict(tp_comm_overlap=True, **MEGATRON_CORE)
 
+# InternLM's trainer (InternLM/InternLM, the 2023 code its scaling tables ran): its
+# HybridZeroOptimizer reduces each 512M-element bucket of gradients in the weights' dtype
+# (reduce_tensor(dtype=self.dtype), bf16) on a side stream during the last micro-batch's
+# backward (earlier ones set skip_grad_reduce), steps torch.optim.AdamW (its default
+# multi-tensor path) on its ZeRO-1 slice, always multiplies the gradients by the clipping
+# and loss-scale coefficient (_unscale_and_clip_grads), and brings the slices back with one
+# dist.broadcast from each rank of the ZeRO group (broadcast_params); its loss is flash-attn's
+# CrossEntropyLoss with inplace_backward (FlashGPTLMLoss), its attention flash-attn's.
+INTERNLM: dict[str, object] = dict(
+    grad_reduce="compute",
+    param_sync="broadcast",
+    optimizer_kernel="multi-op",
+    clip_scale="always",
+    loss="fused",
+)
+
 # The stacks a plan can be asked for by name: paracube's own (every fact at its default) and
 # the ones whose facts above were read from their code (torchtitan trains with FSDP2).
 STACK_SOFTWARE: dict[str, dict[str, object]] = {
@@ -107,6 +123,7 @@ STACK_SOFTWARE: dict[str, dict[str, object]] = {
     "fsdp1": PYTORCH_FSDP,
     "torchtitan": FSDP2,
     "composer": COMPOSER_FSDP,
+    "internlm": INTERNLM,
 }
 
 
@@ -135,6 +152,7 @@ STACK_CHOICES: dict[str, dict[str, tuple]] = {
     "fsdp1": {"recompute": WHOLE_BLOCKS},
     "torchtitan": {"recompute": (*WHOLE_BLOCKS, "op")},
     "composer": {"tp": (1,), "pp": (1,), "zero": (0, 2, 3), "recompute": WHOLE_BLOCKS},
+    "internlm": {"zero": (0, 1), "recompute": WHOLE_BLOCKS},
 }
 
 

@@ -817,7 +817,7 @@ def dp_exposed_time(
     less what hides behind the next forward; under ZeRO-3 the parameter gathers of every
     micro-batch less what hides behind its compute — and, for what does hide, the compute
     it slows down (:data:`OVERLAP_SLOWDOWN`)."""
-    if layout.shard and layout.replicas > 1:
+    if layout.zero == 3 and layout.shard and layout.replicas > 1:
         return hybrid_exposed_time(layout, cluster, params, per_mb, cfg, layers, elem)
     g, dp, m = cluster.gpu, layout.grad_group, layout.microbatches
     link = dp_link(layout, cluster)
@@ -834,6 +834,8 @@ def dp_exposed_time(
     exposed = max(allreduce - hidden, last_bucket_time(layout, link, params, elem)) + blocking
     exposed += waited
     gather = _half_ring(params * elem, dp, link)  # all parameters from every rank's slice
+    if layout.zero in (1, 2):  # the updated slices, over the ZeRO group (a hybrid one's own)
+        gather = param_sync_time(layout, cluster, params, elem)
     forward = per_mb / 3 if g.overlaps_communication else 0.0  # a micro-batch's forward
     beside_compute = min(allreduce, hidden)  # seconds of collectives running beside compute
     if layout.zero in (1, 2) and dp > 1:
@@ -864,6 +866,25 @@ def dp_exposed_time(
         exposed += (m - 1) * max(0.0, scatter - backward)
         beside_compute += (m - 1) * min(scatter, backward)
     return exposed + OVERLAP_SLOWDOWN * beside_compute
+
+
+def param_sync_time(layout: Layout, cluster: Cluster, params: float, elem: int) -> float:
+    """Seconds ZeRO-1/2 take to bring every rank's updated slice of ``params`` ``elem``-byte
+    weights back into the full parameters after the step, over the ZeRO group — every
+    data-parallel rank, or under hybrid sharding (``Layout.shard``) one group of consecutive
+    ranks, on that group's own link (:func:`group_link`: within a node, NVLink). One ring
+    all-gather (``param_sync="all-gather"``: Rajbhandari et al. 2020, P_os), or z broadcasts,
+    one from each of the group's z ranks in turn (``"broadcast"``: InternLM's
+    ``HybridZeroOptimizer.broadcast_params``, one ``dist.broadcast`` of each rank's flat
+    slice): the same bytes through each GPU, but every broadcast is a ring of its own, so
+    the ring's z − 1 latency steps are paid z times — z(z − 1) steps, against z − 1."""
+    z = layout.shard_group
+    if z <= 1:
+        return 0.0
+    link = group_link(cluster, z, layout.tp)
+    if layout.param_sync == "broadcast":
+        return z * (params / z * elem / link.bandwidth + (z - 1) * link.latency)
+    return _half_ring(params * elem, z, link)
 
 
 def hybrid_exposed_time(

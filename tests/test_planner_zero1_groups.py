@@ -1,0 +1,198 @@
+"""ZeRO-1 in shard groups and its parameter sync by broadcasts (InternLM's HybridZeroOptimizer)
+in the planner, and InternLM's published scaling tables that exercise them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from paracube.errors import ConfigError
+from paracube.models import shapes
+from paracube.planner import hardware as hw
+from paracube.planner.flops import hardware_flops_per_token
+from paracube.planner.layout import Layout
+from paracube.planner.layout_memory import peak_memory
+from paracube.planner.published import (
+    INTERNLM_FLOPS,
+    INTERNLM_THROUGHPUT,
+    evaluate,
+    internlm_7b,
+    runs,
+)
+from paracube.planner.stacks import INTERNLM
+from paracube.planner.time_model import (
+    Cluster,
+    _half_ring,
+    _ring,
+    estimate,
+    group_link,
+    param_sync_time,
+)
+
+GB = 1e9
+
+
+def _cluster() -> Cluster:
+    """InternLM's: A100 80GB nodes of 8 over four 100 Gb/s RoCE ports a node."""
+    return Cluster(
+        hw.gpu("a100-80gb"), 8, hw.interconnect("nvlink3"), hw.interconnect("roce-4x100")
+    )
+
+
+def _zero1(dp: int = 128, **kw) -> Layout:
+    return Layout(dp=dp, micro_batch=2, microbatches=4, zero=1, **kw)
+
+
+def test_a_zero1_group_shards_the_optimizer_states_within_it_only():
+    """ZeRO-1 in groups of 8: each rank holds 1/8 of the optimizer states — what plain ZeRO-1
+    over 8 ranks holds, whatever the replicas — weights and gradients whole, and steps 1/8
+    of the optimizer."""
+    cfg = internlm_7b()
+    grouped = peak_memory(cfg, _zero1(shard=8))
+    over_8 = peak_memory(cfg, _zero1(dp=8))
+    over_all = peak_memory(cfg, _zero1())
+    assert grouped.model_states == pytest.approx(over_8.model_states)
+    assert grouped.model_states > over_all.model_states
+    # the optimizer's fp32 master, m and v (12 bytes a parameter) over 8 against over 128
+    n = shapes.parameter_count(cfg)
+    gap = grouped.model_states - over_all.model_states
+    assert gap == pytest.approx(12 * n * (1 / 8 - 1 / 128), rel=0.01)
+    cluster = _cluster()
+    assert estimate(cfg, _zero1(shard=8), cluster).optimizer == pytest.approx(
+        estimate(cfg, _zero1(dp=8), cluster).optimizer
+    )
+
+
+def test_the_parameter_sync_stays_inside_the_group_while_gradients_cross_every_rank():
+    """The gradient reduction is the same ring all-reduce over all 128 ranks with or without
+    groups; only the sync after the step moves: within a node's 8 ranks on NVLink instead of
+    across 16 nodes' 4 × 100 Gb/s ports — so the grouped layout's step is the shorter."""
+    cfg, cluster = internlm_7b(), _cluster()
+    params, elem = 7e9, 2
+    grouped, whole = _zero1(shard=8), _zero1()
+    nvlink = group_link(cluster, 8, 1)
+    assert nvlink.bandwidth == cluster.intra.bandwidth
+    assert param_sync_time(grouped, cluster, params, elem) == pytest.approx(
+        _half_ring(params * elem, 8, nvlink)
+    )
+    assert param_sync_time(whole, cluster, params, elem) == pytest.approx(
+        _half_ring(params * elem, 128, group_link(cluster, 128, 1))
+    )
+    assert param_sync_time(grouped, cluster, params, elem) < param_sync_time(
+        whole, cluster, params, elem
+    )
+    assert estimate(cfg, grouped, cluster).step_time < estimate(cfg, whole, cluster).step_time
+
+
+def test_a_broadcast_sync_pays_a_rings_latency_once_per_rank():
+    """z broadcasts of 1/z of the parameters each move the bytes of one all-gather through
+    every GPU, but each is a ring of its own: z(z − 1) latency steps against z − 1 — the
+    difference grows as the square of the group, while the all-gather's stays linear."""
+    cluster, params, elem = _cluster(), 7e9, 2
+    for z in (64, 256, 1024):
+        link = group_link(cluster, z, 1)
+        gather = _zero1(dp=z)
+        broadcast = replace(gather, param_sync="broadcast")
+        expected = params * elem / link.bandwidth + z * (z - 1) * link.latency
+        assert param_sync_time(broadcast, cluster, params, elem) == pytest.approx(expected)
+        assert param_sync_time(gather, cluster, params, elem) == pytest.approx(
+            (z - 1) / z * params * elem / link.bandwidth + (z - 1) * link.latency
+        )
+    small, large = (
+        param_sync_time(replace(_zero1(dp=z), param_sync="broadcast"), cluster, params, elem)
+        - param_sync_time(_zero1(dp=z), cluster, params, elem)
+        for z in (256, 1024)
+    )
+    assert large > 10 * small  # (1024 · 1023) / (256 · 255) ≈ 16 in latency steps
+    # no group, no sync: a single rank has nothing to bring back
+    assert param_sync_time(replace(_zero1(dp=1), param_sync="broadcast"), cluster, params, 2) == 0
+
+
+def test_the_gradient_reduction_is_untouched_by_the_group_and_the_sync():
+    """Grouping ZeRO-1 or syncing by broadcasts leaves the gradients' all-reduce as it was:
+    with nothing overlapped, the data-parallel time of each layout is that one ring
+    all-reduce of the gradients over all 128 ranks plus its own sync, exactly."""
+    cfg, cluster = internlm_7b(), _cluster()
+    params = shapes.parameter_count(cfg)
+    ring = _ring(params * 4, 128, group_link(cluster, 128, 1))  # fp32 gradients
+    for layout in (
+        _zero1(overlap_grad_reduce=False),
+        _zero1(overlap_grad_reduce=False, shard=8),
+        _zero1(overlap_grad_reduce=False, param_sync="broadcast"),
+        _zero1(overlap_grad_reduce=False, shard=8, param_sync="broadcast"),
+    ):
+        sync = param_sync_time(layout, cluster, params, 2)
+        assert estimate(cfg, layout, cluster).dp_exposed == pytest.approx(ring + sync, rel=1e-6)
+
+
+def test_layouts_refuse_what_they_cannot_be():
+    with pytest.raises(ConfigError, match="param_sync='scatter'"):
+        Layout(dp=8, zero=1, param_sync="scatter")
+    with pytest.raises(ConfigError, match="zero=1 or 3"):
+        Layout(dp=16, zero=2, shard=8)
+    with pytest.raises(ConfigError, match="param_sync='broadcast'"):
+        Layout(dp=8, zero=1, param_sync="broadcast").check_paracube_software()
+    with pytest.raises(ConfigError, match="shard=8: paracube train shards ZeRO over"):
+        Layout(dp=16, zero=1, shard=8).to_args()
+
+
+def test_internlm_stack_states_its_software():
+    """InternLM's trainer as its code runs it: gradients reduced in bf16, the slices synced by
+    broadcasts, torch's multi-op AdamW, an always-applied clip scale, flash-attn's loss."""
+    assert INTERNLM == dict(
+        grad_reduce="compute",
+        param_sync="broadcast",
+        optimizer_kernel="multi-op",
+        clip_scale="always",
+        loss="fused",
+    )
+
+
+def test_internlm_tables_are_held_whole_and_count_flops_as_paracube_does():
+    """Every row of InternLM's scaling tables is held — the two FLOPS tables (22) and the
+    throughput table's three other layouts (24; its zero1=8 row is the FLOPS table's runs) —
+    and paracube's hardware FLOPs per token times each row's tokens/s reproduce the table's
+    own TFLOPS column within 4 % (its rounding): both count the same work."""
+    cfg = internlm_7b()
+    assert sum(len(r) for r in INTERNLM_FLOPS.values()) == 22
+    assert sum(len(r) for r in INTERNLM_THROUGHPUT.values()) == 24
+    for checkpointed, rows in INTERNLM_FLOPS.items():
+        per_token = hardware_flops_per_token(cfg, "full" if checkpointed else "none")
+        for _, _, _, tokens, tflops in rows:
+            assert tokens * per_token / 1e12 == pytest.approx(tflops, rel=0.04)
+    held = [r for r in runs() if r["source"] == "InternLM"]
+    assert len(held) == 46
+    assert {r["fixed"]["shard"] for r in held} == {0, 4, 8}
+    assert all(r["inter"] == "roce-4x100" for r in held)
+
+
+def test_internlm_runs_within_a_node_group_scale_as_published():
+    """The layout InternLM recommends (ZeRO-1 within each node) keeps its per-GPU rate from 8
+    to 1,024 GPUs in the published table (3,314 → 3,163 tokens/s with checkpointing), and
+    the planner has it within ±15 % at every size — the gradients cross the network, the
+    parameters never do."""
+    rows = [evaluate(r) for r in runs() if r["source"] == "InternLM"]
+    grouped = [r for r in rows if r["recompute"] == "full" and r["micro_batch"] == 8]
+    assert [r["gpus"] for r in grouped] == [8, 16, 32, 64, 128, 256, 512, 1024]
+    assert all(abs(r["ratio"] - 1) <= 0.15 for r in grouped), [r["ratio"] for r in grouped]
+
+
+def test_plan_takes_a_zero1_group_and_says_how_it_syncs(capsys):
+    """``--stack internlm --zero 1 --shard-group 8`` plans InternLM's layout and ``--explain``
+    says the optimizer states are sharded within the group while the gradients cross every
+    rank, synced by one broadcast from each of its ranks; paracube's own stack, all-gathers."""
+    from paracube.cli import main
+
+    argv = ["plan", "--model", "llama2-7b", "--gpus", "64", "--global-batch", "512",
+            "--gpu", "a100-80gb", "--inter", "roce-4x100", "--layout", "dp=64,tp=1,pp=1",
+            "--micro-batch", "2", "--zero", "1", "--shard-group", "8", "--explain"]  # fmt: skip
+    assert main([*argv, "--stack", "internlm"]) == 0
+    out = capsys.readouterr().out
+    assert "zero1 zero-group=8 sync=broadcast" in out
+    assert "all-reduced over all 64 data-parallel ranks" in out
+    assert "broadcasts it adds (one from each of the 8 ranks" in out
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "zero-group=8" in out and "sync=broadcast" not in out
+    assert "all-gathers it adds" in out
