@@ -140,7 +140,10 @@ STACK_SOFTWARE: dict[str, dict[str, object]] = {
 # policy is the planner's recompute "op", not its selective recomputation of the attention
 # core: OP_RECOMPUTE_STACKS). llm-foundry's
 # Composer runs trained MPT with FSDP alone (no tensor or pipeline parallelism: its
-# NO_SHARD, SHARD_GRAD_OP and FULL_SHARD are ZeRO 0, 2 and 3).
+# NO_SHARD, SHARD_GRAD_OP and FULL_SHARD are ZeRO 0, 2 and 3). InternLM pipelines with 1F1B
+# or, when a model has num_chunks > 1, its interleaved scheduler (configs/7B_sft.py), shards
+# with ZeRO-1 only (parallel.zero1: "if zero1 == 1, zero is not used") and checkpoints a
+# fraction of whole blocks (model.checkpoint: True/False/[0-1]).
 MEGATRON_SCHEDULES = ("1f1b", "interleaved-1f1b")
 WHOLE_BLOCKS = ("none", "full")
 STACK_CHOICES: dict[str, dict[str, tuple]] = {
@@ -152,7 +155,7 @@ STACK_CHOICES: dict[str, dict[str, tuple]] = {
     "fsdp1": {"recompute": WHOLE_BLOCKS},
     "torchtitan": {"recompute": (*WHOLE_BLOCKS, "op")},
     "composer": {"tp": (1,), "pp": (1,), "zero": (0, 2, 3), "recompute": WHOLE_BLOCKS},
-    "internlm": {"zero": (0, 1), "recompute": WHOLE_BLOCKS},
+    "internlm": {"schedule": MEGATRON_SCHEDULES, "zero": (0, 1), "recompute": WHOLE_BLOCKS},
 }
 
 
