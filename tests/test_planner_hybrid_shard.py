@@ -94,7 +94,7 @@ def test_fsdp_stacks_search_hybrid_sharding_and_paracube_does_not():
     refuses it."""
     cfg, cluster = preset("llama2-7b"), _cluster("ethernet-100g")
     fixed = {"tp": 1, "pp": 1, "zero": 3, "micro_batch": 2}
-    hybrid = search(cfg, cluster, 64, 128, fixed=fixed, hybrid_shard=True, top=5).ranked
+    hybrid = search(cfg, cluster, 64, 128, fixed=fixed, hybrid_shard=3, top=5).ranked
     plain = search(cfg, cluster, 64, 128, fixed=fixed, top=5).ranked
     assert hybrid[0].layout.shard == 8
     assert all(c.layout.shard == 0 for c in plain)

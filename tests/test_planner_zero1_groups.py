@@ -196,3 +196,21 @@ def test_plan_takes_a_zero1_group_and_says_how_it_syncs(capsys):
     out = capsys.readouterr().out
     assert "zero-group=8" in out and "sync=broadcast" not in out
     assert "all-gathers it adds" in out
+
+
+def test_internlm_search_tries_a_node_group_and_fsdp_stacks_do_not_get_zero1_groups():
+    """The internlm stack's search tries ZeRO-1 within each node beside ZeRO-1 over every rank
+    (as the FSDP stacks try ZeRO-3 within a node); on four 100 Gb/s ports a node the group's
+    sync on NVLink wins. The FSDP stacks' twins stay ZeRO-3's."""
+    from paracube.planner.search import search
+    from paracube.planner.stacks import HYBRID_SHARD_STACKS, stack, stack_choices
+
+    cfg, cluster = internlm_7b(), _cluster()
+    fixed = stack("internlm") | {"tp": 1, "pp": 1, "zero": 1, "micro_batch": 2}
+    ranked = search(
+        cfg, cluster, 1024, 8192, fixed=fixed, allowed=stack_choices("internlm"),
+        hybrid_shard=HYBRID_SHARD_STACKS["internlm"], top=5,
+    ).ranked  # fmt: skip
+    assert ranked[0].layout.shard == 8
+    assert any(c.layout.shard == 0 for c in ranked)
+    assert {HYBRID_SHARD_STACKS[s] for s in ("fsdp", "fsdp1", "torchtitan", "composer")} == {3}

@@ -789,7 +789,7 @@ def _search(args, cfg, cluster, fixed: dict):
             top=args.top,
             allowed=stack_choices(args.stack),
             context_parallel=args.stack in CONTEXT_PARALLEL_STACKS,
-            hybrid_shard=args.stack in HYBRID_SHARD_STACKS,
+            hybrid_shard=HYBRID_SHARD_STACKS.get(args.stack or "", 0),
             op_recompute=args.stack in OP_RECOMPUTE_STACKS,
         )
     if fixed.get("tp", 1) != 1 or fixed.get("pp", 1) != 1 or fixed.get("cp", 1) != 1:

@@ -286,7 +286,7 @@ def search(
     top: int = 10,
     allowed: dict | None = None,
     context_parallel: bool = False,
-    hybrid_shard: bool = False,
+    hybrid_shard: int = 0,
     op_recompute: bool = False,
 ) -> SearchResult:
     """Every valid layout of ``cfg`` on ``gpus`` GPUs of ``cluster`` for ``global_batch``
@@ -295,7 +295,8 @@ def search(
     ``allowed`` narrows a choice to the values a stack runs (``{"schedule": ("1f1b",)}``:
     :func:`paracube.planner.stacks.stack_choices`); ``context_parallel`` searches context
     parallelism too, for a stack that runs it (:func:`context_parallel_sizes`), and
-    ``hybrid_shard`` hybrid sharding (:func:`with_hybrid_shards`), ``op_recompute``
+    ``hybrid_shard`` hybrid sharding of that ZeRO stage (:func:`with_hybrid_shards`; 0:
+    none), ``op_recompute``
     torchtitan's op-level checkpointing (:func:`candidate_layouts`); the result
     also counts what was rejected and why, and keeps the leanest layout that did not fit.
 
@@ -321,7 +322,7 @@ def search(
         for cp in sizes
     )  # fmt: skip
     if hybrid_shard and "shard" not in fixed:
-        layouts = with_hybrid_shards(layouts, cluster.gpus_per_node)
+        layouts = with_hybrid_shards(layouts, cluster.gpus_per_node, hybrid_shard)
     for layout in layouts:
         outside = [
             f"{k}={getattr(layout, k)}" for k, v in allowed.items() if getattr(layout, k) not in v
@@ -361,14 +362,16 @@ def search(
     return result
 
 
-def with_hybrid_shards(layouts, gpus_per_node: int):
-    """Each layout, and after a ZeRO-3 layout whose data-parallel group spans nodes its hybrid
-    sharding twin: ZeRO-3 within each node's members of the group (shard = GPUs per node ÷
-    tp, as FSDP's HYBRID_SHARD does by default), replicated across nodes."""
+def with_hybrid_shards(layouts, gpus_per_node: int, zero: int = 3):
+    """Each layout, and after a layout of ZeRO stage ``zero`` whose data-parallel group spans
+    nodes its hybrid sharding twin: ZeRO within each node's members of the group (shard =
+    GPUs per node ÷ tp, as FSDP's HYBRID_SHARD does by default and InternLM's zero1=8 does
+    for ZeRO-1), replicated across nodes."""
     for layout in layouts:
         yield layout
         shard = gpus_per_node // layout.tp
-        if layout.zero == 3 and 1 < shard < layout.grad_group and layout.grad_group % shard == 0:
+        fits = 1 < shard < layout.grad_group and layout.grad_group % shard == 0
+        if layout.zero == zero and fits:
             yield replace(layout, shard=shard)
 
 

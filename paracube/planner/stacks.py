@@ -171,12 +171,21 @@ CONTEXT_PARALLEL_STACKS = ("megatron-core", "nemo", "megatron-bridge", "torchtit
 # paracube.models.shapes.op_checkpoint_linears) — the default of its Llama 3 8B config.
 OP_RECOMPUTE_STACKS = ("torchtitan",)
 
-# The stacks that run hybrid sharding (ZeRO-3 within a node, replicas across nodes), which the
-# search then tries too (paracube's engine shards over the whole group): PyTorch FSDP's
-# ShardingStrategy.HYBRID_SHARD (FSDP1: "shard within a node, replicate across nodes"),
-# FSDP2's fully_shard over a 2-D (replicate, shard) DeviceMesh — torchtitan's
-# data_parallel_replicate_degree — and Composer's FSDPConfig sharding_strategy HYBRID_SHARD.
-HYBRID_SHARD_STACKS = ("fsdp", "fsdp1", "torchtitan", "composer")
+# The stacks that run hybrid sharding — ZeRO within a node, replicas across nodes — and the
+# ZeRO stage they shard so, which the search then tries too (paracube's engine shards over the
+# whole group): ZeRO-3 for PyTorch FSDP's ShardingStrategy.HYBRID_SHARD (FSDP1: "shard
+# within a node, replicate across nodes"), FSDP2's fully_shard over a 2-D (replicate, shard)
+# DeviceMesh — torchtitan's data_parallel_replicate_degree — and Composer's FSDPConfig
+# sharding_strategy HYBRID_SHARD; ZeRO-1 for InternLM's zero1 size ("for smaller models, it
+# is usually a better choice to split the parameters within nodes with a setting <= 8",
+# configs/7B_sft.py).
+HYBRID_SHARD_STACKS: dict[str, int] = {
+    "fsdp": 3,
+    "fsdp1": 3,
+    "torchtitan": 3,
+    "composer": 3,
+    "internlm": 1,
+}
 
 
 def stack(name: str) -> dict[str, object]:
