@@ -279,10 +279,10 @@ def test_four_in_five_published_runs_within_15_percent():
 
 
 def test_only_the_named_runs_lie_beyond_30_percent():
-    """The issue's second bar, none beyond ±30 %, is not met by six runs that BENCHMARKS.md
-    names and discusses ("The six beyond ±30 %"): three llm-foundry runs — MPT-30B at 8,192
-    tokens on 8 H100s in two sweeps, MPT-70B on 64 A100 40GB — and InternLM's three smallest
-    steps on 512 and 1,024 A100s (4,096–8,192 tokens a GPU, no checkpointing), whose gradient
+    """The issue's second bar, none beyond ±30 %, is not met by five runs that BENCHMARKS.md
+    names and discusses ("The five beyond ±30 %"): three llm-foundry runs — MPT-30B at 8,192
+    tokens on 8 H100s in two sweeps, MPT-70B on 64 A100 40GB — and InternLM's two smallest
+    steps on 1,024 A100s (4,096 and 8,192 tokens a GPU, no checkpointing), whose gradient
     all-reduce the planner hides behind the backward. Every other published run stays inside
     the bound, so a change that pushes a further run past it fails here rather than only
     moving a count in the table."""
@@ -294,7 +294,6 @@ def test_only_the_named_runs_lie_beyond_30_percent():
         if abs(r["ratio"] - 1) > 0.30
     )
     assert beyond == [
-        ("InternLM", "InternLM-7B", 2048, 512),
         ("InternLM", "InternLM-7B", 2048, 1024),
         ("InternLM", "InternLM-7B", 2048, 1024),
         ("MosaicML (A100 40GB)", "MPT-70b", 2048, 64),

@@ -183,9 +183,11 @@ Sources:
   every data-parallel rank, tp 2 within groups of 4; 8 GPU counts each; its tp 1, zero1=8
   row is the FLOPS table's runs). The throughput table ran ``pack_sample_into_one=False``
   — attention within each packed document, cheaper than the whole 2,048 the planner
-  charges: under 4 % of a step's FLOPs at this size. The software from the code
-  (:data:`~paracube.planner.stacks.INTERNLM`): bf16 gradient all-reduce in 512M-element
-  buckets during the last backward, a broadcast from each ZeRO rank after the step.
+  charges: under 4 % of a step's FLOPs at this size, a tenth of its time at FlashAttention
+  1's rate. The software from the code (:data:`~paracube.planner.stacks.INTERNLM`):
+  FlashAttention's first kernels (``doc/en/install.md`` pins "Flash-Attention == v1.0.5"),
+  bf16 gradient all-reduce in 512M-element buckets during the last backward, a broadcast
+  from each ZeRO rank after the step.
 - ResNet-50 (:data:`RESNET50_RUNS`, a model described without layers: not in :func:`runs`):
   NVIDIA/DeepLearningExamples, ``PyTorch/Classification/ConvNets/resnet50v1.5/README.md``,
   "Training performance results" (pytorch-21.03 container): images/s on 1 and 8 GPUs of a
@@ -877,7 +879,7 @@ def _internlm() -> list[dict]:
     def row(n: int, tp: int, group: int, b: int, m: int, ckpt: bool, tokens: float) -> None:
         dp = n // tp
         fixed = dict(dp=dp, tp=tp, pp=1, zero=1, micro_batch=b, sequence_parallel=False,
-                     attention="fused", recompute="full" if ckpt else "none",
+                     recompute="full" if ckpt else "none",
                      shard=group if 1 < group < dp else 0, **INTERNLM)
         out.append(_run("InternLM", cfg, "a100-80gb", n, dp * b * m, "bf16", fixed, "model",
                         round(tokens * per_token / 1e12, 1), inter="roce-4x100"))

@@ -102,8 +102,12 @@ NEMO: dict[str, object] = dict(tp_comm_overlap=True, **MEGATRON_CORE)
 # multi-tensor path) on its ZeRO-1 slice, always multiplies the gradients by the clipping
 # and loss-scale coefficient (_unscale_and_clip_grads), and brings the slices back with one
 # dist.broadcast from each rank of the ZeRO group (broadcast_params); its loss is flash-attn's
-# CrossEntropyLoss with inplace_backward (FlashGPTLMLoss), its attention flash-attn's.
+# CrossEntropyLoss with inplace_backward (FlashGPTLMLoss), its attention flash-attn's —
+# FlashAttention's first CUDA kernels, the planner's fused-v1: the code pins
+# "Flash-Attention == v1.0.5" (doc/en/install.md: PyTorch 1.13.1, CUDA 11.7, Apex 23.05,
+# flash-attention built from the pinned third_party submodule).
 INTERNLM: dict[str, object] = dict(
+    attention="fused-v1",
     grad_reduce="compute",
     param_sync="broadcast",
     optimizer_kernel="multi-op",
