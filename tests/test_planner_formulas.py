@@ -653,6 +653,36 @@ def test_first_flash_attention_runs_at_half_flash_attention_2s_rate():
     assert b1 - b2 == pytest.approx(2.5 * forward2)  # the backward's 2.5× work, twice as slow
 
 
+def test_a_fused_kernel_computes_a_head_at_the_size_it_is_compiled_for():
+    """FlashAttention's kernels are compiled for a few head sizes and run a head on the
+    smallest that holds it, their matmuls over the padding: a head of 96 costs FlashAttention
+    1 (sizes 32, 64, 128) what a head of 128 costs — 4/3 of its own FLOPs' time — while
+    FlashAttention-2, which has a 96 kernel, runs it at its FLOPs; Triton's pads 112 to 128.
+    The FLOPs counted (MFU's) stay the model's; the backward follows the forward."""
+    from paracube.planner.layout import Layout
+    from paracube.planner.time_model import attention_core, attention_core_backward
+
+    g = gpu("a100-80gb")
+    head96 = preset("gpt3-1.3b").replace(hidden=1536, n_heads=16)  # GPT-3 760M's heads
+    head128 = head96.replace(hidden=2048)
+    assert (head96.head_dim, head128.head_dim) == (96, 128)
+
+    def core(cfg, attention):
+        layout = Layout(dp=8, micro_batch=2, attention=attention)
+        forward, flops = attention_core(cfg, layout, g)
+        return forward, flops, attention_core_backward(layout, forward, g)
+
+    fa1_96, fa1_128 = core(head96, "fused-v1"), core(head128, "fused-v1")
+    fa2_96, fa2_128 = core(head96, "fused"), core(head128, "fused")
+    assert fa1_96[0] == pytest.approx(fa1_128[0]) and fa1_96[2] == pytest.approx(fa1_128[2])
+    assert fa1_96[1] == pytest.approx(0.75 * fa1_128[1])  # the FLOPs are the model's own
+    assert fa2_96[0] == pytest.approx(0.75 * fa2_128[0])
+    head112 = preset("gpt3-1.3b").replace(hidden=1792, n_heads=16)
+    triton_112, triton_128 = core(head112, "fused-triton"), core(head128, "fused-triton")
+    assert triton_112[0] == pytest.approx(triton_128[0])
+    assert core(head112, "fused")[0] == pytest.approx(core(head128, "fused")[0])
+
+
 def test_gradient_reduction_after_backward_is_all_exposed():
     """Overlapped, the data-parallel all-reduce hides behind the last backward; reduced after
     it (Megatron-LM 2021, DeepSpeed's pipeline engine), all of it adds to the step."""

@@ -8,7 +8,9 @@ fitted to a published result:
   the rate measured at the power limit where one is published (Hopper), else the datasheet
   peak scaled from the boost to the base clock (all a GPU guarantees at full power draw);
   fused attention at FlashAttention-2's published rate (``GPU.attention_rate``; FlashAttention
-  in Triton at the FlashAttention-2 paper's comparison, :data:`FUSED_SLOWDOWN`); the
+  in Triton and FlashAttention 1 at the FlashAttention-2 paper's comparison,
+  :data:`FUSED_SLOWDOWN`), each head at the size its kernel is compiled for
+  (:func:`kernel_head_dim`); the
   element-wise work (norms, activation function, rotary, residuals) moves what the layer
   keeps for backward twice through HBM (read + write: the model's own count, or
   Korthikanti's per-layer bytes for Megatron's unfused layer); every memory-bound byte
@@ -193,6 +195,29 @@ def _half_ring(bytes_: float, ranks: int, link: Interconnect) -> float:
 # One entry per kernel of choices.FUSED_ATTENTION, which owns the names.
 FUSED_SLOWDOWN = {"fused": (1.0, 1.0), "fused-v1": (2.0, 2.0), "fused-triton": (1.4, 2.0)}
 assert FUSED_SLOWDOWN.keys() == set(FUSED_ATTENTION), "a fused kernel without its timing"
+# The head sizes each fused kernel is compiled for: a head runs on the smallest that holds
+# it, its two matmuls over the padding too (the missing columns loaded as zeros), so a head
+# of 96 on a kernel of 128 does 128/96 of its work. FlashAttention-2, and PyTorch SDPA's copy
+# of it: csrc/flash_attn/src/static_switch.h, HEADDIM_SWITCH. FlashAttention 1:
+# csrc/flash_attn/fmha_api.cpp, run_fmha_fwd and run_fmha_bwd (d ≤ 32, 64, 128). Triton's:
+# flash_attn_triton.py (and llm-foundry's copy), BLOCK_HEADDIM = max(next power of 2, 16),
+# d ≤ 128. A head wider than a kernel's largest size is timed at its own width.
+KERNEL_HEAD_DIMS = {
+    "fused": (32, 64, 96, 128, 160, 192, 224, 256),
+    "fused-v1": (32, 64, 128),
+    "fused-triton": (16, 32, 64, 128),
+}
+assert KERNEL_HEAD_DIMS.keys() == set(FUSED_ATTENTION), "a fused kernel without its head sizes"
+
+
+def kernel_head_dim(attention: str, head_dim: int) -> int:
+    """The head dimension the fused ``attention`` kernel computes a ``head_dim`` head at
+    (:data:`KERNEL_HEAD_DIMS`).
+
+    >>> kernel_head_dim("fused", 96), kernel_head_dim("fused-v1", 96), kernel_head_dim("fused", 112)
+    (96, 128, 128)
+    """
+    return next((size for size in KERNEL_HEAD_DIMS[attention] if size >= head_dim), head_dim)
 
 
 def attention_core(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> tuple[float, float]:
@@ -208,8 +233,10 @@ def attention_core(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> t
     rate = g.peak_flops * g.sustained_fraction
     if layout.attention in FUSED_ATTENTION:
         # FlashAttention skips the blocks above the causal diagonal: half the work is done,
-        # and the scores never leave on-chip memory.
-        forward = FUSED_SLOWDOWN[layout.attention][0]
+        # and the scores never leave on-chip memory; its matmuls run over the kernel's head
+        # size, the padding included (kernel_head_dim).
+        padded = kernel_head_dim(layout.attention, cfg.head_dim) / cfg.head_dim
+        forward = FUSED_SLOWDOWN[layout.attention][0] * padded
         return forward * flops / 2 / (g.attention_rate or rate), flops / 2
     # Unfused (Megatron before FlashAttention): two batched matmuls that write and read the
     # s×s scores, then scale-mask-softmax and dropout passes over them — Korthikanti's
