@@ -25,6 +25,7 @@ from paracube.planner.time_model import (
     Cluster,
     _half_ring,
     _ring,
+    broadcasting_ranks,
     estimate,
     group_link,
     param_sync_time,
@@ -86,9 +87,10 @@ def test_the_parameter_sync_stays_inside_the_group_while_gradients_cross_every_r
 
 
 def test_a_broadcast_sync_pays_a_rings_latency_once_per_rank():
-    """z broadcasts of 1/z of the parameters each move the bytes of one all-gather through
-    every GPU, but each is a ring of its own: z(z − 1) latency steps against z − 1 — the
-    difference grows as the square of the group, while the all-gather's stays linear."""
+    """z broadcasts of 1/z of the parameters (every rank owning a slice: a model the planner
+    is not told the tensors of) each move the bytes of one all-gather through every GPU,
+    but each is a ring of its own: z(z − 1) latency steps against z − 1 — the difference
+    grows as the square of the group, while the all-gather's stays linear."""
     cluster, params, elem = _cluster(), 7e9, 2
     for z in (64, 256, 1024):
         link = group_link(cluster, z, 1)
@@ -109,6 +111,33 @@ def test_a_broadcast_sync_pays_a_rings_latency_once_per_rank():
     assert param_sync_time(replace(_zero1(dp=1), param_sync="broadcast"), cluster, params, 2) == 0
 
 
+def test_only_the_ranks_that_own_parameters_broadcast():
+    """InternLM deals the parameters out tensor by tensor, and a tensor larger than the
+    average slice opens a rank of its own: once the group outnumbers InternLM-7B's weight
+    matrices — its embedding and head, and per block q|k|v, the output projection, w1, w3
+    and w2 — only that many ranks own parameters and broadcast; the rest skip their turn.
+    Below that every rank but the few the dealing leaves empty broadcasts; the latency paid
+    is one ring's z − 1 steps per owner."""
+    cfg, cluster, params, elem = internlm_7b(), _cluster(), 7e9, 2
+    matrices = 2 + cfg.n_layers * (len(shapes.block_linears(cfg)) + 1)  # SwiGLU's w1, w3 apart
+    assert matrices == 162
+    owners = [broadcasting_ranks(cfg, z) for z in (2, 8, 64, 256, 512, 1024, 4096)]
+    assert owners[:2] == [2, 8] and owners[-3:] == [matrices] * 3
+    assert all(a <= b for a, b in zip(owners, owners[1:]))  # more ranks, never fewer owners
+    assert all(o <= z for o, z in zip(owners, (2, 8, 64, 256, 512, 1024, 4096)))
+    for z in (256, 1024):
+        layout, link = replace(_zero1(dp=z), param_sync="broadcast"), group_link(cluster, z, 1)
+        expected = params * elem / link.bandwidth + matrices * (z - 1) * link.latency
+        if z == 1024:
+            assert param_sync_time(layout, cluster, params, elem, cfg) == pytest.approx(expected)
+        # the owners' broadcasts cost less than one from every rank would
+        assert param_sync_time(layout, cluster, params, elem, cfg) < param_sync_time(
+            layout, cluster, params, elem
+        )
+    # a tensor-parallel rank deals its shards out: the same matrices, each 1/tp as large
+    assert broadcasting_ranks(cfg, 1024, tp=2) == matrices
+
+
 def test_the_gradient_reduction_is_untouched_by_the_group_and_the_sync():
     """Grouping ZeRO-1 or syncing by broadcasts leaves the gradients' all-reduce as it was:
     with nothing overlapped, the data-parallel time of each layout is that one ring
@@ -122,7 +151,7 @@ def test_the_gradient_reduction_is_untouched_by_the_group_and_the_sync():
         _zero1(overlap_grad_reduce=False, param_sync="broadcast"),
         _zero1(overlap_grad_reduce=False, shard=8, param_sync="broadcast"),
     ):
-        sync = param_sync_time(layout, cluster, params, 2)
+        sync = param_sync_time(layout, cluster, params, 2, cfg)
         assert estimate(cfg, layout, cluster).dp_exposed == pytest.approx(ring + sync, rel=1e-6)
 
 
@@ -210,7 +239,7 @@ def test_plan_takes_a_zero1_group_and_says_how_it_syncs(capsys):
     out = capsys.readouterr().out
     assert "zero1 zero-group=8 sync=broadcast" in out
     assert "all-reduced over all 64 data-parallel ranks" in out
-    assert "broadcasts it adds (one from each of the 8 ranks" in out
+    assert "broadcasts it adds (one from each of its 8 ranks that owns parameters" in out
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "zero-group=8" in out and "sync=broadcast" not in out

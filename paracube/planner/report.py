@@ -277,8 +277,9 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
             + f": {best.memory.model_states / GB:.1f} GB of model states per GPU, and each "
             f"rank steps 1/{L.shard_group} of the optimizer ({t.optimizer:.3g} s); the parameter "
             + (
-                f"broadcasts it adds (one from each of the {L.shard_group} ranks, each a ring of "
-                "its own)"
+                f"broadcasts it adds (one from each of its {L.shard_group} ranks that owns "
+                "parameters, never more ranks than the model has weight matrices; each a ring "
+                "of its own)"
                 if L.zero in (1, 2) and L.param_sync == "broadcast"
                 else "all-gathers it adds"
             )

@@ -862,7 +862,7 @@ def dp_exposed_time(
     exposed += waited
     gather = _half_ring(params * elem, dp, link)  # all parameters from every rank's slice
     if layout.zero in (1, 2):  # the updated slices, over the ZeRO group (a hybrid one's own)
-        gather = param_sync_time(layout, cluster, params, elem)
+        gather = param_sync_time(layout, cluster, params, elem, cfg, layers)
     forward = per_mb / 3 if g.overlaps_communication else 0.0  # a micro-batch's forward
     beside_compute = min(allreduce, hidden)  # seconds of collectives running beside compute
     if layout.zero in (1, 2) and dp > 1:
@@ -895,23 +895,68 @@ def dp_exposed_time(
     return exposed + OVERLAP_SLOWDOWN * beside_compute
 
 
-def param_sync_time(layout: Layout, cluster: Cluster, params: float, elem: int) -> float:
+def param_sync_time(
+    layout: Layout,
+    cluster: Cluster,
+    params: float,
+    elem: int,
+    cfg: ModelConfig | None = None,
+    layers: int = 0,
+) -> float:
     """Seconds ZeRO-1/2 take to bring every rank's updated slice of ``params`` ``elem``-byte
     weights back into the full parameters after the step, over the ZeRO group — every
     data-parallel rank, or under hybrid sharding (``Layout.shard``) one group of consecutive
     ranks, on that group's own link (:func:`group_link`: within a node, NVLink). One ring
-    all-gather (``param_sync="all-gather"``: Rajbhandari et al. 2020, P_os), or z broadcasts,
-    one from each of the group's z ranks in turn (``"broadcast"``: InternLM's
-    ``HybridZeroOptimizer.broadcast_params``, one ``dist.broadcast`` of each rank's flat
-    slice): the same bytes through each GPU, but every broadcast is a ring of its own, so
-    the ring's z − 1 latency steps are paid z times — z(z − 1) steps, against z − 1."""
+    all-gather (``param_sync="all-gather"``: Rajbhandari et al. 2020, P_os), or one
+    broadcast from each rank that owns parameters, in turn (``"broadcast"``: InternLM's
+    ``HybridZeroOptimizer.broadcast_params``, one ``dist.broadcast`` of each owner's flat
+    slice; a rank that owns none skips its turn): the same bytes through each GPU, but every
+    broadcast is a ring of its own, so the ring's z − 1 latency steps are paid once per
+    owner — up to z(z − 1) steps, against z − 1. The owners of a ``cfg`` of ``layers``
+    blocks: :func:`broadcasting_ranks`; without one, all z."""
     z = layout.shard_group
     if z <= 1:
         return 0.0
     link = group_link(cluster, z, layout.tp)
     if layout.param_sync == "broadcast":
-        return z * (params / z * elem / link.bandwidth + (z - 1) * link.latency)
+        owners = z if cfg is None else broadcasting_ranks(cfg, z, layout.tp, layers)
+        return params * elem / link.bandwidth + owners * (z - 1) * link.latency
     return _half_ring(params * elem, z, link)
+
+
+def broadcasting_ranks(cfg: ModelConfig, z: int, tp: int = 1, layers: int = 0) -> int:
+    """How many of a ZeRO group's ``z`` ranks own parameters — and so broadcast — when
+    InternLM's ``ParamBcastSyncHandler`` deals a rank of ``layers`` blocks (0: all of
+    ``cfg``'s, with the embedding before them and the head after) out tensor by tensor, in
+    module order: a rank takes tensors until their count passes 1.01 × the average slice,
+    and the tensor that passes it starts the next rank, whose count restarts from 0
+    (InternLM/InternLM, ``internlm/solver/optimizer/utils.py``). So a tensor larger than the
+    average slice always opens a rank of its own, and once the group outnumbers the model's
+    weight matrices — 162 for InternLM-7B: its embedding and head, and per block the fused
+    q|k|v, the output projection and SwiGLU's w1, w3 and w2 — the other ranks own nothing.
+    Each matrix is counted as InternLM's modules hold it (gate and up apart), its ``tp``
+    shard; norms and biases are too small to move the count.
+
+    >>> from paracube.planner.published import internlm_7b
+    >>> [broadcasting_ranks(internlm_7b(), z) for z in (8, 64, 1024)]
+    [8, 44, 162]
+    """
+    matrices = [lin.in_features * lin.out_features / tp for lin in shapes.block_linears(cfg)]
+    if cfg.activation == "swiglu":  # the fused gate | up as InternLM holds it: w1 and w3
+        matrices[2:3] = [matrices[2] / 2, matrices[2] / 2]
+    whole = layers in (0, cfg.n_layers)
+    sizes = matrices * (layers or cfg.n_layers)
+    if whole:
+        table = cfg.vocab_size * cfg.hidden / tp
+        sizes = [table, *sizes, *([] if cfg.tie_embeddings else [table])]
+    share = 1.01 * sum(sizes) / z
+    rank, counted, owners = 0, 0.0, set()
+    for size in sizes:
+        counted += size
+        if counted > share and rank < z - 1:
+            rank, counted = rank + 1, 0.0
+        owners.add(rank)
+    return len(owners)
 
 
 def hybrid_exposed_time(
