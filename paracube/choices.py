@@ -20,6 +20,13 @@ RECOMPUTE = ("none", "selective", "full")
 # second matmul's, the rest of the block recomputed — planned for the stacks that run it,
 # not run by paracube train
 PLANNED_RECOMPUTE = ("op",)
+# planner: how a fully recomputed block's forward is replayed in backward — torch's
+# non-reentrant checkpoint stops as soon as every tensor backward needs is back (early-stop:
+# the default since PyTorch 2.1, pytorch/pytorch#96866 — so the block's last matmul, whose
+# output only enters the residual sum, is never redone: paracube train, PyTorch FSDP's
+# checkpoint_wrapper, torchtitan) or the whole forward runs again (whole: Megatron's and
+# DeepSpeed's checkpoint functions, torch's reentrant checkpoint, any checkpoint before 2.1)
+RECOMPUTE_REPLAY = ("early-stop", "whole")
 PRECISIONS = ("fp32", "bf16", "fp16")
 OFFLOAD = ("none", "optimizer")  # what lives and steps in host memory instead of the GPU's
 COMPRESSORS = ("none", "fp16", "bf16", "topk", "powersgd")  # --compress KIND[:VALUE]
@@ -61,8 +68,9 @@ GRAD_ACCUMULATION = ("buffer", "fused", "bf16-optimizer", "side-stream")
 PARAM_GATHER = ("flat", "per-parameter")
 # planner: how ZeRO-1/2 bring every rank's updated slice back into the full parameters after
 # the step — one all-gather (all-gather: paracube, Megatron's distributed optimizer,
-# DeepSpeed) or one broadcast from each rank of the ZeRO group in turn (broadcast: InternLM's
-# HybridZeroOptimizer.broadcast_params), which pays a ring's latency once per rank
+# DeepSpeed) or one broadcast from each rank of the ZeRO group that owns parameters, in turn
+# (broadcast: InternLM's HybridZeroOptimizer.broadcast_params), which pays a ring's latency
+# once per owner
 PARAM_SYNC = ("all-gather", "broadcast")
 # planner: the AdamW step's kernels over fp32 weights, gradients, m and v — one fused kernel
 # (fused: paracube's, apex's and Transformer Engine's FusedAdam, torch's fused=True) or an

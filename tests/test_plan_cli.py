@@ -245,7 +245,7 @@ def test_software_options_describe_the_run(capsys):
 
 
 def test_a_stack_states_its_software_at_once(capsys):
-    """--stack megatron-core is the four facts the README's NeMo example spells out (the same
+    """--stack megatron-core is the five facts the README's NeMo example spells out (the same
     plan to the byte); a flag of its own overrides the stack's (here the pipeline split);
     --stack paracube is the default; the software owner is paracube.planner.stacks."""
     from paracube.planner.stacks import MEGATRON_CORE
@@ -254,7 +254,7 @@ def test_a_stack_states_its_software_at_once(capsys):
             "--precision", "fp8", "--layout", "dp=2,tp=4,pp=4,cp=2", "--chunks", "5",
             "--micro-batch", "1", "--schedule", "interleaved-1f1b", "--zero", "1"]  # fmt: skip
     flags = ["--activations", "megatron", "--loss", "fused", "--grad-accumulation", "fused",
-             "--pipeline-split", "even"]  # fmt: skip
+             "--pipeline-split", "even", "--recompute-replay", "whole"]  # fmt: skip
     assert {k: MEGATRON_CORE[k] for k in ("activations", "loss", "grad_accumulation")} == {
         "activations": "megatron", "loss": "fused", "grad_accumulation": "fused"
     }  # fmt: skip

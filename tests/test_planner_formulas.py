@@ -279,10 +279,10 @@ def test_four_in_five_published_runs_within_15_percent():
 
 
 def test_only_the_named_runs_lie_beyond_30_percent():
-    """The issue's second bar, none beyond ±30 %, is not met by seven runs that BENCHMARKS.md
-    names and discusses ("The seven beyond ±30 %"): three llm-foundry runs — MPT-30B at 8,192
-    tokens on 8 H100s in two sweeps, MPT-70B on 64 A100 40GB — InternLM's two smallest
-    steps on 1,024 A100s (4,096 and 8,192 tokens a GPU, no checkpointing), whose gradient
+    """The issue's second bar, none beyond ±30 %, is not met by eight runs that BENCHMARKS.md
+    names and discusses ("The eight beyond ±30 %"): four llm-foundry runs — MPT-30B at
+    8,192 tokens on 8 GPUs (H100 in two sweeps, A100 80GB), MPT-70B on 64 A100 40GB —,
+    InternLM's two smallest steps on 1,024 A100s (4,096 and 8,192 tokens a GPU, no checkpointing), whose gradient
     all-reduce the planner hides behind the backward, and InternLM's ZeRO-1 over every rank
     on 512 and 1,024 GPUs (tp 1), slower than its code's broadcasts explain. Every other
     published run stays inside the bound, so a change that pushes a further run past it
@@ -300,6 +300,7 @@ def test_only_the_named_runs_lie_beyond_30_percent():
         ("InternLM", "InternLM-7B", 2048, 1024),
         ("InternLM", "InternLM-7B", 2048, 1024),
         ("MosaicML (A100 40GB)", "MPT-70b", 2048, 64),
+        ("MosaicML (A100 80GB)", "MPT-30b", 8192, 8),
         ("MosaicML (H100)", "MPT-30b", 8192, 8),
         ("MosaicML (H100, 2023)", "MPT-30b", 8192, 8),
     ], beyond

@@ -168,10 +168,12 @@ def test_layouts_refuse_what_they_cannot_be():
 
 def test_internlm_stack_states_its_software():
     """InternLM's trainer as its code runs it: gradients reduced in bf16, the slices synced by
-    broadcasts, torch's multi-op AdamW, an always-applied clip scale, flash-attn's loss, and
-    FlashAttention's first kernels (its install guide pins flash-attention v1.0.5)."""
+    broadcasts, torch's multi-op AdamW, an always-applied clip scale, flash-attn's loss,
+    FlashAttention's first kernels (its install guide pins flash-attention v1.0.5), and its
+    own checkpoint function, which replays a block whole."""
     assert INTERNLM == dict(
         attention="fused-v1",
+        recompute_replay="whole",
         grad_reduce="compute",
         param_sync="broadcast",
         optimizer_kernel="multi-op",

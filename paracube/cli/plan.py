@@ -185,6 +185,14 @@ def add_parser(sub) -> None:
         "clip_grad_norm_: one more read and write of every gradient)",
     )
     t.add_argument(
+        "--recompute-replay",
+        default=None,
+        help="a fully recomputed block replayed until backward has what it needs "
+        "(early-stop: torch's non-reentrant checkpoint since PyTorch 2.1 — paracube train, "
+        "PyTorch FSDP, torchtitan; the block's last matmul is not redone; default) or whole "
+        "(Megatron, DeepSpeed, InternLM, a reentrant or older torch checkpoint)",
+    )
+    t.add_argument(
         "--logit-metrics",
         type=int,
         default=None,
@@ -382,6 +390,7 @@ SOFTWARE = (
     "optimizer_kernel",
     "clip_scale",
     "logit_metrics",
+    "recompute_replay",
 )
 
 
@@ -601,6 +610,7 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         PLANNED_RECOMPUTE,
         PRECISIONS,
         RECOMPUTE,
+        RECOMPUTE_REPLAY,
         ZERO_STAGES,
     )
     from paracube.pipeline.schedules import SCHEDULES
@@ -655,6 +665,7 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         ("param_sync", "--param-sync", PARAM_SYNC),
         ("optimizer_kernel", "--optimizer-kernel", OPTIMIZER_KERNELS),
         ("clip_scale", "--clip-scale", CLIP_SCALING),
+        ("recompute_replay", "--recompute-replay", RECOMPUTE_REPLAY),
         ("activations", "--activations", ACTIVATION_MEMORY),
         ("grad_reduce", "--grad-reduce", GRAD_REDUCE),
         ("offload", "--offload", OFFLOAD),

@@ -43,16 +43,22 @@ def model_flops_per_token(cfg) -> float:
     return 3 * forward_flops_per_token(cfg)
 
 
-def hardware_flops_per_token(cfg, recompute: str, share: float = 1.0) -> float:
+def hardware_flops_per_token(
+    cfg, recompute: str, share: float = 1.0, replay: str = "whole"
+) -> float:
     """FLOPs the GPUs execute per token: the model FLOPs plus the recomputed forward — every
-    block under full recomputation (SC21 Eq. 3 for GPT shapes), the attention core under
-    selective recomputation, the matmuls torchtitan's op-level checkpointing does not keep
-    (op); ``share`` of the blocks under --recompute-blocks. HFU's numerator."""
+    block under full recomputation (SC21 Eq. 3 for GPT shapes; less each block's last
+    matmul, the MLP's down projection, when the checkpoint stops early: ``replay``
+    "early-stop", choices.RECOMPUTE_REPLAY), the attention core under selective
+    recomputation, the matmuls torchtitan's op-level checkpointing does not keep (op);
+    ``share`` of the blocks under --recompute-blocks. HFU's numerator."""
+    down = shapes.block_linears(cfg)[-1]
+    unreplayed = 2 * down.in_features * down.out_features if replay == "early-stop" else 0
     extra = (
         share
         * {
             "none": 0.0,
-            "full": forward_flops_per_token(cfg, head=False),
+            "full": forward_flops_per_token(cfg, head=False) - cfg.n_layers * unreplayed,
             "selective": cfg.n_layers * 4 * cfg.seq_len * cfg.n_heads * cfg.head_dim,
             "op": cfg.n_layers
             * 2

@@ -28,6 +28,7 @@ from paracube.choices import (
     PLANNED_RECOMPUTE,
     PRECISIONS,
     RECOMPUTE,
+    RECOMPUTE_REPLAY,
     ZERO_STAGES,
 )
 from paracube.config import ModelConfig, TrainConfig
@@ -38,7 +39,8 @@ from paracube.pipeline.schedules import SCHEDULES
 # field's default is what paracube train runs (Layout.from_config leaves them so): fused
 # attention, gradient reduction overlapped with the backward, ZeRO-3's backward gathers
 # prefetched, paracube's loss and blocks, no userbuffers overlap, a fused AdamW whose
-# gradients are rescaled only when clipped, no metric computed over the logits.
+# gradients are rescaled only when clipped, no metric computed over the logits, a recomputed
+# block replayed only until backward has what it needs.
 OTHER_SOFTWARE = (
     "attention",
     "overlap_grad_reduce",
@@ -52,6 +54,7 @@ OTHER_SOFTWARE = (
     "optimizer_kernel",
     "clip_scale",
     "logit_metrics",
+    "recompute_replay",
 )
 
 
@@ -167,6 +170,11 @@ class Layout:
     # LanguagePerplexity, each a full torch cross-entropy); paracube train logs the loss
     # only (0); :func:`paracube.planner.time_model.logit_metric_bytes`
     logit_metrics: int = 0
+    # a fully recomputed block replayed until backward has what it needs (early-stop: torch's
+    # non-reentrant checkpoint since PyTorch 2.1, paracube train's; the block's last matmul
+    # is not redone) or whole (Megatron, DeepSpeed, reentrant or older torch checkpoints);
+    # choices.RECOMPUTE_REPLAY, :func:`paracube.planner.time_model.recompute_time`
+    recompute_replay: str = "early-stop"
 
     def __post_init__(self) -> None:
         # the planned-only choices, which no engine config checks first: a misspelt one
@@ -199,6 +207,11 @@ class Layout:
             )
         if self.clip_scale not in CLIP_SCALING:
             raise ConfigError(f"clip_scale={self.clip_scale!r}: choose {' or '.join(CLIP_SCALING)}")
+        if self.recompute_replay not in RECOMPUTE_REPLAY:
+            raise ConfigError(
+                f"recompute_replay={self.recompute_replay!r}: choose "
+                f"{' or '.join(RECOMPUTE_REPLAY)}"
+            )
         if (
             not isinstance(self.logit_metrics, int)
             or isinstance(self.logit_metrics, bool)

@@ -41,6 +41,15 @@ MPT_SHAPES = {
 # A100 40GB table is the one sweep run with PURE; the 2023 H100 table below is another.
 MIXED_PRECISION = {"h100": "DEFAULT", "a100-80gb": "DEFAULT", "a100-40gb": "PURE"}
 
+# How each sweep replayed a checkpointed block (choices.RECOMPUTE_REPLAY): every sweep ran
+# torch's non-reentrant checkpoint (submit_benchmarks.py sets fsdp_config
+# activation_checkpointing_reentrant False), which stops early — its last matmul not redone
+# — from PyTorch 2.1 (pytorch/pytorch#96866): the later sweep's image is a 2.1 nightly
+# (h100new.md); the 2023 H100 and FP8 tables ran 2.0.1 (h100old.md's Image column) and the
+# 40GB sweep, with its 80GB PURE table, ran before them.
+REPLAY = {"h100": "early-stop", "a100-80gb": "early-stop", "a100-40gb": "whole"}
+REPLAY_2023 = "whole"  # FP8_TABLE, H100_PURE_2023, A100_80GB_PURE
+
 # The peak each table's MFU is a fraction of: Composer's GPU_AVAILABLE_FLOPS for bf16
 # (composer.callbacks.speed_monitor, which the README's collect_results.py imports).
 PEAK_BF16 = {"h100": 989.4e12, "a100-80gb": 312e12, "a100-40gb": 312e12}

@@ -216,6 +216,7 @@ from paracube.planner.stacks import (
     MEGATRON_FP16,
     MEGATRON_SPLIT,
     PYTORCH_FSDP,
+    WHOLE_REPLAY,
 )
 from paracube.planner.time_model import Cluster, estimate
 
@@ -434,7 +435,8 @@ def _korthikanti() -> list[dict]:
         cfg = gpt(a, h, L)
         flops = B * cfg.seq_len * model_flops_per_token(cfg)
         base = dict(dp=1, tp=8, pp=pp, micro_batch=1, schedule="1f1b", attention="unfused",
-                    overlap_grad_reduce=False, **MEGATRON_FP16, **MEGATRON_SPLIT)
+                    overlap_grad_reduce=False, **MEGATRON_FP16, **MEGATRON_SPLIT,
+                    **WHOLE_REPLAY)
         for source, seconds, recompute, sp in [
             ("Korthikanti (full)", full_s, "full", False),
             ("Korthikanti (SP+sel.)", sel_s, "selective", True),
@@ -535,24 +537,27 @@ def _mosaic() -> list[dict]:
     """llm-foundry's H100 and A100 tables (:mod:`paracube.planner.mosaic`): the throughput
     behind each MFU, in paracube's model FLOPs (which leave the position table out)."""
     out = []
-    # (source, GPU, precision, FSDP mixed precision, rows, the peak its MFU is a fraction of)
+    # (source, GPU, precision, FSDP mixed precision, rows, the peak its MFU is a fraction of,
+    # how a checkpointed block was replayed: the sweep's PyTorch)
     tables = [
         (MOSAIC_SOURCE[gpu], gpu, "bf16", mosaic.MIXED_PRECISION[gpu], rows,
-         mosaic.PEAK_BF16[gpu])
+         mosaic.PEAK_BF16[gpu], mosaic.REPLAY[gpu])
         for gpu, rows in mosaic.TABLES.items()
     ]
     tables += [
-        ("MosaicML (H100 FP8)", "h100", "fp8", "DEFAULT", mosaic.FP8_TABLE, mosaic.PEAK_FP8_H100),
+        ("MosaicML (H100 FP8)", "h100", "fp8", "DEFAULT", mosaic.FP8_TABLE, mosaic.PEAK_FP8_H100,
+         mosaic.REPLAY_2023),
         ("MosaicML (H100, 2023)", "h100", "bf16", "PURE", mosaic.H100_PURE_2023,
-         mosaic.PEAK_BF16["h100"]),
+         mosaic.PEAK_BF16["h100"], mosaic.REPLAY_2023),
         ("MosaicML (A100 80GB, PURE)", "a100-80gb", "bf16", "PURE", mosaic.A100_80GB_PURE,
-         mosaic.PEAK_BF16["a100-80gb"]),
+         mosaic.PEAK_BF16["a100-80gb"], mosaic.REPLAY_2023),
     ]
-    for source, gpu, precision, mixed, rows, peak in tables:
+    for source, gpu, precision, mixed, rows, peak, replay in tables:
         for name, s, n, mfu, b, B, ckpt, params in rows:
             cfg = mosaic.mpt(name, s)
             fixed = dict(dp=n, tp=1, pp=1, zero=3, micro_batch=b, attention="fused-triton",
-                         recompute="full" if ckpt else "none", **COMPOSER_FSDP)
+                         recompute="full" if ckpt else "none", recompute_replay=replay,
+                         **COMPOSER_FSDP)
             if mixed == "PURE":  # gradients reduced in the compute dtype
                 fixed["grad_reduce"] = "compute"
             tflops = (mosaic.tokens_per_s(mfu, params, cfg, peak)
@@ -968,7 +973,7 @@ def evaluate(row: dict) -> dict:
         )
     cfg, L = row["cfg"], best.layout
     per_token = (
-        hardware_flops_per_token(cfg, L.recompute)
+        hardware_flops_per_token(cfg, L.recompute, replay=L.recompute_replay)
         if row["counting"] == "hardware"
         else model_flops_per_token(cfg)
     )

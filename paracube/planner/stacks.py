@@ -35,17 +35,26 @@ MEGATRON_LOSS: dict[str, object] = dict(loss="fused")
 # Megatron-Core's get_num_layers_to_build; Megatron-DeepSpeed's GPTModelPipe:
 # partition_method="type:transformer"), not paracube's cut by parameters (stages.even_shares)
 MEGATRON_SPLIT: dict[str, object] = dict(split="even", **MEGATRON_LOSS)
+# Megatron's full recomputation replays each checkpointed chunk whole: its own
+# CheckpointFunction (megatron/core/tensor_parallel/random.py, a torch.autograd.Function
+# whose backward reruns the forward under enable_grad, as torch's reentrant checkpoint
+# does) — and so do DeepSpeed's activation checkpointing and InternLM's (below)
+WHOLE_REPLAY: dict[str, object] = dict(recompute_replay="whole")
 # Megatron-Core with Transformer Engine (its README's runs, NeMo, Megatron-Bridge): the fused
 # loss, blocks that keep what TE's modules keep (memory.te_block_bytes), and weight
 # gradients accumulated by the GEMMs themselves (--gradient-accumulation-fusion, on unless
 # --no-gradient-accumulation-fusion: megatron/training/arguments.py)
 MEGATRON_CORE: dict[str, object] = dict(
-    activations="megatron", grad_accumulation="fused", **MEGATRON_SPLIT
+    activations="megatron", grad_accumulation="fused", **MEGATRON_SPLIT, **WHOLE_REPLAY
 )
 # Megatron-LM 2021 and DeepSpeed's pipeline engine: unfused attention, no sequence parallelism,
 # gradients all-reduced after the last backward
 MEGATRON_2021: dict[str, object] = dict(
-    attention="unfused", sequence_parallel=False, overlap_grad_reduce=False, **MEGATRON_SPLIT
+    attention="unfused",
+    sequence_parallel=False,
+    overlap_grad_reduce=False,
+    **MEGATRON_SPLIT,
+    **WHOLE_REPLAY,
 )
 # The dtype gradients are reduced in (the planner's default: fp32). Megatron-LM under fp16
 # reduces fp16 gradients unless asked (--accumulate-allreduce-grads-in-fp32 defaults off);
@@ -105,9 +114,11 @@ NEMO: dict[str, object] = dict(tp_comm_overlap=True, **MEGATRON_CORE)
 # CrossEntropyLoss with inplace_backward (FlashGPTLMLoss), its attention flash-attn's —
 # FlashAttention's first CUDA kernels, the planner's fused-v1: the code pins
 # "Flash-Attention == v1.0.5" (doc/en/install.md: PyTorch 1.13.1, CUDA 11.7, Apex 23.05,
-# flash-attention built from the pinned third_party submodule).
+# flash-attention built from the pinned third_party submodule); its activation checkpointing
+# is its own CheckpointFunction, which replays the whole block.
 INTERNLM: dict[str, object] = dict(
     attention="fused-v1",
+    recompute_replay="whole",
     grad_reduce="compute",
     param_sync="broadcast",
     optimizer_kernel="multi-op",

@@ -337,17 +337,37 @@ def elementwise_forward(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2)
 def recompute_time(
     cfg: ModelConfig, layout: Layout, g: GPU, elem: int, fp8: bool, forward: float
 ) -> float:
-    """Seconds one recomputed block re-runs per micro-batch in backward: its whole
-    ``forward`` (full), the attention core (selective: under fused attention only the
-    kernel's log-sum-exp is dropped, so the planner seldom gains from it), or what
-    torchtitan's op-level policy does not keep (op: :func:`op_recompute_time`)."""
+    """Seconds one recomputed block re-runs per micro-batch in backward: its ``forward``
+    (full) — all of it when the checkpoint replays the whole function
+    (``recompute_replay="whole"``), all but the last matmul under torch's non-reentrant
+    checkpoint, which stops once every tensor backward needs is back (``"early-stop"``):
+    the MLP's down projection saves its input, which the activation before it recomputed,
+    and its output only enters the residual sum (:func:`replay_saving`) —, the attention
+    core (selective: under fused attention only the kernel's log-sum-exp is dropped, so
+    the planner seldom gains from it), or what torchtitan's op-level policy does not keep
+    (op: :func:`op_recompute_time`)."""
     if layout.recompute == "full":
-        return forward
+        return forward - replay_saving(cfg, layout, g, elem, fp8)
     if layout.recompute == "selective":
         return attention_core(cfg, layout, g, elem)[0]
     if layout.recompute == "op":
         return op_recompute_time(cfg, layout, g, elem, fp8)
     return 0.0
+
+
+def replay_saving(
+    cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2, fp8: bool = False
+) -> float:
+    """Seconds of one block's forward that an early-stopping checkpoint does not replay per
+    micro-batch: its last matmul, the MLP's down projection (on the FP8 units under
+    ``fp8``; its cast was made in the forward and is not redone either, nor counted). 0 when
+    the whole forward is replayed. tests/test_planner_recompute_replay.py watches paracube's
+    own blocks replay on this machine's torch: every matmul but that one."""
+    if layout.recompute_replay == "whole":
+        return 0.0
+    linear, linear_elem = (replace(g, peak_flops=g.fp8_flops), 1) if fp8 else (g, elem)
+    m, n, k = shapes.block_gemms(cfg, layout.micro_batch * cfg.seq_len, layout.tp)[-1]
+    return _gemm(m, n, k, linear, linear_elem)
 
 
 def op_recompute_time(
@@ -598,7 +618,9 @@ def estimate(
     tflops = tokens * model_flops_per_token(cfg) / (step * layout.gpus) / 1e12
     hardware = (
         tokens
-        * hardware_flops_per_token(cfg, layout.recompute, _recomputed_share(cfg, layout))
+        * hardware_flops_per_token(
+            cfg, layout.recompute, _recomputed_share(cfg, layout), layout.recompute_replay
+        )
         / (step * layout.gpus)
         / 1e12
     )
