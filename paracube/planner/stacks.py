@@ -38,7 +38,8 @@ MEGATRON_SPLIT: dict[str, object] = dict(split="even", **MEGATRON_LOSS)
 # Megatron's full recomputation replays each checkpointed chunk whole: its own
 # CheckpointFunction (megatron/core/tensor_parallel/random.py, a torch.autograd.Function
 # whose backward reruns the forward under enable_grad, as torch's reentrant checkpoint
-# does) — and so do DeepSpeed's activation checkpointing and InternLM's (below)
+# does) — and so do DeepSpeed's (deepspeed/runtime/activation_checkpointing, its own
+# reentrant CheckpointFunction) and InternLM's (below)
 WHOLE_REPLAY: dict[str, object] = dict(recompute_replay="whole")
 # Megatron-Core with Transformer Engine (its README's runs, NeMo, Megatron-Bridge): the fused
 # loss, blocks that keep what TE's modules keep (memory.te_block_bytes), and weight
@@ -114,8 +115,9 @@ NEMO: dict[str, object] = dict(tp_comm_overlap=True, **MEGATRON_CORE)
 # CrossEntropyLoss with inplace_backward (FlashGPTLMLoss), its attention flash-attn's —
 # FlashAttention's first CUDA kernels, the planner's fused-v1: the code pins
 # "Flash-Attention == v1.0.5" (doc/en/install.md: PyTorch 1.13.1, CUDA 11.7, Apex 23.05,
-# flash-attention built from the pinned third_party submodule); its activation checkpointing
-# is its own CheckpointFunction, which replays the whole block.
+# flash-attention built from the pinned third_party submodule); its activation_checkpoint
+# runs reentrant ("activation_checkpiont do not support kwargs when use_reentrant = True",
+# internlm/model/modeling_internlm.py), replaying the whole block.
 INTERNLM: dict[str, object] = dict(
     attention="fused-v1",
     recompute_replay="whole",
