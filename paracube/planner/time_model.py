@@ -17,7 +17,9 @@ fitted to a published result:
   at the HBM rate a streaming kernel was measured to reach (``GPU.memory_rate``), the
   loss's softmax and any metric the trainer computes over the logits among them
   (:func:`logit_metric_bytes`). Backward is twice the forward. The resulting FLOP rate,
-  divided by peak, is the *achievable fraction* the planner states. Recompute adds the recomputed forward (full), the
+  divided by peak, is the *achievable fraction* the planner states. Recompute adds the
+  recomputed forward (full; less each block's last matmul where the checkpoint stops early:
+  :func:`replay_saving`), the
   attention core (selective), or the matmuls and element-wise work torchtitan's op-level
   policy does not keep (op: :func:`op_recompute_time`).
 - **tensor parallel**: per layer and micro-batch, four all-reduces (or all-gather +
@@ -882,9 +884,10 @@ def dp_exposed_time(
     hidden = 2 / 3 * per_mb if overlapped else 0.0
     exposed = max(allreduce - hidden, last_bucket_time(layout, link, params, elem)) + blocking
     exposed += waited
-    gather = _half_ring(params * elem, dp, link)  # all parameters from every rank's slice
     if layout.zero in (1, 2):  # the updated slices, over the ZeRO group (a hybrid one's own)
         gather = param_sync_time(layout, cluster, params, elem, cfg, layers)
+    else:  # ZeRO-3: all parameters from every rank's slice
+        gather = _half_ring(params * elem, dp, link)
     forward = per_mb / 3 if g.overlaps_communication else 0.0  # a micro-batch's forward
     beside_compute = min(allreduce, hidden)  # seconds of collectives running beside compute
     if layout.zero in (1, 2) and dp > 1:
