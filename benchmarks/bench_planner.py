@@ -12,6 +12,7 @@ minutes) out of the comparison.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -92,6 +93,8 @@ def main() -> None:
                 "model_states_predicted_mib": mem_p,
                 "model_states_counted_mib": mem_c,
                 "calibration": cal.stdout.strip(),
+                # every measured rate, the unprinted ones too: an outlier is then traceable
+                "calibration_data": json.loads(Path(env["PARACUBE_CALIBRATION"]).read_text()),
             }
         )
     write_json(

@@ -6,7 +6,8 @@ causal, forward + backward, at the ``small`` preset's shape: 8 heads of 32, sequ
 a CPU's attention kernel runs far below its matmul rate, unlike a GPU's FlashAttention),
 the rate of the MLP's GELU (tanh form, as paracube's model), forward and backward per element
 — compute-bound on a CPU, where a GPU's fused kernel is bound by memory —
-the memory bandwidth (a large copy), and gloo's latency and bandwidth
+the memory bandwidth (a large copy) — each of these the median of five timed rounds —,
+and gloo's latency and bandwidth
 between two local processes, for a point-to-point transfer (4 KiB and 8 MiB, fastest of
 ten) and for an all-reduce (the same sizes, issued in a row as a step issues them: α and β
 of the α-β model), and what an all-gather plus a reduce-scatter pair costs against the
@@ -29,21 +30,31 @@ from pathlib import Path
 from paracube.planner.local import DEFAULT_PATH
 
 
-def _matmul_rate(n: int = 512, repeats: int = 10, rounds: int = 5) -> float:
-    """FLOP/s of one thread's n³ fp32 matmul: the median of ``rounds`` rounds (a shared
-    machine's clock and neighbours move a single round by a quarter)."""
+def _median_rate(work: float, run, rounds: int = 5) -> float:
+    """``work`` per second of ``run()``: the median of ``rounds`` timed rounds, after one
+    to warm up. A shared machine's clock and neighbours move a single round by a quarter,
+    and one round's hiccup in a rate the planner divides by moves a prediction by as much."""
+    run()
+    rates = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        run()
+        rates.append(work / (time.perf_counter() - start))
+    return sorted(rates)[rounds // 2]
+
+
+def _matmul_rate(n: int = 512, repeats: int = 10) -> float:
+    """FLOP/s of one thread's n³ fp32 matmul."""
     import torch
 
     torch.set_num_threads(1)
     a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    rates = []
-    for _ in range(rounds):
-        start = time.perf_counter()
+
+    def run() -> None:
         for _ in range(repeats):
             a @ b
-        rates.append(2 * n**3 * repeats / (time.perf_counter() - start))
-    return sorted(rates)[rounds // 2]
+
+    return _median_rate(2 * n**3 * repeats, run)
 
 
 def _attention_rate(
@@ -59,45 +70,49 @@ def _attention_rate(
     q, k, v = (torch.randn(b, heads, s, d, requires_grad=True) for _ in range(3))
 
     def step():
-        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+        for _ in range(repeats):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
 
-    step()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        step()
-    return 3.5 * 2 * b * heads * s * s * d * repeats / (time.perf_counter() - start)
+    return _median_rate(3.5 * 2 * b * heads * s * s * d * repeats, step)
 
 
-def _activation_rates(n: int = 1 << 20, repeats: int = 10) -> tuple[float, float]:
-    """Elements per second of one thread's GELU (tanh), forward and backward separately."""
+def _activation_rates(n: int = 1 << 20, repeats: int = 10, rounds: int = 5) -> tuple[float, float]:
+    """Elements per second of one thread's GELU (tanh), forward and backward separately,
+    each forward followed by its backward as a step runs them: each the median of
+    ``rounds`` rounds (:func:`_median_rate`'s reason)."""
     import torch
     import torch.nn.functional as F
 
     torch.set_num_threads(1)
     x = torch.randn(n, requires_grad=True)
     grad = torch.ones(n)
-    y = F.gelu(x, approximate="tanh")
-    y.backward(grad)
-    forward = backward = 0.0
-    for _ in range(repeats):
-        start = time.perf_counter()
-        y = F.gelu(x, approximate="tanh")
-        mid = time.perf_counter()
-        y.backward(grad)
-        forward, backward = forward + mid - start, backward + time.perf_counter() - mid
-    return n * repeats / forward, n * repeats / backward
+    F.gelu(x, approximate="tanh").backward(grad)
+    forwards, backwards = [], []
+    for _ in range(rounds):
+        forward = backward = 0.0
+        for _ in range(repeats):
+            start = time.perf_counter()
+            y = F.gelu(x, approximate="tanh")
+            mid = time.perf_counter()
+            y.backward(grad)
+            forward, backward = forward + mid - start, backward + time.perf_counter() - mid
+        forwards.append(n * repeats / forward)
+        backwards.append(n * repeats / backward)
+    return sorted(forwards)[rounds // 2], sorted(backwards)[rounds // 2]
 
 
-def _copy_bandwidth(mib: int = 256, repeats: int = 5) -> float:
+def _copy_bandwidth(mib: int = 256, repeats: int = 2) -> float:
+    """Bytes per second of a large float32 copy, read + written."""
     import torch
 
     src = torch.empty(mib << 18)  # float32: 4 bytes each
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        dst.copy_(src)
-    return 2 * src.numel() * 4 * repeats / (time.perf_counter() - start)  # read + write
+
+    def run() -> None:
+        for _ in range(repeats):
+            dst.copy_(src)
+
+    return _median_rate(2 * src.numel() * 4 * repeats, run)
 
 
 def _pingpong(rank: int, port: int, out) -> None:

@@ -352,6 +352,8 @@ def test_plan_calibrate_is_the_calibrate_command(capsys, monkeypatch):
     fake = dict(
         matmul_flops_per_thread=1e9,
         attention_flops_per_thread=1e9,
+        gelu_forward_per_thread=2e9,
+        gelu_backward_per_thread=1e9,
         memory_bandwidth=1e9,
         link_bandwidth=1e9,
         link_latency=1e-6,
@@ -361,7 +363,25 @@ def test_plan_calibrate_is_the_calibrate_command(capsys, monkeypatch):
     )
     monkeypatch.setattr(paracube.calibrate, "calibrate", lambda: fake)
     assert main(["plan", "--calibrate"]) == 0
-    assert "matmul 1.0 GFLOP/s per thread" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "matmul 1.0 GFLOP/s per thread" in out
+    assert "GELU 2.00 / 1.00 G elements/s per thread (forward / backward)" in out
+
+
+def test_a_calibrated_rate_is_the_median_round_not_one_hiccup(monkeypatch):
+    """A rate the planner divides by is the median of timed rounds: one round that a
+    neighbour slowed tenfold does not move it (a clock that each round advances by a
+    scripted duration)."""
+    import paracube.calibrate
+
+    durations = iter([9.0, 1.0, 1.1, 10.0, 0.9, 1.0])  # warm-up, then five rounds
+    clock = [0.0]
+
+    def run() -> None:
+        clock[0] += next(durations)
+
+    monkeypatch.setattr(paracube.calibrate.time, "perf_counter", lambda: clock[0])
+    assert paracube.calibrate._median_rate(100.0, run) == 100.0
 
 
 def test_calibrate_then_predict(tmp_path):

@@ -20,7 +20,9 @@ def cmd_calibrate(args) -> int:
     data = calibrate()
     print(
         f"matmul {data['matmul_flops_per_thread'] / 1e9:.1f} GFLOP/s per thread, attention "
-        f"{data['attention_flops_per_thread'] / 1e9:.1f} GFLOP/s per thread, memory "
+        f"{data['attention_flops_per_thread'] / 1e9:.1f} GFLOP/s per thread, GELU "
+        f"{data['gelu_forward_per_thread'] / 1e9:.2f} / {data['gelu_backward_per_thread'] / 1e9:.2f} "
+        f"G elements/s per thread (forward / backward), memory "
         f"{data['memory_bandwidth'] / 1e9:.1f} GB/s, gloo {data['link_bandwidth'] / 1e9:.2f} GB/s "
         f"+ {data['link_latency'] * 1e6:.0f} µs per message, all-reduce {data['allreduce_bandwidth'] / 1e9:.2f} GB/s "
         f"+ {data['allreduce_latency'] * 1e6:.0f} µs, all-gather + reduce-scatter pair "
