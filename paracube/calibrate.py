@@ -9,8 +9,8 @@ the rate of the MLP's GELU (tanh form, as paracube's model), forward and backwar
 the memory bandwidth (a large copy) — each of these the median of five timed rounds —,
 and gloo's latency and bandwidth
 between two local processes, for a point-to-point transfer (4 KiB and 8 MiB, fastest of
-ten) and for an all-reduce (the same sizes, issued in a row as a step issues them: α and β
-of the α-β model), and what an all-gather plus a reduce-scatter pair costs against the
+ten) and for an all-reduce (the same sizes, each issued between computes as a step issues
+them: α and β of the α-β model), and what an all-gather plus a reduce-scatter pair costs against the
 all-reduce it replaces under sequence parallelism (1 MiB, an activation's size, in a row
 too: on NCCL the pair *is* a ring all-reduce, ratio 1; gloo implements the three
 separately). It saves them as JSON; the planner
@@ -128,6 +128,13 @@ def _pingpong(rank: int, port: int, out) -> None:
         world_size=2,
         timeout=datetime.timedelta(seconds=60),
     )
+    torch.set_num_threads(1)  # as a rank of paracube train on CPU runs
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+
+    def compute() -> None:  # a layer's worth of work between two collectives, ~0.5-1.5 ms
+        for _ in range(4):
+            a @ b
+
     p2p: dict[int, float] = {}
     reduce: dict[int, float] = {}
     for size in (1024, 2 << 20):  # floats: 4 KiB and 8 MiB
@@ -145,7 +152,7 @@ def _pingpong(rank: int, port: int, out) -> None:
                 times.append((time.perf_counter() - start) / 2)
         # the fastest of ten: the transfer itself, without the scheduler's noise
         p2p[size * 4] = min(times)
-        reduce[size * 4] = _in_a_row(lambda buf=buf: dist.all_reduce(buf))
+        reduce[size * 4] = _between_computes(lambda buf=buf: dist.all_reduce(buf), compute)
     # Sequence parallelism's pair against the all-reduce it replaces, at 1 MiB (full size).
     full, half = torch.zeros(1 << 18), torch.zeros(1 << 17)
 
@@ -168,12 +175,12 @@ def _pingpong(rank: int, port: int, out) -> None:
 
 
 def _in_a_row(collective, calls: int = 10, rounds: int = 5) -> float:
-    """Seconds per call of a collective issued as a training step issues them — one after
-    another, each rank going on as soon as its part is done — so that what the step sees is
-    in the figure: the ranks' skew and gloo's threads contending with the next call. The
-    median of ``rounds`` rounds of ``calls`` calls (after one to warm up). An idle pair's
-    fastest single call is 2-3× quicker than this and predicted tensor parallel's 18 calls a
-    step at half their measured cost."""
+    """Seconds per call of a collective issued back to back — each rank going on as soon as
+    its part is done, so that the ranks' skew and gloo's threads contending with the next
+    call are in the figure: the median of ``rounds`` rounds of ``calls`` calls (after one to
+    warm up). Used where two collectives are compared, both issued so (the pair ratio); an
+    idle pair's fastest single call is 2-3× quicker. What a collective costs a step, issued
+    between computes: :func:`_between_computes`."""
     collective()
     rates = []
     for _ in range(rounds):
@@ -182,6 +189,30 @@ def _in_a_row(collective, calls: int = 10, rounds: int = 5) -> float:
             collective()
         rates.append((time.perf_counter() - start) / calls)
     return sorted(rates)[rounds // 2]
+
+
+def _between_computes(collective, compute, calls: int = 10, rounds: int = 5) -> float:
+    """Seconds a collective adds to a step that issues it between computes, as a tensor-
+    parallel block issues its all-reduces between matmuls: per round, ``calls`` times the
+    collective then ``compute``, less ``calls`` times ``compute`` alone, per call; the median
+    round. On a two-core machine a small gloo all-reduce issued so adds 2-3× what it takes
+    issued back to back (:func:`_in_a_row`): the ranks' skew after each compute, and gloo's
+    threads no longer spinning on the previous call — what a step pays, and what tensor
+    parallelism's prediction had missed."""
+    collective()
+    compute()
+    added = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            collective()
+            compute()
+        both = time.perf_counter() - start
+        start = time.perf_counter()
+        for _ in range(calls):
+            compute()
+        added.append((both - (time.perf_counter() - start)) / calls)
+    return max(sorted(added)[rounds // 2], 1e-6)
 
 
 def _alpha_beta(points: dict) -> tuple[float, float]:

@@ -384,6 +384,24 @@ def test_a_calibrated_rate_is_the_median_round_not_one_hiccup(monkeypatch):
     assert paracube.calibrate._median_rate(100.0, run) == 100.0
 
 
+def test_a_collective_is_priced_as_a_step_issues_it_between_computes(monkeypatch):
+    """The all-reduce's cost is what it adds between computes: rounds of collective +
+    compute, less compute alone (a scripted clock: each collective 2, each compute 5)."""
+    import paracube.calibrate
+
+    clock = [0.0]
+
+    def advance(seconds: float):
+        def run() -> None:
+            clock[0] += seconds
+
+        return run
+
+    monkeypatch.setattr(paracube.calibrate.time, "perf_counter", lambda: clock[0])
+    cost = paracube.calibrate._between_computes(advance(2.0), advance(5.0))
+    assert cost == 2.0
+
+
 def test_calibrate_then_predict(tmp_path):
     """`paracube calibrate` measures this machine; `train --predict` then prints the planner's
     step time and model-state memory next to the measured ones (memory: equal)."""
