@@ -138,13 +138,23 @@ def test_hf_model_matches_serial_hf(pools, family, layout):
     assert_matches_serial_hf(pools, family, hf_config(family, **LAYOUTS[layout]))
 
 
+# How far six steps may carry the parameters from the serial run's: the layouts change only
+# the order of sums (~1e-7 relative), which Adam amplifies. The tiny Mistral amplifies it most:
+# on an AVX-512 machine its plain dp=2 run — nothing split but the batch — already ends 2.2e-5
+# from serial, tp=2 + SP 4.1e-5 (one tensor 3.8e-4), where its single-rank run matches to
+# 1e-8 and Llama, GPT-2 and Qwen2 stay under 1.3e-6 in every layout; a real bug is orders
+# above either bound (helpers.assert_params_close).
+PARAM_TOL = {"mistral": (1e-4, 1e-3)}
+
+
 def assert_matches_serial_hf(pools, family: str, cfg: TrainConfig) -> None:
     """Every rank's losses are the serial HF run's, and its parameters merged are too."""
     want_losses, want_params = hf_serial(family)
     results = pools(cfg.parallel.world_size).run(run_hf, cfg)
     for losses, _ in results:
         assert_losses_close(losses, want_losses)
-    assert_params_close(merged(results, want_params), want_params, tol=3e-5, tensor_tol=3e-4)
+    tol, tensor_tol = PARAM_TOL.get(family, (3e-5, 3e-4))
+    assert_params_close(merged(results, want_params), want_params, tol=tol, tensor_tol=tensor_tol)
 
 
 @pytest.mark.parametrize("layout", ["tp2-sp", "pp2-1f1b"])
