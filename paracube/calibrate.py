@@ -181,14 +181,12 @@ def _in_a_row(collective, calls: int = 10, rounds: int = 5) -> float:
     warm up). Used where two collectives are compared, both issued so (the pair ratio); an
     idle pair's fastest single call is 2-3× quicker. What a collective costs a step, issued
     between computes: :func:`_between_computes`."""
-    collective()
-    rates = []
-    for _ in range(rounds):
-        start = time.perf_counter()
+
+    def run() -> None:
         for _ in range(calls):
             collective()
-        rates.append((time.perf_counter() - start) / calls)
-    return sorted(rates)[rounds // 2]
+
+    return 1 / _median_rate(calls, run, rounds)
 
 
 def _between_computes(collective, compute, calls: int = 10, rounds: int = 5) -> float:
