@@ -11,9 +11,9 @@ and gloo's latency and bandwidth
 between two local processes, for a point-to-point transfer (4 KiB and 8 MiB, fastest of
 ten) and for an all-reduce (the same sizes, each issued between computes as a step issues
 them: α and β of the α-β model), and what an all-gather plus a reduce-scatter pair costs against the
-all-reduce it replaces under sequence parallelism (1 MiB, an activation's size, in a row
-too: on NCCL the pair *is* a ring all-reduce, ratio 1; gloo implements the three
-separately). It saves them as JSON; the planner
+all-reduce it replaces under sequence parallelism (1 MiB, an activation's size, each half
+and the all-reduce between computes too: on NCCL the pair *is* a ring all-reduce, ratio 1;
+gloo implements the three separately). It saves them as JSON; the planner
 (:mod:`paracube.planner.local`) then treats "this machine" as a GPU whose peak is the
 measured matmul rate × threads per rank. This module measures (torch, processes); the
 planner only reads the file. On a machine with CUDA it measures the GPU too
@@ -158,15 +158,21 @@ def _pingpong(rank: int, port: int, out) -> None:
 
     from paracube.comm.ops import all_gather_flat, reduce_scatter_flat
 
-    def pair() -> None:
+    def gather() -> None:
         all_gather_flat(full, half)
+
+    def scatter() -> None:
         reduce_scatter_flat(half, full)
 
-    # the two measured in turns, round by round, so that the machine's drift between them
-    # cancels in each round's ratio; the median round
+    def one(collective) -> float:  # one round, between computes as a block issues them
+        return _between_computes(collective, compute, rounds=1)
+
+    # the pair's two halves sit apart in a block (the gather before the first linear, the
+    # scatter after the last), each between computes; the three measured in turns, round by
+    # round, so that the machine's drift between them cancels in each round's ratio; the
+    # median round
     ratios = sorted(
-        _in_a_row(pair, rounds=1) / _in_a_row(lambda: dist.all_reduce(full), rounds=1)
-        for _ in range(7)
+        (one(gather) + one(scatter)) / one(lambda: dist.all_reduce(full)) for _ in range(15)
     )
     ratio = ratios[len(ratios) // 2]
     if rank == 0:
@@ -174,29 +180,14 @@ def _pingpong(rank: int, port: int, out) -> None:
     dist.destroy_process_group()
 
 
-def _in_a_row(collective, calls: int = 10, rounds: int = 5) -> float:
-    """Seconds per call of a collective issued back to back — each rank going on as soon as
-    its part is done, so that the ranks' skew and gloo's threads contending with the next
-    call are in the figure: the median of ``rounds`` rounds of ``calls`` calls (after one to
-    warm up). Used where two collectives are compared, both issued so (the pair ratio); an
-    idle pair's fastest single call is 2-3× quicker. What a collective costs a step, issued
-    between computes: :func:`_between_computes`."""
-
-    def run() -> None:
-        for _ in range(calls):
-            collective()
-
-    return 1 / _median_rate(calls, run, rounds)
-
-
 def _between_computes(collective, compute, calls: int = 10, rounds: int = 5) -> float:
     """Seconds a collective adds to a step that issues it between computes, as a tensor-
     parallel block issues its all-reduces between matmuls: per round, ``calls`` times the
     collective then ``compute``, less ``calls`` times ``compute`` alone, per call; the median
     round. On a two-core machine a small gloo all-reduce issued so adds 2-3× what it takes
-    issued back to back (:func:`_in_a_row`): the ranks' skew after each compute, and gloo's
-    threads no longer spinning on the previous call — what a step pays, and what tensor
-    parallelism's prediction had missed."""
+    issued back to back: the ranks' skew after each compute, and gloo's threads no longer
+    spinning on the previous call — what a step pays, and what tensor parallelism's
+    prediction had missed."""
     collective()
     compute()
     added = []
