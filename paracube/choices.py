@@ -72,6 +72,13 @@ PARAM_GATHER = ("flat", "per-parameter")
 # (broadcast: InternLM's HybridZeroOptimizer.broadcast_params), which pays a ring's latency
 # once per owner
 PARAM_SYNC = ("all-gather", "broadcast")
+# planner: how ZeRO-1 reduces the gradients before each rank steps its slice — an all-reduce
+# of the whole buffer, of which each rank then steps its slice (all-reduce: paracube's
+# engine, InternLM, PyTorch's ZeroRedundancyOptimizer over DDP, DeepSpeed's BF16_Optimizer)
+# or a reduce-scatter that leaves each rank only its slice reduced (reduce-scatter:
+# Megatron-Core's distributed optimizer, ``_ParamAndGradBucketGroup.start_grad_sync``), half
+# the ring's traffic. ZeRO-0 always all-reduces, ZeRO-2/3 always reduce-scatter.
+GRAD_SYNC = ("all-reduce", "reduce-scatter")
 # planner: the AdamW step's kernels over fp32 weights, gradients, m and v — one fused kernel
 # (fused: paracube's, apex's and Transformer Engine's FusedAdam, torch's fused=True) or an
 # op per pass over the states (multi-op: torch.optim.AdamW's default multi-tensor path,

@@ -163,6 +163,14 @@ def add_parser(sub) -> None:
         "latency per owner)",
     )
     t.add_argument(
+        "--grad-sync",
+        default=None,
+        help="ZeRO-1's gradient reduction before each rank steps its slice: an all-reduce of "
+        "the whole buffer (all-reduce: paracube train, InternLM; default) or a reduce-scatter "
+        "into each rank's slice (reduce-scatter: Megatron-Core's distributed optimizer, half "
+        "the traffic)",
+    )
+    t.add_argument(
         "--param-gather",
         default=None,
         help="ZeRO-3's gathered parameters: used where the all-gather wrote them (flat: "
@@ -387,6 +395,7 @@ SOFTWARE = (
     "grad_accumulation",
     "param_gather",
     "param_sync",
+    "grad_sync",
     "optimizer_kernel",
     "clip_scale",
     "logit_metrics",
@@ -601,6 +610,7 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         FP8_SCALING,
         GRAD_ACCUMULATION,
         GRAD_REDUCE,
+        GRAD_SYNC,
         LOSS_BACKWARD,
         OFFLOAD,
         OPTIMIZER_KERNELS,
@@ -663,6 +673,7 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         ("grad_accumulation", "--grad-accumulation", GRAD_ACCUMULATION),
         ("param_gather", "--param-gather", PARAM_GATHER),
         ("param_sync", "--param-sync", PARAM_SYNC),
+        ("grad_sync", "--grad-sync", GRAD_SYNC),
         ("optimizer_kernel", "--optimizer-kernel", OPTIMIZER_KERNELS),
         ("clip_scale", "--clip-scale", CLIP_SCALING),
         ("recompute_replay", "--recompute-replay", RECOMPUTE_REPLAY),
@@ -685,6 +696,11 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         raise ParacubeError(
             f"--param-sync {args.param_sync} with --zero {args.zero}: the parameter sync after "
             "the step is ZeRO-1/2's; use --zero 1 or 2, or drop --param-sync"
+        )
+    if args.grad_sync not in (None, "all-reduce") and args.zero not in (None, 1):
+        raise ParacubeError(
+            f"--grad-sync {args.grad_sync} with --zero {args.zero}: the choice is ZeRO-1's "
+            "(ZeRO-0 all-reduces, ZeRO-2 and 3 reduce-scatter); use --zero 1, or drop --grad-sync"
         )
     if args.fp8_scaling is not None and args.precision != "fp8":
         raise ParacubeError(

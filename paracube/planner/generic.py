@@ -123,6 +123,7 @@ GENERIC_SOFTWARE = (
     "backward_prefetch",
     "grad_accumulation",
     "param_gather",
+    "grad_sync",
     "optimizer_kernel",
     "clip_scale",
 )

@@ -20,6 +20,7 @@ from paracube.choices import (
     FP8_SCALING,
     FUSED_ATTENTION,
     GRAD_ACCUMULATION,
+    GRAD_SYNC,
     LOSS_BACKWARD,
     OPTIMIZER_KERNELS,
     PARAM_GATHER,
@@ -51,6 +52,7 @@ OTHER_SOFTWARE = (
     "grad_accumulation",
     "param_gather",
     "param_sync",
+    "grad_sync",
     "optimizer_kernel",
     "clip_scale",
     "logit_metrics",
@@ -147,6 +149,11 @@ class Layout:
     # or by a broadcast from each rank of the ZeRO group (InternLM); choices.PARAM_SYNC,
     # :func:`paracube.planner.time_model.param_sync_time`
     param_sync: str = "all-gather"
+    # ZeRO-1's gradient reduction before the sharded step: an all-reduce of the whole buffer
+    # (paracube, InternLM) or a reduce-scatter into each rank's slice (Megatron-Core's
+    # distributed optimizer); choices.GRAD_SYNC, :func:`paracube.planner.time_model.
+    # reduction_time`
+    grad_sync: str = "all-reduce"
     # hybrid sharding: ZeRO within groups of ``shard`` consecutive data-parallel ranks, the
     # groups replicas of each other; 0: over the whole group. ZeRO-3 (HSDP: PyTorch FSDP's
     # HYBRID_SHARD, FSDP2 over a 2-D mesh, Composer's HYBRID_SHARD): the sharded gradients
@@ -229,6 +236,14 @@ class Layout:
             )
         if self.param_sync not in PARAM_SYNC:
             raise ConfigError(f"param_sync={self.param_sync!r}: choose {' or '.join(PARAM_SYNC)}")
+        if self.grad_sync not in GRAD_SYNC:
+            raise ConfigError(f"grad_sync={self.grad_sync!r}: choose {' or '.join(GRAD_SYNC)}")
+        if self.grad_sync == "reduce-scatter" and self.zero == 1 and self.shard:
+            raise ConfigError(
+                f"grad_sync='reduce-scatter' with shard={self.shard}: ZeRO-1 in groups all-reduces "
+                "the gradients over every data-parallel rank (InternLM's zero1 size); plan "
+                "the reduce-scatter over the whole group, without a shard group"
+            )
         if self.loss not in LOSS_BACKWARD:
             raise ConfigError(f"loss={self.loss!r}: choose {' or '.join(LOSS_BACKWARD)}")
         # the engine's choices too, for layouts made in the API rather than from a job

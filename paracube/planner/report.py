@@ -37,6 +37,8 @@ def describe(layout) -> str:
         text += f" hsdp={layout.shard}" if layout.zero == 3 else f" zero-group={layout.shard}"
     if getattr(layout, "param_sync", "all-gather") != "all-gather" and layout.zero in (1, 2):
         text += f" sync={layout.param_sync}"
+    if getattr(layout, "grad_sync", "all-reduce") != "all-reduce" and layout.zero == 1:
+        text += " rs"
     if layout.recompute != "none":
         text += f" recompute={layout.recompute}"
         if getattr(layout, "recompute_blocks", None) is not None:
@@ -287,6 +289,12 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
                 f", and a gradient reduce-scatter in each of the {L.microbatches} micro-batches' "
                 "backwards (no full gradients are kept to accumulate into),"
                 if L.zero >= 2 and L.microbatches > 1
+                else ""
+            )
+            + (
+                ", and the gradients reduce-scattered into each rank's slice rather than "
+                "all-reduced (Megatron-Core's distributed optimizer: half the ring's traffic),"
+                if L.zero == 1 and L.grad_sync == "reduce-scatter" and L.grad_group > 1
                 else ""
             )
             + f" are in the {t.dp_exposed:.3g} s the data-parallel communication costs"

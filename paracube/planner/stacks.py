@@ -42,11 +42,18 @@ MEGATRON_SPLIT: dict[str, object] = dict(split="even", **MEGATRON_LOSS)
 # reentrant CheckpointFunction) and InternLM's (below)
 WHOLE_REPLAY: dict[str, object] = dict(recompute_replay="whole")
 # Megatron-Core with Transformer Engine (its README's runs, NeMo, Megatron-Bridge): the fused
-# loss, blocks that keep what TE's modules keep (memory.te_block_bytes), and weight
-# gradients accumulated by the GEMMs themselves (--gradient-accumulation-fusion, on unless
-# --no-gradient-accumulation-fusion: megatron/training/arguments.py)
+# loss, blocks that keep what TE's modules keep (memory.te_block_bytes), weight gradients
+# accumulated by the GEMMs themselves (--gradient-accumulation-fusion, on unless
+# --no-gradient-accumulation-fusion: megatron/training/arguments.py), and under its
+# distributed optimizer (ZeRO-1) each gradient bucket reduce-scattered rather than
+# all-reduced (megatron/core/distributed/param_and_grad_buffer.py, start_grad_sync: a
+# reduce-scatter when ddp_config.use_distributed_optimizer, else an all-reduce)
 MEGATRON_CORE: dict[str, object] = dict(
-    activations="megatron", grad_accumulation="fused", **MEGATRON_SPLIT, **WHOLE_REPLAY
+    activations="megatron",
+    grad_accumulation="fused",
+    grad_sync="reduce-scatter",
+    **MEGATRON_SPLIT,
+    **WHOLE_REPLAY,
 )
 # Megatron-LM 2021 and DeepSpeed's pipeline engine: unfused attention, no sequence parallelism,
 # gradients all-reduced after the last backward

@@ -792,13 +792,18 @@ def reduction_time(
 ) -> float:
     """Seconds of one rank's gradient reduction over ``params`` elements on ``link``, once per
     step: a ring all-reduce of the gradients in the dtype they are reduced in (``elem``-byte
-    weights; :func:`~paracube.choices.gradient_bytes`); under ZeRO-2 a reduce-scatter (half a
+    weights; :func:`~paracube.choices.gradient_bytes`) — under ZeRO-1 too, unless it reduces
+    them as Megatron-Core's distributed optimizer does (``grad_sync="reduce-scatter"``: each
+    bucket reduce-scattered, ``_ParamAndGradBucketGroup.start_grad_sync``, each rank keeping
+    only the slice it steps); under ZeRO-2 a reduce-scatter (half a
     ring: each rank keeps only its slice); under ZeRO-3 that, plus the backward's and the
     forward's parameter all-gathers (half a ring each, in the weights' dtype), unit by unit
     over the rank's ``blocks`` (:func:`zero3_collectives`). The reduce-scatters of the
     micro-batches before the last: :func:`scatter_time`."""
     grads = params * gradient_bytes(elem, layout.grad_reduce)
     n = layout.grad_group
+    if layout.zero == 1 and layout.grad_sync == "reduce-scatter":
+        return _half_ring(grads, n, link)
     if layout.zero < 2:
         return _ring(grads, n, link)
     scatter = scatter_time(params, layout, link, elem, blocks)
