@@ -79,6 +79,14 @@ PARAM_SYNC = ("all-gather", "broadcast")
 # Megatron-Core's distributed optimizer, ``_ParamAndGradBucketGroup.start_grad_sync``), half
 # the ring's traffic. ZeRO-0 always all-reduces, ZeRO-2/3 always reduce-scatter.
 GRAD_SYNC = ("all-reduce", "reduce-scatter")
+# planner: how ZeRO-3 runs under a pipeline — not at all (none: paracube's engine, which would
+# re-gather each stage's parameters every micro-batch, refuses it) or with each stage's
+# parameters gathered once a step and kept, its gradients accumulated unsharded and
+# reduce-scattered after its last backward (per-step: FSDP2 under PyTorch's pipelining as
+# torchtitan runs it — reshard_after_forward off when pipelining, torchtitan's apply_fsdp;
+# no gradient sync nor reshard until the last backward, torch/distributed/pipelining/
+# stage.py backward_maybe_with_nosync)
+ZERO3_PIPELINE = ("none", "per-step")
 # planner: the AdamW step's kernels over fp32 weights, gradients, m and v — one fused kernel
 # (fused: paracube's, apex's and Transformer Engine's FusedAdam, torch's fused=True) or an
 # op per pass over the states (multi-op: torch.optim.AdamW's default multi-tensor path,

@@ -171,6 +171,13 @@ def add_parser(sub) -> None:
         "the traffic)",
     )
     t.add_argument(
+        "--zero3-pipeline",
+        default=None,
+        help="ZeRO-3 under a pipeline: not run (none: paracube train; default) or each stage "
+        "gathered once a step and kept, its gradients reduce-scattered after its last backward "
+        "(per-step: torchtitan's FSDP2 under PyTorch's pipelining)",
+    )
+    t.add_argument(
         "--param-gather",
         default=None,
         help="ZeRO-3's gathered parameters: used where the all-gather wrote them (flat: "
@@ -396,6 +403,7 @@ SOFTWARE = (
     "param_gather",
     "param_sync",
     "grad_sync",
+    "zero3_pipeline",
     "optimizer_kernel",
     "clip_scale",
     "logit_metrics",
@@ -621,6 +629,7 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         PRECISIONS,
         RECOMPUTE,
         RECOMPUTE_REPLAY,
+        ZERO3_PIPELINE,
         ZERO_STAGES,
     )
     from paracube.pipeline.schedules import SCHEDULES
@@ -674,6 +683,7 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         ("param_gather", "--param-gather", PARAM_GATHER),
         ("param_sync", "--param-sync", PARAM_SYNC),
         ("grad_sync", "--grad-sync", GRAD_SYNC),
+        ("zero3_pipeline", "--zero3-pipeline", ZERO3_PIPELINE),
         ("optimizer_kernel", "--optimizer-kernel", OPTIMIZER_KERNELS),
         ("clip_scale", "--clip-scale", CLIP_SCALING),
         ("recompute_replay", "--recompute-replay", RECOMPUTE_REPLAY),
@@ -701,6 +711,11 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         raise ParacubeError(
             f"--grad-sync {args.grad_sync} with --zero {args.zero}: the choice is ZeRO-1's "
             "(ZeRO-0 all-reduces, ZeRO-2 and 3 reduce-scatter); use --zero 1, or drop --grad-sync"
+        )
+    if args.zero3_pipeline not in (None, "none") and args.zero not in (None, 3):
+        raise ParacubeError(
+            f"--zero3-pipeline {args.zero3_pipeline} with --zero {args.zero}: it is how ZeRO-3 "
+            "runs under a pipeline; use --zero 3, or drop --zero3-pipeline"
         )
     if args.fp8_scaling is not None and args.precision != "fp8":
         raise ParacubeError(

@@ -30,6 +30,7 @@ from paracube.choices import (
     PRECISIONS,
     RECOMPUTE,
     RECOMPUTE_REPLAY,
+    ZERO3_PIPELINE,
     ZERO_STAGES,
 )
 from paracube.config import ModelConfig, TrainConfig
@@ -53,6 +54,7 @@ OTHER_SOFTWARE = (
     "param_gather",
     "param_sync",
     "grad_sync",
+    "zero3_pipeline",
     "optimizer_kernel",
     "clip_scale",
     "logit_metrics",
@@ -154,6 +156,11 @@ class Layout:
     # distributed optimizer); choices.GRAD_SYNC, :func:`paracube.planner.time_model.
     # reduction_time`
     grad_sync: str = "all-reduce"
+    # ZeRO-3 under a pipeline (pp > 1): refused (none: paracube's engine) or each stage's
+    # parameters gathered once a step and kept, its gradients accumulated unsharded and
+    # reduce-scattered after its last backward (per-step: torchtitan's FSDP2 under PyTorch's
+    # pipelining); choices.ZERO3_PIPELINE, :attr:`zero3_per_step`
+    zero3_pipeline: str = "none"
     # hybrid sharding: ZeRO within groups of ``shard`` consecutive data-parallel ranks, the
     # groups replicas of each other; 0: over the whole group. ZeRO-3 (HSDP: PyTorch FSDP's
     # HYBRID_SHARD, FSDP2 over a 2-D mesh, Composer's HYBRID_SHARD): the sharded gradients
@@ -238,6 +245,15 @@ class Layout:
             raise ConfigError(f"param_sync={self.param_sync!r}: choose {' or '.join(PARAM_SYNC)}")
         if self.grad_sync not in GRAD_SYNC:
             raise ConfigError(f"grad_sync={self.grad_sync!r}: choose {' or '.join(GRAD_SYNC)}")
+        if self.zero3_pipeline not in ZERO3_PIPELINE:
+            raise ConfigError(
+                f"zero3_pipeline={self.zero3_pipeline!r}: choose {' or '.join(ZERO3_PIPELINE)}"
+            )
+        if self.zero3_per_step and self.shard:
+            raise ConfigError(
+                f"shard={self.shard} with zero=3 and pp={self.pp}: hybrid sharding under a "
+                "pipeline is not planned; plan the stage sharded over the whole group"
+            )
         if self.grad_sync == "reduce-scatter" and self.zero == 1 and self.shard:
             raise ConfigError(
                 f"grad_sync='reduce-scatter' with shard={self.shard}: ZeRO-1 in groups all-reduces "
@@ -265,6 +281,16 @@ class Layout:
                 "recompute=op keeps the fused attention kernel's output (torchtitan's "
                 f"policy); attention={self.attention!r} has none: plan it with fused attention"
             )
+
+    @property
+    def zero3_per_step(self) -> bool:
+        """ZeRO-3 under a pipeline, each stage's parameters gathered once a step and kept
+        through its micro-batches, its gradients reduce-scattered once (``zero3_pipeline``
+        "per-step"): the communication of ZeRO-1 with a reduce-scatter, and ZeRO-1's memory
+        while the step runs. Otherwise ZeRO-3 under a pipeline re-gathers every micro-batch,
+        as the time model charges any ZeRO-3 — what paracube's engine refuses to run
+        (config.ZERO3_WITH_PIPELINE), so its search never proposes it."""
+        return self.zero == 3 and self.pp > 1 and self.zero3_pipeline == "per-step"
 
     @property
     def gpus(self) -> int:

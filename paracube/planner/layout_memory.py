@@ -185,7 +185,10 @@ def stage_bytes(
         params += terms.head_params
     states = model_state_bytes(
         params,
-        layout.zero,
+        # ZeRO-3 kept gathered through a pipelined step holds, while the step runs, what
+        # ZeRO-1 holds: the whole stage's weights and (accumulated) gradients, the optimizer
+        # states and main weights sharded
+        1 if layout.zero3_per_step else layout.zero,
         layout.shard_group,  # ZeRO shards over dp × cp, or a hybrid shard group of it
         weight_bytes=terms.weight,
         grad_bytes=terms.gradient,

@@ -39,6 +39,8 @@ def describe(layout) -> str:
         text += f" sync={layout.param_sync}"
     if getattr(layout, "grad_sync", "all-reduce") != "all-reduce" and layout.zero == 1:
         text += " rs"
+    if getattr(layout, "zero3_per_step", False):
+        text += "(per step)"
     if layout.recompute != "none":
         text += f" recompute={layout.recompute}"
         if getattr(layout, "recompute_blocks", None) is not None:
@@ -288,7 +290,15 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
             + (
                 f", and a gradient reduce-scatter in each of the {L.microbatches} micro-batches' "
                 "backwards (no full gradients are kept to accumulate into),"
-                if L.zero >= 2 and L.microbatches > 1
+                if L.zero >= 2 and L.microbatches > 1 and not L.zero3_per_step
+                else ""
+            )
+            + (
+                " — once a step under this pipeline, as torchtitan runs FSDP2 with PyTorch's "
+                "schedules: each stage gathered in its first forward and kept, its "
+                "gradients accumulated whole and reduce-scattered after its last backward, "
+                "so while the step runs it holds what ZeRO-1 holds —"
+                if L.zero3_per_step
                 else ""
             )
             + (

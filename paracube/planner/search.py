@@ -208,9 +208,13 @@ def candidate_layouts(
                 ):
                     if fixed.get("zero", zero) != zero:
                         continue  # another stage than the one asked for: not a candidate
-                    if zero == 3 and pp > 1:  # composes with tensor parallel, not pipelines
+                    if zero == 3 and pp > 1 and fixed.get("zero3_pipeline", "none") == "none":
+                        # paracube's ZeRO-3 composes with tensor parallel, not pipelines
                         if fixed.get("zero") == 3:
-                            reject(ZERO3_WITH_PIPELINE)
+                            reject(
+                                ZERO3_WITH_PIPELINE + "; or plan it as torchtitan runs it "
+                                "(--stack torchtitan, or --zero3-pipeline per-step)"
+                            )
                         continue
                     refusal = compression_with_zero(compress_kind, zero)
                     if refusal:
@@ -219,6 +223,9 @@ def candidate_layouts(
                     shard = fixed.get("shard", 0)
                     if shard and zero not in (1, 3):
                         continue  # hybrid sharding is ZeRO-1's or ZeRO-3's: not the others
+                    if shard and zero == 3 and pp > 1:
+                        reject("hybrid sharding under a pipeline is not planned")
+                        continue
                     if shard and (dp * cp) % shard:
                         reject(
                             f"--shard-group {shard} does not divide the data-parallel group "
@@ -371,7 +378,7 @@ def with_hybrid_shards(layouts, gpus_per_node: int, zero: int = 3):
         yield layout
         shard = gpus_per_node // layout.tp
         fits = 1 < shard < layout.grad_group and layout.grad_group % shard == 0
-        if layout.zero == zero and fits:
+        if layout.zero == zero and fits and not layout.zero3_per_step:
             yield replace(layout, shard=shard)
 
 

@@ -89,6 +89,12 @@ PYTORCH_FSDP: dict[str, object] = dict(grad_accumulation="side-stream", clip_sca
 # on its own and copies every gathered unit out into its parameters (the planner's
 # per-parameter gather); FSDP1's FlatParameter is a view of what the all-gather wrote
 FSDP2: dict[str, object] = dict(param_gather="per-parameter", **PYTORCH_FSDP)
+# torchtitan pipelines FSDP2 stages: with pipeline parallelism on, its apply_fsdp leaves
+# reshard_after_forward off ("For PP, by default do not reshard after forward to avoid
+# per-microbatch all-gathers", torchtitan/models/llama3/infra/parallelize.py), and PyTorch's
+# schedules keep each stage unsharded with no gradient sync until its last backward
+# (torch/distributed/pipelining/stage.py, backward_maybe_with_nosync): gathered once a step
+TORCHTITAN: dict[str, object] = dict(zero3_pipeline="per-step", **FSDP2)
 # llm-foundry's yamls step Composer's DecoupledAdamW (optimizer name decoupled_adamw:
 # composer/optim/decoupled_weight_decay.py, a loop over the parameters, op by op). Composer's
 # trainer updates the model's training metrics after every micro-batch's backward
@@ -145,7 +151,7 @@ STACK_SOFTWARE: dict[str, dict[str, object]] = {
     "megatron-lm-2021": MEGATRON_2021,
     "fsdp": FSDP2,
     "fsdp1": PYTORCH_FSDP,
-    "torchtitan": FSDP2,
+    "torchtitan": TORCHTITAN,
     "composer": COMPOSER_FSDP,
     "internlm": INTERNLM,
 }
@@ -167,7 +173,9 @@ STACK_SOFTWARE: dict[str, dict[str, object]] = {
 # NO_SHARD, SHARD_GRAD_OP and FULL_SHARD are ZeRO 0, 2 and 3). InternLM pipelines with 1F1B
 # or, when a model has num_chunks > 1, its interleaved scheduler (configs/7B_sft.py), shards
 # with ZeRO-1 only (parallel.zero1: "if zero1 == 1, zero is not used") and checkpoints a
-# fraction of whole blocks (model.checkpoint: True/False/[0-1]).
+# fraction of whole blocks (model.checkpoint: True/False/[0-1]). torchtitan shards with FSDP2
+# (ZeRO-3) or replicates (data_parallel_replicate_degree, DDP: ZeRO-0) — no ZeRO-1 or 2 —
+# pipelined or not.
 MEGATRON_SCHEDULES = ("1f1b", "interleaved-1f1b")
 WHOLE_BLOCKS = ("none", "full")
 STACK_CHOICES: dict[str, dict[str, tuple]] = {
@@ -177,7 +185,7 @@ STACK_CHOICES: dict[str, dict[str, tuple]] = {
     "megatron-lm-2021": {"schedule": MEGATRON_SCHEDULES, "zero": (0,), "recompute": WHOLE_BLOCKS},
     "fsdp": {"recompute": WHOLE_BLOCKS},
     "fsdp1": {"recompute": WHOLE_BLOCKS},
-    "torchtitan": {"recompute": (*WHOLE_BLOCKS, "op")},
+    "torchtitan": {"recompute": (*WHOLE_BLOCKS, "op"), "zero": (0, 3)},
     "composer": {"tp": (1,), "pp": (1,), "zero": (0, 2, 3), "recompute": WHOLE_BLOCKS},
     "internlm": {"schedule": MEGATRON_SCHEDULES, "zero": (0, 1), "recompute": WHOLE_BLOCKS},
 }

@@ -459,13 +459,25 @@ def accumulation_time(layout: Layout, g: GPU, params: float, embedding: float, e
       seconds, as the communication hidden there does.
 
     Paracube's passes run in the backward hooks, on the compute stream: on the step.
+
+    ZeRO-3 kept gathered through a pipelined step (``Layout.zero3_per_step``) reduces once,
+    after the last backward; until then FSDP2 brings each micro-batch's unsharded gradient
+    into an unsharded one in the reduce dtype (``to_accumulated_grad_if_needed``: a cast,
+    then adds) in its post-backward, on the compute stream — the ``buffer`` passes — and
+    pre-divides it beside the compute before the one reduce-scatter.
     """
     m = layout.microbatches
     buffer = gradient_bytes(elem, layout.grad_reduce)
     copy, add = elem + buffer, elem + 2 * buffer
-    reductions = m if layout.zero >= 2 else 1
+    reductions = m if layout.zero >= 2 and not layout.zero3_per_step else 1
     average = reductions * 2 * buffer if layout.grad_group > 1 else 0
     kind = layout.grad_accumulation
+    if layout.zero3_per_step:
+        on_step = params * (copy + (m - 1) * add)
+        beside = params * average
+        if kind != "side-stream":
+            on_step, beside = on_step + beside, 0.0
+        return (on_step + OVERLAP_SLOWDOWN * beside) / g.memory_rate
     if kind == "bf16-optimizer":
         moved = params * (m * (elem + 4 + 3 * 4) + average)
     elif kind == "fused":
@@ -492,6 +504,8 @@ def gather_copy_time(layout: Layout, g: GPU, params: float, root: float, elem: i
     without a group to gather from."""
     if layout.zero != 3 or layout.param_gather != "per-parameter" or layout.shard_group == 1:
         return 0.0
+    if layout.zero3_per_step:  # gathered once a step, for the first forward: per micro-batch
+        return 2 * elem * params / g.memory_rate / layout.microbatches
     return 2 * elem * (2 * params - root) / g.memory_rate
 
 
@@ -875,6 +889,8 @@ def dp_exposed_time(
     it slows down (:data:`OVERLAP_SLOWDOWN`)."""
     if layout.zero == 3 and layout.shard and layout.replicas > 1:
         return hybrid_exposed_time(layout, cluster, params, per_mb, cfg, layers, elem)
+    if layout.zero3_per_step:
+        return per_step_exposed_time(layout, cluster, params, per_mb, layers, elem)
     g, dp, m = cluster.gpu, layout.grad_group, layout.microbatches
     link = dp_link(layout, cluster)
     waited = waited_gathers(layout, link, params, elem, layers)
@@ -923,6 +939,34 @@ def dp_exposed_time(
         exposed += (m - 1) * max(0.0, scatter - backward)
         beside_compute += (m - 1) * min(scatter, backward)
     return exposed + OVERLAP_SLOWDOWN * beside_compute
+
+
+def per_step_exposed_time(
+    layout: Layout,
+    cluster: Cluster,
+    params: float,
+    per_mb: float,
+    layers: int = 0,
+    elem: int = 2,
+) -> float:
+    """The step time ZeRO-3 under a pipeline costs when each stage is gathered once a step
+    (``Layout.zero3_per_step``: torchtitan's FSDP2 under PyTorch's pipelining). Its
+    parameters are all-gathered unit by unit in the first micro-batch's forward, each unit's
+    gather prefetched behind the one before it — hidden behind that forward, slowing it by
+    :data:`OVERLAP_SLOWDOWN` of what hides — and kept through every micro-batch; its
+    gradients are reduce-scattered, unit by unit, only once the stage's last backward is
+    done: PyTorch's schedule runs FSDP's post-backward by hand after it
+    (torch/distributed/pipelining/stage.py, ``backward_maybe_with_nosync``), so nothing is
+    left to hide them behind on the first stage, which finishes last."""
+    dp, link = layout.grad_group, dp_link(layout, cluster)
+    if dp <= 1:
+        return 0.0
+    forwards, _, scatters = zero3_collectives(layers)
+    gather = _half_ring(params * elem, dp, link) + unit_latency(layout, link, forwards)
+    grads = params * gradient_bytes(elem, layout.grad_reduce)
+    scatter = _half_ring(grads, dp, link) + unit_latency(layout, link, scatters)
+    forward = per_mb / 3 if cluster.gpu.overlaps_communication else 0.0
+    return max(0.0, gather - forward) + scatter + OVERLAP_SLOWDOWN * min(gather, forward)
 
 
 def param_sync_time(
