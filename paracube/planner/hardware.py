@@ -50,6 +50,8 @@ class GPU:
     tf32_flops: float = 0.0
     # FP8 (E4M3/E5M2) on the tensor cores, dense, at the boost clock (0: no FP8 units)
     fp8_flops: float = 0.0
+    # measured fraction of ``fp8_flops`` FP8 matmuls sustain (0: ``sustained_fraction``)
+    measured_fp8_sustained: float = 0.0
     # measured fraction of the peak a GPU sustains on large matmuls at its power limit with
     # every GPU of the node busy (0: derive it from the clocks, base ÷ boost)
     measured_sustained: float = 0.0
@@ -76,6 +78,16 @@ class GPU:
         # fp8: attention, the head and the norms run in bf16; only the blocks' linear
         # layers take ``fp8_flops`` (time_model.layer_time); MFU counts against fp8_flops
         return self.peak_flops
+
+    @property
+    def fp8_units(self) -> GPU:
+        """This GPU as its FP8 matmuls see it: the FP8 peak at the fraction FP8 matmuls
+        sustain (:data:`HOPPER_FP8_SUSTAINED`), everything else the same."""
+        return replace(
+            self,
+            peak_flops=self.fp8_flops,
+            measured_sustained=self.measured_fp8_sustained or self.sustained_fraction,
+        )
 
     @property
     def sustained_fraction(self) -> float:
@@ -132,6 +144,14 @@ FLASH2_AMPERE = 0.50 * 312e12
 # H100 SXM shares its silicon, clocks and power limit) — below the base-clock figure, since
 # dense tensor-core work meets the power limit before the clock floor.
 HOPPER_SUSTAINED = 698.6e12 / 989e12
+# FP8 matmuls reach a smaller fraction of their peak than BF16 ones: on the same H100 SXM, by
+# the same benchmark (mamf-finder, a mean of 100 iterations after 50 warm-up ones, torch
+# 2.7.0+cu126), the best FP8 (float8_e4m3fn) matmul ran at 1,402.6 of 1,979 TFLOP/s, 70.9 %,
+# and the best BF16 one at 794.5 of 989, 80.3 % (Bekman, "Machine Learning Engineering",
+# compute/accelerator, "Maximum Achievable Matmul FLOPS comparison table"). The FP8 units'
+# sustained fraction is the BF16 one scaled by that ratio: 62.3 % of the FP8 peak, 1,233
+# TFLOP/s, 1.77× the BF16 rate rather than the 2× of the datasheets.
+HOPPER_FP8_SUSTAINED = HOPPER_SUSTAINED * (1402.6e12 / 1979e12) / (794.5e12 / 989e12)
 # The fraction of the datasheet's HBM bandwidth a streaming kernel reaches, measured:
 # H200, a device-to-device copy, 4,276 of 4,800 GB/s (paracube's GPU check, BENCHMARKS.md;
 # benchmarks/results/gpu_h200/calibration.json) — H100 SXM taken at the same fraction, as
@@ -179,12 +199,14 @@ GPUS: dict[str, GPU] = {
                 fp32_flops=67e12, tf32_flops=494.7e12, fp8_flops=1979e12,
                 attention_rate=FLASH2_HOPPER,
                 measured_sustained=HOPPER_SUSTAINED, measured_hbm=HBM_ACHIEVED["hopper"],
+                measured_fp8_sustained=HOPPER_FP8_SUSTAINED,
                 host_link_bandwidth=PCIE["h100"], host_memory_bandwidth=HOST_MEMORY["h100"],
                 host_memory_bytes=HOST_RAM["h100"]),
     "h200": GPU("H200 SXM", 989e12, device_memory(141), 4800 * GB, 900 * GB, 1590, 1980, sms=132,
                 fp32_flops=67e12, tf32_flops=494.7e12, fp8_flops=1979e12,
                 attention_rate=FLASH2_HOPPER,
                 measured_sustained=HOPPER_SUSTAINED, measured_hbm=HBM_ACHIEVED["hopper"],
+                measured_fp8_sustained=HOPPER_FP8_SUSTAINED,
                 host_link_bandwidth=PCIE["h100"], host_memory_bandwidth=HOST_MEMORY["h100"],
                 host_memory_bytes=HOST_RAM["h100"]),
 }

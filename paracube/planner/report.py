@@ -351,7 +351,8 @@ def _predicted(best, cluster: Cluster, precision: str = "bf16") -> str:
     L, t = best.layout, best.time
     fp8 = (
         f" Under fp8 the blocks' linear layers run on the FP8 units "
-        f"({cluster.gpu.fp8_flops / 1e12:,.0f} TFLOP/s peak, at the same sustained fraction) and "
+        f"({cluster.gpu.fp8_flops / 1e12:,.0f} TFLOP/s peak, sustaining "
+        f"{cluster.gpu.fp8_units.sustained_fraction:.0%} of it) and "
         "pay the cast-transpose passes that make their operands; MFU counts against the FP8 "
         "peak (as llm-foundry's FP8 tables do), the rest of the step running at half of it."
         if precision == "fp8"

@@ -367,7 +367,7 @@ def replay_saving(
     own blocks replay on this machine's torch: every matmul but that one."""
     if layout.recompute_replay == "whole":
         return 0.0
-    linear, linear_elem = (replace(g, peak_flops=g.fp8_flops), 1) if fp8 else (g, elem)
+    linear, linear_elem = (g.fp8_units, 1) if fp8 else (g, elem)
     m, n, k = shapes.block_gemms(cfg, layout.micro_batch * cfg.seq_len, layout.tp)[-1]
     return _gemm(m, n, k, linear, linear_elem)
 
@@ -381,7 +381,7 @@ def op_recompute_time(
     SwiGLU's up or a GELU MLP's second) and the block's element-wise forward (norms, rotary,
     the activation, the residual adds); not the attention kernel, whose output it keeps.
     Under ``fp8`` the matmuls at the FP8 rate, their casts not charged again."""
-    linear, linear_elem = (replace(g, peak_flops=g.fp8_flops), 1) if fp8 else (g, elem)
+    linear, linear_elem = (g.fp8_units, 1) if fp8 else (g, elem)
     tokens, t = layout.micro_batch * cfg.seq_len, layout.tp
     matmuls = sum(
         _gemm(tokens, lin.out_features / t, lin.in_features, linear, linear_elem)
@@ -399,7 +399,7 @@ def block_gemm_time(
     """(forward, backward) seconds of one block's matmuls for one micro-batch — on the FP8
     units with 1-byte operands under ``fp8`` — the bulk of :func:`layer_time`, and what
     overlapped tensor-parallel collectives can hide behind (:func:`overlapped_tp_comm`)."""
-    linear, linear_elem = (replace(g, peak_flops=g.fp8_flops), 1) if fp8 else (g, elem)
+    linear, linear_elem = (g.fp8_units, 1) if fp8 else (g, elem)
     fwd = bwd = 0.0
     for shape in shapes.block_gemms(cfg, layout.micro_batch * cfg.seq_len, layout.tp):
         f, b = _gemm_fwd_bwd(*shape, linear, linear_elem)
