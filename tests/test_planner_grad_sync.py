@@ -93,3 +93,18 @@ def test_a_bad_grad_sync_is_refused_by_name():
     # another stack's software: paracube train's ZeRO-1 all-reduces
     with pytest.raises(ConfigError, match="grad_sync='reduce-scatter'"):
         Layout(dp=8, zero=1, grad_sync="reduce-scatter").check_paracube_software()
+
+
+def test_a_stack_that_shards_zero1_in_groups_plans_the_reduce_scatter_without_them():
+    """InternLM's plans try ZeRO-1 in node-sized groups; asked to reduce-scatter as well, the
+    search drops those twins (refused in groups) and plans the rest, instead of failing."""
+    from paracube.planner.search import search
+    from paracube.planner.stacks import HYBRID_SHARD_STACKS, stack, stack_choices
+
+    found = search(preset("llama3-8b"), _h100s(), 16, 64,
+                   fixed=stack("internlm") | {"grad_sync": "reduce-scatter"},
+                   allowed=stack_choices("internlm"),
+                   hybrid_shard=HYBRID_SHARD_STACKS["internlm"], top=50)  # fmt: skip
+    assert found.ranked
+    assert all(not c.layout.shard for c in found.ranked)
+    assert any(c.layout.zero == 1 for c in found.ranked)

@@ -378,7 +378,10 @@ def with_hybrid_shards(layouts, gpus_per_node: int, zero: int = 3):
         yield layout
         shard = gpus_per_node // layout.tp
         fits = 1 < shard < layout.grad_group and layout.grad_group % shard == 0
-        if layout.zero == zero and fits and not layout.zero3_per_step:
+        # not under a pipeline's per-step ZeRO-3, nor for a ZeRO-1 that reduce-scatters:
+        # neither is planned in groups (Layout refuses them)
+        scattered = layout.zero == 1 and layout.grad_sync == "reduce-scatter"
+        if layout.zero == zero and fits and not layout.zero3_per_step and not scattered:
             yield replace(layout, shard=shard)
 
 
