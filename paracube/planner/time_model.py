@@ -961,10 +961,9 @@ def per_step_exposed_time(
     dp, link = layout.grad_group, dp_link(layout, cluster)
     if dp <= 1:
         return 0.0
-    forwards, _, scatters = zero3_collectives(layers)
+    forwards = zero3_collectives(layers)[0]
     gather = _half_ring(params * elem, dp, link) + unit_latency(layout, link, forwards)
-    grads = params * gradient_bytes(elem, layout.grad_reduce)
-    scatter = _half_ring(grads, dp, link) + unit_latency(layout, link, scatters)
+    scatter = scatter_time(params, layout, link, elem, layers)  # once, after the last backward
     forward = per_mb / 3 if cluster.gpu.overlaps_communication else 0.0
     return max(0.0, gather - forward) + scatter + OVERLAP_SLOWDOWN * min(gather, forward)
 
