@@ -150,7 +150,9 @@ HOPPER_SUSTAINED = 698.6e12 / 989e12
 # and the best BF16 one at 794.5 of 989, 80.3 % (Bekman, "Machine Learning Engineering",
 # compute/accelerator, "Maximum Achievable Matmul FLOPS comparison table"). The FP8 units'
 # sustained fraction is the BF16 one scaled by that ratio: 62.3 % of the FP8 peak, 1,233
-# TFLOP/s, 1.77× the BF16 rate rather than the 2× of the datasheets.
+# TFLOP/s, 1.77× the BF16 rate rather than the 2× of the datasheets. The H200 is taken at
+# the same ratio, as for the BF16 rate: the same silicon, clocks and 700 W limit (the table's
+# GH200, at 900 W, reaches 1.85×).
 HOPPER_FP8_SUSTAINED = HOPPER_SUSTAINED * (1402.6e12 / 1979e12) / (794.5e12 / 989e12)
 # The fraction of the datasheet's HBM bandwidth a streaming kernel reaches, measured:
 # H200, a device-to-device copy, 4,276 of 4,800 GB/s (paracube's GPU check, BENCHMARKS.md;
