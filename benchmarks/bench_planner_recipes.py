@@ -22,7 +22,7 @@ from common import write_json
 from paracube.planner import hardware as hw
 from paracube.planner.published import DGXC_TABLES, evaluate, runs
 from paracube.planner.search import search
-from paracube.planner.stacks import stack, stack_choices
+from paracube.planner.stacks import search_options, stack
 from paracube.planner.time_model import Cluster
 
 
@@ -49,7 +49,7 @@ def main() -> None:
     for cfg, tp, pp, cp, vp, b, _, scales in DGXC_TABLES:
         gpus, batch, *_ = scales[0]
         found = search(cfg, h100, gpus, batch, precision="bf16", fixed=stack("nemo"), top=1,
-                       allowed=stack_choices("nemo"), context_parallel=True)  # fmt: skip
+                       **search_options("nemo"))  # fmt: skip
         best = found.ranked[0]
         L = best.layout
         recipe = evaluate(published[(cfg.name, gpus)])

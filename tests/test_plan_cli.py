@@ -650,6 +650,17 @@ def test_loss_and_recompute_blocks_are_fixed_choices(capsys):
     assert (three["recompute"], three["recompute_blocks"]) == ("full", 3)
 
 
+def test_a_megatron_stack_plans_metas_pipeline_of_126_blocks(capsys):
+    """--stack megatron-core tries Megatron-Core's split that counts the embedding and the
+    loss as blocks (stacks.STACK_SPLITS), so Llama 3 405B at Meta's TP 8 × PP 16 plans; a
+    --pipeline-split the user gives is the one planned, and here it cannot be made."""
+    argv = ["--model", "llama3-405b", "--gpus", "16384", "--gpu", "h100", "--global-batch",
+            "2048", "--stack", "megatron-core", "--layout", "dp=128,tp=8,pp=16"]  # fmt: skip
+    assert best(capsys, *argv)["layout"]["split"] == "even-ends"
+    err = error(capsys, *argv, "--pipeline-split", "even")
+    assert "--pipeline-split even: the layers do not divide into pp × chunks" in err
+
+
 def test_a_stack_is_planned_only_with_what_it_runs(capsys):
     """A plan for a stack proposes only layouts it can run (stacks.STACK_CHOICES): Megatron's
     1F1B or interleaved schedule (never zero-bubble), Megatron-LM 2021 without ZeRO or

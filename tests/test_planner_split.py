@@ -14,6 +14,7 @@ from paracube.models.presets import preset
 from paracube.planner import hardware as hw
 from paracube.planner.layout import Layout
 from paracube.planner.search import search
+from paracube.planner.stacks import search_options, stack
 from paracube.planner.stages import even_shares, layout_shares
 from paracube.planner.time_model import Cluster, estimate, head_time, layer_time
 
@@ -52,6 +53,33 @@ def test_even_split_refuses_counts_that_do_not_divide():
     )
     assert not result.ranked
     assert "--pipeline-split even: the layers do not divide into pp × chunks" in result.rejected
+
+
+def test_a_megatron_stack_also_tries_the_split_that_counts_the_ends():
+    """Megatron-Core can count the embedding and the loss as a block each, so a plan for its
+    stacks tries that split beside the plain one: Llama 3 405B's 126 blocks pipeline over
+    Meta's 16 stages only so (128 layers, 8 a rank: the first and last rank 7 blocks),
+    where the plain split refuses every 16-stage layout; a split the user chose is the only
+    one planned; and where both splits cut alike (2 stages, no chunks) the layout is one
+    candidate, not two."""
+    cfg, h100 = preset("llama3-405b"), _h100()
+    fixed = stack("megatron-core") | dict(tp=8, pp=16, dp=128, micro_batch=1)
+    plain = search(cfg, h100, 16384, 2048, fixed=fixed, top=3)
+    assert not plain.ranked
+    assert any(r.startswith("--pipeline-split even:") for r in plain.rejected)
+    both = search(cfg, h100, 16384, 2048, fixed=fixed, top=3, **search_options("megatron-core"))
+    assert both.ranked and {c.layout.split for c in both.ranked} == {"even-ends"}
+    shares = layout_shares(cfg, both.ranked[0].layout)
+    per_rank = (126 + 2) // 16  # layers a rank holds, the embedding and the loss counted
+    assert [len(s.blocks) for s in shares] == [per_rank - 1] + [per_rank] * 14 + [per_rank - 1]
+    assert sorted(b for s in shares for b in s.blocks) == list(range(126))
+    chosen = search(cfg, h100, 16384, 2048, fixed=fixed, top=3,
+                    **search_options("megatron-core", split_chosen=True))  # fmt: skip
+    assert not chosen.ranked
+    two = stack("megatron-core") | dict(tp=8, pp=2, schedule="1f1b", micro_batch=1, zero=1)
+    alike = search(preset("llama3-70b"), h100, 64, 128, fixed=two, top=50,
+                   **search_options("megatron-core"))  # fmt: skip
+    assert alike.ranked and {c.layout.split for c in alike.ranked} == {"even"}
 
 
 def test_a_heavy_head_slows_megatrons_last_rank():

@@ -815,12 +815,7 @@ def _search(args, cfg, cluster, fixed: dict):
     from paracube.planner.search import search
 
     if isinstance(cfg, ModelConfig):
-        from paracube.planner.stacks import (
-            CONTEXT_PARALLEL_STACKS,
-            HYBRID_SHARD_STACKS,
-            OP_RECOMPUTE_STACKS,
-            stack_choices,
-        )
+        from paracube.planner.stacks import search_options
 
         return search(
             cfg,
@@ -830,10 +825,7 @@ def _search(args, cfg, cluster, fixed: dict):
             precision=args.precision,
             fixed=fixed,
             top=args.top,
-            allowed=stack_choices(args.stack),
-            context_parallel=args.stack in CONTEXT_PARALLEL_STACKS,
-            hybrid_shard=HYBRID_SHARD_STACKS.get(args.stack or "", 0),
-            op_recompute=args.stack in OP_RECOMPUTE_STACKS,
+            **search_options(args.stack, split_chosen=args.split is not None),
         )
     if fixed.get("tp", 1) != 1 or fixed.get("pp", 1) != 1 or fixed.get("cp", 1) != 1:
         raise ParacubeError(

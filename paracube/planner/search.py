@@ -127,6 +127,7 @@ def candidate_layouts(
     fixed: dict,
     rejected: dict,
     op_recompute: bool = False,
+    splits: tuple[str, ...] = (),
 ):
     """Every layout the engines can run: tp within a node and dividing the heads (the
     vocabulary is padded to a multiple of tp, as Megatron does), pp ≤ layers, the global
@@ -134,12 +135,15 @@ def candidate_layouts(
     parallelism only where ``fixed`` asks for it (paracube's engine does not run it): the
     sequence cut into 2·cp equal chunks, under fused attention. torchtitan's op-level
     checkpointing (``recompute="op"``) only where ``fixed`` asks for it or ``op_recompute``
-    (a stack that runs it), under fused attention."""
+    (a stack that runs it), under fused attention. ``splits``: the pipeline splits a
+    pipelined layout is tried with, where ``fixed`` leaves the split open (a stack that runs
+    more than one); () — the fixed split, else the engine's."""
 
     def reject(reason: str) -> None:
         rejected[reason] = rejected.get(reason, 0) + 1
 
     check_fixed(fixed)
+    tried = splits or (fixed.get("split", "engine"),)
 
     compress_kind = fixed.get("compress", "none").partition(":")[0]
     recomputes: tuple[str, ...] = (
@@ -177,7 +181,7 @@ def candidate_layouts(
             continue
         # pipeline stages need a layer each: a block, or under Megatron's even-ends split
         # also the embedding and the loss (BLOOM's pp 72 for 70 blocks)
-        layers = cfg.n_layers + (2 if fixed.get("split") == "even-ends" else 0)
+        layers = cfg.n_layers + (2 if "even-ends" in tried else 0)
         for pp in divisors(gpus // tp):
             if fixed.get("pp", pp) != pp:
                 continue
@@ -247,12 +251,11 @@ def candidate_layouts(
                             fixed.get("recompute_blocks") if recompute == "full" else None
                         ),
                         cp=cp,
-                        **software(fixed),
+                        **software(fixed | {"split": tried[0]}),
                     )
-                    if not _splits(cfg, layout, reject):
-                        continue
-                    if all(getattr(layout, k) == val for k, val in fixed.items()):
-                        yield layout
+                    for made in _split_layouts(cfg, layout, tried, reject):
+                        if all(getattr(made, k) == val for k, val in fixed.items()):
+                            yield made
 
 
 def check_fixed(fixed: dict) -> None:
@@ -268,18 +271,29 @@ def check_fixed(fixed: dict) -> None:
     Layout(**fixed)
 
 
-def _splits(cfg: ModelConfig, layout: Layout, reject) -> bool:
-    """Whether the layout's pipeline split can be made — Megatron's even splits only where
-    the layers divide into its virtual stages (:func:`~paracube.planner.stages.even_shares`
-    owns the rule); ``reject`` is told why not."""
-    if layout.split == "engine" or layout.pp == 1:
-        return True
-    try:
-        layout_shares(cfg, layout)
-    except ConfigError:
-        reject(f"--pipeline-split {layout.split}: the layers do not divide into pp × chunks")
-        return False
-    return True
+def _split_layouts(cfg: ModelConfig, layout: Layout, splits: tuple[str, ...], reject):
+    """The layout under each of ``splits`` that can be made and cuts the blocks differently
+    from those before it (one split only without a pipeline, where there is nothing to cut)
+    — Megatron's even splits only where the layers divide into its virtual stages
+    (:func:`~paracube.planner.stages.even_shares` owns the rule); ``reject`` is told why
+    when none can."""
+    made: list[Layout] = []
+    cuts = []
+    for split in splits if layout.pp > 1 else splits[:1]:
+        twin = replace(layout, split=split)
+        if split == "engine" or twin.pp == 1:
+            made.append(twin)
+            continue
+        try:
+            cut = layout_shares(cfg, twin)
+        except ConfigError:
+            continue
+        if cut not in cuts:  # pp 2 without chunks: both even splits cut the same
+            cuts.append(cut)
+            made.append(twin)
+    if not made:
+        reject(f"--pipeline-split {' or '.join(splits)}: the layers do not divide into pp × chunks")
+    return made
 
 
 def search(
@@ -295,6 +309,7 @@ def search(
     context_parallel: bool = False,
     hybrid_shard: int = 0,
     op_recompute: bool = False,
+    splits: tuple[str, ...] = (),
 ) -> SearchResult:
     """Every valid layout of ``cfg`` on ``gpus`` GPUs of ``cluster`` for ``global_batch``
     sequences per step, those that fit in GPU memory ranked fastest first (ties within 1 %
@@ -303,8 +318,8 @@ def search(
     :func:`paracube.planner.stacks.stack_choices`); ``context_parallel`` searches context
     parallelism too, for a stack that runs it (:func:`context_parallel_sizes`), and
     ``hybrid_shard`` hybrid sharding of that ZeRO stage (:func:`with_hybrid_shards`; 0:
-    none), ``op_recompute``
-    torchtitan's op-level checkpointing (:func:`candidate_layouts`); the result
+    none), ``op_recompute`` torchtitan's op-level checkpointing, and ``splits`` each of these
+    pipeline splits in place of the one ``fixed`` names (:func:`candidate_layouts`); the result
     also counts what was rejected and why, and keeps the leanest layout that did not fit.
 
     >>> from paracube.models.presets import preset
@@ -320,11 +335,13 @@ def search(
     capacity = cluster.gpu.memory_bytes
     fixed = fixed or {}
     allowed = allowed or {}
+    if splits:  # the stack's splits are tried, not its one as fixed
+        fixed = {k: v for k, v in fixed.items() if k != "split"}
     sizes = context_parallel_sizes(cfg, gpus) if context_parallel and "cp" not in fixed else [1]
     layouts = itertools.chain.from_iterable(
         candidate_layouts(
             cfg, gpus, cluster.gpus_per_node, global_batch, fixed | ({"cp": cp} if cp > 1 else {}),
-            result.rejected, op_recompute,
+            result.rejected, op_recompute, splits,
         )
         for cp in sizes
     )  # fmt: skip
@@ -430,14 +447,15 @@ def fewest_recomputed(
 def simplicity(layout: Layout) -> tuple:
     """Fewer moving parts first: no offload, less model parallelism (a pipeline stage
     more is a partition, a bubble and a balance to keep; a ZeRO stage is a sharded
-    optimizer), no ZeRO, sharded over the whole group rather than hybrid, no recompute,
-    fewer (larger) micro-batches."""
+    optimizer), no ZeRO, sharded over the whole group rather than hybrid, the stack's plain
+    pipeline split, no recompute, fewer (larger) micro-batches."""
     return (
         layout.offload,
         layout.pp,
         layout.tp,
         layout.zero,
         layout.shard > 0,  # hybrid sharding: a replica group more to reduce over
+        layout.split == "even-ends",  # two more flags to set
         ("none", "selective", "op", "full").index(layout.recompute),
         layout.chunks,
         layout.microbatches,

@@ -24,6 +24,8 @@ recomputation, model parallelism).
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from paracube.errors import ConfigError
 
 # Megatron's vocabulary-parallel cross-entropy computes its gradient in the saved softmax's
@@ -197,6 +199,16 @@ STACK_CHOICES: dict[str, dict[str, tuple]] = {
 CONTEXT_PARALLEL_STACKS = ("megatron-core", "nemo", "megatron-bridge", "torchtitan")
 
 
+# The stacks whose pipeline split can also count the embedding and the loss as a block each,
+# and the splits the search then tries: Megatron-Core's account_for_embedding_in_pipeline_split
+# and account_for_loss_in_pipeline_split (megatron/core/transformer/transformer_config.py;
+# NeMo's and Megatron-Bridge's model configs carry them: Megatron-Bridge's Llama 3.1 405B
+# recipe runs them) beside its plain even split — so 126 blocks (Llama 3 405B) pipeline over
+# 16 stages as Meta's did (:func:`paracube.planner.stages.even_shares`, ``ends``).
+STACK_SPLITS: dict[str, tuple[str, ...]] = {
+    name: ("even", "even-ends") for name in ("megatron-core", "nemo", "megatron-bridge")
+}
+
 # The stacks that run op-level selective checkpointing, which the search then tries too:
 # torchtitan's activation_checkpoint mode "selective" with selective_ac_option "op" (its
 # _apply_op_sac: every op output in its save list kept but every second matmul's;
@@ -234,3 +246,33 @@ def stack_choices(name: str | None) -> dict[str, tuple]:
         return {}
     stack(name)  # a known stack
     return dict(STACK_CHOICES.get(name, {}))
+
+
+class SearchOptions(TypedDict):
+    """The keyword arguments of :func:`paracube.planner.search.search` a stack decides."""
+
+    allowed: dict[str, tuple]
+    context_parallel: bool
+    hybrid_shard: int
+    op_recompute: bool
+    splits: tuple[str, ...]
+
+
+def search_options(name: str | None, split_chosen: bool = False) -> SearchOptions:
+    """How the search runs for the stack ``name`` (None: paracube's own), as keyword
+    arguments of :func:`paracube.planner.search.search`: what the stack can run
+    (:data:`STACK_CHOICES`), and what it runs beyond paracube's engine that the search then
+    tries too — context parallelism, hybrid sharding, op-level checkpointing, its pipeline
+    splits (not where the user chose one: ``split_chosen``).
+
+    >>> search_options("nemo")["splits"], search_options("nemo", split_chosen=True)["splits"]
+    (('even', 'even-ends'), ())
+    """
+    key = name or ""
+    return SearchOptions(
+        allowed=stack_choices(name),
+        context_parallel=key in CONTEXT_PARALLEL_STACKS,
+        hybrid_shard=HYBRID_SHARD_STACKS.get(key, 0),
+        op_recompute=key in OP_RECOMPUTE_STACKS,
+        splits=() if split_chosen else STACK_SPLITS.get(key, ()),
+    )
