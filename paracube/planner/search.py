@@ -205,7 +205,7 @@ def candidate_layouts(
             for b in sizes:
                 m = global_batch // (dp * b)
                 schedules = _schedules(
-                    pp, m, cfg.n_layers, fixed.get("chunks"), reject, fixed.get("schedule")
+                    pp, m, layers, fixed.get("chunks"), reject, fixed.get("schedule")
                 )
                 for (schedule, v), zero, recompute in itertools.product(
                     schedules, ZERO_STAGES if dp * cp > 1 else (0,), recomputes
