@@ -49,8 +49,13 @@ ACTIVATION_MEMORY = ("paracube", "megatron")
 # (engine), or the same count of blocks per virtual stage, the embedding and the head on
 # top of the first's and the last's (even: Megatron-Core's default, Megatron-DeepSpeed's
 # partition_method="type:transformer"), or with the embedding and the loss each counted as
-# one block (even-ends: Megatron-Core's --account-for-embedding/loss-in-pipeline-split)
-PIPELINE_SPLIT = ("engine", "even", "even-ends")
+# one block (even-ends: Megatron-Core's --account-for-embedding/loss-in-pipeline-split), or
+# torchtitan's: the embedding and the norm + head one layer each, the layers dealt over the
+# stages as evenly as they go, the first stages taking what does not divide (torchtitan)
+PIPELINE_SPLIT = ("engine", "even", "even-ends", "torchtitan")
+# the splits that count the embedding and the loss (the norm + head) as a layer each, so a
+# pipeline may have as many stages as blocks + 2
+ENDS_AS_LAYERS = ("even-ends", "torchtitan")
 # planner: the loss's backward — paracube's (two fp32 gradients of the logits' shape) or one
 # computed in place (Megatron's vocabulary-parallel cross-entropy, llm-foundry's fused one)
 LOSS_BACKWARD = ("torch", "fused")

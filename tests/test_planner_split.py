@@ -15,7 +15,7 @@ from paracube.planner import hardware as hw
 from paracube.planner.layout import Layout
 from paracube.planner.search import search
 from paracube.planner.stacks import search_options, stack
-from paracube.planner.stages import even_shares, layout_shares
+from paracube.planner.stages import even_shares, layout_shares, torchtitan_shares
 from paracube.planner.time_model import Cluster, estimate, head_time, layer_time
 
 
@@ -80,6 +80,29 @@ def test_a_megatron_stack_also_tries_the_split_that_counts_the_ends():
     alike = search(preset("llama3-70b"), h100, 64, 128, fixed=two, top=50,
                    **search_options("megatron-core"))  # fmt: skip
     assert alike.ranked and {c.layout.split for c in alike.ranked} == {"even"}
+
+
+def test_torchtitans_split_deals_the_layers_as_evenly_as_they_go():
+    """torchtitan counts the embedding and the norm + head as a layer each and deals the
+    L + 2 layers over pp × chunks stages, the first stages taking what does not divide, stage
+    k on rank k mod pp: Llama 3 8B (32 blocks, 34 layers) on 4 ranks × 2 chunks is stages of
+    4, 5, 4, 4, 4, 4, 4, 3 blocks — ranks of 8, 9, 8, 7 — where Megatron's even split needs
+    pp × chunks to divide. A --stack torchtitan plan pipelines so, on 5 stages too; more
+    stages than layers are refused with the reason."""
+    cfg = preset("llama3-8b")
+    shares = torchtitan_shares(cfg, 4, 2)
+    assert [len(s.blocks) for s in shares] == [8, 9, 8, 7]
+    assert shares[0].blocks == (0, 1, 2, 3, 17, 18, 19, 20) and shares[0].embedding
+    assert shares[3].head and shares[3].blocks[-1] == 31
+    assert sorted(b for s in shares for b in s.blocks) == list(range(32))
+    with pytest.raises(ConfigError, match="torchtitan's split gives every one of"):
+        torchtitan_shares(cfg, 35)
+    with pytest.raises(ConfigError, match="32 blocks into pp × chunks = 5"):
+        even_shares(cfg, 5)
+    fixed = stack("torchtitan") | dict(tp=1, pp=5, zero=0, schedule="1f1b", micro_batch=1)
+    best = search(cfg, _h100(), 40, 320, fixed=fixed, top=1).ranked[0]
+    assert best.layout.split == "torchtitan"
+    assert [len(s.blocks) for s in layout_shares(cfg, best.layout)] == [6, 7, 7, 7, 5]
 
 
 def test_a_heavy_head_slows_megatrons_last_rank():

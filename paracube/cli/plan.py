@@ -271,7 +271,9 @@ def add_parser(sub) -> None:
         "--balance, which gives a heavy embedding or head fewer blocks beside it; default), "
         "even (Megatron's equal blocks per virtual stage, the embedding and head on top) or "
         "even-ends (the embedding and the loss each counted as a block: Megatron-Core's "
-        "--account-for-embedding/loss-in-pipeline-split)",
+        "--account-for-embedding/loss-in-pipeline-split) or torchtitan (the embedding and "
+        "the head a layer each, the layers dealt as evenly as they go, the first stages "
+        "taking the rest)",
     )
     o = p.add_argument_group("output")
     o.add_argument("--top", type=int, default=5)

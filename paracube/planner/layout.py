@@ -133,8 +133,9 @@ class Layout:
     # (current: Megatron-Bridge's FP8-CS, torchao's dynamic float8) — one more pass over it
     fp8_scaling: str = "delayed"
     # how the blocks are cut into pipeline stages (choices.PIPELINE_SPLIT): the engine's own
-    # cut by ``balance`` (engine), or Megatron's equal count of blocks per virtual stage
-    # (even, even-ends: :func:`paracube.planner.stages.even_shares`); planned, to evaluate
+    # cut by ``balance`` (engine), Megatron's equal count of blocks per virtual stage (even,
+    # even-ends: :func:`paracube.planner.stages.even_shares`) or torchtitan's
+    # (:func:`paracube.planner.stages.torchtitan_shares`); planned, to evaluate
     # published runs: ``paracube train`` cuts by --balance (:meth:`to_args` refuses the others)
     split: str = "engine"
     # how each micro-batch's weight gradients are accumulated (choices.GRAD_ACCUMULATION):

@@ -15,6 +15,17 @@ from paracube.planner.search import Candidate, SearchResult
 from paracube.planner.time_model import Cluster, StepEstimate, estimate
 
 GB = 1e9
+# How --explain says a planned pipeline split cuts the stages (every split but the engine's)
+_PLANNED_ONLY = "; planned only: paracube train cuts by --balance."
+SPLIT_STORY = {
+    "even": "Stages cut as Megatron cuts them (even: equal blocks per stage, the embedding and "
+    "head on top, so a heavy head slows the last stage)" + _PLANNED_ONLY,
+    "even-ends": "Stages cut as Megatron cuts them (even-ends: equal blocks per stage, the "
+    "embedding and the loss each in a block's place)" + _PLANNED_ONLY,
+    "torchtitan": "Stages cut as torchtitan cuts them (the embedding and the head a layer "
+    "each, the layers dealt as evenly as they go, the first stages taking the rest)"
+    + _PLANNED_ONLY,
+}
 SHARDED_STATES = {
     1: "optimizer states",
     2: "optimizer states and gradients",
@@ -250,17 +261,7 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
             f"{L.microbatches} micro-batches under {L.schedule}"
             + (f" with {L.chunks} chunks" if L.chunks > 1 else "")
             + "; more micro-batches shrink it as (p−1)/m."
-            + (
-                f" Stages cut as Megatron cuts them ({L.split}: equal blocks per stage, "
-                + (
-                    "the embedding and the loss each in a block's place"
-                    if L.split == "even-ends"
-                    else "the embedding and head on top, so a heavy head slows the last stage"
-                )
-                + "); planned only: paracube train cuts by --balance."
-                if L.split != "engine"
-                else ""
-            )
+            + (" " + SPLIT_STORY[L.split] if L.split in SPLIT_STORY else "")
         )
     if L.zero:
         group = (

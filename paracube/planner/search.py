@@ -6,7 +6,13 @@ import itertools
 import math
 from dataclasses import dataclass, field, fields, replace
 
-from paracube.choices import FUSED_ATTENTION, PLANNED_RECOMPUTE, RECOMPUTE, ZERO_STAGES
+from paracube.choices import (
+    ENDS_AS_LAYERS,
+    FUSED_ATTENTION,
+    PLANNED_RECOMPUTE,
+    RECOMPUTE,
+    ZERO_STAGES,
+)
 from paracube.config import ZERO3_WITH_PIPELINE, ModelConfig, compression_with_zero
 from paracube.errors import ConfigError
 from paracube.pipeline.schedules import SCHEDULES
@@ -179,9 +185,10 @@ def candidate_layouts(
         if fixed.get("sequence_parallel") and tp == 1:
             reject("--sequence-parallel needs tensor parallelism (tp > 1)")
             continue
-        # pipeline stages need a layer each: a block, or under Megatron's even-ends split
-        # also the embedding and the loss (BLOOM's pp 72 for 70 blocks)
-        layers = cfg.n_layers + (2 if "even-ends" in tried else 0)
+        # pipeline stages need a layer each: a block, or under a split that counts them
+        # (even-ends, torchtitan's) also the embedding and the loss (BLOOM's pp 72 for 70
+        # blocks)
+        layers = cfg.n_layers + (2 if set(tried) & set(ENDS_AS_LAYERS) else 0)
         for pp in divisors(gpus // tp):
             if fixed.get("pp", pp) != pp:
                 continue

@@ -10,7 +10,8 @@ the engine gives the first and last ranks fewer blocks and the middle ones more.
 
 Megatron does not: a layout planned with ``split="even"`` or ``"even-ends"``
 (:func:`even_shares`) is timed and sized with the split a published Megatron run made, so
-that a head of several blocks' weight slows its last rank as it slowed the run.
+that a head of several blocks' weight slows its last rank as it slowed the run; nor does
+torchtitan (``split="torchtitan"``, :func:`torchtitan_shares`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def layout_shares(cfg: ModelConfig, layout: Layout) -> tuple[RankShare, ...]:
     ``--balance`` (parameters unless the job says otherwise; the measured balances by their
     FLOPs estimate, as the engine starts from before it measures) — or, for a Megatron run,
     its equal blocks per virtual stage (:func:`even_shares`)."""
+    if layout.split == "torchtitan":
+        return torchtitan_shares(cfg, layout.pp, layout.chunks)
     if layout.split != "engine":
         return even_shares(cfg, layout.pp, layout.chunks, ends=layout.split == "even-ends")
     if layout.balance == "params":  # depends on nothing but the model: cached once
@@ -119,6 +122,39 @@ def even_shares(
         held[part % pp].extend(range(first, first + count))
     return tuple(
         RankShare(blocks=tuple(blocks), embedding=rank == 0, head=rank == (parts - 1) % pp)
+        for rank, blocks in enumerate(held)
+    )
+
+
+def torchtitan_shares(cfg: ModelConfig, pp: int, chunks: int = 1) -> tuple[RankShare, ...]:
+    """torchtitan's split (``generate_llm_fqn_per_model_part``, torchtitan/distributed/
+    pipeline_parallel.py, at its default ``input_weight`` = ``output_weight`` = 1): the
+    embedding and the norm + head counted as one layer each, the L + 2 layers dealt over the
+    S = pp × chunks stages ⌊(L + 2)/S⌋ each, the first (L + 2) mod S stages one more, stage k
+    on rank k mod pp (its loop placement, Interleaved1F1B's). Unlike Megatron's it needs no
+    division: Llama 3 8B's 32 blocks on 5 stages are 6, 7, 7, 7, 5 (34 layers = 4 × 7 + 6; the
+    first and the last stage a block fewer for the ends). It refuses a stage left empty, as
+    torchtitan does: S ≤ L + 2.
+
+    >>> from paracube.models.presets import preset
+    >>> [len(s.blocks) for s in torchtitan_shares(preset("llama3-8b"), 5)]
+    [6, 7, 7, 7, 5]
+    """
+    stages, units = pp * chunks, cfg.n_layers + 2
+    if stages > units:
+        raise ConfigError(
+            f"torchtitan's split gives every one of pp × chunks = {stages} stages a layer of "
+            f"the {units} (blocks, the embedding and the head): choose fewer stages"
+        )
+    per, extra = divmod(units, stages)
+    held: list[list[int]] = [[] for _ in range(pp)]
+    first = 0
+    for k in range(stages):
+        count = per + (k < extra) - (k == 0) - (k == stages - 1)
+        held[k % pp].extend(range(first, first + count))
+        first += count
+    return tuple(
+        RankShare(blocks=tuple(blocks), embedding=rank == 0, head=rank == (stages - 1) % pp)
         for rank, blocks in enumerate(held)
     )
 
