@@ -984,17 +984,48 @@ def param_sync_time(
     broadcast from each rank that owns parameters, in turn (``"broadcast"``: InternLM's
     ``HybridZeroOptimizer.broadcast_params``, one ``dist.broadcast`` of each owner's flat
     slice; a rank that owns none skips its turn): the same bytes through each GPU, but every
-    broadcast is a ring of its own, so the ring's z − 1 latency steps are paid once per
-    owner — up to z(z − 1) steps, against z − 1. The owners of a ``cfg`` of ``layers``
-    blocks: :func:`broadcasting_ranks`; without one, all z."""
+    broadcast is a chain of its own that fills hop by hop before its bytes stream
+    (:func:`chain_fill_time`: each hop's latency and a chunk), so the fill is paid once per
+    owner — up to z(z − 1) hops, against a ring all-gather's z − 1 latency steps. The
+    owners of a ``cfg`` of ``layers`` blocks: :func:`broadcasting_ranks`; without one, all z."""
     z = layout.shard_group
     if z <= 1:
         return 0.0
     link = group_link(cluster, z, layout.tp)
     if layout.param_sync == "broadcast":
         owners = z if cfg is None else broadcasting_ranks(cfg, z, layout.tp, layers)
-        return params * elem / link.bandwidth + owners * (z - 1) * link.latency
+        return params * elem / link.bandwidth + owners * chain_fill_time(cluster, z, layout.tp)
     return _half_ring(params * elem, z, link)
+
+
+# NCCL moves a broadcast down its chain one chunk at a time, each rank forwarding a chunk as
+# it arrives (src/device/broadcast.h, runRing): a chunk is one step of the Simple protocol's
+# buffer — NCCL_BUFFSIZE's default 4 MiB (src/init.cc, DEFAULT_BUFFSIZE) over NCCL_STEPS = 8
+# (src/include/device.h) — and a broadcast's chunk is one step (src/include/collectives.h,
+# BROADCAST_CHUNKSTEPS 1): 512 KiB.
+BROADCAST_CHUNK = 4 * 2**20 / 8
+
+
+def chain_fill_time(cluster: Cluster, ranks: int, stride: int) -> float:
+    """Seconds a broadcast down a chain of ``ranks`` GPUs (consecutive members ``stride`` GPUs
+    apart, ordered as :func:`group_link` orders them) takes to bring its first chunk to the
+    last rank: each of the ranks − 1 hops pays its step latency and one chunk
+    (:data:`BROADCAST_CHUNK`) at its own link's rate per GPU — NVLink within a node, the
+    network across (:func:`node_crossings` of them). The bytes that follow stream behind it.
+    A ring all-gather pays no such fill: every rank sends its own slice at once.
+
+    >>> from paracube.planner import hardware as hw
+    >>> roce = Cluster(hw.gpu("a100-80gb"), 8, hw.interconnect("nvlink3"),
+    ...                hw.interconnect("roce-4x100"))
+    >>> round(chain_fill_time(roce, 8, 1) * 1e6), round(chain_fill_time(roce, 16, 1) * 1e6)
+    (39, 176)
+    """
+    hops = ranks - 1
+    crossing = node_crossings(cluster, ranks, stride)
+    inter, intra = cluster.inter, cluster.intra
+    return crossing * (inter.latency + BROADCAST_CHUNK / inter.bandwidth) + (hops - crossing) * (
+        intra.latency + BROADCAST_CHUNK / intra.bandwidth
+    )
 
 
 def broadcasting_ranks(cfg: ModelConfig, z: int, tp: int = 1, layers: int = 0) -> int:
@@ -1121,7 +1152,7 @@ def group_link(cluster: Cluster, ranks: int, stride: int) -> Interconnect:
     if members == 1:
         return cluster.inter
     bandwidth = min(cluster.intra.bandwidth, members * cluster.inter.bandwidth)
-    crossing = ranks / members - 1  # of the ring's ranks − 1 steps
+    crossing = node_crossings(cluster, ranks, stride)  # of the ring's ranks − 1 steps
     latency = (
         crossing * cluster.inter.latency + (ranks - 1 - crossing) * cluster.intra.latency
     ) / (ranks - 1)
@@ -1131,6 +1162,18 @@ def group_link(cluster: Cluster, ranks: int, stride: int) -> Interconnect:
         bandwidth=bandwidth,
         latency=latency,
     )
+
+
+def node_crossings(cluster: Cluster, ranks: int, stride: int) -> float:
+    """How many of a ring's (or chain's) ranks − 1 steps over ``ranks`` GPUs, consecutive
+    members ``stride`` apart, go from one node to the next: none within a node; every one
+    when each node holds a single member; else one per node boundary, ranks ÷ members − 1."""
+    members = min(ranks, max(1, cluster.gpus_per_node // stride))
+    if stride * ranks <= cluster.gpus_per_node:
+        return 0.0
+    if members == 1:
+        return float(ranks - 1)
+    return ranks / members - 1
 
 
 def bucket_elements(dp: int) -> float:
