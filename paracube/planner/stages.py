@@ -40,7 +40,8 @@ def layout_shares(cfg: ModelConfig, layout: Layout) -> tuple[RankShare, ...]:
     """Each pipeline rank's share under the split the engine makes for ``layout``: by its
     ``--balance`` (parameters unless the job says otherwise; the measured balances by their
     FLOPs estimate, as the engine starts from before it measures) — or, for a Megatron run,
-    its equal blocks per virtual stage (:func:`even_shares`)."""
+    its equal blocks per virtual stage (:func:`even_shares`), for a torchtitan one its own
+    (:func:`torchtitan_shares`)."""
     if layout.split == "torchtitan":
         return torchtitan_shares(cfg, layout.pp, layout.chunks)
     if layout.split != "engine":
