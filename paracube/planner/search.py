@@ -18,7 +18,7 @@ from paracube.errors import ConfigError
 from paracube.pipeline.schedules import SCHEDULES
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import StageMemory, peak_memory
-from paracube.planner.stages import layout_shares
+from paracube.planner.stages import can_cut, layout_shares
 from paracube.planner.time_model import Cluster, StepEstimate, estimate
 
 # Layout fields the search enumerates or derives below; every other field (the software)
@@ -287,14 +287,13 @@ def _split_layouts(cfg: ModelConfig, layout: Layout, splits: tuple[str, ...], re
     made: list[Layout] = []
     cuts = []
     for split in splits if layout.pp > 1 else splits[:1]:
-        twin = replace(layout, split=split)
+        if not can_cut(cfg, split, layout.pp, layout.chunks):
+            continue
+        twin = layout if split == layout.split else replace(layout, split=split)
         if split == "engine" or twin.pp == 1:
             made.append(twin)
             continue
-        try:
-            cut = layout_shares(cfg, twin)
-        except ConfigError:
-            continue
+        cut = layout_shares(cfg, twin)
         if cut not in cuts:  # pp 2 without chunks: both even splits cut the same
             cuts.append(cut)
             made.append(twin)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from paracube.choices import ENDS_AS_LAYERS
 from paracube.config import ModelConfig
 from paracube.errors import ConfigError
 from paracube.models import shapes
@@ -92,6 +93,20 @@ def rank_shares(
     )
 
 
+def can_cut(cfg: ModelConfig, split: str, pp: int, chunks: int = 1) -> bool:
+    """Whether ``split`` can cut ``cfg``'s layers into pp × chunks stages: Megatron's even
+    splits only where the units (blocks, and for even-ends the embedding and the loss)
+    divide (:func:`even_shares`), torchtitan's wherever every stage gets a layer
+    (:func:`torchtitan_shares`), the engine's always."""
+    units = cfg.n_layers + (2 if split in ENDS_AS_LAYERS else 0)
+    parts = pp * chunks
+    if split in ("even", "even-ends"):
+        return units % parts == 0
+    if split == "torchtitan":
+        return parts <= units
+    return True
+
+
 @functools.cache
 def even_shares(
     cfg: ModelConfig, pp: int, chunks: int = 1, *, ends: bool = False
@@ -108,7 +123,7 @@ def even_shares(
     BLOOM's). Megatron refuses a count that does not divide."""
     units = cfg.n_layers + (2 if ends else 0)
     parts = pp * chunks
-    if units % parts:
+    if not can_cut(cfg, "even-ends" if ends else "even", pp, chunks):
         raise ConfigError(
             f"an even pipeline split cuts {units} "
             + ("layers (blocks, the embedding and the loss) " if ends else "blocks ")
@@ -142,7 +157,7 @@ def torchtitan_shares(cfg: ModelConfig, pp: int, chunks: int = 1) -> tuple[RankS
     [6, 7, 7, 7, 5]
     """
     stages, units = pp * chunks, cfg.n_layers + 2
-    if stages > units:
+    if not can_cut(cfg, "torchtitan", pp, chunks):
         raise ConfigError(
             f"torchtitan's split gives every one of pp × chunks = {stages} stages a layer of "
             f"the {units} (blocks, the embedding and the head): choose fewer stages"
