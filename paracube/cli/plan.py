@@ -159,8 +159,8 @@ def add_parser(sub) -> None:
         default=None,
         help="ZeRO-1/2's updated slices brought back after the step: one all-gather "
         "(all-gather: paracube train, Megatron, DeepSpeed; default) or a broadcast from each "
-        "rank of the ZeRO group that owns parameters, in turn (broadcast: InternLM — a ring's "
-        "latency per owner)",
+        "rank of the ZeRO group that owns parameters, in turn (broadcast: InternLM — a chain "
+        "to fill, hop by hop, per owner)",
     )
     t.add_argument(
         "--grad-sync",

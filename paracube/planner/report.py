@@ -283,8 +283,8 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
             f"rank steps 1/{L.shard_group} of the optimizer ({t.optimizer:.3g} s); the parameter "
             + (
                 f"broadcasts it adds (one from each of its {L.shard_group} ranks that owns "
-                "parameters, never more ranks than the model has weight matrices; each a ring "
-                "of its own)"
+                "parameters, never more ranks than the model has weight matrices; each a chain "
+                "of its own that NCCL fills a 512 KiB chunk per hop before its bytes stream)"
                 if L.zero in (1, 2) and L.param_sync == "broadcast"
                 else "all-gathers it adds"
             )
