@@ -343,19 +343,54 @@ def test_a_layout_at_the_memory_edge_carries_the_allocators_caveat():
     from paracube.planner import hardware as hw
     from paracube.planner.layout import Layout
     from paracube.planner.layout_memory import StageMemory
-    from paracube.planner.report import MEMORY_EDGE, memory_edge
-    from paracube.planner.search import Candidate
+    from paracube.planner.report import memory_edge
+    from paracube.planner.search import MEMORY_EDGE, Candidate
     from paracube.planner.time_model import Cluster
 
     cluster = Cluster(hw.gpu("h100"), 8, hw.interconnect("nvlink4"), hw.interconnect("ib-ndr"))
     capacity = cluster.gpu.memory_bytes
 
-    def at(share: float) -> str:
+    def at(share: float, compared: bool = False) -> str:
         memory = StageMemory("rank 0", share * capacity, 0.0, 0.0)
-        return memory_edge(Candidate(Layout(), memory, None), cluster)  # type: ignore[arg-type]
+        candidate = Candidate(Layout(), memory, None)  # type: ignore[arg-type]
+        return memory_edge(candidate, cluster, compared)
 
     share = 1 - 0.4 * MEMORY_EDGE  # inside the edge, away from a rounding boundary
     edge = at(share)
     assert "At the memory edge" in edge and f"({share:.0%}," in edge
     assert "expandable_segments:True" in edge and "cudaMalloc retries" in edge
     assert at(1 - 2 * MEMORY_EDGE) == ""
+    # a layout one fixed (--layout) is compared with nothing; the first of a search, with
+    # every layout as fast (rank puts those with room first)
+    assert "no layout within 1 %" not in edge
+    assert "no layout within 1 % of its speed has more room" in at(share, compared=True)
+
+
+def test_within_the_models_resolution_a_layout_with_room_comes_before_one_at_the_edge():
+    """Llama 3 8B on 64 H100s: ZeRO-3 over all 64 ranks (one block recomputed, 99 % of the
+    memory) and TP 2 with ZeRO-1 (83 %) are timed within 1 % of each other. The simpler
+    ZeRO-3 layout had ranked first; at the memory edge the caching allocator's retries — which
+    the step time does not carry — can cost a fifth of a step, so the layout with room ranks
+    first, and --explain says why the other ranks lower."""
+    from paracube.planner import hardware as hw
+    from paracube.planner.report import explain
+    from paracube.planner.search import at_memory_edge, rank, search, simplicity
+    from paracube.planner.time_model import Cluster
+
+    cluster = Cluster(hw.gpu("h100"), 8, hw.interconnect("nvlink4"), hw.interconnect("ib-ndr"))
+    capacity = cluster.gpu.memory_bytes
+    cfg = preset("llama3-8b")
+    result = search(cfg, cluster, 64, 512, precision="bf16", top=3)
+    best = result.ranked[0]
+    tied = [c for c in result.ranked if c.time.tokens_per_s >= 0.99 * best.time.tokens_per_s]
+    at_edge = [c for c in tied if at_memory_edge(c.memory.total, capacity)]
+    with_room = [c for c in tied if not at_memory_edge(c.memory.total, capacity)]
+    assert at_edge and with_room  # the scenario holds a tie across the edge
+    assert any(simplicity(e.layout) < simplicity(best.layout) for e in at_edge)
+    assert best in with_room and result.ranked.index(best) < result.ranked.index(at_edge[0])
+    # the order is rank's own: reversed, it is restored
+    shuffled = list(reversed(result.ranked))
+    rank(shuffled, capacity)
+    assert shuffled[0] is best
+    text = explain(result, cfg, cluster, 64)
+    assert "ranked lower for being at the memory edge" in text

@@ -173,5 +173,5 @@ def search_generic(
                     result.smallest_misfit = Candidate(layout, mem, est)
                 continue
             result.add(Candidate(layout, mem, est))
-    rank(result.ranked)
+    rank(result.ranked, cluster.gpu.memory_bytes)
     return result

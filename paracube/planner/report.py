@@ -11,7 +11,7 @@ from paracube.planner import hardware as hw
 from paracube.planner.hardware import GPU
 from paracube.planner.layout_memory import FRAGMENTATION, peak_memory
 from paracube.planner.published import TrackRecord
-from paracube.planner.search import Candidate, SearchResult
+from paracube.planner.search import Candidate, SearchResult, at_memory_edge
 from paracube.planner.time_model import Cluster, StepEstimate, estimate
 
 GB = 1e9
@@ -170,10 +170,10 @@ def explain(
     lines += _layout_reasons(best, cfg, cluster, precision)
     lines.append(recompute_tradeoff(cfg, best.layout, cluster))
     lines.append(_predicted(best, cluster, precision))
-    edge = memory_edge(best, cluster)
+    edge = memory_edge(best, cluster, compared=len(result.ranked) > 1)
     if edge:
         lines.append(edge)
-    lines += _alternatives(result)
+    lines += _alternatives(result, cluster.gpu.memory_bytes)
     return "\n".join(lines)
 
 
@@ -189,30 +189,28 @@ def track_record(record: TrackRecord, stack_name: str, precision: str, gpu_name:
     )
 
 
-# A layout planned within this share of its GPU's memory gets the allocator's caveat in
-# --explain: a display rule, not part of the time model (which charges nothing for it)
-MEMORY_EDGE = 0.05
-
-
-def memory_edge(best: Candidate, cluster: Cluster) -> str:
-    """The caveat of a layout planned at the edge of its GPU's memory (within
-    :data:`MEMORY_EDGE` of it, the fragmentation allowance included): there PyTorch's
+def memory_edge(best: Candidate, cluster: Cluster, compared: bool = False) -> str:
+    """The caveat of a layout planned at the edge of its GPU's memory
+    (:func:`paracube.planner.search.at_memory_edge`, the fragmentation allowance included) —
+    the search ranks one first only where no layout as fast has room: there PyTorch's
     caching allocator can run out of cached blocks and free and re-allocate them inside the
     step — "cudaMalloc retries" — which the time model does not charge. Published: 46
     retries made an FSDP step 7.3 s where its twin without them took 5.3 s
     (pytorch/pytorch#104509); expandable segments took a 13B ZeRO-2 step on 8 H100s from
-    868 to 729 ms (Lightning-AI/lightning-thunder#420). "" with room to spare."""
+    868 to 729 ms (Lightning-AI/lightning-thunder#420). ``compared``: the layout is the first
+    of a search's ranking, so no layout as fast has room. "" with room to spare."""
     capacity = cluster.gpu.memory_bytes
     total = best.memory.total
-    if total < (1 - MEMORY_EDGE) * capacity:
+    if not at_memory_edge(total, capacity):
         return ""
     return (
         f"- At the memory edge: {total / GB:.1f} of the {capacity / GB:.0f} GB "
         f"({total / capacity:.0%}, the planner's {FRAGMENTATION:.0%} fragmentation allowance "
-        "included). There PyTorch's caching allocator can run out of cached blocks and free "
-        "and re-allocate them within the step (cudaMalloc retries), which this prediction "
-        "does not charge — published FSDP steps ran 19–38 % slower for it "
-        "(Lightning-AI/lightning-thunder#420, pytorch/pytorch#104509); "
+        f"included){', and no layout within 1 % of its speed has more room' if compared else ''}. "
+        "There PyTorch's caching allocator can run out of cached blocks and free and "
+        "re-allocate them within the step (cudaMalloc retries), which this prediction does "
+        "not charge — published FSDP steps "
+        "ran 19–38 % slower for it (Lightning-AI/lightning-thunder#420, pytorch/pytorch#104509); "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True avoids it, or take a layout with "
         "more room."
     )
@@ -394,8 +392,9 @@ def sustained(g: GPU) -> str:
     return f"the base clock ({g.sustained_fraction:.0%} of the boost-clock peak)"
 
 
-def _alternatives(result: SearchResult) -> list[str]:
-    """What was rejected, and how the best layout of another model-parallel shape compares."""
+def _alternatives(result: SearchResult, capacity: float) -> list[str]:
+    """What was rejected, and how the best layout of another model-parallel shape compares
+    (on GPUs of ``capacity`` bytes: an equally fast one may rank lower for its memory)."""
     best = result.ranked[0]
     L = best.layout
     lines = []
@@ -408,10 +407,16 @@ def _alternatives(result: SearchResult) -> list[str]:
     other = next((c for c in result.ranked[1:] if (c.layout.tp, c.layout.pp) != (L.tp, L.pp)), None)
     if other is not None:
         ratio = best.time.tokens_per_s / other.time.tokens_per_s
+        why_lower = (
+            f"being at the memory edge ({other.memory.total / capacity:.0%} of the GPU's memory)"
+            if at_memory_edge(other.memory.total, capacity)
+            and not at_memory_edge(best.memory.total, capacity)
+            else "having more moving parts"
+        )
         verdict = (
             f"{ratio:.2f}× slower"
             if ratio >= 1.005
-            else "as fast within the model's 1 % resolution, and ranked lower for having more moving parts"
+            else f"as fast within the model's 1 % resolution, and ranked lower for {why_lower}"
         )
         lines.append(
             f"- The best layout with another model-parallel shape, {describe(other.layout)}, is {verdict}."

@@ -387,7 +387,7 @@ def search(
                 result.smallest_misfit = Candidate(layout, mem, None)  # type: ignore[arg-type]
             continue
         result.add(Candidate(layout, mem, estimate(cfg, layout, cluster, precision)))
-    rank(result.ranked)
+    rank(result.ranked, capacity)
     del result.ranked[top * 50 :]
     return result
 
@@ -468,12 +468,37 @@ def simplicity(layout: Layout) -> tuple:
     )
 
 
-def rank(cands: list[Candidate]) -> None:
+# A layout whose peak memory comes within this share of its GPU's (the fragmentation
+# allowance included) is "at the memory edge": there PyTorch's caching allocator can run out
+# of cached blocks and free and re-allocate them inside the step — cudaMalloc retries — which
+# the time model does not charge (published at 19–38 % of an FSDP step: pytorch/pytorch#104509,
+# Lightning-AI/lightning-thunder#420). rank puts such a layout after an equally fast one with
+# room; --explain gives it the allocator's caveat (report.memory_edge).
+MEMORY_EDGE = 0.05
+
+
+def at_memory_edge(memory_bytes: float, capacity: float) -> bool:
+    """Whether a peak of ``memory_bytes`` on a GPU of ``capacity`` is within
+    :data:`MEMORY_EDGE` of it.
+
+    >>> at_memory_edge(76e9, 80e9), at_memory_edge(75.9e9, 80e9)
+    (True, False)
+    """
+    return memory_bytes >= (1 - MEMORY_EDGE) * capacity
+
+
+def rank(cands: list[Candidate], capacity: float) -> None:
     """Fastest first, in steps of 1 % of the best speed — differences below the model's
-    resolution — and the simpler layout first within a step."""
+    resolution — and within a step the layouts with room before those at the memory edge of
+    a GPU of ``capacity`` bytes (:func:`at_memory_edge`: a risk the step time does not
+    carry), then the simpler layout first."""
     if not cands:
         return
     best = max(c.time.tokens_per_s for c in cands)
     cands.sort(
-        key=lambda c: (int((best - c.time.tokens_per_s) / (0.01 * best)), simplicity(c.layout))
+        key=lambda c: (
+            int((best - c.time.tokens_per_s) / (0.01 * best)),
+            at_memory_edge(c.memory.total, capacity),
+            simplicity(c.layout),
+        )
     )
