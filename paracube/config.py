@@ -77,6 +77,12 @@ class ModelConfig:
     norm_eps: float = 1e-5
     init_std: float = 0.02
     name: str = "custom"
+    # Mixture of experts — planned by ``paracube plan``, not built by paracube's GPT: each
+    # block's MLP becomes ``experts`` MLPs of the shape above and a router (an h × experts
+    # matrix) that sends every token to ``experts_per_token`` of them (Mixtral 8x7B and
+    # Grok-1: 8 and 2). 0 and 0: the dense MLP.
+    experts: int = 0
+    experts_per_token: int = 0
 
     def __post_init__(self) -> None:
         for f in ("n_layers", "hidden", "n_heads", "vocab_size", "seq_len"):
@@ -99,6 +105,20 @@ class ModelConfig:
                 f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}: "
                 "each key/value head must serve a whole group of query heads"
             )
+        if self.experts or self.experts_per_token:
+            if not (isinstance(self.experts, int) and self.experts >= 2):
+                raise ConfigError(
+                    f"experts={self.experts!r}: a mixture of experts has 2 or more; "
+                    "use 0 (with experts_per_token 0) for a dense MLP"
+                )
+            if not (
+                isinstance(self.experts_per_token, int)
+                and 1 <= self.experts_per_token <= self.experts
+            ):
+                raise ConfigError(
+                    f"experts_per_token={self.experts_per_token!r}: each token goes to 1 to "
+                    f"experts={self.experts} of them (Mixtral and Grok-1: 2)"
+                )
         if self.position == "rope" and self.head_dim % 2:
             raise ConfigError(f"rotary positions need an even head size, got {self.head_dim}")
         for f, allowed in (("norm", NORMS), ("activation", ACTIVATIONS), ("position", POSITIONS)):
@@ -110,6 +130,11 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden // self.n_heads
+
+    @property
+    def moe(self) -> bool:
+        """Whether the blocks' MLPs are a mixture of experts."""
+        return self.experts > 0
 
     def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)

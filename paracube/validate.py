@@ -34,6 +34,11 @@ def validate(
     runs it; ``local_ranks`` of the job on this machine, default ``LOCAL_WORLD_SIZE``)
     also this machine's limits (:mod:`paracube.resources`) and, on the job's rank 0 (or
     in the launcher), its output files and the calibration ``--predict`` reads."""
+    if cfg.model.moe:
+        raise ConfigError(
+            f"{cfg.model.name}: experts={cfg.model.experts} — a mixture of experts is planned "
+            "(paracube plan), not trained: paracube train builds dense models; train a dense one"
+        )
     if world is not None:
         cfg.parallel.check_world_size(world)
     check_tensor_parallel(cfg.model, cfg.parallel)

@@ -244,32 +244,35 @@ def test_megatron_class_runs_stay_within_30_percent():
     """The runs of Megatron's own software, DeepSpeed's pipeline engine and Meta's and NVIDIA's
     production stacks, A100 and H100 (Megatron-LM, MT-NLG, BLOOM, Megatron-Core's strong
     scaling on 96 and 4,608 H100s, Llama 3 405B, Nemotron-4 340B, NVIDIA's DGX Cloud
-    benchmarking tables in BF16 and FP8 from 8 to 2,304 GPUs): none predicted beyond ±30 %,
-    the bound the issue sets for every run, and the DGX Cloud tables' 70 runs at least nine in
-    ten within ±15 %. (The FSDP-only stacks do not meet it yet: BENCHMARKS.md.)"""
+    benchmarking tables in BF16 and FP8 from 8 to 2,304 GPUs, Grok-1's mixture of experts
+    among them): none predicted beyond ±30 %, the bound the issue sets for every run, and the
+    DGX Cloud tables' 70 dense runs at least nine in ten within ±15 %. (The FSDP-only stacks
+    do not meet it yet: BENCHMARKS.md.)"""
     from paracube.planner.published import evaluate, runs
 
     sources = ("SC21", "Korthikanti", "MT-NLG", "BLOOM", "Llama 3", "Nemotron-4", "Megatron-Core")
     sources += ("DGX Cloud",)
     checked = [evaluate(r) for r in runs() if r["source"].startswith(sources)]
-    assert {r["gpu"] for r in checked} == {"a100-80gb", "h100"} and len(checked) == 101
+    assert {r["gpu"] for r in checked} == {"a100-80gb", "h100"} and len(checked) == 119
     assert all(abs(r["ratio"] - 1) <= 0.30 for r in checked), [r["ratio"] for r in checked]
-    dgxc = [abs(r["ratio"] - 1) <= 0.15 for r in checked if r["source"].startswith("DGX")]
+    dense = ("DGX Cloud benchmarking (BF16)", "DGX Cloud benchmarking (FP8)")
+    dgxc = [abs(r["ratio"] - 1) <= 0.15 for r in checked if r["source"] in dense]
     assert len(dgxc) == 70 and sum(dgxc) >= 63, sum(dgxc)
 
 
 def test_four_in_five_published_runs_within_15_percent():
-    """Across every published run paracube holds (502: Megatron-LM, MT-NLG, BLOOM, Llama 3,
+    """Across every published run paracube holds (520: Megatron-LM, MT-NLG, BLOOM, Llama 3,
     Nemotron-4, Megatron-Core, llm-foundry's MPT tables, torchtitan, IBM's FMS FSDP, LLaMA,
-    TinyLlama, OLMo-core, FlashAttention's GPT, NeMo, NVIDIA's DGX Cloud benchmarking tables,
-    Megatron-Bridge, InternLM), predicted ÷ published lies
+    TinyLlama, OLMo-core, FlashAttention's GPT, NeMo, NVIDIA's DGX Cloud benchmarking tables
+    — Grok-1's mixture of experts among them —, Megatron-Bridge, InternLM), predicted ÷
+    published lies
     within ±15 % for at least 80 % of them — the issue's bar. The FSDP-only A100 runs, as
     described (MPT's Triton FlashAttention), land within ±15 % in at least 90 % of cases.
     (The issue's second bar, none beyond ±30 %, is not met: BENCHMARKS.md lists them.)"""
     from paracube.planner.published import evaluate, runs
 
     checked = [evaluate(r) for r in runs()]
-    assert len(checked) == 502
+    assert len(checked) == 520
     within = [abs(r["ratio"] - 1) <= 0.15 for r in checked]
     assert sum(within) >= 0.8 * len(checked), sum(within)
     composer_a100 = [
@@ -387,7 +390,8 @@ def test_dgxc_step_times_give_the_readmes_own_mfu_columns():
                 mfu = 100 * B * flops / step / n / peak
                 assert mfu == pytest.approx(printed, abs=0.15), (name, n, p)
                 checked += 1
-    assert checked == len([r for r in runs() if r["source"].startswith("DGX")]) == 70
+    dense = ("DGX Cloud benchmarking (BF16)", "DGX Cloud benchmarking (FP8)")
+    assert checked == len([r for r in runs() if r["source"] in dense]) == 70
 
     (nemotron4,) = [r for r in runs() if r["source"] == "Nemotron-4 report"]
     assert nemotron4["published"] / 989 == pytest.approx(0.410, abs=0.002)

@@ -40,6 +40,19 @@ def add_parser(sub) -> None:
     m.add_argument(
         "--no-bias", action="store_true", default=None, help="linear layers without bias"
     )
+    m.add_argument(
+        "--experts",
+        type=int,
+        default=None,
+        help="a mixture of experts: each block's MLP as this many MLPs of its shape and a "
+        "router (planned, not run by paracube train; with --experts-per-token)",
+    )
+    m.add_argument(
+        "--experts-per-token",
+        type=int,
+        default=None,
+        help="the experts each token is routed to (Mixtral, Grok-1: 2)",
+    )
     c = p.add_argument_group("cluster")
     c.add_argument(
         "--gpus",
@@ -70,7 +83,8 @@ def add_parser(sub) -> None:
         "--layout",
         default=None,
         help="evaluate one layout: dp=,tp=,pp= (and cp=, context parallelism as Megatron-Core "
-        "runs it: planned, not run by paracube train)",
+        "runs it, and ep=, a mixture of experts' expert parallelism out of the dp ranks: "
+        "planned, not run by paracube train)",
     )
     t.add_argument("--micro-batch", type=int, default=None)
     t.add_argument("--schedule", default=None)
@@ -304,7 +318,15 @@ def add_parser(sub) -> None:
 # The custom-shape flags (their ModelConfig fields are spelled out in _model_shape)
 SHAPE = ("layers", "hidden", "heads", "vocab", "seq", "ffn", "kv_heads")
 # a custom shape's block: flags named as ModelConfig's fields, and --no-bias (bias=False)
-BLOCK = ("activation", "norm", "position", "tie_embeddings", "no_bias")
+BLOCK = (
+    "activation",
+    "norm",
+    "position",
+    "tie_embeddings",
+    "no_bias",
+    "experts",
+    "experts_per_token",
+)
 
 
 def _plan_model(args):
@@ -427,9 +449,20 @@ def _plan_fixed(args, gpus: int, mixed: bool = False) -> dict:
             }
         except ValueError:
             raise ParacubeError(f"--layout {args.layout!r}: write it as dp=N,tp=N,pp=N") from None
-        if set(layout) - {"dp", "tp", "pp", "cp"} or any(v <= 0 for v in layout.values()):
+        if set(layout) - {"dp", "tp", "pp", "cp", "ep"} or any(v <= 0 for v in layout.values()):
             raise ParacubeError(
-                f"--layout {args.layout!r}: only dp, tp, pp and cp, each a positive integer"
+                f"--layout {args.layout!r}: only dp, tp, pp, cp and ep, each a positive integer"
+            )
+        if "ep" in layout and "dp" in layout and layout["dp"] % layout["ep"]:
+            raise ParacubeError(
+                f"--layout ep={layout['ep']} does not divide dp={layout['dp']}: expert "
+                "parallelism spreads the experts over data-parallel ranks; choose an ep that divides dp"
+            )
+        if layout.get("ep", 1) > 1 and args.emit == "torchrun":
+            raise ParacubeError(
+                f"--layout ep={layout['ep']} with --emit torchrun: paracube train builds dense "
+                "models and runs no expert parallelism (ep is planned to evaluate "
+                "mixture-of-experts runs); drop one"
             )
         if layout.get("tp", 1) > min(args.gpus_per_node, gpus):
             raise ParacubeError(
@@ -442,12 +475,13 @@ def _plan_fixed(args, gpus: int, mixed: bool = False) -> dict:
                 f"--layout tp={tp} does not divide --gpus-per-node {args.gpus_per_node}: some "
                 "tensor-parallel groups would span two nodes; choose a tp that divides it"
             )
-        total = math.prod(layout.values())
+        degrees = {k: v for k, v in layout.items() if k != "ep"}  # ep is carved out of dp
+        total = math.prod(degrees.values())
         if {"dp", "tp", "pp"} <= set(layout) and total != gpus:
             raise ParacubeError(
                 f"--layout {args.layout}: dp×tp×pp×cp = {total} but --gpus is {gpus}; make them equal"
             )
-        dividing = {k: v for k, v in layout.items() if not mixed or k == "cp"}
+        dividing = {k: v for k, v in degrees.items() if not mixed or k == "cp"}
         product = math.prod(dividing.values())
         if gpus % product:  # checked here: the search would find nothing and blame others
             given = ",".join(f"{k}={v}" for k, v in dividing.items())
@@ -565,6 +599,11 @@ def cmd_plan(args) -> int:
                 "--stack paracube or fsdp"
             )
     cfg = other or _plan_model(args)  # a transformer (ModelConfig) or a generic model
+    if isinstance(cfg, ModelConfig) and cfg.moe and args.emit == "torchrun":
+        raise ParacubeError(
+            f"{cfg.name} is a mixture of experts ({cfg.experts} experts) with --emit torchrun: "
+            "paracube train builds dense models (a mixture is planned, not run); drop one"
+        )
     epoch_samples(args, cfg)  # refused before the search, not after its table
     if other is not None and args.global_batch % args.gpus:
         lower = args.global_batch // args.gpus * args.gpus
@@ -574,7 +613,14 @@ def cmd_plan(args) -> int:
             f"{cfg.name} is planned data parallel only (one replica per GPU); use {multiples}"
         )
     cluster = _cluster(args)
-    result = _search(args, cfg, cluster, _plan_fixed(args, args.gpus))
+    fixed = _plan_fixed(args, args.gpus)
+    if fixed.get("ep", 1) > 1 and not (isinstance(cfg, ModelConfig) and cfg.moe):
+        raise ParacubeError(
+            f"--layout ep={fixed['ep']}: expert parallelism spreads a mixture of experts, and "
+            f"{cfg.name} is dense; drop ep, or plan a mixture (--experts, a preset such as "
+            "mixtral-8x7b)"
+        )
+    result = _search(args, cfg, cluster, fixed)
     if not result.ranked:
         return _nothing_fits(result, cfg, cluster, args)
     _print(args, cfg, cluster, result)

@@ -27,6 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from paracube.choices import RECOMPUTE
 from paracube.config import ModelConfig
+from paracube.errors import ConfigError
 from paracube.memory.activations import note_saved
 
 
@@ -272,6 +273,11 @@ class GPT(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        if cfg.moe:
+            raise ConfigError(
+                f"{cfg.name}: experts={cfg.experts} — mixture-of-experts blocks are planned "
+                "(paracube plan), not built: paracube's GPT has dense MLPs (experts=0)"
+            )
         self.cfg = cfg
         self.embed = Embedding(cfg)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))

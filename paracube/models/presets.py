@@ -7,6 +7,13 @@ Torch-free: the planner reads these shapes as pure math. Sources:
 - LLaMA-2: Touvron et al. 2023 and the released configs (vocab 32000, context 4096,
   70B uses grouped-query attention with 8 key/value heads).
 - LLaMA-3 / 3.1: Dubey et al. 2024, Table 3 (vocab 128256; 8 key/value heads).
+- Mixtures of experts (planned by ``paracube plan``; paracube's GPT is dense): Mixtral 8x7B
+  (Jiang et al. 2024, Table 1: 8 experts, 2 per token, context 32768), Mixtral 8x22B
+  (mistralai/Mixtral-8x22B-v0.1's config.json), Grok-1 (xai-org/grok-1 ``run.py``: 48
+  query heads of 128, 8 key/value heads, 64 layers, 8 experts, 2 per token, vocabulary
+  128 × 1024, sequence 8192; its gated MLP's width ``ffn_size(6144, 8)`` = 32768 in
+  ``model.py``, gated GELU — the same three matrices as SwiGLU — and the output tied to
+  the embedding).
 The byte-level presets (``nano``, ``tiny``, ``small``) have a 256-symbol vocabulary so
 they train on the embedded byte corpus.
 """
@@ -43,6 +50,8 @@ def _llama(
     )
 
 
+_MOE_8_2 = dict(experts=8, experts_per_token=2)
+
 PRESETS: dict[str, dict] = {
     # Byte-level models for this machine (2 CPU cores).
     "nano": dict(n_layers=2, hidden=64, n_heads=4, vocab_size=256, seq_len=64),
@@ -66,6 +75,10 @@ PRESETS: dict[str, dict] = {
     "llama3-8b": _llama(32, 4096, 32, 8, 14336, 128256, 8192),
     "llama3-70b": _llama(80, 8192, 64, 8, 28672, 128256, 8192),
     "llama3-405b": _llama(126, 16384, 128, 8, 53248, 128256, 8192),
+    # Mixtures of experts: 8 experts, 2 per token
+    "mixtral-8x7b": {**_llama(32, 4096, 32, 8, 14336, 32000, 32768), **_MOE_8_2},
+    "mixtral-8x22b": {**_llama(56, 6144, 48, 8, 16384, 32768, 65536), **_MOE_8_2},
+    "grok-1": {**_llama(64, 6144, 48, 8, 32768, 131072, 8192), **_MOE_8_2, "tie_embeddings": True},
 }
 
 

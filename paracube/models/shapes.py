@@ -78,6 +78,38 @@ def op_checkpoint_linears(cfg: ModelConfig) -> list[tuple[Linear, bool, bool]]:
     return [(lin, i % 2 == 0, i % 2 == 1 and i < last) for i, lin in enumerate(calls)]
 
 
+# -- a mixture of experts (ModelConfig.experts; planned, not built) ------------------------
+#
+# Each block's MLP is E experts of the MLP's shape and a router, an h × E matrix that every
+# token passes (Megatron-Core's TopKRouter; replicated across tensor-parallel ranks), which
+# sends the token to k of them (experts_per_token). A token's path through a block is the
+# attention, the router and k experts' MLPs: parameters count the E experts, FLOPs the k.
+# Under expert parallelism (``ep``) a rank holds E/ep of the experts, each split by tensor
+# parallelism as a dense MLP is (Megatron-Core's experts with expert_tensor_parallel_size =
+# tp), and processes, with tokens balanced over the experts — Megatron-Core's
+# moe_pad_expert_input_to_capacity at capacity factor 1 makes them so —, the k·N tokens its
+# own N tokens send: ep·k·N/E rows for each of its experts.
+
+
+def mlp_copies(cfg: ModelConfig) -> int:
+    """How many MLPs of the configured shape a block holds: E experts, or the one."""
+    return cfg.experts if cfg.moe else 1
+
+
+def mlp_passes(cfg: ModelConfig) -> int:
+    """How many MLPs a token passes in a block: k of the experts, or the one."""
+    return cfg.experts_per_token if cfg.moe else 1
+
+
+def router_params(cfg: ModelConfig) -> int:
+    """The router's h × E weights (no bias); 0 for a dense MLP."""
+    return cfg.hidden * cfg.experts if cfg.moe else 0
+
+
+def _mlp_matrix_params(cfg: ModelConfig) -> int:
+    return sum(lin.in_features * lin.out_features for lin in block_linears(cfg)[2:])
+
+
 def block_matrix_dims(cfg: ModelConfig, tp: int = 1) -> list[tuple[int, int]]:
     """(out, in) of each linear of a block as one tensor-parallel rank holds it: a
     column-parallel layer's outputs and a row-parallel layer's inputs divided by tp."""
@@ -102,22 +134,44 @@ def norm_params(cfg: ModelConfig) -> int:
 
 
 def block_matrix_params(cfg: ModelConfig) -> int:
-    """Weights of one block's matrices; each does 2 FLOPs per token and weight forward."""
-    return sum(lin.in_features * lin.out_features for lin in block_linears(cfg))
+    """Weights of one block's matrices: the attention's, every expert's MLP (the one MLP of
+    a dense block) and the router's."""
+    attention = sum(lin.in_features * lin.out_features for lin in block_linears(cfg)[:2])
+    return attention + mlp_copies(cfg) * _mlp_matrix_params(cfg) + router_params(cfg)
+
+
+def block_active_matrix_params(cfg: ModelConfig) -> int:
+    """The matrix weights a token passes in one block — each does 2 FLOPs per token forward:
+    the attention's, the router's and k experts' MLPs (a dense block: all of its matrices)."""
+    attention = sum(lin.in_features * lin.out_features for lin in block_linears(cfg)[:2])
+    return attention + mlp_passes(cfg) * _mlp_matrix_params(cfg) + router_params(cfg)
 
 
 @cache  # the planners ask it for every candidate layout
-def block_params(cfg: ModelConfig, tp: int = 1) -> float:
+def block_params(cfg: ModelConfig, tp: int = 1, ep: int = 1) -> float:
     """Parameters of one block held by one tensor-parallel rank: matrices and column
-    biases split by tp, the two norms and the row-parallel biases replicated."""
-    column_bias = sum(lin.out_features for lin in block_linears(cfg) if lin.split == "column")
-    row_bias = sum(lin.out_features for lin in block_linears(cfg) if lin.split == "row")
+    biases split by tp, the two norms and the row-parallel biases replicated; of a mixture
+    of experts the E/ep experts the rank holds under expert parallelism ``ep``, and the
+    router, replicated."""
+    return _attention_params(cfg, tp) + expert_params(cfg, tp, ep) + router_params(cfg)
+
+
+def _attention_params(cfg: ModelConfig, tp: int) -> float:
+    """The block's attention linears and both norms on one tensor-parallel rank."""
     bias = 1 if cfg.bias else 0
-    return (
-        (block_matrix_params(cfg) + bias * column_bias) / tp
-        + 2 * norm_params(cfg)
-        + bias * row_bias
-    )
+    qkv, o = block_linears(cfg)[:2]
+    return (qkv.in_features * qkv.out_features + o.in_features * o.out_features
+            + bias * qkv.out_features) / tp + 2 * norm_params(cfg) + bias * o.out_features  # fmt: skip
+
+
+def expert_params(cfg: ModelConfig, tp: int = 1, ep: int = 1) -> float:
+    """The MLP parameters of one block on one rank: the dense MLP's shard (its column
+    bias split, the row bias replicated), or E/ep experts' — what expert parallelism
+    divides, and what a mixture reduces over its expert data-parallel group."""
+    bias = 1 if cfg.bias else 0
+    up, down = block_linears(cfg)[2:]
+    one = (_mlp_matrix_params(cfg) + bias * up.out_features) / tp + bias * down.out_features
+    return mlp_copies(cfg) // ep * one if cfg.moe else one
 
 
 def embed_params(cfg: ModelConfig, tp: int = 1) -> float:
@@ -139,23 +193,48 @@ def parameter_count(cfg: ModelConfig) -> int:
     return int(cfg.n_layers * block_params(cfg) + embed_params(cfg) + norm_params(cfg) + head)
 
 
-def block_gemms(cfg: ModelConfig, tokens: int, tp: int = 1) -> list[tuple[float, float, float]]:
+def block_gemms(
+    cfg: ModelConfig, tokens: int, tp: int = 1, ep: int = 1
+) -> list[tuple[float, float, float]]:
     """(m, n, k) of each forward GEMM of one block on one tensor-parallel rank: the
     (tokens × k)·(k × n) products, column-parallel ones with n/tp outputs, row-parallel
-    ones with k/tp inputs."""
-    return [
-        (tokens, lin.out_features / tp, lin.in_features)
-        if lin.split == "column"
-        else (tokens, lin.out_features, lin.in_features / tp)
-        for lin in block_linears(cfg)
-    ]
+    ones with k/tp inputs — the attention's, then the MLP's up and down projections; of a
+    mixture of experts, after the router's (tokens × E), an up and a down projection for
+    each of the E/ep experts the rank holds, over ep·k·tokens/E rows each (the tokens the
+    ep ranks send it, balanced over the experts), one GEMM per expert as Megatron-Core's
+    SequentialMLP runs them. The last GEMM is always a down projection."""
+
+    def gemm(lin: Linear, rows: float) -> tuple[float, float, float]:
+        if lin.split == "column":
+            return (rows, lin.out_features / tp, lin.in_features)
+        return (rows, lin.out_features, lin.in_features / tp)
+
+    linears = block_linears(cfg)
+    gemms = [gemm(lin, tokens) for lin in linears[:2]]
+    if not cfg.moe:
+        return gemms + [gemm(lin, tokens) for lin in linears[2:]]
+    rows = ep * mlp_passes(cfg) * tokens / cfg.experts
+    gemms.append((tokens, cfg.experts, cfg.hidden))  # the router
+    for _ in range(cfg.experts // ep):
+        gemms += [gemm(lin, rows) for lin in linears[2:]]
+    return gemms
+
+
+def down_gemms(
+    cfg: ModelConfig, tokens: int, tp: int = 1, ep: int = 1
+) -> list[tuple[float, float, float]]:
+    """The MLP's down projections among :func:`block_gemms`: the block's last matmul, once
+    per expert the rank holds — what a checkpoint that stops early does not replay."""
+    count = cfg.experts // ep if cfg.moe else 1
+    return block_gemms(cfg, tokens, tp, ep)[-2 * count + 1 :: 2]
 
 
 def block_forward_flops_per_token(cfg: ModelConfig) -> float:
-    """Matmul FLOPs of one block's forward per token: 2 per matrix weight, plus the
-    attention core's 4·s·h (QKᵀ and scores·V over the full s×s, as the published formulas
-    count them — Narayanan et al. 2021; Korthikanti et al. 2022)."""
-    return 2 * block_matrix_params(cfg) + 4 * cfg.seq_len * cfg.n_heads * cfg.head_dim
+    """Matmul FLOPs of one block's forward per token: 2 per matrix weight it passes (k
+    experts' of a mixture), plus the attention core's 4·s·h (QKᵀ and scores·V over the full
+    s×s, as the published formulas count them — Narayanan et al. 2021; Korthikanti et al.
+    2022)."""
+    return 2 * block_active_matrix_params(cfg) + 4 * cfg.seq_len * cfg.n_heads * cfg.head_dim
 
 
 # -- the model as a chain of layers (the pipeline's unit) ---------------------------------
@@ -270,7 +349,27 @@ def block_saved_bytes(
     if cfg.position == "rope":
         attention += n * (h + kv) * elem // tp + cfg.seq_len * d * elem
     mlp = (4 if cfg.activation == "swiglu" else 2) * n * cfg.ffn_hidden * elem // tp
+    if cfg.moe:
+        mlp = mlp * cfg.experts_per_token + moe_routing_bytes(cfg, n, elem, tp, ts)
     return norms + norm_outputs + attention + mlp
+
+
+def moe_routing_bytes(cfg: ModelConfig, n: int, elem: int, tp: int = 1, ts: int = 1) -> int:
+    """What a mixture's routing keeps for backward for n tokens of a rank, beside its
+    experts' activations (k × a dense MLP's: every routed token one MLP's rows). Derived for
+    Megatron-Core's MoELayer with the all-to-all token dispatcher
+    (megatron/core/transformer/moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher): the
+    router, on the rank's sequence shard (1/ts of the tokens), keeps its input — the norm
+    output, already counted as the dense MLP's up projection's — its fp32 softmax over the
+    E experts and the boolean routing map; the dispatcher turns the shard into every
+    token's 1/tp slice of the hidden vector (all_to_all_sp2hp), sends the k·n slices to
+    the experts' ranks and all-gathers them whole (all_gather_last_dim_from_tensor_parallel
+    _region): the k·n rows the experts' up projections keep; on the way back the combine
+    weighs the k·n slices it receives (1/tp of each vector) by their fp32 probabilities,
+    keeping both."""
+    k, e, h = cfg.experts_per_token, cfg.experts, cfg.hidden
+    router = (n * e * 4 + n * e) // ts
+    return router + k * n * h * elem + k * n * h * elem // tp + 4 * k * n
 
 
 def op_checkpoint_saved_bytes(cfg: ModelConfig, n: int, elem: int, tp: int, ts: int) -> int:

@@ -27,7 +27,10 @@ from paracube.errors import ConfigError
 
 # model_type → the plan family (paracube.models.hf): Llama's decoder layout is shared by
 # Mistral and Qwen2 (Qwen2 adds q/k/v biases, which the column-parallel layers keep).
-HF_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gpt2": "gpt2"}
+HF_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gpt2": "gpt2",
+               "mixtral": "llama"}  # fmt: skip
+# Mixtral is Mistral's decoder with a mixture of experts for its MLP: planned (its experts
+# from num_local_experts and num_experts_per_tok), not trained — paracube builds dense models
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 WEIGHTS_FILE = "model.safetensors"
 
@@ -167,13 +170,19 @@ def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = No
             bias=bool(get("attention_bias", kind == "qwen2")),
             norm_eps=get("rms_norm_eps", 1e-6), init_std=get("initializer_range", 0.02),
         )  # fmt: skip
+        if kind == "mixtral":
+            shape.update(
+                experts=get("num_local_experts", 8), experts_per_token=get("num_experts_per_tok", 2)
+            )
     context = hf_context(data)
     seq = seq_len if seq_len is not None else min(context, 1024)
     if seq > context:
         raise ConfigError(
             f"--seq-len {seq} is longer than the model's context {context}: use --seq-len ≤ {context}"
         )
-    window = get("sliding_window") if get("use_sliding_window", kind == "mistral") else None
+    window = (
+        get("sliding_window") if get("use_sliding_window", kind in ("mistral", "mixtral")) else None
+    )
     if window is not None and window < seq:
         raise ConfigError(
             f"{kind} config: sliding_window {window} < --seq-len {seq}: sliding-window attention "

@@ -52,8 +52,12 @@ def hardware_flops_per_token(
     "early-stop", choices.RECOMPUTE_REPLAY), the attention core under selective
     recomputation, the matmuls torchtitan's op-level checkpointing does not keep (op);
     ``share`` of the blocks under --recompute-blocks. HFU's numerator."""
-    down = shapes.block_linears(cfg)[-1]
-    unreplayed = 2 * down.in_features * down.out_features if replay == "early-stop" else 0
+    down = shapes.block_linears(cfg)[-1]  # a token passes k experts' down projections
+    unreplayed = (
+        2 * down.in_features * down.out_features * shapes.mlp_passes(cfg)
+        if replay == "early-stop"
+        else 0
+    )
     extra = (
         share
         * {

@@ -190,12 +190,28 @@ class Layout:
     # is not redone) or whole (Megatron, DeepSpeed, reentrant or older torch checkpoints);
     # choices.RECOMPUTE_REPLAY, :func:`paracube.planner.time_model.recompute_time`
     recompute_replay: str = "early-stop"
+    # expert parallelism for a mixture of experts (Megatron-Core's
+    # --expert-model-parallel-size, as its 2024 releases formed it: out of the data-parallel
+    # ranks): each block's E experts spread over ep of the dp ranks, E/ep on each, every token
+    # sent to the ranks of its experts and back by all-to-alls; the attention, the router and
+    # the rest stay data parallel over dp. An expert's gradients are reduced, and ZeRO
+    # shards its states, over the dp × cp ÷ ep ranks that hold it (:attr:`expert_grad_group`).
+    # Planned, to evaluate published mixture-of-experts runs: paracube train builds dense
+    # models only (:meth:`to_args` refuses).
+    ep: int = 1
 
     def __post_init__(self) -> None:
         # the planned-only choices, which no engine config checks first: a misspelt one
         # would otherwise fall back to the default count silently
         if self.cp < 1:
             raise ConfigError(f"cp={self.cp}: context parallelism must be a positive integer")
+        if not isinstance(self.ep, int) or isinstance(self.ep, bool) or self.ep < 1:
+            raise ConfigError(f"ep={self.ep!r}: expert parallelism must be a positive integer")
+        if self.dp % self.ep:
+            raise ConfigError(
+                f"ep={self.ep} does not divide dp={self.dp}: expert parallelism spreads the "
+                "experts over data-parallel ranks; choose an ep that divides dp"
+            )
         if self.activations not in ACTIVATION_MEMORY:
             raise ConfigError(
                 f"activations={self.activations!r}: choose {' or '.join(ACTIVATION_MEMORY)}"
@@ -283,6 +299,36 @@ class Layout:
                 f"policy); attention={self.attention!r} has none: plan it with fused attention"
             )
 
+    def model_refusal(self, cfg: ModelConfig) -> str:
+        """Why ``cfg`` cannot take this layout ("" if it can): expert parallelism needs a
+        mixture of experts and divides its experts; a mixture is not planned under
+        torchtitan's op-level checkpointing, compressed gradients, unfused attention,
+        InternLM's broadcasts or hybrid sharding (their models are of the dense block's
+        matrices), nor under tensor parallelism without sequence parallelism, which
+        Megatron-Core requires of it."""
+        if self.ep > 1 and not cfg.moe:
+            return (
+                f"ep={self.ep}: expert parallelism needs a mixture of experts ({cfg.name} is dense)"
+            )
+        if cfg.moe and cfg.experts % self.ep:
+            return f"ep={self.ep} does not divide the {cfg.experts} experts"
+        if cfg.moe and self.recompute == "op":
+            return "recompute=op is not planned for a mixture of experts"
+        if cfg.moe and self.compress != "none":
+            return f"compress={self.compress} is not planned for a mixture of experts"
+        if cfg.moe and self.attention not in FUSED_ATTENTION:
+            return f"attention={self.attention} is not planned for a mixture of experts"
+        if cfg.moe and self.tp > 1 and not self.sequence_parallel:
+            return (
+                f"tp={self.tp} without sequence parallelism: Megatron-Core runs a mixture of "
+                "experts under tensor parallelism with it (add --sequence-parallel)"
+            )
+        if cfg.moe and self.param_sync == "broadcast":
+            return "param_sync=broadcast (InternLM's) is not planned for a mixture of experts"
+        if cfg.moe and self.shard:
+            return f"shard={self.shard}: hybrid sharding is not planned for a mixture of experts"
+        return ""
+
     @property
     def zero3_per_step(self) -> bool:
         """ZeRO-3 under a pipeline, each stage's parameters gathered once a step and kept
@@ -304,6 +350,12 @@ class Layout:
         context-parallel ranks hold the same weights and see other tokens, so they join the
         reduction (Megatron-Core's data-parallel group "with context parallel")."""
         return self.dp * self.cp
+
+    @property
+    def expert_grad_group(self) -> int:
+        """Ranks holding the same experts, over which their gradients are reduced and ZeRO
+        shards their states: dp × cp ÷ ep (the whole gradient group without experts)."""
+        return self.grad_group // self.ep
 
     @property
     def shard_group(self) -> int:
@@ -371,6 +423,11 @@ class Layout:
             raise ConfigError(
                 f"cp={self.cp}: paracube train does not run context parallelism (it is planned "
                 "to evaluate Megatron-Core runs); plan with cp=1 for a layout it runs"
+            )
+        if self.ep > 1:
+            raise ConfigError(
+                f"ep={self.ep}: paracube train builds dense models and runs no expert "
+                "parallelism (it is planned to evaluate mixture-of-experts runs)"
             )
         if self.shard:
             raise ConfigError(

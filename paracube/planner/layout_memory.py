@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 from paracube.choices import FUSED_ATTENTION, state_bytes_per_parameter
 from paracube.config import ModelConfig
+from paracube.errors import ConfigError
 from paracube.models import shapes
 from paracube.pipeline.schedules import get_schedule
 from paracube.planner.layout import Layout, rank_sequence
@@ -60,6 +61,9 @@ class StageMemory:
 def stage_memory(cfg: ModelConfig, layout: Layout, precision: str = "bf16") -> list[StageMemory]:
     """Memory per GPU of every pipeline rank, first to last, each holding the blocks the
     engine's own split gives it (:mod:`paracube.planner.stages`)."""
+    refusal = layout.model_refusal(cfg)
+    if refusal:
+        raise ConfigError(refusal)
     p = layout.pp
     shares = layout_shares(cfg, layout)
     local = rank_sequence(cfg, layout)  # under context parallelism a rank keeps s/cp tokens
@@ -92,6 +96,7 @@ class _LayoutTerms(NamedTuple):
     act_recomputed: float
     act_kept: float
     block_params: float
+    block_expert_params: float  # of block_params, a mixture's experts on this rank
     embed_params: float
     head_params: float
     first: float
@@ -153,7 +158,8 @@ def _layout_terms(cfg: ModelConfig, layout: Layout, precision: str) -> _LayoutTe
         optimizer=0 if layout.offload else o,  # offloaded: in host memory
         act_recomputed=act_layer(layout.recompute),
         act_kept=act_layer("none"),
-        block_params=shapes.block_params(cfg, tp=t),
+        block_params=shapes.block_params(cfg, tp=t, ep=layout.ep),
+        block_expert_params=shapes.expert_params(cfg, tp=t, ep=layout.ep) if cfg.moe else 0.0,
         embed_params=shapes.embed_params(cfg, tp=t),
         head_params=head,
         first=first,
@@ -183,17 +189,25 @@ def stage_bytes(
         params += terms.embed_params
     if index == p - 1:
         params += terms.head_params
-    states = model_state_bytes(
-        params,
-        # ZeRO-3 kept gathered through a pipelined step holds, while the step runs, what
-        # ZeRO-1 holds: the whole stage's weights and (accumulated) gradients, the optimizer
-        # states and main weights sharded
-        1 if layout.zero3_per_step else layout.zero,
-        layout.shard_group,  # ZeRO shards over dp × cp, or a hybrid shard group of it
-        weight_bytes=terms.weight,
-        grad_bytes=terms.gradient,
-        optimizer_bytes=terms.optimizer,
-    ).total
+    experts = blocks * terms.block_expert_params  # sharded over the ranks that hold them
+    states = sum(
+        model_state_bytes(
+            count,
+            # ZeRO-3 kept gathered through a pipelined step holds, while the step runs, what
+            # ZeRO-1 holds: the whole stage's weights and (accumulated) gradients, the
+            # optimizer states and main weights sharded
+            1 if layout.zero3_per_step else layout.zero,
+            group,  # ZeRO shards over dp × cp (a hybrid shard group of it), experts ÷ ep
+            weight_bytes=terms.weight,
+            grad_bytes=terms.gradient,
+            optimizer_bytes=terms.optimizer,
+        ).total
+        for count, group in (
+            (params - experts, layout.shard_group),
+            (experts, layout.expert_grad_group),
+        )
+        if count
+    )
     in_flight = get_schedule(layout.schedule).in_flight(
         p, layout.microbatches, layout.chunks, stage=index
     )

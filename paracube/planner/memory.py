@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from paracube.choices import ATTENTION, FUSED_ATTENTION, RECOMPUTE
 from paracube.config import ModelConfig
 from paracube.errors import ConfigError
+from paracube.models.shapes import moe_routing_bytes
 
 
 @dataclass(frozen=True)
@@ -146,4 +147,6 @@ def te_block_bytes(
         attention += n * h / t  # the output projection's FP8 input beside the kernel's output
     gate_up = 2 if cfg.activation == "swiglu" else 1
     mlp = 2 * gate_up * n * f / t + linear_in * n * f / t
+    if cfg.moe:  # k experts' MLPs for every token, and what the routing keeps
+        mlp = mlp * cfg.experts_per_token + moe_routing_bytes(cfg, n, 2, t, int(ts))
     return norms + norm_outputs + attention + mlp

@@ -31,6 +31,7 @@ from functools import cache
 
 from paracube.choices import RECOMPUTE
 from paracube.config import ModelConfig
+from paracube.errors import ConfigError
 from paracube.planner import hardware as hw
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import peak_memory
@@ -212,6 +213,11 @@ def plan_mixed(
     >>> round(best.tokens_per_s / slowest.tokens_per_s, 2)
     1.6
     """
+    if cfg.moe:
+        raise ConfigError(
+            f"{cfg.name} is a mixture of experts on a mixed cluster: expert parallelism is "
+            "not planned over device types; plan it on one type of GPU"
+        )
     fixed = fixed or {}
     precision = precision or hw.default_precision([p.gpu for p in pools])
     if "tp" in fixed:

@@ -253,6 +253,7 @@ def runs() -> list[dict]:
         + _automodel()
         + _nemo_fp8()
         + _dgxc()
+        + _dgxc_grok1()
         + _megatron_bridge_fp8()
         + _nemo_long_sequence()
         + _internlm()
@@ -298,6 +299,8 @@ STACKS = {
     "NeMo long sequence (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
     "DGX Cloud benchmarking (BF16)": "Megatron-Core via NeMo, BF16 (H100)",
     "DGX Cloud benchmarking (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
+    "DGX Cloud benchmarking, MoE (BF16)": "Megatron-Core MoE via NeMo, BF16 (H100)",
+    "DGX Cloud benchmarking, MoE (FP8)": "Megatron-Core MoE via NeMo, FP8 (H100)",
     "InternLM": "ZeRO-1: InternLM (A100)",
 }
 
@@ -331,8 +334,15 @@ PLANNED_AS = {
         "NVIDIA production (H100)",
         "Megatron-Core via NeMo, FP8 (H100)",
         "Megatron-Core via NeMo, BF16 (H100)",
+        "Megatron-Core MoE via NeMo, BF16 (H100)",
+        "Megatron-Core MoE via NeMo, FP8 (H100)",
     ),
-    "nemo": ("Megatron-Core via NeMo, FP8 (H100)", "Megatron-Core via NeMo, BF16 (H100)"),
+    "nemo": (
+        "Megatron-Core via NeMo, FP8 (H100)",
+        "Megatron-Core via NeMo, BF16 (H100)",
+        "Megatron-Core MoE via NeMo, BF16 (H100)",
+        "Megatron-Core MoE via NeMo, FP8 (H100)",
+    ),
     "megatron-bridge": (
         "Megatron-Core via NeMo, FP8 (H100)",
         "Megatron-Core via NeMo, BF16 (H100)",
@@ -818,6 +828,57 @@ def _dgxc() -> list[dict]:
                 published = round(B * cfg.seq_len * model_flops_per_token(cfg) / step / n / 1e12, 1)
                 out.append(_run(f"DGX Cloud benchmarking ({precision.upper()})", cfg, "h100", n,
                                 B, precision, fixed, "model", published))
+    return out
+
+
+# NVIDIA/dgxc-benchmarking's Grok-1 314B tables (grok1/README_314b.md, NeMo's dev image):
+# (GPUs, sequence, layers, tp, pp, cp, ep, dp as tabled, vp, global batch, BF16 and FP8
+# step seconds). Below 512 GPUs the recipe is a proxy with fewer layers. Its GPUs are
+# tp × pp × cp × ep × dp: expert parallelism out of the data-parallel ranks (the layout's
+# dp is ep × the tabled dp). Its GA column (128 in every row) holds for the rows from 32
+# GPUs on; at 8 and 16 the global batch of 1,024 over the 2 and 4 data-parallel ranks is
+# 512 and 256 micro-batches, as the rows' tokens per second (global batch × sequence ÷
+# step) also give.
+GROK1_TABLE = [
+    (8, 4096, 2, 4, 1, 1, 2, 1, 1, 1024, 24.03, 19.89),
+    (16, 4096, 4, 4, 1, 1, 4, 1, 1, 1024, 21.52, 17.08),
+    (32, 4096, 4, 4, 1, 1, 8, 1, 1, 1024, 10.64, 8.3),
+    (64, 8192, 8, 4, 1, 2, 8, 1, 1, 1024, 20.64, 16.21),
+    (128, 8192, 16, 4, 2, 2, 8, 1, 8, 1024, 20.64, 16.48),
+    (256, 8192, 32, 4, 4, 2, 8, 1, 8, 1024, 20.7, 16.55),
+    (512, 8192, 64, 4, 8, 2, 8, 1, 8, 1024, 20.83, 16.69),
+    (1024, 8192, 64, 4, 8, 2, 8, 2, 8, 2048, 21.0, 16.89),
+    (2048, 8192, 64, 4, 8, 2, 8, 4, 8, 4096, 21.09, 17.04),
+]
+# The recipe's software (NeMo-Framework-Launcher conf/training/grok/grok1_proxy.yaml, with
+# the benchmark's launch overrides): Megatron-Core's GPT with Transformer Engine, sequence
+# parallelism, no userbuffers overlap (ub_tp_comm_overlap: false), no recomputation, the
+# distributed optimizer with its gradients synced in bf16 (grad_sync_dtype=bf16), the
+# all-to-all token dispatcher with every expert's input padded to its capacity at factor 1
+# (moe_pad_expert_input_to_capacity: the experts' work balanced), one GEMM per expert
+# (moe_grouped_gemm=False). Its model: Grok-1's blocks with the Llama 3 tokenizer's 128,256
+# tokens, the output not tied to the embedding.
+_GROK1_SOFTWARE = dict(recompute="none", tp_comm_overlap=False, grad_reduce="compute")
+
+
+def _dgxc_grok1() -> list[dict]:
+    """Grok-1 314B, a mixture of 8 experts (2 per token), on 8 to 2,048 H100s: every row of
+    the DGX Cloud benchmarking recipe's BF16 and FP8 tables, step seconds converted to model
+    TFLOP/s per GPU with paracube's FLOP count."""
+    out = []
+    for n, seq, layers, tp, pp, cp, ep, dp, vp, B, *steps in GROK1_TABLE:
+        name = "grok-1" if layers == 64 else f"grok-1 ({layers} blocks)"
+        cfg = preset("grok-1", vocab_size=128256, tie_embeddings=False, seq_len=seq,
+                     n_layers=layers).replace(name=name)  # fmt: skip
+        fixed = dict(tp=tp, pp=pp, cp=cp, dp=ep * dp, ep=ep, micro_batch=1, zero=1,
+                     sequence_parallel=True, attention="fused", **MEGATRON_CORE,
+                     **_GROK1_SOFTWARE)  # fmt: skip
+        if vp > 1:
+            fixed.update(schedule="interleaved-1f1b", chunks=vp)
+        for precision, step in zip(("bf16", "fp8"), steps):
+            published = round(B * seq * model_flops_per_token(cfg) / step / n / 1e12, 1)
+            out.append(_run(f"DGX Cloud benchmarking, MoE ({precision.upper()})", cfg, "h100",
+                            n, B, precision, fixed, "model", published))  # fmt: skip
     return out
 
 

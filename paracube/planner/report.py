@@ -37,6 +37,8 @@ def describe(layout) -> str:
     text = f"dp={layout.dp} tp={layout.tp} pp={layout.pp}"
     if getattr(layout, "cp", 1) > 1:
         text += f" cp={layout.cp}"
+    if getattr(layout, "ep", 1) > 1:
+        text += f" ep={layout.ep}"
     text += f" b={layout.micro_batch} m={layout.microbatches}"
     if layout.pp > 1:
         text += f" {layout.schedule}" + (f"×{layout.chunks}" if layout.chunks > 1 else "")
@@ -140,6 +142,7 @@ def largest_overhead(t: StepEstimate, optimizer: bool = True) -> tuple[str, floa
         "data-parallel communication": t.dp_exposed,
         "tensor-parallel communication": t.tp_comm,
         "the context-parallel ring": t.cp_comm,
+        "the experts' all-to-alls": t.ep_comm,
         "pipeline transfers": t.pp_comm,
         "the pipeline bubble": t.bubble,
         "recomputation": t.recompute,
@@ -223,8 +226,9 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
     if L.tp == 1 and L.pp == 1:
         dtype = "in fp32" if L.grad_reduce == "fp32" else "in the compute dtype"
         lines.append(
-            "- The model's states fit on one GPU (with ZeRO where shown), so every GPU holds a replica and "
-            f"only gradients cross the network ({dtype}), once per step, "
+            "- The model's states fit on one GPU (with ZeRO where shown), so every GPU holds a replica"
+            + (" (of all but the experts: below)" if L.ep > 1 else "")
+            + f" and only gradients cross the network ({dtype}), once per step, "
             + (
                 "overlapped with the last backward: "
                 if L.overlap_grad_reduce
@@ -251,6 +255,20 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
             f"{cfg.seq_len} tokens (Megatron-Core's ring attention: keys and values pass round the "
             f"{L.cp} ranks while the attention core runs): {t.cp_comm:.3g} s per step not hidden. "
             "Planned only: paracube train does not run it."
+        )
+    if getattr(cfg, "moe", False):
+        held = cfg.experts // L.ep
+        lines.append(
+            f"- A mixture of {cfg.experts} experts, {cfg.experts_per_token} per token: "
+            + (
+                f"expert parallel {L.ep} gives each rank {held} of every block's experts "
+                f"({cfg.experts} over {L.ep} of the {L.dp} data-parallel ranks), and every "
+                "token goes to its experts' ranks and back in four all-to-alls per block and "
+                f"micro-batch, waited for: {t.ep_comm:.3g} s per step. "
+                if L.ep > 1
+                else "every rank holds all of them (no expert parallelism). "
+            )
+            + "Planned only: paracube train builds dense models."
         )
     if L.pp > 1:
         lines.append(

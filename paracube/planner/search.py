@@ -25,7 +25,7 @@ from paracube.planner.time_model import Cluster, StepEstimate, estimate
 # is taken from the fixed choices as given, else left at the layout's default (paracube's).
 ENUMERATED = {
     "dp", "tp", "pp", "cp", "micro_batch", "microbatches", "schedule", "chunks", "zero",
-    "recompute", "recompute_blocks", "sequence_parallel",
+    "recompute", "recompute_blocks", "sequence_parallel", "ep",
 }  # fmt: skip
 TAKEN_AS_FIXED = {f.name for f in fields(Layout)} - ENUMERATED
 
@@ -203,6 +203,16 @@ def candidate_layouts(
             if global_batch % dp:
                 reject("global batch not divisible by dp")
                 continue
+            # expert parallelism: out of the data-parallel ranks, dividing the experts
+            eps = [e for e in divisors(dp) if cfg.experts % e == 0] if cfg.moe else [1]
+            if "ep" in fixed and fixed["ep"] not in eps:
+                ep = fixed["ep"]
+                reject(
+                    f"ep={ep} does not divide dp={dp}"
+                    if cfg.moe and cfg.experts % ep == 0
+                    else Layout(ep=ep, dp=ep).model_refusal(cfg)
+                )
+                continue
             sizes = micro_batches(global_batch // dp, fixed.get("micro_batch"))
             if not sizes:
                 reject(
@@ -214,9 +224,13 @@ def candidate_layouts(
                 schedules = _schedules(
                     pp, m, layers, fixed.get("chunks"), reject, fixed.get("schedule")
                 )
-                for (schedule, v), zero, recompute in itertools.product(
-                    schedules, ZERO_STAGES if dp * cp > 1 else (0,), recomputes
+                for (schedule, v), zero, recompute, ep in itertools.product(
+                    schedules, ZERO_STAGES if dp * cp > 1 else (0,), recomputes, eps
                 ):
+                    if fixed.get("ep", ep) != ep:
+                        continue
+                    if cfg.moe and recompute == "op":
+                        continue  # not planned for a mixture (Layout.model_refusal)
                     if fixed.get("zero", zero) != zero:
                         continue  # another stage than the one asked for: not a candidate
                     if zero == 3 and pp > 1 and fixed.get("zero3_pipeline", "none") == "none":
@@ -258,8 +272,13 @@ def candidate_layouts(
                             fixed.get("recompute_blocks") if recompute == "full" else None
                         ),
                         cp=cp,
+                        ep=ep,
                         **software(fixed | {"split": tried[0]}),
                     )
+                    refusal = layout.model_refusal(cfg)
+                    if refusal:
+                        reject(refusal)
+                        continue
                     for made in _split_layouts(cfg, layout, tried, reject):
                         if all(getattr(made, k) == val for k, val in fixed.items()):
                             yield made

@@ -107,6 +107,7 @@ class StepEstimate:
     mfu: float  # model FLOPs per second per GPU over the peak of the precision's units
     hardware_tflops_per_gpu: float = 0.0  # FLOPs executed, recomputation included: HFU × peak
     cp_comm: float = 0.0  # the context-parallel ring's keys and values, where not hidden
+    ep_comm: float = 0.0  # a mixture's all-to-alls, tokens to their experts and back
 
     @property
     def mfu_ceiling(self) -> float:
@@ -124,6 +125,7 @@ class StepEstimate:
             + self.recompute
             + self.tp_comm
             + self.cp_comm
+            + self.ep_comm
             + self.pp_comm
             + self.bubble
             + self.dp_exposed
@@ -297,7 +299,7 @@ def layer_time(
     (:func:`fp8_cast_bytes`); the attention core and everything else stay 16-bit."""
     b, s, t = layout.micro_batch, cfg.seq_len, layout.tp
     M = b * s
-    gemms = shapes.block_gemms(cfg, M, t)
+    gemms = shapes.block_gemms(cfg, M, t, layout.ep)
     fwd, bwd = block_gemm_time(cfg, layout, g, elem, fp8)
     if fp8:
         cast_fwd, cast_bwd = fp8_cast_bytes(gemms, current=layout.fp8_scaling == "current")
@@ -315,7 +317,7 @@ def layer_time(
     if (
         all(g.activation_rates) and cfg.activation != "swiglu"
     ):  # a compute-bound GELU (calibrated CPU)
-        elements = M * cfg.ffn_hidden / t
+        elements = M * cfg.ffn_hidden / t * shapes.mlp_passes(cfg)
         fwd, bwd = fwd + elements / g.activation_rates[0], bwd + elements / g.activation_rates[1]
     return fwd + core_time + elementwise, bwd + core_bwd + 2 * elementwise, flops + core_flops
 
@@ -368,8 +370,11 @@ def replay_saving(
     if layout.recompute_replay == "whole":
         return 0.0
     linear, linear_elem = (g.fp8_units, 1) if fp8 else (g, elem)
-    m, n, k = shapes.block_gemms(cfg, layout.micro_batch * cfg.seq_len, layout.tp)[-1]
-    return _gemm(m, n, k, linear, linear_elem)
+    tokens = layout.micro_batch * cfg.seq_len
+    return sum(
+        _gemm(m, n, k, linear, linear_elem)
+        for m, n, k in shapes.down_gemms(cfg, tokens, layout.tp, layout.ep)
+    )
 
 
 def op_recompute_time(
@@ -401,7 +406,7 @@ def block_gemm_time(
     overlapped tensor-parallel collectives can hide behind (:func:`overlapped_tp_comm`)."""
     linear, linear_elem = (g.fp8_units, 1) if fp8 else (g, elem)
     fwd = bwd = 0.0
-    for shape in shapes.block_gemms(cfg, layout.micro_batch * cfg.seq_len, layout.tp):
+    for shape in shapes.block_gemms(cfg, layout.micro_batch * cfg.seq_len, layout.tp, layout.ep):
         f, b = _gemm_fwd_bwd(*shape, linear, linear_elem)
         fwd, bwd = fwd + f, bwd + b
     return fwd, bwd
@@ -602,6 +607,9 @@ def estimate(
     >>> 0 < est.mfu < 1 and est.step_time > est.compute
     True
     """
+    refusal = layout.model_refusal(cfg)
+    if refusal:
+        raise ConfigError(refusal)
     # the matmul units this precision runs on (fp32: CUDA cores, tf32/bf16/fp16: tensor
     # cores) set every compute rate below, and MFU is measured against their peak
     cluster = at_precision(cluster, precision)
@@ -614,22 +622,24 @@ def estimate(
     redo = recompute_time(local, layout, g, elem, fp8, fwd)
     ring = cp_comm_time(local, layout, cluster, elem, core)
     gemms = sum(block_gemm_time(local, layout, g, elem, fp8))
+    to_experts = ep_comm_time(local, layout, cluster)
     # every pipeline rank with the blocks the engine's split gives it; the slowest sets the pace
     ranks = [
-        _rank_step(local, layout, cluster, share, elem, fwd + bwd, redo, ring, gemms)
+        _rank_step(local, layout, cluster, share, elem, fwd + bwd, redo, ring, gemms, to_experts)
         for share in layout_shares(cfg, layout)
     ]
-    busiest = max(ranks, key=lambda r: r.compute + r.recompute + r.tp_comm + r.cp_comm)
+    busiest = max(ranks, key=lambda r: r.compute + r.recompute + r.tp_comm + r.cp_comm + r.ep_comm)
     compute, recompute, tp_comm = busiest.compute, busiest.recompute, busiest.tp_comm
-    cp_comm = busiest.cp_comm
+    cp_comm, ep_comm = busiest.cp_comm, busiest.ep_comm
     pp_comm = pp_transfer_time(local, layout, cluster, elem)
     overhead = get_schedule(layout.schedule).idle_over_busy(p, m, layout.chunks)
-    bubble = overhead * (compute + recompute + tp_comm + cp_comm) if p > 1 else 0.0
+    busy = compute + recompute + tp_comm + cp_comm + ep_comm
+    bubble = overhead * busy if p > 1 else 0.0
     # each rank's own gradient reduction and optimizer step after its last backward
     dp_exposed, optimizer = max(
         ((r.dp_exposed, r.optimizer) for r in ranks), key=lambda pair: sum(pair)
     )
-    step = compute + recompute + tp_comm + cp_comm + pp_comm + bubble + dp_exposed + optimizer
+    step = busy + pp_comm + bubble + dp_exposed + optimizer
     tokens = layout.dp * layout.micro_batch * m * cfg.seq_len
     tflops = tokens * model_flops_per_token(cfg) / (step * layout.gpus) / 1e12
     hardware = (
@@ -654,6 +664,7 @@ def estimate(
         mfu=tflops * 1e12 / (g.fp8_flops if fp8 else g.peak_flops),
         hardware_tflops_per_gpu=hardware,
         cp_comm=cp_comm,
+        ep_comm=ep_comm,
     )
 
 
@@ -665,6 +676,7 @@ class _RankTime:
     dp_exposed: float
     optimizer: float
     cp_comm: float = 0.0
+    ep_comm: float = 0.0
 
 
 def _rank_step(
@@ -677,18 +689,22 @@ def _rank_step(
     redo: float,
     ring: tuple[float, float] = (0.0, 0.0),
     gemms: float = 0.0,
+    to_experts: float = 0.0,
 ) -> _RankTime:
     """One pipeline rank's step parts: its blocks' forward + backward (``block`` seconds
     each per micro-batch), the head's on the last rank, the recomputation of its recomputed
     blocks (``redo`` each), its tensor-parallel collectives, its context-parallel ring
     (``ring`` seconds per block and micro-batch, its forward's part again in a fully
     recomputed block), and its own gradient reduction and optimizer step over its
-    parameters (``cfg``: the rank's view, :func:`rank_sequence`)."""
+    parameters (``cfg``: the rank's view, :func:`rank_sequence`); a mixture's all-to-alls,
+    ``to_experts`` seconds per block and micro-batch, the forward's half again in a fully
+    recomputed block."""
     g, t, m = cluster.gpu, layout.tp, layout.microbatches
     blocks = len(share.blocks)
     redone = recomputed_blocks(share, layout)
     per_mb = blocks * block + (head_time(cfg, layout, g, elem) if share.head else 0.0)
-    params = blocks * shapes.block_params(cfg, tp=t)
+    block_params = shapes.block_params(cfg, tp=t, ep=layout.ep)
+    params = blocks * block_params
     if share.embedding:
         params += shapes.embed_params(cfg, tp=t)
     if share.head:
@@ -697,7 +713,9 @@ def _rank_step(
             params += shapes.head_params(cfg, tp=t)
     ring_redone = redone * ring[0] if layout.recompute == "full" else 0.0
     embedding = shapes.embed_params(cfg, tp=t) if share.embedding else 0.0
-    root = params - blocks * shapes.block_params(cfg, tp=t)  # embedding, final norm, head
+    root = params - blocks * block_params  # embedding, final norm, head
+    experts = blocks * shapes.expert_params(cfg, t, layout.ep) if cfg.moe else 0.0
+    ep_redone = redone * to_experts / 2 if layout.recompute == "full" else 0.0
     return _RankTime(
         # the blocks' and the head's work, ZeRO-3's copy-outs (FSDP2) and bringing their
         # gradients into the buffer
@@ -705,10 +723,59 @@ def _rank_step(
         + accumulation_time(layout, g, params, embedding, elem),
         recompute=m * redone * redo,
         tp_comm=_tp_comm(cfg, layout, cluster, blocks, elem, redone, gemms),
-        dp_exposed=dp_exposed_time(layout, cluster, params, per_mb, cfg, blocks, elem),
-        optimizer=optimizer_time(layout, g, params, elem),
+        dp_exposed=dp_exposed_time(
+            layout, cluster, reduced_params(layout, params, experts), per_mb, cfg, blocks, elem
+        ),
+        # the experts' states are sharded over their own, ep times smaller, group
+        optimizer=optimizer_time(layout, g, params + experts * (layout.ep - 1), elem),
         cp_comm=m * (blocks * sum(ring) + ring_redone),
+        ep_comm=m * (blocks * to_experts + ep_redone),
     )
+
+
+def reduced_params(layout: Layout, params: float, experts: float) -> float:
+    """The parameters a rank's gradient reduction moves, counted as if all were reduced
+    over the data-parallel group (dp × cp) on its link, as :func:`dp_exposed_time` times
+    them: a mixture's ``experts`` (of ``params``) are reduced over their expert
+    data-parallel group instead (``Layout.expert_grad_group``, ep times smaller), whose ring
+    moves (n_e − 1)/n_e of their bytes through each rank against the whole group's
+    (n − 1)/n — so they count by that ratio (none when each expert has one rank). The ring's
+    latency steps and the expert group's own link are not told apart."""
+    n, n_e = layout.grad_group, layout.expert_grad_group
+    if not experts or n <= 1:
+        return params
+    share = ((n_e - 1) / n_e) / ((n - 1) / n)
+    return params - experts + experts * share
+
+
+def ep_comm_time(cfg: ModelConfig, layout: Layout, cluster: Cluster) -> float:
+    """Seconds of a mixture's all-to-alls for one block and micro-batch, forward and
+    backward (0 for a dense block or ep = 1): the token dispatcher sends each of the rank's
+    N = b·s tokens (its s/cp under context parallelism) to the ranks of its k experts and the
+    experts' outputs back — two all-to-alls of k·N 16-bit hidden vectors forward
+    (Megatron-Core's MoEAlltoAllTokenDispatcher: dispatch and combine, in bf16 also under
+    FP8) and their two in backward, on the compute stream, waited for (the overlap of
+    expert-parallel communication came in 2025, --overlap-moe-expert-parallel-comm). The
+    ep ranks are tp × cp apart (Megatron-Core's order tp-cp-ep-dp-pp): each sends 1/ep of
+    its bytes to every other member — to those on its node over NVLink, to the others
+    through its own network port (an all-to-all's bytes do not spread over the node's
+    rails as a ring's do) — and pays a latency step per peer. Under tensor parallelism the
+    dispatcher sends every token's 1/t slice of the hidden vector (its hidden-parallel
+    layout, :func:`moe_tp_rings`): each of the t ranks 1/t of the bytes."""
+    ep = layout.ep
+    if not cfg.moe or ep <= 1:
+        return 0.0
+    n = layout.micro_batch * cfg.seq_len
+    per_peer = cfg.experts_per_token * n * cfg.hidden * 2 / (layout.tp * ep)
+    stride = layout.tp * layout.cp
+    here = min(ep, max(1, cluster.gpus_per_node // stride))  # members on this rank's node
+    local = (here - 1) * per_peer / cluster.intra.bandwidth
+    if here == ep:
+        one = local + (ep - 1) * cluster.intra.latency
+    else:
+        remote = (ep - here) * per_peer / cluster.inter.bandwidth
+        one = max(local, remote) + (ep - 1) * cluster.inter.latency
+    return 4 * one
 
 
 def _recomputed_share(cfg: ModelConfig, layout: Layout) -> float:
@@ -765,15 +832,36 @@ def block_tp_comm(
     # under op-level checkpointing too (its kept outputs come after the reductions, the
     # gathers before the first matmuls are redone — charged as full's, an upper bound)
     full = layout.recompute in ("full", "op")
-    rings = 4 * (1.5 if full else 1.0)
-    if layout.sequence_parallel:  # pairs of half rings, and the two re-gathers: one ring
-        rings += 1
+    if cfg.moe:  # the MLP's collectives are the token dispatcher's: moe_tp_rings
+        rings = moe_tp_rings(cfg, t, full)
+    else:
+        rings = 4 * (1.5 if full else 1.0)
+        if layout.sequence_parallel:  # pairs of half rings, and the two re-gathers: one ring
+            rings += 1
     comm = rings * _ring(n, t, link)
     if layout.sequence_parallel:  # gathers and scatters at the cost the link measured them
         comm *= link.pair_cost_ratio
     if layout.tp_comm_overlap and t > 1:
         comm = overlapped_tp_comm(comm, gemms * (4 / 3 if full else 1.0), t)
     return comm
+
+
+def moe_tp_rings(cfg: ModelConfig, t: int, full: bool) -> float:
+    """A mixture-of-experts block's tensor-parallel collectives per micro-batch, in rings of
+    b·s·h values (all-gather + reduce-scatter pairs: sequence parallelism, which
+    Megatron-Core requires of a mixture under tensor parallelism). The attention's as a
+    dense block's: a pair forward, a pair backward, and its input re-gathered for backward
+    (half a ring). Megatron-Core's all-to-all token dispatcher (MoEAlltoAllTokenDispatcher,
+    2024) turns the rank's sequence shard into every token's 1/t of the hidden vector (an
+    all-to-all over the t ranks: 1/t of an all-gather), sends those slices to the experts'
+    ranks (:func:`ep_comm_time`), all-gathers the k·N rows it receives into whole vectors for
+    the experts (k half rings) — the experts' first linear keeps them, none re-gathered in
+    backward — and mirrors it all after the experts (a reduce-scatter of k·N rows, the
+    all-to-all back); its backward, the same again. A fully recomputed block's forward
+    once more."""
+    mlp = cfg.experts_per_token + 1 / t  # the rings the dispatcher's collectives make
+    forward = 1 + mlp
+    return forward * (2 if full else 1) + forward + 0.5
 
 
 def overlapped_tp_comm(comm: float, gemms: float, t: int) -> float:

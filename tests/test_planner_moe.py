@@ -1,0 +1,228 @@
+"""A mixture of experts, planned: parameters and FLOPs of k experts of E, expert
+parallelism out of the data-parallel ranks, the token dispatcher's all-to-alls, the
+experts' states sharded over their own group, and the published Grok-1 runs (pure)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from paracube.choices import state_bytes_per_parameter
+from paracube.cli import main
+from paracube.config import ModelConfig
+from paracube.errors import ConfigError
+from paracube.models import shapes
+from paracube.models.presets import preset
+from paracube.planner import hardware as hw
+from paracube.planner.flops import model_flops_per_token
+from paracube.planner.layout import Layout
+from paracube.planner.layout_memory import peak_memory
+from paracube.planner.memory import model_state_bytes
+from paracube.planner.time_model import Cluster, ep_comm_time, estimate, moe_tp_rings
+
+H100 = Cluster(hw.gpu("h100"), 8, hw.interconnect("nvlink4"), hw.interconnect("ib-ndr"))
+
+
+def active_params(cfg: ModelConfig) -> float:
+    """What one token passes: every block's attention, router and k experts, the norms, the
+    embedding and the head."""
+    head = 0 if cfg.tie_embeddings else shapes.head_params(cfg)
+    blocks = cfg.n_layers * (shapes.block_active_matrix_params(cfg) + 2 * shapes.norm_params(cfg))
+    return blocks + shapes.embed_params(cfg) + shapes.norm_params(cfg) + head
+
+
+def test_a_mixture_holds_every_expert_and_a_token_passes_k_of_them():
+    """Mixtral 8x7B: "47B parameters, but only uses 13B active parameters during inference"
+    (Jiang et al. 2024, abstract) — Mistral's announcement gives 46.7B and 12.9B; Mixtral
+    8x22B "39B active parameters out of 141B" (Mistral's announcement). Grok-1: "314B
+    parameter Mixture-of-Experts" (xai-org/grok-1 README)."""
+    for name, total, active, places in [
+        ("mixtral-8x7b", 46.7, 12.9, 1),
+        ("mixtral-8x22b", 141, 39, 0),
+        ("grok-1", 316, 84, 0),
+    ]:
+        cfg = preset(name)
+        assert round(shapes.parameter_count(cfg) / 1e9, places) == total
+        assert round(active_params(cfg) / 1e9, places) == active
+    assert round(shapes.parameter_count(preset("grok-1")) / 1e9, -1) == 320  # 314B, ~1 %
+    dense = dataclasses.replace(preset("mixtral-8x7b"), experts=0, experts_per_token=0)
+    assert active_params(dense) == shapes.parameter_count(dense)  # one MLP: all of it passed
+
+
+def test_grok1_model_flops_are_the_recipes_own():
+    """NVIDIA's Grok-1 recipe: "The model flops for Grok 1 for GBS=1 per GPU for 2048 GPUs
+    is 4.27E+15" (dgxc-benchmarking grok1/README_314b.md) — one 8,192-token sequence of its
+    model (the Llama 3 tokenizer's 128,256 tokens, untied output), counting the causal half
+    of the attention core. paracube counts the attention in full, as the papers' MFU does;
+    the rest — k = 2 experts of 8 per token — is the recipe's count."""
+    cfg = preset("grok-1", vocab_size=128256, tie_embeddings=False)
+    per_token = model_flops_per_token(cfg)
+    causal_half = 3 * cfg.n_layers * 4 * cfg.seq_len * cfg.n_heads * cfg.head_dim / 2
+    assert (per_token - causal_half) * cfg.seq_len == pytest.approx(4.27e15, rel=0.005)
+
+
+def test_grok1_step_times_give_the_readmes_own_mfu_columns():
+    """Every row of the Grok-1 recipe's BF16 and FP8 tables as transcribed
+    (published.GROK1_TABLE: GPUs, sequence, blocks, global batch, step seconds) gives the
+    README's own MFU column to its printed 0.1 — global batch × model FLOPs a sequence ÷ step
+    ÷ GPUs ÷ peak (989 and 1,979 TFLOP/s), its model FLOPs counting the causal half of the
+    attention — the proxies with fewer blocks and 4,096 tokens too, which also confirms the
+    global batch of 1,024 on 8 and 16 GPUs (512 and 256 micro-batches, not the GA column's
+    128)."""
+    from paracube.planner.published import GROK1_TABLE
+
+    bf16 = [45.4, 44.9, 45.4, 44.5, 43.0, 42.1, 41.5, 41.1, 41.0]
+    fp8 = [27.4, 28.3, 29.1, 28.3, 26.9, 26.3, 25.9, 25.6, 25.3]
+    for row, printed in zip(GROK1_TABLE, zip(bf16, fp8)):
+        n, seq, layers, *_, batch, step_bf16, step_fp8 = row
+        cfg = preset("grok-1", vocab_size=128256, tie_embeddings=False, seq_len=seq,
+                     n_layers=layers)  # fmt: skip
+        causal_half = 3 * layers * 4 * seq * cfg.n_heads * cfg.head_dim / 2
+        per_sequence = (model_flops_per_token(cfg) - causal_half) * seq
+        for step, peak, mfu in zip((step_bf16, step_fp8), (989e12, 1979e12), printed):
+            assert 100 * batch * per_sequence / step / n / peak == pytest.approx(mfu, abs=0.06)
+
+
+def test_expert_parallelism_is_refused_where_it_cannot_run():
+    """ep divides dp (it is carved out of the data-parallel ranks) and the experts; a dense
+    model takes none; a mixture is not planned with the dense block's models (op-level
+    checkpointing, gradient compression, unfused attention, hybrid sharding) nor with
+    tensor parallelism but no sequence parallelism (Megatron-Core requires it); paracube's
+    engine refuses a mixture, its layouts and its model alike."""
+    with pytest.raises(ConfigError, match="ep=3 does not divide dp=8"):
+        Layout(dp=8, ep=3)
+    mixtral = preset("mixtral-8x7b")
+    assert "is dense" in Layout(dp=8, ep=2).model_refusal(preset("gpt3-1.3b"))
+    assert "does not divide the 8 experts" in Layout(dp=48, ep=6).model_refusal(mixtral)
+    assert "not planned" in Layout(dp=8, ep=8, recompute="op").model_refusal(mixtral)
+    assert "not planned" in Layout(dp=8, ep=8, compress="fp16").model_refusal(mixtral)
+    assert "sequence parallelism" in Layout(dp=8, tp=2, ep=8).model_refusal(mixtral)
+    assert Layout(dp=8, tp=2, ep=8, sequence_parallel=True).model_refusal(mixtral) == ""
+    with pytest.raises(ConfigError, match="does not divide the 8 experts"):
+        estimate(mixtral, Layout(dp=48, ep=6), H100)
+    with pytest.raises(ConfigError, match="paracube train builds dense models"):
+        Layout(dp=8, ep=8).to_args()
+    with pytest.raises(ConfigError, match="experts_per_token=3: each token goes to 1 to experts=2"):
+        ModelConfig(n_layers=2, hidden=64, n_heads=4, vocab_size=300, seq_len=16, experts=2,
+                    experts_per_token=3)  # fmt: skip
+    from paracube.models.gpt import GPT
+
+    small = ModelConfig(n_layers=1, hidden=32, n_heads=2, vocab_size=300, seq_len=8, experts=4,
+                        experts_per_token=1)  # fmt: skip
+    with pytest.raises(ConfigError, match="planned .paracube plan., not built"):
+        GPT(small)
+
+
+def test_the_dispatcher_sends_each_token_to_its_experts_and_back_four_times():
+    """Megatron-Core's all-to-all token dispatcher, per block and micro-batch: the k·N
+    token slices out and back, forward and backward — four all-to-alls of k·N·h/tp 16-bit
+    values, 1/ep of them to each other member: to those on the rank's node over NVLink,
+    to the rest through the rank's own network port, a latency step per peer."""
+    cfg = preset("mixtral-8x7b", seq_len=4096)
+    n, k, h = 4096, 2, 4096
+
+    def seconds(layout, cluster):
+        return ep_comm_time(cfg, layout, cluster)
+
+    # within one node: 8 ranks, tp 1 — NVLink for the 7 peers' shares
+    inside = Layout(dp=8, ep=8)
+    per_peer = k * n * h * 2 / 8
+    expected = 7 * per_peer / H100.intra.bandwidth + 7 * H100.intra.latency
+    assert seconds(inside, H100) == pytest.approx(4 * expected)
+    # one rank a node: every peer through the network port
+    apart = Cluster(H100.gpu, 1, H100.intra, H100.inter)
+    expected = 7 * per_peer / H100.inter.bandwidth + 7 * H100.inter.latency
+    assert seconds(inside, apart) == pytest.approx(4 * expected)
+    # tensor parallel 2 (members two GPUs apart, four on a node): the slices are half as
+    # wide; the remote half of the peers sets the time
+    split = Layout(dp=8, tp=2, ep=8, sequence_parallel=True)
+    per_peer = k * n * h * 2 / (2 * 8)
+    local, remote = 3 * per_peer / H100.intra.bandwidth, 4 * per_peer / H100.inter.bandwidth
+    assert seconds(split, H100) == pytest.approx(4 * (max(local, remote) + 7 * H100.inter.latency))
+    assert seconds(Layout(dp=8), H100) == 0.0  # ep 1: nothing leaves the rank
+    assert ep_comm_time(preset("gpt3-1.3b"), Layout(dp=8), H100) == 0.0
+
+
+def test_a_mixtures_tensor_parallel_collectives_are_the_dispatchers():
+    """The attention's pair forward and backward and its input re-gathered (2.5 rings of
+    b·s·h); the dispatcher's gather and scatter of the k·N rows (k half rings each way) and
+    its two all-to-alls over the tp ranks (1/tp of a half ring each), forward and backward;
+    a recomputed forward once more."""
+    cfg = preset("mixtral-8x7b")
+    assert moe_tp_rings(cfg, 4, full=False) == pytest.approx(2 * (1 + 2 + 1 / 4) + 0.5)
+    assert moe_tp_rings(cfg, 4, full=True) == pytest.approx(3 * (1 + 2 + 1 / 4) + 0.5)
+
+
+def test_the_experts_states_are_sharded_over_the_ranks_that_hold_them():
+    """ZeRO-1 (Megatron-Core's distributed optimizer) over dp × cp ranks for the attention,
+    router and ends, over dp × cp ÷ ep for the experts — each rank holds E/ep experts; the
+    weights and gradients whole."""
+    cfg = preset("mixtral-8x7b", seq_len=4096)
+    layout = Layout(dp=16, pp=4, ep=8, zero=1, microbatches=16, split="even")
+    memory = peak_memory(cfg, layout)
+    blocks = cfg.n_layers // 4
+    experts = blocks * shapes.expert_params(cfg, 1, 8)
+    assert experts == blocks * 3 * 4096 * 14336  # one expert of each block
+    first = blocks * shapes.block_params(cfg, 1, 8) + shapes.embed_params(cfg)
+    w, g, o = state_bytes_per_parameter("bf16", layout.grad_reduce)  # 2, 4 (fp32), 12
+    sizes = dict(weight_bytes=w, grad_bytes=g, optimizer_bytes=o)
+    expected = (
+        model_state_bytes(first - experts, 1, 16, **sizes).total
+        + model_state_bytes(experts, 1, 2, **sizes).total
+    )
+    assert memory.stage == "first"
+    assert memory.model_states == pytest.approx(expected)
+    # expert parallelism is what makes the experts fit: all eight on every rank cost more
+    assert peak_memory(cfg, Layout(dp=16, pp=4, ep=1, zero=1, microbatches=16,
+                                   split="even")).total > memory.total + 30e9  # fmt: skip
+
+
+def test_the_search_spreads_the_experts_and_a_dense_model_never():
+    """Mixtral 8x7B on 64 H100s: the first choice spreads the experts (ep > 1, dividing
+    dp and the 8 experts); no dense candidate has ep > 1."""
+    from paracube.planner.search import search
+
+    result = search(preset("mixtral-8x7b", seq_len=4096), H100, 64, 256, top=5)
+    best = result.ranked[0].layout
+    assert best.ep > 1 and best.dp % best.ep == 0 and 8 % best.ep == 0
+    assert result.ranked[0].time.ep_comm > 0
+    dense = search(preset("gpt3-1.3b"), H100, 16, 64, top=20)
+    assert all(c.layout.ep == 1 for c in dense.ranked)
+
+
+def test_the_published_grok1_runs_are_timed_as_the_recipe_ran(capsys):
+    """NVIDIA's Grok-1 recipe on 512 to 2,048 H100s (TP 4 × PP 8 × VP 8 × CP 2 × EP 8, no
+    recomputation): every row within ±15 % of its step in BF16 and FP8; and its layout
+    given to ``paracube plan`` — the 512-GPU row, ep out of dp 8 — is evaluated as such."""
+    from paracube.planner.published import evaluate, runs
+
+    grok = [r for r in runs() if r["cfg"].name == "grok-1"]
+    assert len(grok) == 6  # 512, 1,024 and 2,048 GPUs, BF16 and FP8
+    for run in grok:
+        assert evaluate(run)["ratio"] == pytest.approx(1, abs=0.15), run["gpus"]
+    argv = ["plan", "--model", "grok-1", "--gpus", "512", "--gpu", "h100", "--global-batch",
+            "1024", "--layout", "dp=8,tp=4,pp=8,cp=2,ep=8", "--stack", "nemo", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    layout = json.loads(capsys.readouterr().out)["candidates"][0]["layout"]
+    assert (layout["dp"], layout["tp"], layout["pp"], layout["cp"], layout["ep"]) == (8, 4, 8, 2, 8)
+
+
+def test_a_hugging_face_mixtral_config_is_planned_with_its_experts(tmp_path):
+    """A Mixtral config.json (model_type mixtral: Mistral's decoder, num_local_experts,
+    num_experts_per_tok) is read as a mixture — planned; paracube train refuses it."""
+    from paracube.models.sources import hf_model_config, read_hf_config
+
+    config = {
+        "model_type": "mixtral", "hidden_size": 256, "intermediate_size": 512,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 1000, "max_position_embeddings": 512, "num_local_experts": 4,
+        "num_experts_per_tok": 2, "hidden_act": "silu", "sliding_window": None,
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    cfg = hf_model_config(read_hf_config(str(tmp_path)), 128)
+    assert (cfg.experts, cfg.experts_per_token, cfg.activation) == (4, 2, "swiglu")
+    assert shapes.parameter_count(cfg) > shapes.parameter_count(
+        dataclasses.replace(cfg, experts=0, experts_per_token=0)
+    )
