@@ -226,3 +226,7 @@ def test_a_hugging_face_mixtral_config_is_planned_with_its_experts(tmp_path):
     assert shapes.parameter_count(cfg) > shapes.parameter_count(
         dataclasses.replace(cfg, experts=0, experts_per_token=0)
     )
+    from paracube.models.hf import build_hf
+
+    with pytest.raises(ConfigError, match="paracube train builds dense models"):
+        build_hf(str(tmp_path), cfg)

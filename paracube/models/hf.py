@@ -233,6 +233,11 @@ def hf_config_object(directory: str):
 def build_hf(directory: str, shape: ModelConfig) -> ModelSpec:
     """The model in ``directory`` (config.json, optional model.safetensors) as a spec.
     Every rank builds it whole, from the seed torch was given, then keeps its shards."""
+    if shape.moe:  # Mixtral: its config is read for plans; its experts are not sharded here
+        raise ConfigError(
+            f"--model hf:{directory}: a mixture of experts ({shape.experts} experts) is "
+            "planned (paracube plan), not trained: paracube train builds dense models"
+        )
     from transformers import AutoModelForCausalLM
 
     config = hf_config_object(directory)

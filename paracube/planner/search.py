@@ -229,8 +229,6 @@ def candidate_layouts(
                 ):
                     if fixed.get("ep", ep) != ep:
                         continue
-                    if cfg.moe and recompute == "op":
-                        continue  # not planned for a mixture (Layout.model_refusal)
                     if fixed.get("zero", zero) != zero:
                         continue  # another stage than the one asked for: not a candidate
                     if zero == 3 and pp > 1 and fixed.get("zero3_pipeline", "none") == "none":

@@ -726,8 +726,11 @@ def _rank_step(
         dp_exposed=dp_exposed_time(
             layout, cluster, reduced_params(layout, params, experts), per_mb, cfg, blocks, elem
         ),
-        # the experts' states are sharded over their own, ep times smaller, group
-        optimizer=optimizer_time(layout, g, params + experts * (layout.ep - 1), elem),
+        # sharded, the experts' states are over their own, ep times smaller, group: counted
+        # ep times among the params optimizer_time divides by the whole group
+        optimizer=optimizer_time(
+            layout, g, params + (experts * (layout.ep - 1) if layout.zero else 0.0), elem
+        ),
         cp_comm=m * (blocks * sum(ring) + ring_redone),
         ep_comm=m * (blocks * to_experts + ep_redone),
     )
