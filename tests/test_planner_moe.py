@@ -207,6 +207,10 @@ def test_the_published_grok1_runs_are_timed_as_the_recipe_ran(capsys):
     assert main(argv) == 0
     layout = json.loads(capsys.readouterr().out)["candidates"][0]["layout"]
     assert (layout["dp"], layout["tp"], layout["pp"], layout["cp"], layout["ep"]) == (8, 4, 8, 2, 8)
+    assert main([*argv[:-1], "--explain"]) == 0
+    text = capsys.readouterr().out
+    assert "expert parallel 8 gives each rank 1 of every block's experts" in text
+    assert "the attention's collectives and the token dispatcher's" in text
 
 
 def test_a_hugging_face_mixtral_config_is_planned_with_its_experts(tmp_path):

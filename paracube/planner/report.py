@@ -243,8 +243,13 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
         )
     if L.tp > 1:
         lines.append(
-            f"- Tensor parallel {L.tp} splits every layer's matrices; it needs four collectives per layer "
-            f"and micro-batch ({t.tp_comm:.3g} s per step here), so it stays inside a node on "
+            f"- Tensor parallel {L.tp} splits every layer's matrices; it needs "
+            + (
+                "the attention's collectives and the token dispatcher's"
+                if getattr(cfg, "moe", False)
+                else "four collectives"
+            )
+            + f" per layer and micro-batch ({t.tp_comm:.3g} s per step here), so it stays inside a node on "
             f"{cluster.intra.name} ({cluster.intra.bandwidth / GB:.0f} GB/s) — across nodes "
             f"({cluster.inter.bandwidth / GB:.0f} GB/s) the same traffic would take "
             f"{cluster.intra.bandwidth / cluster.inter.bandwidth:.0f}× longer."
