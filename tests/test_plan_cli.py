@@ -431,6 +431,47 @@ def test_the_scaling_sentence_names_what_the_overhead_is(capsys):
     assert named == pytest.approx(beyond, rel=0.05)
 
 
+def test_the_scaling_sentence_names_the_unsplit_optimizer_when_it_costs_most(capsys):
+    """ResNet-50 on 8 V100s at 256 images a GPU, plain data parallelism: the step's compute
+    is the baseline's split 8 ways to 0.1 %, and what it takes beyond the ideal is the Adam
+    step every replica runs over the whole model (7/8 of it beyond the baseline's share). The
+    sentence named "the compute beyond the baseline's share" with an eighth of the overhead's
+    seconds; it names the optimizer step, with the seconds that make up the overhead."""
+    import re
+
+    out = plan(capsys, "--model", "resnet50", "--gpus", "8", "--gpu", "v100", "--global-batch",
+               "2048", "--explain")  # fmt: skip
+    assert "| 1 | dp=8 tp=1 pp=1 b=256 m=1 |" in out  # plain data parallelism, no ZeRO
+    found = re.search(r"and ([\d.e-]+) s beyond it; of the step's overheads the largest is "
+                      r"the optimizer step, which every data-parallel replica runs whole "
+                      r"\(ZeRO-1 splits it\) \(([\d.e-]+) s\)", out)  # fmt: skip
+    assert found, out
+    beyond, named = (float(g) for g in found.groups())
+    assert 0.75 * beyond <= named <= beyond
+
+
+def test_a_steps_parts_add_up_to_its_step_time():
+    """The scaling sentence splits a step's overhead part by part (report.step_parts): the
+    parts must be the whole step, for every candidate of a sweep of layouts."""
+    from paracube.models.presets import preset
+    from paracube.planner import hardware as hw
+    from paracube.planner.report import step_parts
+    from paracube.planner.search import search
+    from paracube.planner.time_model import Cluster
+
+    cluster = Cluster(hw.gpu("h100"), 8, hw.interconnect("nvlink4"), hw.interconnect("ib-ndr"))
+    for name, gpus, batch in [
+        ("gpt3-13b", 64, 512),
+        ("llama3-70b", 128, 256),
+        ("mixtral-8x7b", 64, 256),
+    ]:
+        ranked = search(preset(name), cluster, gpus, batch).ranked
+        assert len(ranked) >= 20, name
+        for cand in ranked:
+            parts = step_parts(cand.time)
+            assert sum(parts.values()) == pytest.approx(cand.time.step_time, rel=1e-12)
+
+
 def test_the_checkpointing_tradeoff_is_for_every_block_whatever_the_layout_recomputes(capsys):
     """--explain's trade-off line compares checkpointing every block or none: a layout that
     recomputes its first 2 blocks had it say full recomputation saves 10 % (its 2 blocks);

@@ -107,16 +107,23 @@ def table(cands: list[Candidate], cluster: Cluster, baseline: Baseline | None = 
 def scaling(best: Candidate, baseline: Baseline) -> str:
     """The best layout's speed-up in the guide's terms: N times the GPUs give
     N / (1 + overhead ÷ ideal), where the ideal step is the baseline's split N ways and the
-    overhead is what the step takes beyond it — and which part of the step costs most."""
+    overhead is what the step takes beyond it — and which part of the step costs most: the
+    overhead is the sum, part by part, of what each takes beyond the baseline's share of it
+    (:func:`step_parts`), and the largest of those is named."""
     t, n = best.time, best.layout.gpus / baseline.gpus
     ideal = baseline.best.time.step_time / n  # the same global batch, N times the GPUs
     overhead = t.step_time - ideal
-    worst, cost = largest_overhead(t, optimizer=False)
-    # compute itself can take more than its share: each GPU's smaller micro-batch runs
-    # smaller matmuls, at lower tile and wave efficiency than the baseline's
-    slower = t.compute - baseline.best.time.compute / n
-    if slower > cost:
-        worst, cost = "the compute beyond the baseline's share (smaller matmuls per GPU)", slower
+    base = step_parts(baseline.best.time)
+    beyond_share = {name: seconds - base[name] / n for name, seconds in step_parts(t).items()}
+    worst, cost = max(beyond_share.items(), key=lambda kv: kv[1])
+    if worst == "compute":
+        # each GPU's smaller micro-batch runs smaller matmuls, at lower tile and wave
+        # efficiency than the baseline's
+        worst = "the compute beyond the baseline's share (smaller matmuls per GPU)"
+    elif worst == "the optimizer step" and best.layout.zero == 0 and best.layout.dp > 1:
+        worst = (
+            "the optimizer step, which every data-parallel replica runs whole (ZeRO-1 splits it)"
+        )
     plural = "s" if baseline.gpus > 1 else ""
     if overhead >= 0:
         beyond = f"{overhead:.3g} s beyond it"
@@ -135,10 +142,11 @@ def scaling(best: Candidate, baseline: Baseline) -> str:
     )
 
 
-def largest_overhead(t: StepEstimate, optimizer: bool = True) -> tuple[str, float]:
-    """The largest part of a step beyond its compute, by name, with its seconds (the
-    optimizer step among them when ``optimizer``)."""
-    parts = {
+def step_parts(t: StepEstimate) -> dict[str, float]:
+    """A step's parts by name — the compute and everything beyond it; their sum is its
+    step time (:attr:`StepEstimate.step_time`)."""
+    return {
+        "compute": t.compute,
         "data-parallel communication": t.dp_exposed,
         "tensor-parallel communication": t.tp_comm,
         "the context-parallel ring": t.cp_comm,
@@ -146,9 +154,14 @@ def largest_overhead(t: StepEstimate, optimizer: bool = True) -> tuple[str, floa
         "pipeline transfers": t.pp_comm,
         "the pipeline bubble": t.bubble,
         "recomputation": t.recompute,
+        "the optimizer step": t.optimizer,
     }
-    if optimizer:
-        parts["the optimizer step"] = t.optimizer
+
+
+def largest_overhead(t: StepEstimate) -> tuple[str, float]:
+    """The largest part of a step beyond its compute, by name, with its seconds."""
+    parts = step_parts(t)
+    del parts["compute"]
     return max(parts.items(), key=lambda kv: kv[1])
 
 
