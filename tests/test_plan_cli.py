@@ -450,6 +450,20 @@ def test_the_scaling_sentence_names_the_unsplit_optimizer_when_it_costs_most(cap
     assert 0.75 * beyond <= named <= beyond
 
 
+def test_a_more_than_linear_speed_up_names_a_real_overhead(capsys):
+    """Llama 3 70B on 64 H100s against one node that must offload and recompute every
+    block to fit: the step is below the ideal, so no part costs more than its share — the
+    sentence names the layout's own largest overhead with its seconds, not a part at 0 s."""
+    import re
+
+    out = plan(capsys, "--model", "llama3-70b", "--gpus", "64", "--gpu", "h100",
+               "--global-batch", "512", "--explain")  # fmt: skip
+    line = next(line for line in out.splitlines() if line.startswith("- Speed-up over 8 GPUs"))
+    assert "below it — more than linear" in line, line
+    seconds = float(re.search(r"the largest is [^(]+\(([\d.e-]+) s\)\.$", line).group(1))
+    assert seconds > 1.0, line
+
+
 def test_a_steps_parts_add_up_to_its_step_time():
     """The scaling sentence splits a step's overhead part by part (report.step_parts): the
     parts must be the whole step, for every candidate of a sweep of layouts."""

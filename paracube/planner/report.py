@@ -109,13 +109,16 @@ def scaling(best: Candidate, baseline: Baseline) -> str:
     N / (1 + overhead ÷ ideal), where the ideal step is the baseline's split N ways and the
     overhead is what the step takes beyond it — and which part of the step costs most: the
     overhead is the sum, part by part, of what each takes beyond the baseline's share of it
-    (:func:`step_parts`), and the largest of those is named."""
+    (:func:`step_parts`), and the largest of those is named (below the ideal, the layout's
+    own largest overhead)."""
     t, n = best.time, best.layout.gpus / baseline.gpus
     ideal = baseline.best.time.step_time / n  # the same global batch, N times the GPUs
     overhead = t.step_time - ideal
     base = step_parts(baseline.best.time)
     beyond_share = {name: seconds - base[name] / n for name, seconds in step_parts(t).items()}
     worst, cost = max(beyond_share.items(), key=lambda kv: kv[1])
+    if overhead < 0:  # no part costs more than its share: name the layout's own largest
+        worst, cost = largest_overhead(t)
     if worst == "compute":
         # each GPU's smaller micro-batch runs smaller matmuls, at lower tile and wave
         # efficiency than the baseline's
