@@ -464,6 +464,27 @@ def test_a_more_than_linear_speed_up_names_a_real_overhead(capsys):
     assert seconds > 1.0, line
 
 
+def test_the_data_parallel_line_says_what_crosses_the_network_under_each_zero_stage(capsys):
+    """--explain's first line for a data-parallel-only layout: under ZeRO-3 no GPU holds a
+    replica (it said "every GPU holds a replica ... gradients once per step" beside a ZeRO-3
+    line of per-micro-batch reduce-scatters); under ZeRO-2 with accumulation the gradients
+    go in every micro-batch's backward; under ZeRO-1 once, and the parameters come back."""
+
+    def first_line(*extra: str) -> str:
+        out = plan(capsys, "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "512",
+                   "--micro-batch", "16", "--layout", "dp=8,tp=1,pp=1", "--explain", *extra)  # fmt: skip
+        return out.split("\nWhy ", 1)[1].splitlines()[1]
+
+    zero3 = first_line("--zero", "3")
+    assert "each GPU holds 1/8 of its states" in zero3 and "replica" not in zero3, zero3
+    zero2 = first_line("--zero", "2")
+    assert "in each of the 4 micro-batches' backwards" in zero2 and "once" not in zero2, zero2
+    zero1 = first_line("--zero", "1")
+    assert "once per step" in zero1 and "the updated parameters after the step" in zero1, zero1
+    plain = first_line("--zero", "0")
+    assert "only gradients cross" in plain and "parameters" not in plain, plain
+
+
 def test_a_steps_parts_add_up_to_its_step_time():
     """The scaling sentence splits a step's overhead part by part (report.step_parts): the
     parts must be the whole step, for every candidate of a sweep of layouts."""

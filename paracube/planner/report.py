@@ -239,23 +239,47 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
     """One line per parallel dimension the best layout uses: what it costs and buys."""
     L, t = best.layout, best.time
     lines = []
-    if L.tp == 1 and L.pp == 1:
-        dtype = "in fp32" if L.grad_reduce == "fp32" else "in the compute dtype"
+    dtype = "in fp32" if L.grad_reduce == "fp32" else "in the compute dtype"
+    hides = " (what sticks out, and the compute it slows while it hides)."
+    if L.tp == 1 and L.pp == 1 and L.zero >= 3:
+        # FSDP: no GPU holds the whole model, and the network carries parameters as well
+        holder = (
+            f"each GPU holds 1/{L.shard_group} of its states"
+            if not L.shard
+            else f"each group of {L.shard} GPUs holds a replica, sharded among them"
+        )
+        lines.append(
+            f"- Data parallelism alone, the model sharded ({holder}; ZeRO-3: below): every GPU "
+            f"gathers each block's parameters as it runs it and reduce-scatters its gradients "
+            f"({dtype}), "
+            + (
+                "overlapped with the compute: "
+                if L.overlap_grad_reduce
+                else "after each backward: "
+            )
+            + f"{t.dp_exposed:.3g} s of a {t.step_time:.3g} s step"
+            + (hides if L.overlap_grad_reduce else ".")
+        )
+    elif L.tp == 1 and L.pp == 1:
+        if L.zero == 2 and L.microbatches > 1:  # no full gradients kept to accumulate into
+            when = f"in each of the {L.microbatches} micro-batches' backwards (ZeRO-2: below), " + (
+                "overlapped with them" if L.overlap_grad_reduce else "after each of them"
+            )
+        else:
+            when = "once per step, " + (
+                "overlapped with the last backward"
+                if L.overlap_grad_reduce
+                else "after the last backward"
+            )
+        if L.zero:  # each rank steps its slice: the others' updated parameters come back
+            when += ", and the updated parameters after the step"
         lines.append(
             "- The model's states fit on one GPU (with ZeRO where shown), so every GPU holds a replica"
             + (" (of all but the experts: below)" if L.ep > 1 else "")
-            + f" and only gradients cross the network ({dtype}), once per step, "
-            + (
-                "overlapped with the last backward: "
-                if L.overlap_grad_reduce
-                else "after the last backward: "
-            )
+            + (" and gradients cross" if L.zero else " and only gradients cross")
+            + f" the network ({dtype}), {when}: "
             + f"{t.dp_exposed:.3g} s of a {t.step_time:.3g} s step"
-            + (
-                " (what sticks out, and the compute it slows while it hides)."
-                if L.overlap_grad_reduce
-                else "."
-            )
+            + (hides if L.overlap_grad_reduce else ".")
         )
     if L.tp > 1:
         lines.append(
