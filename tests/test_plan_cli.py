@@ -485,6 +485,21 @@ def test_the_data_parallel_line_says_what_crosses_the_network_under_each_zero_st
     assert "only gradients cross" in plain and "parameters" not in plain, plain
 
 
+def test_data_parallel_beside_model_parallel_shards_under_zero3(capsys):
+    """Beside tensor parallelism, --explain said data parallelism "replicates this
+    model-parallel group" under ZeRO-3 too; it shards its states over the copies."""
+
+    def line(zero: str) -> str:
+        out = plan(capsys, "--model", "gpt3-13b", "--gpus", "64", "--global-batch", "512",
+                   "--layout", "dp=16,tp=4,pp=1", "--zero", zero, "--explain")  # fmt: skip
+        return next(x for x in out.splitlines() if x.startswith("- Data parallel 16 over"))
+
+    assert line("3").endswith(
+        "shards this model-parallel group's states over its copies (ZeRO-3, above)."
+    )
+    assert line("1").endswith("replicates this model-parallel group.")
+
+
 def test_a_steps_parts_add_up_to_its_step_time():
     """The scaling sentence splits a step's overhead part by part (report.step_parts): the
     parts must be the whole step, for every candidate of a sweep of layouts."""

@@ -402,9 +402,17 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
             f"- {L.recompute.capitalize()} recomputation{which} {cost} for activation memory "
             f"({best.memory.activations / GB:.1f} GB per GPU at the peak)."
         )
-    if L.tp > 1 or L.pp > 1:
+    if (L.tp > 1 or L.pp > 1) and L.dp > 1:
         lines.append(
-            "- Data parallel over the rest of the GPUs replicates this model-parallel group."
+            f"- Data parallel {L.dp} over the rest of the GPUs "
+            + (
+                "replicates this model-parallel group."
+                if L.zero < 3
+                else "shards this model-parallel group's states over its copies (ZeRO-3, above)."
+                if not L.shard
+                else f"shards this model-parallel group's states over groups of {L.shard} of its "
+                "copies and replicates them across the groups (ZeRO-3 hybrid, above)."
+            )
         )
     return lines
 
