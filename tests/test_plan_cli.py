@@ -500,6 +500,16 @@ def test_data_parallel_beside_model_parallel_shards_under_zero3(capsys):
     assert line("1").endswith("replicates this model-parallel group.")
 
 
+def test_explain_in_fp32_on_a_gpu_without_bf16_names_its_units(capsys):
+    """--explain in fp32 on V100s stopped with "--precision bf16: V100 ... has no bfloat16
+    tensor cores": its checkpointing trade-off was timed in bf16. It is timed in the plan's
+    precision, and the prediction line names the units fp32 runs on."""
+    out = plan(capsys, "--model", "gpt3-1.3b", "--gpus", "4", "--gpu", "v100",
+               "--global-batch", "64", "--precision", "fp32", "--explain")  # fmt: skip
+    assert "- Activation checkpointing here:" in out
+    assert "The compute runs the FP32 units (CUDA cores) at the base clock" in out, out
+
+
 def test_a_steps_parts_add_up_to_its_step_time():
     """The scaling sentence splits a step's overhead part by part (report.step_parts): the
     parts must be the whole step, for every candidate of a sweep of layouts."""

@@ -89,6 +89,22 @@ def test_each_precision_runs_at_its_own_units_rate(precision, peak):
         assert result.ranked[0].time.tflops_per_gpu * 1e12 > 156e12 * 0.5  # tensor cores
 
 
+@pytest.mark.parametrize(("precision", "peak"), [("fp32", 19.5e12), ("tf32", 156e12)])
+def test_fused_attention_in_fp32_and_tf32_runs_at_those_units_rate(precision, peak):
+    """FlashAttention's kernels take 16-bit operands only: in fp32 or TF32 the attention core
+    is timed at the precision's own matmul rate, not at FlashAttention-2's bf16 rate (which
+    put gpt3-1.3b's fp32 MFU on an H100 at 75 %, above the 71 % its matmuls sustain)."""
+    from paracube.planner.layout import Layout
+    from paracube.planner.time_model import at_precision, attention_core
+
+    cfg, layout = preset("gpt3-1.3b"), Layout(dp=8, micro_batch=4, microbatches=2)
+    g = at_precision(_cluster(), precision).gpu
+    seconds, flops = attention_core(cfg, layout, g)
+    assert seconds == pytest.approx(flops / (peak * g.sustained_fraction))
+    g16 = at_precision(_cluster(), "bf16").gpu
+    assert attention_core(cfg, layout, g16)[0] == pytest.approx(flops / g16.attention_rate)
+
+
 def test_resnet50_in_fp32_is_bounded_by_the_fp32_peak():
     """ResNet-50 fp32 on one V100 (15.7 TFLOP/s of fp32): at 3 × 4.1 GFLOPs per image a
     step cannot beat 15.7e12 / 12.3e9 ≈ 1,280 images/s — the bf16 tensor-core peak would

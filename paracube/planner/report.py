@@ -12,7 +12,7 @@ from paracube.planner.hardware import GPU
 from paracube.planner.layout_memory import FRAGMENTATION, peak_memory
 from paracube.planner.published import TrackRecord
 from paracube.planner.search import Candidate, SearchResult, at_memory_edge
-from paracube.planner.time_model import Cluster, StepEstimate, estimate
+from paracube.planner.time_model import Cluster, StepEstimate, at_precision, estimate
 
 GB = 1e9
 # How --explain says a planned pipeline split cuts the stages (every split but the engine's)
@@ -187,7 +187,7 @@ def explain(
     best = result.ranked[0]
     lines = [f"Why {describe(best.layout)}:"]
     lines += _layout_reasons(best, cfg, cluster, precision)
-    lines.append(recompute_tradeoff(cfg, best.layout, cluster))
+    lines.append(recompute_tradeoff(cfg, best.layout, cluster, precision))
     lines.append(_predicted(best, cluster, precision))
     edge = memory_edge(best, cluster, compared=len(result.ranked) > 1)
     if edge:
@@ -444,23 +444,34 @@ def _predicted(best, cluster: Cluster, precision: str = "bf16") -> str:
         f"- Predicted: {t.tokens_per_s:,.0f} tokens/s, {t.tflops_per_gpu:.0f} TFLOP/s per GPU{executed}, "
         f"MFU {t.mfu:.0%} of a {t.mfu_ceiling:.0%} ceiling — the MFU of the step's compute alone, "
         "in the same count of model FLOPs (attention's s×s in full, as the papers' MFU; causal "
-        f"{L.attention} attention executes half of them). The compute runs the tensor cores at "
-        f"{sustained(cluster.gpu)}, each matmul's "
+        f"{L.attention} attention executes half of them). The compute runs "
+        f"{UNITS.get(precision, 'the tensor cores')} at "
+        f"{sustained(at_precision(cluster, precision).gpu)}, each matmul's "
         f"roofline with tile and wave quantization over {cluster.gpu.sms or 'no'} SMs, and the "
         "memory-bound element-wise work and the passes that bring each micro-batch's gradients "
         "into the buffer they are reduced from (paracube.planner.time_model)." + metrics + fp8
     )
 
 
+# The units a precision's matmuls run on, in words (hardware.GPU.rate); 16-bit and fp8: the
+# tensor cores
+UNITS = {"fp32": "the FP32 units (CUDA cores)", "tf32": "the tensor cores in TF32"}
+
+
 def sustained(g: GPU) -> str:
-    """Where the planner's tensor-core rate comes from, in words."""
+    """Where the planner's matmul rate for ``g``'s units comes from, and the fused attention
+    kernel's, in words (``g`` as the plan's precision sees it: time_model.at_precision)."""
+    attention = (
+        f"FlashAttention-2 at {g.attention_rate / g.peak_flops:.0%}"
+        if g.attention_rate
+        else "the attention's matmuls at that rate too"
+    )
     if g.measured_sustained:
         return (
             f"the rate measured at the power limit with the whole node busy "
-            f"({g.sustained_fraction:.0%} of the peak; FlashAttention-2 at "
-            f"{g.attention_rate / g.peak_flops:.0%})"
+            f"({g.sustained_fraction:.0%} of the peak; {attention})"
         )
-    return f"the base clock ({g.sustained_fraction:.0%} of the boost-clock peak)"
+    return f"the base clock ({g.sustained_fraction:.0%} of the boost-clock peak; {attention})"
 
 
 def _alternatives(result: SearchResult, capacity: float) -> list[str]:
@@ -542,21 +553,21 @@ def _offload_reason(best: Candidate, cfg: ModelConfig, cluster: Cluster, precisi
     )
 
 
-def recompute_tradeoff(cfg: ModelConfig, layout, cluster: Cluster) -> str:
-    """What activation checkpointing would trade for this layout: activation memory saved
-    against compute added, for selective and for full recomputation."""
+def recompute_tradeoff(cfg: ModelConfig, layout, cluster: Cluster, precision: str = "bf16") -> str:
+    """What activation checkpointing would trade for this layout in ``precision``: activation
+    memory saved against compute added, for selective and for full recomputation."""
     from paracube.planner.layout_memory import stage_memory
 
     # every block checkpointed or none: the layout's own partial count (recompute_blocks)
     # would make "full" mean its few blocks
     base = replace(layout, recompute="none", recompute_blocks=None)
-    mem0 = stage_memory(cfg, base)[0].activations
-    t0 = estimate(cfg, base, cluster)
+    mem0 = stage_memory(cfg, base, precision)[0].activations
+    t0 = estimate(cfg, base, cluster, precision)
     parts = []
     for how in ("selective", "full"):
         other = replace(base, recompute=how)
-        mem = stage_memory(cfg, other)[0].activations
-        t = estimate(cfg, other, cluster)
+        mem = stage_memory(cfg, other, precision)[0].activations
+        t = estimate(cfg, other, cluster, precision)
         saved, added = 1 - mem / mem0, t.recompute / t0.compute
         if how == "selective" and saved < 0.005 and layout.attention in FUSED_ATTENTION:
             # selective recomputation drops the attention core's s×s scores and softmax

@@ -7,7 +7,8 @@ fitted to a published result:
   time max(2·M·N·K / sustained peak, bytes moved / HBM rate), the sustained peak being
   the rate measured at the power limit where one is published (Hopper), else the datasheet
   peak scaled from the boost to the base clock (all a GPU guarantees at full power draw);
-  fused attention at FlashAttention-2's published rate (``GPU.attention_rate``; FlashAttention
+  fused attention in 16 bits at FlashAttention-2's published rate (``GPU.attention_rate``; in
+  fp32 or TF32 at those units' matmul rate, :func:`at_precision`; FlashAttention
   in Triton and FlashAttention 1 at the FlashAttention-2 paper's comparison,
   :data:`FUSED_SLOWDOWN`), each head at the size its kernel is compiled for
   (:func:`kernel_head_dim`); the
@@ -590,7 +591,14 @@ def at_precision(cluster: Cluster, precision: str) -> Cluster:
     rate = cluster.gpu.rate(precision)
     if rate == cluster.gpu.peak_flops:
         return cluster
-    return replace(cluster, gpu=replace(cluster.gpu, peak_flops=rate))
+    # the attention rates are FlashAttention's, whose kernels run 16-bit operands on the
+    # tensor cores only (PyTorch's flash backend takes fp16 and bf16); in fp32 or TF32 the
+    # fused attention that runs (the memory-efficient kernel) is a matmul on the
+    # precision's own units, at their rate
+    return replace(
+        cluster,
+        gpu=replace(cluster.gpu, peak_flops=rate, attention_rate=0.0, attention_backward_rate=0.0),
+    )
 
 
 def estimate(
