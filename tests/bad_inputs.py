@@ -315,6 +315,10 @@ CASES: list[tuple[str, list[str], str]] = [
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--gpu", "v100", "--global-batch", "8",
               "--precision", "bf16"],
      "--precision bf16: V100 SXM2 32GB has no bfloat16 tensor cores (Ampere and later); plan it in fp16"),
+    # a model that fits no layout there: the precision is the first thing wrong, and said so
+    ("plan", ["plan", "--model", "llama3-8b", "--gpus", "2", "--gpu", "v100", "--global-batch", "32",
+              "--precision", "bf16"],
+     "--precision bf16: V100 SXM2 32GB has no bfloat16 tensor cores (Ampere and later); plan it in fp16"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--fp8-scaling", "current"],
      "--fp8-scaling current under --precision bf16: nothing is FP8"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--gpu", "h100",

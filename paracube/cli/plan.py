@@ -613,6 +613,9 @@ def cmd_plan(args) -> int:
             f"{cfg.name} is planned data parallel only (one replica per GPU); use {multiples}"
         )
     cluster = _cluster(args)
+    from paracube.planner.time_model import at_precision
+
+    at_precision(cluster, args.precision)  # units the GPU lacks: refused before the search
     fixed = _plan_fixed(args, args.gpus)
     if fixed.get("ep", 1) > 1 and not (isinstance(cfg, ModelConfig) and cfg.moe):
         raise ParacubeError(
