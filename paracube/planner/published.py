@@ -506,9 +506,13 @@ def _bloom() -> list[dict]:
 def _llama3() -> list[dict]:
     """Llama 3 405B on 128 × dp H100s: tp 8 × pp 16 interleaved, no recompute, BF16 MFU; one
     block fewer on the first and the last stage (§3.3.2: the embedding and the loss each
-    take a block's place)."""
+    take a block's place). Its data parallelism is FSDP (§3.3.2): the optimizer states and
+    gradients sharded, the model's shards not resharded after forward, and the gradients,
+    accumulated in FP32 over the micro-batches, reduce-scattered in FP32 (§3.3.4) — ZeRO-3
+    gathered once a step under the pipeline (``zero3_pipeline="per-step"``)."""
     layout = dict(tp=8, pp=16, micro_batch=1, schedule="interleaved-1f1b", recompute="none",
-                  sequence_parallel=True, attention="fused", split="even-ends")
+                  sequence_parallel=True, attention="fused", split="even-ends", zero=3,
+                  zero3_pipeline="per-step")
     return [
         _run("Llama 3", preset("llama3-405b"), "h100", 128 * dp, 2048, "bf16",
              dict(layout, dp=dp), "model", tflops)
