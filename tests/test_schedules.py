@@ -51,6 +51,20 @@ def test_every_registered_schedule_meets_its_own_formulas(name, p, m):
         assert tried  # a schedule without constraints runs at every shape
 
 
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_every_schedules_words_for_its_bubble_are_its_formula(name):
+    """``plan --explain`` says how more micro-batches shrink a schedule's bubble in the
+    schedule's own words (``shrinks_as``: it said (p−1)/m for every schedule); read as
+    arithmetic they are the planner's idle ÷ busy, for every schedule of the registry."""
+    sched = SCHEDULES[name]
+    expression = sched.shrinks_as.replace("−", "-").replace("·", "*").replace("3m", "3*m")
+    for p, m, v in [(4, 8, 2), (8, 16, 4), (3, 12, 3)]:
+        value = eval(
+            expression, {}, {"p": p, "m": m, "v": v}
+        )  # the schedule's own words, not input
+        assert value == pytest.approx(sched.idle_over_busy(p, m, v if sched.chunked else 1))
+
+
 @pytest.mark.parametrize("p,m", SHAPES)
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])
 def test_gpipe_and_1f1b_bubble_is_the_formula(name, p, m):

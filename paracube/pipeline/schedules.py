@@ -50,6 +50,7 @@ class Schedule:
     chunked = False  # v ≥ 2 virtual chunks per rank
     needs_m_at_least_p = False  # fewer micro-batches than stages cannot fill the warm-up
     dominated_by: str | None = None  # another schedule with the same bubble and less memory
+    shrinks_as = "(p−1)/m"  # idle_over_busy in words: how more micro-batches shrink the bubble
 
     def rank_actions(self, p: int, m: int, v: int, rank: int) -> list[Action]:
         raise NotImplementedError
@@ -153,6 +154,7 @@ class Interleaved(Schedule):
 
     name, reference = "interleaved-1f1b", "Narayanan et al. 2021, §2.2"
     chunked = True
+    shrinks_as = "(p−1)/(v·m)"
 
     def rank_actions(self, p, m, v, rank):
         total = m * v
@@ -189,6 +191,7 @@ class ZeroBubbleH1(Schedule):
 
     name, reference = "zb-h1", "Qi et al. 2024"
     splits_backward = True
+    shrinks_as = "(p−1)/(3m)"
     needs_m_at_least_p = True
 
     def rank_actions(self, p, m, v, rank):

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, replace
 
 from paracube.choices import FUSED_ATTENTION
 from paracube.config import ModelConfig
+from paracube.pipeline.schedules import get_schedule
 from paracube.planner import hardware as hw
 from paracube.planner.hardware import GPU
 from paracube.planner.layout_memory import FRAGMENTATION, peak_memory
@@ -321,7 +322,7 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
             f"boundaries. Its bubble costs {t.bubble:.3g} s ({t.bubble / t.step_time:.1%} of the step) with "
             f"{L.microbatches} micro-batches under {L.schedule}"
             + (f" with {L.chunks} chunks" if L.chunks > 1 else "")
-            + "; more micro-batches shrink it as (p−1)/m."
+            + f"; more micro-batches shrink it as {get_schedule(L.schedule).shrinks_as}."
             + (" " + SPLIT_STORY[L.split] if L.split in SPLIT_STORY else "")
         )
     if L.zero:
