@@ -244,6 +244,26 @@ def test_software_options_describe_the_run(capsys):
     )  # recompute counted
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--model", "resnet50", "--gpus", "8", "--gpu", "v100", "--global-batch", "2048"],
+        ["--model", "gpt3-13b", "--gpus", "16", "--global-batch", "128", "--recompute", "full"],
+    ],
+)
+def test_json_carries_mfu_hfu_and_the_ceiling_consistently(capsys, argv):
+    """--json gives each candidate's MFU with the ceiling --explain states it against, and its
+    executed FLOP rate: MFU ≤ ceiling ≤ 1, and the executed rate never below the model's
+    (ResNet-50's was 0: a figure the generic planner never filled in)."""
+    import json
+
+    out = json.loads(plan(capsys, *argv, "--top", "5", "--json"))
+    for cand in out["candidates"]:
+        t = cand["time"]
+        assert 0 < t["mfu"] <= t["mfu_ceiling"] + 1e-12 <= 1.0, t
+        assert t["hardware_tflops_per_gpu"] >= t["tflops_per_gpu"] - 1e-9 > 0, t
+
+
 def test_a_stack_states_its_software_at_once(capsys):
     """--stack megatron-core is the six facts the README's NeMo example spells out (the same
     plan to the byte); a flag of its own overrides the stack's (here the pipeline split);

@@ -592,7 +592,11 @@ def to_json(candidates: list[Candidate], baseline: Baseline | None = None) -> li
         row: dict[str, object] = {
             "layout": asdict(c.layout),
             "memory": {**asdict(c.memory), "total": c.memory.total},
-            "time": {**asdict(c.time), "step_time": c.time.step_time},
+            "time": {
+                **asdict(c.time),
+                "step_time": c.time.step_time,
+                "mfu_ceiling": c.time.mfu_ceiling,  # the --explain line's "of a …% ceiling"
+            },
         }
         if baseline is not None:
             row["speedup"] = baseline.speedup(c)
