@@ -652,6 +652,38 @@ def test_a_resnet50_plan_says_what_nvidias_measured_runs_say_of_it(capsys):
     assert "NVIDIA's measured ResNet-50" not in gpt
 
 
+def test_a_token_budget_is_its_time_to_train_on_the_best_layout_and_the_baseline(capsys):
+    """--train-tokens: the budget over each layout's predicted tokens/s (the --json figures),
+    in hours, with days past two; the two times' ratio is the speed-up column's."""
+    import re
+
+    argv = ["--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "64", "--top", "1"]
+    out = json.loads(plan(capsys, *argv, "--json"))
+    best, base = out["candidates"][0], out["baseline"]
+    text = plan(capsys, *argv, "--train-tokens", "26B")
+    found = re.search(
+        r"Time to train 26B tokens: ([\d.,]+) h on 8 GPUs \(.*\), against ([\d.,]+) h "
+        r"\(([\d.,]+) days\) on 1 GPU \(([\d.]+)× faster\)\.",
+        text,
+    )
+    assert found, text
+    eight, one, days, faster = (float(g.replace(",", "")) for g in found.groups())
+    assert eight == pytest.approx(26e9 / best["time"]["tokens_per_s"] / 3600, rel=1e-3)
+    assert one == pytest.approx(26e9 / base["tokens_per_s"] / 3600, rel=1e-3)
+    assert days == pytest.approx(one / 24, abs=0.05) and one >= 48 > eight
+    assert faster == pytest.approx(best["speedup"], abs=0.005)
+
+
+@pytest.mark.parametrize(
+    ("text", "tokens"), [("2e12", 2e12), ("300B", 3e11), ("15T", 1.5e13), ("1.5m", 1.5e6)]
+)
+def test_a_token_budget_is_read_with_its_suffix(text, tokens):
+    from paracube.cli.plan import token_count, tokens_text
+
+    assert token_count(text) == pytest.approx(tokens)
+    assert token_count(tokens_text(tokens)) == pytest.approx(tokens)
+
+
 def test_epochs_of_a_model_without_a_dataset_size_needs_it(capsys):
     err = error(
         capsys, "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "64", "--epochs", "1"

@@ -219,6 +219,30 @@ def test_epochs_on_a_mixed_cluster_are_hours_at_each_plans_rate(capsys):
     assert hours == pytest.approx([3e6 * seq / r / 3600 for r in (rate, slowest)], rel=0.01)
 
 
+def test_a_token_budget_on_a_mixed_cluster_is_its_time_at_each_plans_rate(capsys):
+    """--train-tokens on a mixed cluster: the tokens over each plan's tokens/s."""
+    import json
+    import re
+
+    from paracube.cli import main
+
+    argv = ["plan", "--model", "gpt3-1.3b", "--gpus", "8xa100-80gb,8xv100", "--global-batch",
+            "128", "--top", "1"]  # fmt: skip
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rate, slowest = out["plans"][0]["tokens_per_s"], out["all_as_slowest"]["tokens_per_s"]
+    assert main([*argv, "--train-tokens", "5B"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    found = re.fullmatch(
+        r"Time to train 5B tokens: ([\d.,]+) h with data parallel by speed, "
+        r"against ([\d.,]+) h with all as the slowest\.",
+        line,
+    )
+    assert found, line
+    hours = [float(g.replace(",", "")) for g in found.groups()]
+    assert hours == pytest.approx([5e9 / r / 3600 for r in (rate, slowest)], rel=0.01)
+
+
 def test_tensor_parallel_groups_tile_each_pools_nodes():
     """A pool of 24 GPUs on 8-GPU nodes takes tp 1, 2, 4, 8 — not 6, whose groups of
     consecutive ranks would span two nodes (it divides 24); a pool smaller than a node is

@@ -305,6 +305,14 @@ def add_parser(sub) -> None:
         default=None,
         help="samples (sequences, images) in one epoch, for --epochs",
     )
+    o.add_argument(
+        "--train-tokens",
+        type=token_count,
+        default=None,
+        metavar="N",
+        help="time to train on N tokens (a transformer's budget: 2e12, 300B, 15T), on the best "
+        "layout and on the speed-up's baseline",
+    )
     o.add_argument("--json", action="store_true", help="every figure as JSON")
     o.add_argument("--emit", choices=["torchrun"], default=None, help="print the launch command")
     o.add_argument(
@@ -604,7 +612,7 @@ def cmd_plan(args) -> int:
             f"{cfg.name} is a mixture of experts ({cfg.experts} experts) with --emit torchrun: "
             "paracube train builds dense models (a mixture is planned, not run); drop one"
         )
-    epoch_samples(args, cfg)  # refused before the search, not after its table
+    training_tokens(args, cfg)  # refused before the search, not after its table
     if other is not None and args.global_batch % args.gpus:
         lower = args.global_batch // args.gpus * args.gpus
         multiples = " or ".join(str(n) for n in (lower, lower + args.gpus) if n > 0)
@@ -699,6 +707,12 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         value = getattr(args, name)
         if value is not None and not value > 0:  # NaN too
             raise ParacubeError(f"--{name.replace('_', '-')} must be positive, got {value:g}")
+    if args.train_tokens is not None and (args.epochs is not None or args.train_samples):
+        raise ParacubeError(
+            f"--train-tokens {tokens_text(args.train_tokens)} with --epochs: give one training "
+            "budget, "
+            "tokens or epochs"
+        )
     if args.train_samples is not None and args.epochs is None:
         raise ParacubeError(
             f"--train-samples {args.train_samples:g} without --epochs: it sizes the epochs of "
@@ -886,6 +900,36 @@ def _search(args, cfg, cluster, fixed: dict):
     return search_generic(cfg, cluster, args.gpus, args.global_batch, args.precision, per_model)
 
 
+# --train-tokens' suffixes: thousands to trillions of tokens (B, as budgets are written)
+TOKEN_SUFFIXES = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+
+
+def tokens_text(count: float) -> str:
+    """A token count as budgets are written: 15T, 300B, 2.5M; below a thousand, plain."""
+    for suffix in "TBMK":
+        scale = TOKEN_SUFFIXES[suffix]
+        if count >= scale:
+            return f"{count / scale:,.4g}{suffix}"
+    return f"{count:,.0f}"
+
+
+def token_count(text: str) -> float:
+    """``--train-tokens``: a positive count, plain (2e12) or with a suffix (300B, 15T)."""
+    import argparse
+
+    scale = TOKEN_SUFFIXES.get(text[-1:].upper(), 1.0)
+    digits = text[:-1] if scale != 1.0 else text
+    try:
+        value = float(digits) * scale
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"must be a positive token count such as 2e12, 300B or 15T, got {text!r}"
+        )
+    return value
+
+
 def epoch_samples(args, cfg) -> float | None:
     """Samples in one epoch for --epochs (--train-samples, or the model's own dataset:
     resnet50's ImageNet-1k), checked before any search; None without --epochs."""
@@ -900,37 +944,56 @@ def epoch_samples(args, cfg) -> float | None:
     return per_epoch
 
 
-def epochs_text(args, per_epoch: float) -> str:
+def training_tokens(args, cfg) -> float | None:
+    """The training budget in tokens (a model without tokens: samples) — --epochs ×
+    samples per epoch × tokens per sample, or --train-tokens — checked before any search;
+    None without either."""
+    if args.train_tokens is not None:
+        if not isinstance(cfg, ModelConfig):
+            raise ParacubeError(
+                f"--train-tokens {tokens_text(args.train_tokens)}: {cfg.name} takes samples, "
+                "not tokens; "
+                "give its budget in --epochs"
+            )
+        return args.train_tokens
+    per_epoch = epoch_samples(args, cfg)
+    if per_epoch is None:
+        return None
+    return args.epochs * per_epoch * (cfg.seq_len if isinstance(cfg, ModelConfig) else 1)
+
+
+def budget_text(args, cfg) -> str:
+    """The training budget in words, as the time-to-train line opens."""
+    if args.train_tokens is not None:
+        return f"Time to train {tokens_text(args.train_tokens)} tokens"
+    per_epoch = epoch_samples(args, cfg)
     return (
         f"Time to train {args.epochs:g} epoch{'' if args.epochs == 1 else 's'} of "
         f"{per_epoch:,.0f} samples"
     )
 
 
-def training_hours(args, per_epoch: float, tokens_per_s: float, seq: int) -> float:
-    """Hours to see ``--epochs`` × ``per_epoch`` samples of ``seq`` tokens each."""
-    return args.epochs * per_epoch / (tokens_per_s / seq) / 3600
+def duration(tokens: float, tokens_per_s: float) -> str:
+    """Wall time to see ``tokens`` at ``tokens_per_s``: hours, and days past two."""
+    hours = tokens / tokens_per_s / 3600
+    return f"{hours:,.2f} h" + (f" ({hours / 24:,.1f} days)" if hours >= 48 else "")
 
 
 def _time_to_train(args, cfg, best, baseline) -> str:
-    """--epochs: hours to train on the best layout and on the baseline (one GPU or node)."""
+    """--epochs or --train-tokens: the time to train on the best layout and on the baseline
+    (one GPU or node)."""
     from paracube.planner.report import describe
 
-    per_epoch = epoch_samples(args, cfg)
-    assert per_epoch is not None  # called under --epochs
-    seq = cfg.seq_len if isinstance(cfg, ModelConfig) else 1  # tokens per sample
-
-    def hours(candidate) -> float:
-        return training_hours(args, per_epoch, candidate.time.tokens_per_s, seq)
-
+    tokens = training_tokens(args, cfg)
+    assert tokens is not None  # called under a training budget
     line = (
-        f"{epochs_text(args, per_epoch)}: {hours(best):,.2f} h "
+        f"{budget_text(args, cfg)}: {duration(tokens, best.time.tokens_per_s)} "
         f"on {best.layout.gpus} GPUs ({describe(best.layout)})"
     )
     if baseline is not None and baseline.gpus < best.layout.gpus:
         line += (
-            f", against {hours(baseline.best):,.2f} h on {baseline.gpus} GPU"
-            f"{'s' if baseline.gpus > 1 else ''} ({baseline.speedup(best):.2f}× faster)"
+            f", against {duration(tokens, baseline.best.time.tokens_per_s)} on {baseline.gpus} "
+            f"GPU{'s' if baseline.gpus > 1 else ''} ({baseline.speedup(best):.2f}× faster)"
         )
     return line + "."
 
@@ -1036,7 +1099,7 @@ def _print(args, cfg, cluster, result) -> None:
         if record is not None and transformer is not None:
             text += "\n" + track_record(record, args.stack, args.precision, g.name)
         print("\n" + text)
-    if args.epochs is not None and result.ranked:
+    if (args.epochs is not None or args.train_tokens is not None) and result.ranked:
         print("\n" + _time_to_train(args, cfg, result.ranked[0], baseline))
     if cfg.name == "resnet50" and result.ranked:  # the one model with published runs to show
         from paracube.planner.report import resnet50_check

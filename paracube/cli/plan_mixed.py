@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from paracube.cli.plan import _plan_fixed, _plan_model, epoch_samples, epochs_text, training_hours
+from paracube.cli.plan import _plan_fixed, _plan_model, budget_text, duration, training_tokens
 from paracube.config import ModelConfig
 from paracube.errors import ParacubeError
 from paracube.planner.mixed import plan_mixed
@@ -23,7 +23,7 @@ def cmd_plan_mixed(args, pools: list[Pool]) -> int:
             f"plan {args.model} on one device type (--gpus N --gpu TYPE)"
         )
     cfg = _plan_model(args)
-    per_epoch = epoch_samples(args, cfg)
+    tokens = training_tokens(args, cfg)
     fixed = _plan_fixed(args, args.gpus, mixed=True)
     if fixed.get("cp", 1) > 1:
         raise ParacubeError(
@@ -68,8 +68,8 @@ def cmd_plan_mixed(args, pools: list[Pool]) -> int:
     print("\n" + headline(plans[0], slowest, pools))
     if args.explain:
         print("\n" + explain(plans[0], pools))
-    if per_epoch is not None:
-        print("\n" + time_to_train(args, cfg, per_epoch, plans[0], slowest))
+    if tokens is not None:
+        print("\n" + time_to_train(args, cfg, tokens, plans[0], slowest))
     if args.emit == "torchrun":
         command = torchrun_command(
             plans[0], args.model, args.gpus_per_node, args.precision, args.seq
@@ -78,16 +78,12 @@ def cmd_plan_mixed(args, pools: list[Pool]) -> int:
     return 0
 
 
-def time_to_train(args, cfg, per_epoch: float, best: MixedPlan, slowest: MixedPlan | None) -> str:
-    """--epochs on a mixed cluster: hours with the speed-aware plan, and with every GPU
-    planned as the slowest when that fits."""
-
-    def hours(plan: MixedPlan) -> float:
-        return training_hours(args, per_epoch, plan.tokens_per_s, cfg.seq_len)
-
-    line = f"{epochs_text(args, per_epoch)}: {hours(best):,.2f} h with {best.kind}"
+def time_to_train(args, cfg, tokens: float, best: MixedPlan, slowest: MixedPlan | None) -> str:
+    """--epochs or --train-tokens on a mixed cluster: the time with the speed-aware plan, and
+    with every GPU planned as the slowest when that fits."""
+    line = f"{budget_text(args, cfg)}: {duration(tokens, best.tokens_per_s)} with {best.kind}"
     if slowest is not None:
-        line += f", against {hours(slowest):,.2f} h with all as the slowest"
+        line += f", against {duration(tokens, slowest.tokens_per_s)} with all as the slowest"
     return line + "."
 
 
