@@ -672,6 +672,11 @@ def test_a_token_budget_is_its_time_to_train_on_the_best_layout_and_the_baseline
     assert one == pytest.approx(26e9 / base["tokens_per_s"] / 3600, rel=1e-3)
     assert days == pytest.approx(one / 24, abs=0.05) and one >= 48 > eight
     assert faster == pytest.approx(best["speedup"], abs=0.005)
+    timed = json.loads(plan(capsys, *argv, "--train-tokens", "26B", "--json"))["time_to_train"]
+    assert timed["tokens"] == 26e9
+    assert timed["seconds"] / 3600 == pytest.approx(eight, rel=1e-3)
+    assert timed["baseline_seconds"] / 3600 == pytest.approx(one, rel=1e-3)
+    assert out["time_to_train"] is None  # no budget asked for
 
 
 @pytest.mark.parametrize(

@@ -979,6 +979,19 @@ def duration(tokens: float, tokens_per_s: float) -> str:
     return f"{hours:,.2f} h" + (f" ({hours / 24:,.1f} days)" if hours >= 48 else "")
 
 
+def _training_seconds(args, cfg, result, baseline) -> dict | None:
+    """The training budget's time for --json: tokens, and seconds on the best layout and on
+    the baseline (None where there is none); None without a budget."""
+    tokens = training_tokens(args, cfg)
+    if tokens is None or not result.ranked:
+        return None
+    return {
+        "tokens": tokens,
+        "seconds": tokens / result.ranked[0].time.tokens_per_s,
+        "baseline_seconds": None if baseline is None else tokens / baseline.best.time.tokens_per_s,
+    }
+
+
 def _time_to_train(args, cfg, best, baseline) -> str:
     """--epochs or --train-tokens: the time to train on the best layout and on the baseline
     (one GPU or node)."""
@@ -1067,6 +1080,10 @@ def _print(args, cfg, cluster, result) -> None:
                     "candidates": to_json(result.ranked[: args.top], baseline),
                     # how the planner did on the published runs of this stack, GPU, precision
                     "track_record": None if record is None else asdict(record),
+                    # --epochs / --train-tokens: the budget in tokens (samples for a model
+                    # without tokens) and the seconds to train it on the best layout and on
+                    # the baseline
+                    "time_to_train": _training_seconds(args, cfg, result, baseline),
                 }
             )
         )
