@@ -314,7 +314,13 @@ def add_parser(sub) -> None:
         "layout and on the speed-up's baseline",
     )
     o.add_argument("--json", action="store_true", help="every figure as JSON")
-    o.add_argument("--emit", choices=["torchrun"], default=None, help="print the launch command")
+    o.add_argument(
+        "--emit",
+        choices=["torchrun", "megatron"],
+        default=None,
+        help="print the launch command: paracube train's (torchrun), or Megatron-LM's "
+        "pretrain_gpt.py for a plan as Megatron-LM runs it (megatron: --stack megatron-core)",
+    )
     o.add_argument(
         "--calibrate",
         action="store_true",
@@ -595,6 +601,11 @@ def cmd_plan(args) -> int:
             f"{' '.join(shape)} with --model {args.model}: it is not a transformer and its "
             f"shape is fixed; drop {' '.join(shape)}"
         )
+    if other is not None and args.emit == "megatron":
+        raise ParacubeError(
+            f"--emit megatron with --model {args.model}: Megatron-LM's pretrain_gpt.py trains "
+            "transformers; drop --emit megatron"
+        )
     if other is not None and args.stack is not None:
         from paracube.planner.generic import GENERIC_SOFTWARE
         from paracube.planner.stacks import stack
@@ -787,6 +798,39 @@ def _check_args(args, whole_nodes: bool = True) -> None:
             f"--fp8-scaling {args.fp8_scaling} under --precision {args.precision}: nothing is "
             "FP8; add --precision fp8 or drop the flag"
         )
+    if args.emit == "megatron":  # planned as Megatron-LM runs it, for its command
+        if args.stack not in (None, "megatron-core"):
+            raise ParacubeError(
+                f"--stack {args.stack} with --emit megatron: the command is Megatron-LM's, so the "
+                "plan is as Megatron-LM runs it (--stack megatron-core); drop --stack"
+            )
+        if args.precision == "tf32":
+            raise ParacubeError(
+                "--precision tf32 with --emit megatron: plan Megatron-LM in bf16, fp16, fp8 or fp32"
+            )
+        # choices given on the command line that Megatron-LM does not run, and what it runs
+        megatron_refused = [
+            (args.zero == 2, "--zero 2", "it shards the optimizer states alone (--zero 1) or "
+             "everything (--zero 3)"),
+            (args.recompute == "op", "--recompute op", "it recomputes whole blocks (full) or "
+             "the attention core (selective)"),
+            (args.schedule not in (None, "1f1b", "interleaved-1f1b"), f"--schedule "
+             f"{args.schedule}", "it pipelines with 1f1b and interleaved-1f1b"),
+            (args.attention not in (None, "fused", "unfused"), f"--attention {args.attention}",
+             "it runs Transformer Engine's fused attention (fused) or its own (unfused)"),
+            (bool(args.shard_group), f"--shard-group {args.shard_group}", "it shards over the "
+             "whole data-parallel group"),
+            (args.compress not in (None, "none"), f"--compress {args.compress}", "it reduces "
+             "whole gradients"),
+            (args.split not in (None, "even", "even-ends"), f"--pipeline-split {args.split}",
+             "it cuts stages evenly (even, even-ends)"),
+        ]  # fmt: skip
+        for refused, flag, runs in megatron_refused:
+            if refused:
+                raise ParacubeError(
+                    f"{flag} with --emit megatron: Megatron-LM does not run it — {runs}; drop one"
+                )
+        args.stack = "megatron-core"
     if args.emit == "torchrun":  # before the search: a command paracube train runs as planned
         from paracube.planner.layout import OTHER_SOFTWARE, Layout
 
@@ -1127,6 +1171,35 @@ def _print(args, cfg, cluster, result) -> None:
             result.ranked[0], args.model, cluster.gpus_per_node, args.precision, args.seq
         )
         print("\n" + command)
+    if args.emit == "megatron":
+        print("\n" + _megatron_emit(args, cfg, cluster, result))
+
+
+def _megatron_emit(args, cfg, cluster, result) -> str:
+    """--emit megatron: Megatron-LM's command for the best layout it runs as planned — the
+    first-ranked, or, where that one is not, the fastest that is, with the reason."""
+    from paracube.planner.megatron import megatron_command, megatron_refusal
+    from paracube.planner.report import describe
+
+    best = result.ranked[0]
+    for rank, cand in enumerate(result.ranked, start=1):
+        if megatron_refusal(cand.layout, cfg, args.precision) is None:
+            command = megatron_command(
+                cand.layout, cfg, args.precision, args.global_batch, cluster.gpus_per_node
+            )
+            if rank == 1:
+                return command
+            slower = best.time.tokens_per_s / cand.time.tokens_per_s - 1
+            return (
+                f"Megatron-LM does not run #1 ({describe(best.layout)}) as planned — "
+                f"{megatron_refusal(best.layout, cfg, args.precision)}; the command runs "
+                f"#{rank} ({describe(cand.layout)}), {slower:.1%} slower:\n{command}"
+            )
+    raise ParacubeError(
+        f"--emit megatron: none of the {len(result.ranked)} layouts that fit runs in Megatron-LM "
+        f"as planned — the first, {describe(best.layout)}: "
+        f"{megatron_refusal(best.layout, cfg, args.precision)}"
+    )
 
 
 def _nothing_fits(result, cfg, cluster, args) -> int:

@@ -22,6 +22,11 @@ def cmd_plan_mixed(args, pools: list[Pool]) -> int:
             f"--model {args.model}: mixed clusters are planned for transformer models; "
             f"plan {args.model} on one device type (--gpus N --gpu TYPE)"
         )
+    if args.emit == "megatron":
+        raise ParacubeError(
+            "--emit megatron on a mixed cluster: Megatron-LM gives every rank the same share; "
+            "plan one device type (--gpus N --gpu TYPE) for its command"
+        )
     cfg = _plan_model(args)
     tokens = training_tokens(args, cfg)
     fixed = _plan_fixed(args, args.gpus, mixed=True)

@@ -1,0 +1,193 @@
+"""A planned layout as the Megatron-LM command that runs it (``paracube plan --emit megatron``).
+
+The flags are Megatron-LM's own (``megatron/training/arguments.py``, its 2025 releases):
+the model's shape, the parallel sizes, the schedule, the pipeline split, ZeRO, recomputation,
+overlap and precision — what the planner timed, and nothing it did not. A layout whose
+planned software Megatron-LM cannot run as planned is refused with the reason
+(:func:`megatron_refusal`), never emitted as something else:
+
+- ZeRO-2: Megatron-LM shards the optimizer states alone (``--use-distributed-optimizer``,
+  ZeRO-1) or everything (``--use-torch-fsdp2``, ZeRO-3; "not currently working with
+  Pipeline Parallel", its help says);
+- recomputation of the model's first N blocks under a pipeline: ``--recompute-method
+  block`` recomputes the first N of *every* stage's blocks, another layout (one stage,
+  N blocks, is the same);
+- bf16 gradients reduced in bf16: Megatron-LM reduces them in fp32 under bf16 ("bfloat16
+  requires gradient accumulation and all-reduce to be done in fp32");
+- the optimizer offloaded without the distributed optimizer: ``--optimizer-cpu-offload``
+  offloads its states (and takes ``--use-precision-aware-optimizer``, as its validate_args
+  asserts);
+- the pipeline splits, schedules, attention kernels and collectives only paracube's engine
+  or the FSDP stacks run (plan with ``--stack megatron-core`` and they are not proposed).
+
+Data: ``--mock-data`` with Megatron's ``NullTokenizer`` at the planned vocabulary, so the
+command runs as printed, a benchmark of the layout; swap in ``--data-path`` and a tokenizer
+to train. Megatron pads the vocabulary to a multiple of 128 × tp
+(``--make-vocab-size-divisible-by``), as its runs do.
+"""
+
+from __future__ import annotations
+
+import math
+
+from paracube.config import ModelConfig
+from paracube.errors import ConfigError
+from paracube.planner.layout import Layout
+
+# the pipeline splits Megatron-LM cuts (stacks.STACK_SPLITS) and the flags that ask for them
+SPLIT_FLAGS = {
+    "even": [],
+    "even-ends": [
+        "--account-for-embedding-in-pipeline-split",
+        "--account-for-loss-in-pipeline-split",
+    ],
+}
+# Transformer Engine's FP8 recipes by how the planner scales (Layout.fp8_scaling)
+FP8_RECIPES = {"delayed": "delayed", "current": "tensorwise"}
+
+
+def megatron_refusal(layout: Layout, cfg: ModelConfig, precision: str) -> str | None:
+    """Why Megatron-LM cannot run ``layout`` as it was planned — one line naming the choice
+    and what it would take — or None when it can."""
+    L = layout
+    if L.pp > 1 and L.schedule not in ("1f1b", "interleaved-1f1b"):
+        return f"schedule {L.schedule}: Megatron-LM pipelines with 1F1B and its interleaved form"
+    if L.pp > 1 and L.split not in SPLIT_FLAGS:
+        return (
+            f"pipeline split {L.split}: Megatron-LM cuts its stages evenly, the embedding and "
+            "loss optionally counted as blocks (plan with --stack megatron-core)"
+        )
+    if L.zero == 2:
+        return (
+            "ZeRO-2: Megatron-LM shards the optimizer states alone (ZeRO-1, its distributed "
+            "optimizer) or everything (ZeRO-3, torch FSDP2)"
+        )
+    if L.zero == 3 and L.pp > 1:
+        return "ZeRO-3 under a pipeline: Megatron-LM's FSDP2 does not run with pipeline parallelism"
+    if L.recompute == "op":
+        return "op-level checkpointing: Megatron-LM recomputes whole blocks or the attention core"
+    if L.recompute_blocks is not None and L.recompute != "none" and L.pp > 1:
+        return (
+            f"recomputation of the model's first {L.recompute_blocks} blocks under a pipeline: "
+            "Megatron-LM's --recompute-method block recomputes the first N of every stage's "
+            "blocks"
+        )
+    if L.offload and L.zero != 1:
+        return (
+            f"the optimizer offloaded under ZeRO-{L.zero}: Megatron-LM offloads its distributed "
+            "optimizer's states (ZeRO-1)"
+        )
+    if L.attention not in ("fused", "unfused"):
+        return f"attention {L.attention}: Megatron-LM runs Transformer Engine's fused attention"
+    if L.shard:
+        return f"hybrid sharding in groups of {L.shard}: Megatron-LM shards over the whole group"
+    if L.compress != "none":
+        return f"gradient compression {L.compress}: Megatron-LM reduces whole gradients"
+    if L.param_sync != "all-gather" or L.grad_sync == "all-reduce" and L.zero == 1:
+        return (
+            "the distributed optimizer's collectives as planned: Megatron-LM reduce-scatters "
+            "gradients and all-gathers parameters"
+        )
+    if precision in ("bf16", "fp8") and L.grad_reduce != "fp32":
+        return "gradients reduced in bf16: Megatron-LM reduces bf16 gradients in fp32"
+    if precision == "tf32":
+        return "tf32: plan Megatron-LM in bf16, fp16, fp8 or fp32"
+    return None
+
+
+def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch: int) -> list[str]:
+    """Megatron-LM's flags for ``cfg`` under ``layout`` (refused layouts raise ConfigError:
+    :func:`megatron_refusal`)."""
+    refusal = megatron_refusal(layout, cfg, precision)
+    if refusal:
+        raise ConfigError(f"--emit megatron: {refusal}")
+    L = layout
+    args = [
+        f"--num-layers {cfg.n_layers}",
+        f"--hidden-size {cfg.hidden}",
+        f"--ffn-hidden-size {cfg.ffn_hidden}",
+        f"--num-attention-heads {cfg.n_heads}",
+        f"--seq-length {cfg.seq_len}",
+        f"--max-position-embeddings {cfg.seq_len}",
+    ]
+    if cfg.n_kv_heads < cfg.n_heads:
+        args.append(f"--group-query-attention --num-query-groups {cfg.n_kv_heads}")
+    if cfg.activation == "swiglu":
+        args.append("--swiglu")
+    if cfg.norm == "rmsnorm":
+        args.append("--normalization RMSNorm")
+    if cfg.position == "rope":
+        args.append("--position-embedding-type rope")
+    if not cfg.tie_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    if not cfg.bias:
+        args.append("--disable-bias-linear")
+    if cfg.moe:
+        args.append(
+            f"--num-experts {cfg.experts} --moe-router-topk {cfg.experts_per_token} "
+            "--moe-token-dispatcher-type alltoall"
+        )
+    args.append("--attention-dropout 0 --hidden-dropout 0")  # the planned model has none
+    # the layout
+    args.append(f"--tensor-model-parallel-size {L.tp} --pipeline-model-parallel-size {L.pp}")
+    if L.cp > 1:
+        args.append(f"--context-parallel-size {L.cp}")
+    if L.ep > 1:
+        args.append(f"--expert-model-parallel-size {L.ep}")
+    if L.pp > 1 and L.schedule == "interleaved-1f1b":
+        args.append(f"--num-virtual-stages-per-pipeline-rank {L.chunks}")
+    if L.pp > 1:
+        args += SPLIT_FLAGS[L.split]
+    if L.sequence_parallel:
+        args.append("--sequence-parallel")
+    args.append(f"--micro-batch-size {L.micro_batch} --global-batch-size {global_batch}")
+    # ZeRO and the overlap of data-parallel communication
+    if L.zero == 1:
+        args.append("--use-distributed-optimizer")
+    if L.zero == 3:
+        args.append("--use-torch-fsdp2")
+    if L.overlap_grad_reduce and L.dp * L.cp > 1 and L.zero < 3:  # its own DDP's buckets
+        args.append("--overlap-grad-reduce")
+        if L.zero == 1:
+            args.append("--overlap-param-gather")
+    if L.offload:  # its hybrid-device optimizer takes the precision-aware path (validate_args)
+        args.append("--optimizer-cpu-offload --use-precision-aware-optimizer")
+    if L.tp_comm_overlap and L.tp > 1:
+        args.append("--tp-comm-overlap")
+    # recomputation
+    if L.recompute == "selective":
+        args.append("--recompute-granularity selective")
+    elif L.recompute == "full" and L.recompute_blocks is not None:
+        args.append(f"--recompute-granularity full --recompute-method block "
+                    f"--recompute-num-layers {L.recompute_blocks}")  # fmt: skip
+    elif L.recompute == "full":
+        args.append(
+            "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
+        )
+    if L.attention == "unfused":
+        args.append("--attention-backend unfused")
+    # precision
+    if precision in ("bf16", "fp8"):
+        args.append("--bf16")
+    elif precision == "fp16":
+        args.append("--fp16")
+        if L.grad_reduce == "fp32":
+            args.append("--accumulate-allreduce-grads-in-fp32")
+    if precision == "fp8":
+        args.append(f"--fp8-format hybrid --fp8-recipe {FP8_RECIPES[L.fp8_scaling]}")
+    args.append(f"--mock-data --tokenizer-type NullTokenizer --vocab-size {cfg.vocab_size}")
+    return args
+
+
+def megatron_command(
+    layout: Layout, cfg: ModelConfig, precision: str, global_batch: int, gpus_per_node: int
+) -> str:
+    """The torchrun command that runs ``layout`` with Megatron-LM's ``pretrain_gpt.py``, on
+    ``ceil(gpus / gpus_per_node)`` nodes (run on each, ``$MASTER`` the first)."""
+    nodes = math.ceil(layout.gpus / gpus_per_node)
+    per_node = min(layout.gpus, gpus_per_node)
+    flags = " ".join(megatron_args(layout, cfg, precision, global_batch))
+    return (
+        f"torchrun --nnodes {nodes} --nproc-per-node {per_node} --rdzv-backend c10d "
+        f"--rdzv-endpoint $MASTER:29500 pretrain_gpt.py {flags}"
+    )

@@ -1,0 +1,174 @@
+"""``paracube plan --emit megatron``: a planned layout as the Megatron-LM command that runs
+it, every planned choice carried into its flags, and what Megatron-LM does not run refused."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import pytest
+
+from paracube.cli import main
+from paracube.models.presets import preset
+from paracube.planner.layout import Layout
+from paracube.planner.megatron import megatron_args, megatron_refusal
+from paracube.planner.stacks import stack
+
+# Megatron-LM's flags the emitter writes, as megatron/training/arguments.py names them
+# (checked against the file: _add_network_size_args, _add_distributed_args, _add_training_args,
+# _add_mixed_precision_args, _add_transformer_engine_args, _add_moe_args, _add_data_args)
+MEGATRON_FLAGS = {
+    "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
+    "--seq-length", "--max-position-embeddings", "--group-query-attention",
+    "--num-query-groups", "--swiglu", "--normalization", "--position-embedding-type",
+    "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--num-experts",
+    "--moe-router-topk", "--moe-token-dispatcher-type", "--attention-dropout",
+    "--hidden-dropout", "--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+    "--context-parallel-size", "--expert-model-parallel-size",
+    "--num-virtual-stages-per-pipeline-rank", "--account-for-embedding-in-pipeline-split",
+    "--account-for-loss-in-pipeline-split", "--sequence-parallel", "--micro-batch-size",
+    "--global-batch-size", "--use-distributed-optimizer", "--use-torch-fsdp2",
+    "--overlap-grad-reduce", "--overlap-param-gather", "--optimizer-cpu-offload",
+    "--use-precision-aware-optimizer", "--tp-comm-overlap", "--recompute-granularity",
+    "--recompute-method", "--recompute-num-layers", "--attention-backend", "--bf16", "--fp16",
+    "--accumulate-allreduce-grads-in-fp32", "--fp8-format", "--fp8-recipe", "--mock-data",
+    "--tokenizer-type", "--vocab-size",
+}  # fmt: skip
+
+
+def parsed(args: list[str]) -> dict[str, str | bool]:
+    """Megatron-LM's flags as a mapping: a flag to its value, or True when it takes none."""
+    words = " ".join(args).split()
+    flags: dict[str, str | bool] = {}
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            value = (
+                words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else True
+            )
+            flags[word] = value
+    return flags
+
+
+def layout(**fields) -> Layout:
+    return Layout(**{**stack("megatron-core"), **fields})
+
+
+def test_every_planned_choice_becomes_its_megatron_flag():
+    """Llama 3 70B at TP 4 × PP 4 × CP 2 × VP 5 with the distributed optimizer, FP8 with
+    current scaling, its embedding and loss counted in the split: each choice in the flags."""
+    cfg = preset("llama3-70b")
+    L = layout(dp=4, tp=4, pp=4, cp=2, micro_batch=1, microbatches=16, schedule="interleaved-1f1b",
+               chunks=5, zero=1, sequence_parallel=True, split="even-ends", tp_comm_overlap=True,
+               fp8_scaling="current")  # fmt: skip
+    flags = parsed(megatron_args(L, cfg, "fp8", global_batch=64))
+    assert set(flags) <= MEGATRON_FLAGS, set(flags) - MEGATRON_FLAGS
+    expected = {
+        "--num-layers": str(cfg.n_layers), "--hidden-size": str(cfg.hidden),
+        "--ffn-hidden-size": str(cfg.ffn_hidden), "--num-attention-heads": str(cfg.n_heads),
+        "--num-query-groups": str(cfg.n_kv_heads), "--seq-length": str(cfg.seq_len),
+        "--vocab-size": str(cfg.vocab_size), "--tensor-model-parallel-size": "4",
+        "--pipeline-model-parallel-size": "4", "--context-parallel-size": "2",
+        "--num-virtual-stages-per-pipeline-rank": "5", "--micro-batch-size": "1",
+        "--global-batch-size": "64", "--fp8-recipe": "tensorwise", "--normalization": "RMSNorm",
+        "--position-embedding-type": "rope",
+    }  # fmt: skip
+    assert {k: flags.get(k) for k in expected} == expected
+    for flag in ("--swiglu", "--group-query-attention", "--sequence-parallel", "--bf16",
+                 "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+                 "--tp-comm-overlap", "--account-for-embedding-in-pipeline-split",
+                 "--account-for-loss-in-pipeline-split", "--untie-embeddings-and-output-weights",
+                 "--disable-bias-linear"):  # fmt: skip
+        assert flags.get(flag) is True, flag
+    assert "--recompute-granularity" not in flags  # nothing recomputed as planned
+
+
+@pytest.mark.parametrize(
+    ("fields", "flags"),
+    [
+        ({"recompute": "selective"}, {"--recompute-granularity": "selective"}),
+        ({"recompute": "full"}, {"--recompute-granularity": "full", "--recompute-method": "uniform",
+                                 "--recompute-num-layers": "1"}),
+        ({"recompute": "full", "recompute_blocks": 5}, {"--recompute-method": "block",
+                                                        "--recompute-num-layers": "5"}),
+        ({"zero": 3}, {"--use-torch-fsdp2": True}),
+        ({"zero": 1, "offload": True}, {"--optimizer-cpu-offload": True,
+                                        "--use-precision-aware-optimizer": True}),
+    ],
+)  # fmt: skip
+def test_recomputation_and_sharding_flags(fields, flags):
+    """One stage (pp 1): the model's first N blocks are Megatron-LM's block method's N."""
+    L = layout(dp=8, micro_batch=2, microbatches=4, **fields)
+    got = parsed(megatron_args(L, preset("gpt3-1.3b"), "bf16", global_batch=64))
+    assert {k: got.get(k) for k in flags} == flags
+    if fields.get("zero") == 3:
+        assert "--use-distributed-optimizer" not in got and "--overlap-grad-reduce" not in got
+
+
+@pytest.mark.parametrize(
+    ("fields", "precision", "reason"),
+    [
+        ({"zero": 2}, "bf16", "ZeRO-2: Megatron-LM shards the optimizer states alone"),
+        ({"pp": 2, "microbatches": 4, "recompute": "full", "recompute_blocks": 3}, "bf16",
+         "Megatron-LM's --recompute-method block recomputes the first N of every stage's"),
+        ({"pp": 2, "microbatches": 4, "schedule": "gpipe"}, "bf16", "schedule gpipe"),
+        ({"pp": 2, "microbatches": 4, "split": "engine"}, "bf16", "pipeline split engine"),
+        ({"recompute": "op"}, "bf16", "op-level checkpointing"),
+        ({"grad_reduce": "compute"}, "bf16", "Megatron-LM reduces bf16 gradients in fp32"),
+        ({"attention": "fused-triton"}, "bf16", "attention fused-triton"),
+        ({"offload": True}, "bf16", "the optimizer offloaded under ZeRO-0"),
+    ],
+)  # fmt: skip
+def test_what_megatron_does_not_run_is_refused_with_the_reason(fields, precision, reason):
+    L = layout(**{"dp": 2, "micro_batch": 1, "microbatches": 2, **fields})
+    refusal = megatron_refusal(L, preset("gpt3-1.3b"), precision)
+    assert refusal is not None and reason in refusal, refusal
+    with pytest.raises(Exception, match="--emit megatron"):
+        megatron_args(L, preset("gpt3-1.3b"), precision, global_batch=8)
+    # the same layout with Megatron-Core's choice in place of the refused one is emitted
+    runs = {
+        "zero": 1,
+        "recompute_blocks": None,
+        "schedule": "1f1b",
+        "split": "even",
+        "recompute": "none",
+        "grad_reduce": "fp32",
+        "attention": "fused",
+        "offload": False,
+    }
+    plain = replace(L, **{k: runs[k] for k in fields if k in runs})
+    assert megatron_refusal(plain, preset("gpt3-1.3b"), precision) is None
+
+
+def test_the_cli_plans_as_megatron_runs_and_prints_its_command(capsys):
+    """--emit megatron plans with Megatron-Core's software (the header says so) and prints
+    the torchrun command of the best layout: its nodes, and its layout's sizes."""
+    argv = ["plan", "--model", "gpt3-13b", "--gpus", "32", "--global-batch", "256", "--top", "1"]
+    assert main([*argv, "--emit", "megatron"]) == 0
+    out = capsys.readouterr().out
+    assert "as megatron-core runs it" in out
+    row = next(line for line in out.splitlines() if line.startswith("| 1 |"))
+    tp, pp = (int(x) for x in re.search(r"tp=(\d+) pp=(\d+)", row).groups())
+    command = out.strip().splitlines()[-1]
+    assert command.startswith("torchrun --nnodes 4 --nproc-per-node 8 ")
+    assert " pretrain_gpt.py " in command
+    flags = parsed(command.split(" pretrain_gpt.py ", 1)[1].split())
+    assert flags["--tensor-model-parallel-size"] == str(tp)
+    assert flags["--pipeline-model-parallel-size"] == str(pp)
+    assert set(flags) <= MEGATRON_FLAGS
+
+
+def test_when_megatron_cannot_run_the_best_the_command_runs_the_next_it_can(capsys):
+    """Llama 3 70B on 32 H100s: the best plan recomputes the model's first block under a
+    pipeline, which Megatron-LM cannot ask for; the command runs the fastest layout it can,
+    and the line before it says which, why, and what it costs."""
+    argv = ["plan", "--model", "llama3-70b", "--gpus", "32", "--gpu", "h100", "--global-batch",
+            "128", "--top", "1", "--emit", "megatron"]  # fmt: skip
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    note, command = lines[-2], lines[-1]
+    found = re.search(
+        r"Megatron-LM does not run #1 .* the command runs #(\d+) .*, ([\d.]+)% slower:$", note
+    )
+    assert found, note
+    assert int(found.group(1)) > 1 and float(found.group(2)) >= 0
+    assert command.startswith("torchrun ") and "--recompute-method block" not in command
