@@ -821,7 +821,8 @@ def test_a_megatron_stack_plans_metas_pipeline_of_126_blocks(capsys):
 
 def test_a_stack_is_planned_only_with_what_it_runs(capsys):
     """A plan for a stack proposes only layouts it can run (stacks.STACK_CHOICES): Megatron's
-    1F1B or interleaved schedule (never zero-bubble), Megatron-LM 2021 without ZeRO or
+    1F1B or interleaved schedule (never zero-bubble) and ZeRO 0, 1 or 3 (its distributed
+    optimizer or FSDP, never ZeRO-2), Megatron-LM 2021 without ZeRO or
     selective recomputation, Composer's FSDP alone (tp = pp = 1, ZeRO 0/2/3, whole blocks
     checkpointed); the one-GPU baseline runs the same stack."""
     from paracube.planner.stacks import MEGATRON_SCHEDULES
@@ -835,7 +836,8 @@ def test_a_stack_is_planned_only_with_what_it_runs(capsys):
             c["layout"] for c in json.loads(plan(capsys, *pipelined, "--stack", name))["candidates"]
         ]
         assert layouts and all(L["schedule"] in MEGATRON_SCHEDULES for L in layouts)
-        assert any(L["pp"] > 1 for L in layouts)
+        assert any(L["pp"] > 1 for L in layouts) and all(L["zero"] != 2 for L in layouts)
+    assert any(c["layout"]["zero"] == 2 for c in plain)  # paracube's engine runs ZeRO-2
     old = [
         c["layout"]
         for c in json.loads(plan(capsys, *pipelined, "--stack", "megatron-lm-2021"))["candidates"]

@@ -181,10 +181,14 @@ STACK_SOFTWARE: dict[str, dict[str, object]] = {
 # pipelined or not.
 MEGATRON_SCHEDULES = ("1f1b", "interleaved-1f1b")
 WHOLE_BLOCKS = ("none", "full")
+# Megatron-Core shards the optimizer states alone (its distributed optimizer: ZeRO-1) or
+# everything (torch FSDP2 or Megatron FSDP: ZeRO-3; megatron/training/arguments.py
+# --use-distributed-optimizer, --use-torch-fsdp2) — no ZeRO-2
+MEGATRON_ZERO = (0, 1, 3)
 STACK_CHOICES: dict[str, dict[str, tuple]] = {
-    "megatron-core": {"schedule": MEGATRON_SCHEDULES},
-    "nemo": {"schedule": MEGATRON_SCHEDULES},
-    "megatron-bridge": {"schedule": MEGATRON_SCHEDULES},
+    "megatron-core": {"schedule": MEGATRON_SCHEDULES, "zero": MEGATRON_ZERO},
+    "nemo": {"schedule": MEGATRON_SCHEDULES, "zero": MEGATRON_ZERO},
+    "megatron-bridge": {"schedule": MEGATRON_SCHEDULES, "zero": MEGATRON_ZERO},
     "megatron-lm-2021": {"schedule": MEGATRON_SCHEDULES, "zero": (0,), "recompute": WHOLE_BLOCKS},
     "fsdp": {"recompute": WHOLE_BLOCKS},
     "fsdp1": {"recompute": WHOLE_BLOCKS},
