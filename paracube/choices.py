@@ -53,6 +53,10 @@ ACTIVATION_MEMORY = ("paracube", "megatron")
 # torchtitan's: the embedding and the norm + head one layer each, the layers dealt over the
 # stages as evenly as they go, the first stages taking what does not divide (torchtitan)
 PIPELINE_SPLIT = ("engine", "even", "even-ends", "torchtitan")
+# which blocks a partial recomputation (--recompute-blocks N) takes: the model's first N
+# (model: paracube's engine), or the first N of every pipeline stage's chunk of blocks (stage:
+# Megatron's --recompute-method block, megatron/core/transformer/transformer_block.py)
+RECOMPUTE_SCOPES = ("model", "stage")
 # the splits that count the embedding and the loss (the norm + head) as a layer each, so a
 # pipeline may have as many stages as blocks + 2
 ENDS_AS_LAYERS = ("even-ends", "torchtitan")

@@ -265,7 +265,7 @@ def test_json_carries_mfu_hfu_and_the_ceiling_consistently(capsys, argv):
 
 
 def test_a_stack_states_its_software_at_once(capsys):
-    """--stack megatron-core is the six facts the README's NeMo example spells out (the same
+    """--stack megatron-core is the seven facts the README's NeMo example spells out (the same
     plan to the byte); a flag of its own overrides the stack's (here the pipeline split);
     --stack paracube is the default; the software owner is paracube.planner.stacks."""
     from paracube.planner.stacks import MEGATRON_CORE
@@ -275,7 +275,7 @@ def test_a_stack_states_its_software_at_once(capsys):
             "--micro-batch", "1", "--schedule", "interleaved-1f1b", "--zero", "1"]  # fmt: skip
     flags = ["--activations", "megatron", "--loss", "fused", "--grad-accumulation", "fused",
              "--pipeline-split", "even", "--recompute-replay", "whole",
-             "--grad-sync", "reduce-scatter"]  # fmt: skip
+             "--grad-sync", "reduce-scatter", "--recompute-scope", "stage"]  # fmt: skip
     assert {
         k: MEGATRON_CORE[k] for k in ("activations", "loss", "grad_accumulation", "grad_sync")
     } == {

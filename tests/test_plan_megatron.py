@@ -108,7 +108,8 @@ def test_recomputation_and_sharding_flags(fields, flags):
     ("fields", "precision", "reason"),
     [
         ({"zero": 2}, "bf16", "ZeRO-2: Megatron-LM shards the optimizer states alone"),
-        ({"pp": 2, "microbatches": 4, "recompute": "full", "recompute_blocks": 3}, "bf16",
+        ({"pp": 2, "microbatches": 4, "recompute": "full", "recompute_blocks": 3,
+          "recompute_scope": "model"}, "bf16",
          "Megatron-LM's --recompute-method block recomputes the first N of every stage's"),
         ({"pp": 2, "microbatches": 4, "schedule": "gpipe"}, "bf16", "schedule gpipe"),
         ({"pp": 2, "microbatches": 4, "split": "engine"}, "bf16", "pipeline split engine"),
@@ -157,18 +158,64 @@ def test_the_cli_plans_as_megatron_runs_and_prints_its_command(capsys):
     assert set(flags) <= MEGATRON_FLAGS
 
 
-def test_when_megatron_cannot_run_the_best_the_command_runs_the_next_it_can(capsys):
-    """Llama 3 70B on 32 H100s: the best plan recomputes the model's first block under a
-    pipeline, which Megatron-LM cannot ask for; the command runs the fastest layout it can,
-    and the line before it says which, why, and what it costs."""
-    argv = ["plan", "--model", "llama3-70b", "--gpus", "32", "--gpu", "h100", "--global-batch",
-            "128", "--top", "1", "--emit", "megatron"]  # fmt: skip
+def test_when_megatron_cannot_run_the_best_the_command_runs_the_next_it_can(capsys, monkeypatch):
+    """Where Megatron-LM cannot run the first-ranked layout as planned (here made so: the
+    refusal stubbed for that one layout), the command runs the fastest it can, and the line
+    before it says which, why, and what it costs; where it runs none, the plan is refused."""
+    from paracube.planner import megatron
+
+    argv = ["plan", "--model", "gpt3-13b", "--gpus", "32", "--global-batch", "256", "--top", "1",
+            "--emit", "megatron"]  # fmt: skip
+    assert main([*argv, "--json"]) == 0  # the ranking, without the command
+    first = capsys.readouterr().out
+    real = megatron.megatron_refusal
+    best = __import__("json").loads(first)["candidates"][0]["layout"]
+
+    def refusal(layout, cfg, precision):
+        if all(getattr(layout, k) == v for k, v in best.items()):
+            return "a refusal for the test"
+        return real(layout, cfg, precision)
+
+    monkeypatch.setattr(megatron, "megatron_refusal", refusal)
     assert main(argv) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     note, command = lines[-2], lines[-1]
     found = re.search(
-        r"Megatron-LM does not run #1 .* the command runs #(\d+) .*, ([\d.]+)% slower:$", note
-    )
+        r"Megatron-LM does not run #1 .* — a refusal for the test; the command runs #(\d+) "
+        r".*, ([\d.]+)% slower:$", note
+    )  # fmt: skip
     assert found, note
-    assert int(found.group(1)) > 1 and float(found.group(2)) >= 0
-    assert command.startswith("torchrun ") and "--recompute-method block" not in command
+    assert int(found.group(1)) == 2 and float(found.group(2)) >= 0
+    assert command.startswith("torchrun ")
+    monkeypatch.setattr(megatron, "megatron_refusal", lambda *a: "none runs")
+    assert main(argv) == 2
+    assert "--emit megatron: none of the" in capsys.readouterr().err
+
+
+def test_megatrons_partial_recomputation_is_each_chunks_first_blocks():
+    """Megatron's --recompute-method block recomputes the first N layers of every model chunk
+    on every stage (recompute_scope="stage"); paracube's engine the model's first N. 32 blocks
+    over 4 stages × 2 chunks (chunks of 4): N = 3 is 6 blocks on every rank against 3 on the
+    first alone — the memory and the recomputation the planner charges follow the count."""
+    from paracube.planner.layout_memory import stage_memory
+    from paracube.planner.stages import layout_shares, recomputed_blocks
+
+    cfg = preset("llama2-7b")  # 32 blocks
+    base = dict(dp=1, pp=4, micro_batch=1, microbatches=8, schedule="interleaved-1f1b",
+                chunks=2, recompute="full", recompute_blocks=3, split="even")  # fmt: skip
+    stage = Layout(**base, recompute_scope="stage")
+    model = Layout(**base)
+    assert [recomputed_blocks(s, stage) for s in layout_shares(cfg, stage)] == [6, 6, 6, 6]
+    assert [recomputed_blocks(s, model) for s in layout_shares(cfg, model)] == [3, 0, 0, 0]
+    kept = Layout(**{**base, "recompute": "none", "recompute_blocks": None})
+    saved = [
+        a.activations - b.activations
+        for a, b in zip(stage_memory(cfg, kept), stage_memory(cfg, stage), strict=True)
+    ]
+    assert all(s > 0 for s in saved)  # every stage keeps less, not only the first
+    # the emitted command asks for it as Megatron runs it, under the pipeline
+    flags = parsed(megatron_args(replace(stage, **stack("megatron-core")), cfg, "bf16", 8))
+    assert (flags["--recompute-method"], flags["--recompute-num-layers"]) == ("block", "3")
+    # and paracube train, which recomputes the model's first N, refuses it
+    with pytest.raises(Exception, match="recompute_scope='stage'"):
+        replace(stage, split="engine").to_args("bf16")

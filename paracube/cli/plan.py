@@ -222,6 +222,13 @@ def add_parser(sub) -> None:
         "(Megatron, DeepSpeed, InternLM, a reentrant or older torch checkpoint)",
     )
     t.add_argument(
+        "--recompute-scope",
+        default=None,
+        help="which N blocks --recompute-blocks N takes: the model's first N (model: paracube "
+        "train's; default) or the first N of every stage's chunk of blocks (stage: Megatron's "
+        "--recompute-method block, the megatron-core, nemo and megatron-bridge stacks')",
+    )
+    t.add_argument(
         "--logit-metrics",
         type=int,
         default=None,
@@ -267,7 +274,9 @@ def add_parser(sub) -> None:
         type=int,
         default=None,
         help="recompute only the first N blocks, whole (implies --recompute full; as paracube "
-        "train's --recompute-blocks; default: the fewest that fit)",
+        "train's --recompute-blocks — under --stack megatron-core, nemo or megatron-bridge the "
+        "first N of every stage's chunk, as their --recompute-method block; default: the "
+        "fewest that fit)",
     )
     t.add_argument(
         "--activations",
@@ -446,6 +455,7 @@ SOFTWARE = (
     "clip_scale",
     "logit_metrics",
     "recompute_replay",
+    "recompute_scope",
 )
 
 
@@ -699,6 +709,7 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         PRECISIONS,
         RECOMPUTE,
         RECOMPUTE_REPLAY,
+        RECOMPUTE_SCOPES,
         ZERO3_PIPELINE,
         ZERO_STAGES,
     )
@@ -763,6 +774,7 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         ("optimizer_kernel", "--optimizer-kernel", OPTIMIZER_KERNELS),
         ("clip_scale", "--clip-scale", CLIP_SCALING),
         ("recompute_replay", "--recompute-replay", RECOMPUTE_REPLAY),
+        ("recompute_scope", "--recompute-scope", RECOMPUTE_SCOPES),
         ("activations", "--activations", ACTIVATION_MEMORY),
         ("grad_reduce", "--grad-reduce", GRAD_REDUCE),
         ("offload", "--offload", OFFLOAD),

@@ -30,6 +30,7 @@ from paracube.choices import (
     PRECISIONS,
     RECOMPUTE,
     RECOMPUTE_REPLAY,
+    RECOMPUTE_SCOPES,
     ZERO3_PIPELINE,
     ZERO_STAGES,
 )
@@ -59,6 +60,7 @@ OTHER_SOFTWARE = (
     "clip_scale",
     "logit_metrics",
     "recompute_replay",
+    "recompute_scope",
 )
 
 
@@ -87,6 +89,9 @@ class Layout:
     # recomputation in the model's first N blocks only (the engine's --recompute-blocks;
     # None: every block) — the memory-for-time trade between none and full
     recompute_blocks: int | None = None
+    # which N blocks: the model's first N (model) or each stage's chunk's first N (stage:
+    # Megatron-Core), choices.RECOMPUTE_SCOPES
+    recompute_scope: str = "model"
     sequence_parallel: bool = False
     attention: str = "fused"  # "unfused": s×s scores materialized (Megatron before FlashAttention)
     # gradients all-reduced bucket by bucket during the last backward (paracube, PyTorch DDP,
@@ -222,6 +227,11 @@ class Layout:
             )
         if self.split not in PIPELINE_SPLIT:
             raise ConfigError(f"split={self.split!r}: choose one of {', '.join(PIPELINE_SPLIT)}")
+        if self.recompute_scope not in RECOMPUTE_SCOPES:
+            raise ConfigError(
+                f"recompute_scope={self.recompute_scope!r}: choose one of "
+                f"{', '.join(RECOMPUTE_SCOPES)}"
+            )
         if self.grad_accumulation not in GRAD_ACCUMULATION:
             raise ConfigError(
                 f"grad_accumulation={self.grad_accumulation!r}: choose one of "

@@ -9,9 +9,10 @@ planned software Megatron-LM cannot run as planned is refused with the reason
 - ZeRO-2: Megatron-LM shards the optimizer states alone (``--use-distributed-optimizer``,
   ZeRO-1) or everything (``--use-torch-fsdp2``, ZeRO-3; "not currently working with
   Pipeline Parallel", its help says);
-- recomputation of the model's first N blocks under a pipeline: ``--recompute-method
-  block`` recomputes the first N of *every* stage's blocks, another layout (one stage,
-  N blocks, is the same);
+- recomputation of the model's first N blocks under a pipeline (paracube's engine):
+  ``--recompute-method block`` recomputes the first N of *every* stage's chunks — what the
+  planner plans for Megatron-Core (``recompute_scope="stage"``); one stage, N blocks, is the
+  same either way;
 - bf16 gradients reduced in bf16: Megatron-LM reduces them in fp32 under bf16 ("bfloat16
   requires gradient accumulation and all-reduce to be done in fp32");
 - the optimizer offloaded without the distributed optimizer: ``--optimizer-cpu-offload``
@@ -66,7 +67,12 @@ def megatron_refusal(layout: Layout, cfg: ModelConfig, precision: str) -> str | 
         return "ZeRO-3 under a pipeline: Megatron-LM's FSDP2 does not run with pipeline parallelism"
     if L.recompute == "op":
         return "op-level checkpointing: Megatron-LM recomputes whole blocks or the attention core"
-    if L.recompute_blocks is not None and L.recompute != "none" and L.pp > 1:
+    if (
+        L.recompute_blocks is not None
+        and L.recompute != "none"
+        and L.pp > 1
+        and (L.recompute_scope != "stage")
+    ):
         return (
             f"recomputation of the model's first {L.recompute_blocks} blocks under a pipeline: "
             "Megatron-LM's --recompute-method block recomputes the first N of every stage's "

@@ -1055,7 +1055,12 @@ def evaluate(row: dict) -> dict:
         + (f" (ZeRO in groups of {L.shard})" if L.shard else ""),
         "seq_len": cfg.seq_len,
         "recompute": L.recompute
-        + ("" if L.recompute_blocks is None else f" ({L.recompute_blocks} blocks)"),
+        + (
+            ""
+            if L.recompute_blocks is None
+            else f" ({L.recompute_blocks} blocks"
+            + (" a stage)" if L.recompute_scope == "stage" else ")")
+        ),
         "micro_batch": L.micro_batch,
         "schedule": L.schedule,
         "chunks": L.chunks,

@@ -58,7 +58,9 @@ def describe(layout) -> str:
     if layout.recompute != "none":
         text += f" recompute={layout.recompute}"
         if getattr(layout, "recompute_blocks", None) is not None:
-            text += f"[first {layout.recompute_blocks} blocks]"
+            text += f"[first {layout.recompute_blocks} blocks" + (
+                " of each stage]" if getattr(layout, "recompute_scope", "model") == "stage" else "]"
+            )
     if layout.sequence_parallel:
         text += " sp"
     if getattr(layout, "offload", False):

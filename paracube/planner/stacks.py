@@ -49,9 +49,13 @@ WHOLE_REPLAY: dict[str, object] = dict(recompute_replay="whole")
 # --no-gradient-accumulation-fusion: megatron/training/arguments.py), and under its
 # distributed optimizer (ZeRO-1) each gradient bucket reduce-scattered rather than
 # all-reduced (megatron/core/distributed/param_and_grad_buffer.py, start_grad_sync: a
-# reduce-scatter when ddp_config.use_distributed_optimizer, else an all-reduce)
+# reduce-scatter when ddp_config.use_distributed_optimizer, else an all-reduce); a partial
+# recomputation is its --recompute-method block: the first N layers of every model chunk,
+# on every pipeline stage (megatron/core/transformer/transformer_block.py, _checkpointed_
+# forward: layer l < recompute_num_layers of the chunk), not the model's first N
 MEGATRON_CORE: dict[str, object] = dict(
     activations="megatron",
+    recompute_scope="stage",
     grad_accumulation="fused",
     grad_sync="reduce-scatter",
     **MEGATRON_SPLIT,

@@ -177,9 +177,25 @@ def torchtitan_shares(cfg: ModelConfig, pp: int, chunks: int = 1) -> tuple[RankS
 
 def recomputed_blocks(share: RankShare, layout: Layout) -> int:
     """The rank's blocks under recomputation: the engine recomputes the model's first
-    ``recompute_blocks`` blocks (all of them when unset), none without recompute."""
+    ``recompute_blocks`` blocks (all of them when unset), none without recompute; Megatron
+    (``recompute_scope="stage"``, --recompute-method block) the first N of each chunk of
+    consecutive blocks the rank holds — each model chunk's first N layers, on every stage."""
     if layout.recompute == "none":
         return 0
     if layout.recompute_blocks is None:
         return len(share.blocks)
+    if layout.recompute_scope == "stage":
+        return sum(min(layout.recompute_blocks, len(run)) for run in chunk_runs(share.blocks))
     return sum(1 for block in share.blocks if block < layout.recompute_blocks)
+
+
+def chunk_runs(blocks: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """A rank's blocks as its chunks: the runs of consecutive block indices (an interleaved
+    rank's chunks are apart, the other ranks' chunks between them)."""
+    runs: list[list[int]] = []
+    for block in blocks:
+        if runs and block == runs[-1][-1] + 1:
+            runs[-1].append(block)
+        else:
+            runs.append([block])
+    return [tuple(run) for run in runs]
