@@ -193,9 +193,20 @@ def test_the_mixed_header_says_whose_software_it_plans(capsys):
     assert layout["param_gather"] == "per-parameter"
 
 
-def test_epochs_on_a_mixed_cluster_are_hours_at_each_plans_rate(capsys):
-    """--epochs is answered on a mixed cluster too (it was ignored): the samples over each
-    plan's tokens/s, for the speed-aware plan and for all planned as the slowest."""
+@pytest.mark.parametrize(
+    ("budget", "words", "tokens"),
+    [
+        (["--epochs", "3", "--train-samples", "1e6"], "3 epochs of 1,000,000 samples",
+         3e6 * preset("gpt3-1.3b").seq_len),
+        (["--train-tokens", "5B"], "5B tokens", 5e9),
+    ],
+)  # fmt: skip
+def test_a_training_budget_on_a_mixed_cluster_is_its_time_at_each_plans_rate(
+    capsys, budget, words, tokens
+):
+    """--epochs and --train-tokens are answered on a mixed cluster too (--epochs was
+    ignored): the budget's tokens over each plan's tokens/s, for the speed-aware plan and
+    for all planned as the slowest."""
     import json
     import re
 
@@ -206,41 +217,16 @@ def test_epochs_on_a_mixed_cluster_are_hours_at_each_plans_rate(capsys):
     assert main([*argv, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     rate, slowest = out["plans"][0]["tokens_per_s"], out["all_as_slowest"]["tokens_per_s"]
-    assert main([*argv, "--epochs", "3", "--train-samples", "1e6"]) == 0
+    assert main([*argv, *budget]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     found = re.fullmatch(
-        r"Time to train 3 epochs of 1,000,000 samples: ([\d.,]+) h with data parallel by speed, "
+        rf"Time to train {words}: ([\d.,]+) h with data parallel by speed, "
         r"against ([\d.,]+) h with all as the slowest\.",
         line,
     )
     assert found, line
     hours = [float(g.replace(",", "")) for g in found.groups()]
-    seq = preset("gpt3-1.3b").seq_len
-    assert hours == pytest.approx([3e6 * seq / r / 3600 for r in (rate, slowest)], rel=0.01)
-
-
-def test_a_token_budget_on_a_mixed_cluster_is_its_time_at_each_plans_rate(capsys):
-    """--train-tokens on a mixed cluster: the tokens over each plan's tokens/s."""
-    import json
-    import re
-
-    from paracube.cli import main
-
-    argv = ["plan", "--model", "gpt3-1.3b", "--gpus", "8xa100-80gb,8xv100", "--global-batch",
-            "128", "--top", "1"]  # fmt: skip
-    assert main([*argv, "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    rate, slowest = out["plans"][0]["tokens_per_s"], out["all_as_slowest"]["tokens_per_s"]
-    assert main([*argv, "--train-tokens", "5B"]) == 0
-    line = capsys.readouterr().out.strip().splitlines()[-1]
-    found = re.fullmatch(
-        r"Time to train 5B tokens: ([\d.,]+) h with data parallel by speed, "
-        r"against ([\d.,]+) h with all as the slowest\.",
-        line,
-    )
-    assert found, line
-    hours = [float(g.replace(",", "")) for g in found.groups()]
-    assert hours == pytest.approx([5e9 / r / 3600 for r in (rate, slowest)], rel=0.01)
+    assert hours == pytest.approx([tokens / r / 3600 for r in (rate, slowest)], rel=0.01)
 
 
 def test_tensor_parallel_groups_tile_each_pools_nodes():
