@@ -731,9 +731,8 @@ def _check_args(args, whole_nodes: bool = True) -> None:
             raise ParacubeError(f"--{name.replace('_', '-')} must be positive, got {value:g}")
     if args.train_tokens is not None and (args.epochs is not None or args.train_samples):
         raise ParacubeError(
-            f"--train-tokens {tokens_text(args.train_tokens)} with --epochs: give one training "
-            "budget, "
-            "tokens or epochs"
+            f"--train-tokens {tokens_text(args.train_tokens)} with --epochs: give one "
+            "training budget, tokens or epochs"
         )
     if args.train_samples is not None and args.epochs is None:
         raise ParacubeError(
@@ -1007,9 +1006,8 @@ def training_tokens(args, cfg) -> float | None:
     if args.train_tokens is not None:
         if not isinstance(cfg, ModelConfig):
             raise ParacubeError(
-                f"--train-tokens {tokens_text(args.train_tokens)}: {cfg.name} takes samples, "
-                "not tokens; "
-                "give its budget in --epochs"
+                f"--train-tokens {tokens_text(args.train_tokens)}: {cfg.name} takes "
+                "samples, not tokens; give its budget in --epochs"
             )
         return args.train_tokens
     per_epoch = epoch_samples(args, cfg)

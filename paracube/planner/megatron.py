@@ -67,12 +67,8 @@ def megatron_refusal(layout: Layout, cfg: ModelConfig, precision: str) -> str | 
         return "ZeRO-3 under a pipeline: Megatron-LM's FSDP2 does not run with pipeline parallelism"
     if L.recompute == "op":
         return "op-level checkpointing: Megatron-LM recomputes whole blocks or the attention core"
-    if (
-        L.recompute_blocks is not None
-        and L.recompute != "none"
-        and L.pp > 1
-        and (L.recompute_scope != "stage")
-    ):
+    partial = L.recompute != "none" and L.recompute_blocks is not None
+    if partial and L.pp > 1 and L.recompute_scope != "stage":
         return (
             f"recomputation of the model's first {L.recompute_blocks} blocks under a pipeline: "
             "Megatron-LM's --recompute-method block recomputes the first N of every stage's "
@@ -89,7 +85,7 @@ def megatron_refusal(layout: Layout, cfg: ModelConfig, precision: str) -> str | 
         return f"hybrid sharding in groups of {L.shard}: Megatron-LM shards over the whole group"
     if L.compress != "none":
         return f"gradient compression {L.compress}: Megatron-LM reduces whole gradients"
-    if L.param_sync != "all-gather" or L.grad_sync == "all-reduce" and L.zero == 1:
+    if L.param_sync != "all-gather" or (L.zero == 1 and L.grad_sync == "all-reduce"):
         return (
             "the distributed optimizer's collectives as planned: Megatron-LM reduce-scatters "
             "gradients and all-gathers parameters"
