@@ -227,6 +227,12 @@ def test_a_training_budget_on_a_mixed_cluster_is_its_time_at_each_plans_rate(
     assert found, line
     hours = [float(g.replace(",", "")) for g in found.groups()]
     assert hours == pytest.approx([tokens / r / 3600 for r in (rate, slowest)], rel=0.01)
+    assert out["time_to_train"] is None  # no budget asked for
+    assert main([*argv, *budget, "--json"]) == 0
+    timed = json.loads(capsys.readouterr().out)["time_to_train"]
+    assert timed["tokens"] == pytest.approx(tokens)
+    seconds = [timed["seconds"], timed["all_as_slowest_seconds"]]
+    assert [s / 3600 for s in seconds] == pytest.approx(hours, rel=0.01)
 
 
 def test_tensor_parallel_groups_tile_each_pools_nodes():

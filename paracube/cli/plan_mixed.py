@@ -61,7 +61,7 @@ def cmd_plan_mixed(args, pools: list[Pool]) -> int:
             "use more GPUs, GPUs with more memory, or a smaller global batch"
         )
     if args.json:
-        print(json.dumps(_json(cfg, pools, plans[: args.top], slowest)))
+        print(json.dumps(_json(cfg, pools, plans[: args.top], slowest, tokens)))
         return 0
     print(
         f"{cfg.name} on a mixed cluster: {_cluster_text(pools)}, global batch {args.global_batch} "
@@ -211,10 +211,21 @@ def torchrun_command(
     )
 
 
-def _json(cfg: ModelConfig, pools: list[Pool], plans: list[MixedPlan], slowest) -> dict:
+def _json(
+    cfg: ModelConfig, pools: list[Pool], plans: list[MixedPlan], slowest, tokens: float | None
+) -> dict:
     return {
         "model": cfg.name,
         "pools": [{"gpu": p.key, "count": p.count} for p in pools],
         "plans": [asdict(p) for p in plans],
         "all_as_slowest": asdict(slowest) if slowest else None,
+        # --epochs / --train-tokens: the budget in tokens and the seconds to train it with
+        # the speed-aware plan and with all planned as the slowest (as on one device type)
+        "time_to_train": None
+        if tokens is None
+        else {
+            "tokens": tokens,
+            "seconds": tokens / plans[0].tokens_per_s,
+            "all_as_slowest_seconds": None if slowest is None else tokens / slowest.tokens_per_s,
+        },
     }
