@@ -838,6 +838,19 @@ def test_a_stack_is_planned_only_with_what_it_runs(capsys):
         assert layouts and all(L["schedule"] in MEGATRON_SCHEDULES for L in layouts)
         assert any(L["pp"] > 1 for L in layouts) and all(L["zero"] != 2 for L in layouts)
     assert any(c["layout"]["zero"] == 2 for c in plain)  # paracube's engine runs ZeRO-2
+    # Megatron-Core offloads its distributed optimizer's states only (ZeRO-1, or over a
+    # single data-parallel rank any stage: the same optimizer)
+    tight = ["--model", "llama2-70b", "--gpus", "8", "--global-batch", "32", "--json",
+             "--top", "50"]  # fmt: skip
+    ours = [c["layout"] for c in json.loads(plan(capsys, *tight))["candidates"]]
+    assert any(L["offload"] and L["zero"] != 1 for L in ours)
+    megatron = [
+        c["layout"]
+        for c in json.loads(plan(capsys, *tight, "--stack", "megatron-core"))["candidates"]
+    ]
+    assert any(L["offload"] for L in megatron)
+    assert all(L["zero"] == 1 or L["dp"] * L["cp"] == 1 for L in megatron if L["offload"])
+    assert any(L["offload"] and L["dp"] * L["cp"] > 1 for L in ours)
     old = [
         c["layout"]
         for c in json.loads(plan(capsys, *pipelined, "--stack", "megatron-lm-2021"))["candidates"]

@@ -74,7 +74,7 @@ def megatron_refusal(layout: Layout, cfg: ModelConfig, precision: str) -> str | 
             "Megatron-LM's --recompute-method block recomputes the first N of every stage's "
             "blocks"
         )
-    if L.offload and L.zero != 1:
+    if L.offload and L.zero != 1 and L.grad_group > 1:  # over one rank ZeRO-1 is the same
         return (
             f"the optimizer offloaded under ZeRO-{L.zero}: Megatron-LM offloads its distributed "
             "optimizer's states (ZeRO-1)"
@@ -144,7 +144,7 @@ def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch
         args.append("--sequence-parallel")
     args.append(f"--micro-batch-size {L.micro_batch} --global-batch-size {global_batch}")
     # ZeRO and the overlap of data-parallel communication
-    if L.zero == 1:
+    if L.zero == 1 or L.offload:  # its offload is the distributed optimizer's
         args.append("--use-distributed-optimizer")
     if L.zero == 3:
         args.append("--use-torch-fsdp2")

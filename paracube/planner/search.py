@@ -333,6 +333,7 @@ def search(
     hybrid_shard: int = 0,
     op_recompute: bool = False,
     splits: tuple[str, ...] = (),
+    offload_zero: tuple[int, ...] | None = None,
 ) -> SearchResult:
     """Every valid layout of ``cfg`` on ``gpus`` GPUs of ``cluster`` for ``global_batch``
     sequences per step, those that fit in GPU memory ranked fastest first (ties within 1 %
@@ -342,7 +343,8 @@ def search(
     parallelism too, for a stack that runs it (:func:`context_parallel_sizes`), and
     ``hybrid_shard`` hybrid sharding of that ZeRO stage (:func:`with_hybrid_shards`; 0:
     none), ``op_recompute`` torchtitan's op-level checkpointing, and ``splits`` each of these
-    pipeline splits in place of the one ``fixed`` names (:func:`candidate_layouts`); the result
+    pipeline splits in place of the one ``fixed`` names (:func:`candidate_layouts`), and
+    ``offload_zero`` the ZeRO stages a stack offloads the optimizer with (None: any); the result
     also counts what was rejected and why, and keeps the leanest layout that did not fit.
 
     >>> from paracube.models.presets import preset
@@ -379,7 +381,15 @@ def search(
             result.rejected[reason] = result.rejected.get(reason, 0) + 1
             continue
         mem = peak_memory(cfg, layout, precision)
-        if mem.total > capacity and "offload" not in fixed and cluster.gpu.host_link_bandwidth:
+        # one data-parallel rank: any ZeRO stage is its whole optimizer (Megatron's distributed
+        # optimizer over one rank)
+        offloads = offload_zero is None or layout.zero in offload_zero or layout.grad_group == 1
+        if (
+            mem.total > capacity
+            and "offload" not in fixed
+            and cluster.gpu.host_link_bandwidth
+            and offloads
+        ):
             # what does not fit may with the optimizer in host memory (ZeRO-Offload)
             offloaded = replace(layout, offload=True)
             fits_host = (

@@ -257,6 +257,15 @@ def stack_choices(name: str | None) -> dict[str, tuple]:
     return dict(STACK_CHOICES.get(name, {}))
 
 
+# The stacks that move the optimizer to the host only with a ZeRO stage of theirs, and which:
+# Megatron-Core offloads its distributed optimizer's states (--optimizer-cpu-offload, its
+# hybrid-device optimizer on the precision-aware path: megatron/training/arguments.py,
+# validate_args) — ZeRO-1 only
+OFFLOAD_ZERO: dict[str, tuple[int, ...]] = {
+    name: (1,) for name in ("megatron-core", "nemo", "megatron-bridge")
+}
+
+
 class SearchOptions(TypedDict):
     """The keyword arguments of :func:`paracube.planner.search.search` a stack decides."""
 
@@ -265,6 +274,7 @@ class SearchOptions(TypedDict):
     hybrid_shard: int
     op_recompute: bool
     splits: tuple[str, ...]
+    offload_zero: tuple[int, ...] | None
 
 
 def search_options(name: str | None, split_chosen: bool = False) -> SearchOptions:
@@ -284,4 +294,5 @@ def search_options(name: str | None, split_chosen: bool = False) -> SearchOption
         hybrid_shard=HYBRID_SHARD_STACKS.get(key, 0),
         op_recompute=key in OP_RECOMPUTE_STACKS,
         splits=() if split_chosen else STACK_SPLITS.get(key, ()),
+        offload_zero=OFFLOAD_ZERO.get(key),
     )
