@@ -454,8 +454,8 @@ CASES: list[tuple[str, list[str], str]] = [
     # --emit megatron: what Megatron-LM does not run, refused before the search
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8",
               "--zero", "2", "--emit", "megatron"],
-     "--zero 2 with --emit megatron: Megatron-LM does not run it — it shards the optimizer "
-     "states alone (--zero 1) or everything (--zero 3); drop one"),
+     "--zero 2 with --emit megatron: Megatron-LM runs ZeRO 0, 1 (its distributed optimizer) "
+     "or 3 (torch FSDP2); drop one"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8",
               "--stack", "nemo", "--emit", "megatron"],
      "--stack nemo with --emit megatron: the command is Megatron-LM's"),

@@ -107,15 +107,15 @@ def test_recomputation_and_sharding_flags(fields, flags):
 @pytest.mark.parametrize(
     ("fields", "precision", "reason"),
     [
-        ({"zero": 2}, "bf16", "ZeRO-2: Megatron-LM shards the optimizer states alone"),
+        ({"zero": 2}, "bf16", "zero 2: Megatron-LM runs ZeRO 0, 1"),
         ({"pp": 2, "microbatches": 4, "recompute": "full", "recompute_blocks": 3,
           "recompute_scope": "model"}, "bf16",
          "Megatron-LM's --recompute-method block recomputes the first N of every stage's"),
-        ({"pp": 2, "microbatches": 4, "schedule": "gpipe"}, "bf16", "schedule gpipe"),
-        ({"pp": 2, "microbatches": 4, "split": "engine"}, "bf16", "pipeline split engine"),
-        ({"recompute": "op"}, "bf16", "op-level checkpointing"),
+        ({"pp": 2, "microbatches": 4, "schedule": "gpipe"}, "bf16", "schedule gpipe: Megatron-LM runs 1F1B"),
+        ({"pp": 2, "microbatches": 4, "split": "engine"}, "bf16", "split engine: Megatron-LM runs even stages"),
+        ({"recompute": "op"}, "bf16", "recompute op: Megatron-LM runs whole blocks"),
         ({"grad_reduce": "compute"}, "bf16", "Megatron-LM reduces bf16 gradients in fp32"),
-        ({"attention": "fused-triton"}, "bf16", "attention fused-triton"),
+        ({"attention": "fused-triton"}, "bf16", "attention fused-triton: Megatron-LM runs"),
         ({"offload": True}, "bf16", "the optimizer offloaded under ZeRO-0"),
     ],
 )  # fmt: skip

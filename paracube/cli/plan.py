@@ -819,27 +819,23 @@ def _check_args(args, whole_nodes: bool = True) -> None:
             raise ParacubeError(
                 "--precision tf32 with --emit megatron: plan Megatron-LM in bf16, fp16, fp8 or fp32"
             )
-        # choices given on the command line that Megatron-LM does not run, and what it runs
-        megatron_refused = [
-            (args.zero == 2, "--zero 2", "it shards the optimizer states alone (--zero 1) or "
-             "everything (--zero 3)"),
-            (args.recompute == "op", "--recompute op", "it recomputes whole blocks (full) or "
-             "the attention core (selective)"),
-            (args.schedule not in (None, "1f1b", "interleaved-1f1b"), f"--schedule "
-             f"{args.schedule}", "it pipelines with 1f1b and interleaved-1f1b"),
-            (args.attention not in (None, "fused", "unfused"), f"--attention {args.attention}",
-             "it runs Transformer Engine's fused attention (fused) or its own (unfused)"),
-            (bool(args.shard_group), f"--shard-group {args.shard_group}", "it shards over the "
-             "whole data-parallel group"),
-            (args.compress not in (None, "none"), f"--compress {args.compress}", "it reduces "
-             "whole gradients"),
-            (args.split not in (None, "even", "even-ends"), f"--pipeline-split {args.split}",
-             "it cuts stages evenly (even, even-ends)"),
-        ]  # fmt: skip
-        for refused, flag, runs in megatron_refused:
-            if refused:
+        from paracube.planner.megatron import unrun_choice
+
+        # choices given on the command line that Megatron-LM does not run
+        megatron_stated = [
+            ("--zero", "zero", args.zero),
+            ("--recompute", "recompute", args.recompute),
+            ("--schedule", "schedule", args.schedule),
+            ("--attention", "attention", args.attention),
+            ("--shard-group", "shard", args.shard_group),
+            ("--compress", "compress", args.compress),
+            ("--pipeline-split", "split", args.split),
+        ]
+        for flag, field, value in megatron_stated:
+            words = None if value is None else unrun_choice(field, value)
+            if words:
                 raise ParacubeError(
-                    f"{flag} with --emit megatron: Megatron-LM does not run it — {runs}; drop one"
+                    f"{flag} {value} with --emit megatron: Megatron-LM runs {words}; drop one"
                 )
         args.stack = "megatron-core"
     if args.emit == "torchrun":  # before the search: a command paracube train runs as planned

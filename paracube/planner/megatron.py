@@ -31,11 +31,38 @@ from __future__ import annotations
 
 import math
 
+from paracube.choices import RECOMPUTE
 from paracube.config import ModelConfig
 from paracube.errors import ConfigError
 from paracube.planner.layout import Layout
+from paracube.planner.stacks import MEGATRON_SCHEDULES, MEGATRON_ZERO, OFFLOAD_ZERO, STACK_SPLITS
 
-# the pipeline splits Megatron-LM cuts (stacks.STACK_SPLITS) and the flags that ask for them
+# The layout choices Megatron-LM runs, where it runs fewer than the planner plans, and what
+# it runs in words: the one list the command refuses from (a layout's, or the flags'
+# before any search: :func:`unrun_choice`); schedules, ZeRO stages and splits are the
+# megatron-core stack's (planner.stacks)
+MEGATRON_RUNS: dict[str, tuple[tuple, str]] = {
+    "zero": (MEGATRON_ZERO, "ZeRO 0, 1 (its distributed optimizer) or 3 (torch FSDP2)"),
+    "recompute": (RECOMPUTE, "whole blocks (full) or the attention core (selective)"),
+    "schedule": (MEGATRON_SCHEDULES, "1F1B and its interleaved form"),
+    "split": (STACK_SPLITS["megatron-core"], "even stages, the embedding and loss optionally "
+              "counted as blocks (even, even-ends)"),
+    "attention": (("fused", "unfused"), "Transformer Engine's fused attention or its unfused one"),
+    "compress": (("none",), "whole gradients"),
+    "shard": ((0,), "ZeRO over the whole data-parallel group"),
+}  # fmt: skip
+# the fields whose choice matters only under a pipeline
+PIPELINE_FIELDS = ("schedule", "split")
+
+
+def unrun_choice(field: str, value) -> str | None:
+    """What Megatron-LM runs instead, in words, when it does not run ``value`` of the layout
+    field ``field`` (:data:`MEGATRON_RUNS`); None when it does."""
+    runs, words = MEGATRON_RUNS.get(field, ((value,), ""))
+    return None if value in runs else words
+
+
+# the flags that ask for the pipeline splits Megatron-LM cuts (stacks.STACK_SPLITS)
 SPLIT_FLAGS = {
     "even": [],
     "even-ends": [
@@ -51,22 +78,13 @@ def megatron_refusal(layout: Layout, cfg: ModelConfig, precision: str) -> str | 
     """Why Megatron-LM cannot run ``layout`` as it was planned — one line naming the choice
     and what it would take — or None when it can."""
     L = layout
-    if L.pp > 1 and L.schedule not in ("1f1b", "interleaved-1f1b"):
-        return f"schedule {L.schedule}: Megatron-LM pipelines with 1F1B and its interleaved form"
-    if L.pp > 1 and L.split not in SPLIT_FLAGS:
-        return (
-            f"pipeline split {L.split}: Megatron-LM cuts its stages evenly, the embedding and "
-            "loss optionally counted as blocks (plan with --stack megatron-core)"
-        )
-    if L.zero == 2:
-        return (
-            "ZeRO-2: Megatron-LM shards the optimizer states alone (ZeRO-1, its distributed "
-            "optimizer) or everything (ZeRO-3, torch FSDP2)"
-        )
+    for field in MEGATRON_RUNS:
+        value = getattr(L, field)
+        words = unrun_choice(field, value)
+        if words and (L.pp > 1 or field not in PIPELINE_FIELDS):
+            return f"{field} {value}: Megatron-LM runs {words}"
     if L.zero == 3 and L.pp > 1:
         return "ZeRO-3 under a pipeline: Megatron-LM's FSDP2 does not run with pipeline parallelism"
-    if L.recompute == "op":
-        return "op-level checkpointing: Megatron-LM recomputes whole blocks or the attention core"
     partial = L.recompute != "none" and L.recompute_blocks is not None
     if partial and L.pp > 1 and L.recompute_scope != "stage":
         return (
@@ -74,17 +92,12 @@ def megatron_refusal(layout: Layout, cfg: ModelConfig, precision: str) -> str | 
             "Megatron-LM's --recompute-method block recomputes the first N of every stage's "
             "blocks"
         )
-    if L.offload and L.zero != 1 and L.grad_group > 1:  # over one rank ZeRO-1 is the same
+    # over one data-parallel rank every stage is the distributed optimizer's whole state
+    if L.offload and L.zero not in OFFLOAD_ZERO["megatron-core"] and L.grad_group > 1:
         return (
             f"the optimizer offloaded under ZeRO-{L.zero}: Megatron-LM offloads its distributed "
             "optimizer's states (ZeRO-1)"
         )
-    if L.attention not in ("fused", "unfused"):
-        return f"attention {L.attention}: Megatron-LM runs Transformer Engine's fused attention"
-    if L.shard:
-        return f"hybrid sharding in groups of {L.shard}: Megatron-LM shards over the whole group"
-    if L.compress != "none":
-        return f"gradient compression {L.compress}: Megatron-LM reduces whole gradients"
     if L.param_sync != "all-gather" or (L.zero == 1 and L.grad_sync == "all-reduce"):
         return (
             "the distributed optimizer's collectives as planned: Megatron-LM reduce-scatters "
