@@ -396,6 +396,10 @@ CASES: list[tuple[str, list[str], str]] = [
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--zero", "3",
               "--layout", "dp=4,tp=1,pp=2"],
      "--zero 3 with --pp > 1 is not supported"),
+    # hybrid sharding's ZeRO-3 on one GPU: nothing to shard over, said so (it said nothing)
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "1", "--global-batch", "8",
+              "--shard-group", "8"],
+     "--zero 3 shards over data-parallel ranks: this layout has one (dp × cp = 1)"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8",
               "--schedule", "interleaved-1f1b", "--layout", "dp=8,tp=1,pp=1"],
      "--schedule interleaved-1f1b needs a pipeline (pp > 1)"),

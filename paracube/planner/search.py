@@ -213,6 +213,14 @@ def candidate_layouts(
                     else Layout(ep=ep, dp=ep).model_refusal(cfg)
                 )
                 continue
+            if fixed.get("zero", 0) and dp * cp == 1:
+                # nothing to shard over: the search tries ZeRO 0 alone here, so say why the
+                # stage asked for (or --shard-group's ZeRO-3) is not a candidate
+                reject(
+                    f"--zero {fixed['zero']} shards over data-parallel ranks: this layout has "
+                    "one (dp × cp = 1)"
+                )
+                continue
             sizes = micro_batches(global_batch // dp, fixed.get("micro_batch"))
             if not sizes:
                 reject(
