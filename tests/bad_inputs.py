@@ -301,6 +301,8 @@ CASES: list[tuple[str, list[str], str]] = [
      "--chunks must be a positive integer, got 0"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "16", "--global-batch", "16", "--layout", "dp=1,tp=16,pp=1"],
      "--layout tp=16 is larger than a node (8 GPUs)"),
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "1", "--global-batch", "8", "--layout", "tp=8"],
+     "--layout tp=8 is more GPUs than --gpus 1: choose a tp that divides them"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--layout", "dp=x"],
      "write it as dp=N,tp=N,pp=N"),
     ("plan", ["plan", "--layers", "0", "--hidden", "64", "--heads", "4", "--vocab", "256", "--seq", "64",

@@ -60,6 +60,7 @@ def test_a_fixed_choice_that_cannot_run_says_why():
         ({"zero": 3, "compress": "topk:0.01"}, "--compress topk with --zero 3 is not supported"),
         ({"pp": 2, "schedule": "1f1b", "chunks": 2}, "--chunks 2 needs an interleaved schedule"),
         ({"tp": 8, "zero": 1}, "--zero 1 shards over data-parallel ranks: this layout has one"),
+        ({"pp": 1, "tp": 1, "chunks": 3}, "--chunks 3 needs a pipeline (pp > 1)"),
     ]:
         result = search(preset("gpt3-1.3b"), _cluster(), 8, 64, fixed=fixed)
         assert not result.ranked and any(why in r for r in result.rejected), (fixed, result)

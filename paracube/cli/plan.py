@@ -488,9 +488,14 @@ def _plan_fixed(args, gpus: int, mixed: bool = False) -> dict:
                 "models and runs no expert parallelism (ep is planned to evaluate "
                 "mixture-of-experts runs); drop one"
             )
-        if layout.get("tp", 1) > min(args.gpus_per_node, gpus):
+        if layout.get("tp", 1) > gpus:
             raise ParacubeError(
-                f"--layout tp={layout['tp']} is larger than a node ({min(args.gpus_per_node, gpus)} GPUs): "
+                f"--layout tp={layout['tp']} is more GPUs than --gpus {gpus}: choose a tp that "
+                "divides them"
+            )
+        if layout.get("tp", 1) > args.gpus_per_node:
+            raise ParacubeError(
+                f"--layout tp={layout['tp']} is larger than a node ({args.gpus_per_node} GPUs): "
                 "tensor parallelism needs the intra-node links; use pipeline or data parallelism across nodes"
             )
         tp = layout.get("tp", 1)

@@ -96,6 +96,10 @@ def _schedules(
     another one dominates (same bubble, more memory: GPipe under 1F1B) is skipped unless it
     is the one asked for. With fixed chunks, why they cannot run is told to ``reject``."""
     if p == 1:
+        if fixed_chunks not in (None, 1):
+            if reject is not None:
+                reject(f"--chunks {fixed_chunks} needs a pipeline (pp > 1)")
+            return
         yield "1f1b", 1
         return
     for name, sched in SCHEDULES.items():
