@@ -4,6 +4,7 @@ planning every GPU as the slowest (``paracube plan --gpus 8xa100-80gb,8xv100``).
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import replace
 
 import pytest
@@ -246,3 +247,88 @@ def test_tensor_parallel_groups_tile_each_pools_nodes():
     assert [t for t in (1, 2, 3, 6, 8) if tp_fits_nodes(small, t)] == [1, 2, 3, 6]
     with pytest.raises(ConfigError, match="tp=6 cannot stay within one device type"):
         check_tp([big, small], 6)
+
+
+def test_a_pipeline_is_cut_as_the_engine_cuts_it_the_head_a_layer_of_its_own():
+    """The speed-aware pipeline cuts the engine's chain (embed, blocks, norm, head: what
+    ``--balance speed`` partitions), so the last stage may hold the head alone. gpt3-1.3b on
+    1 H100 + 16 V100s: the head outweighs a block on a V100, and the best plan's last stage
+    holds no block — the plan that had to give it one ran 0.72× the all-as-the-slowest plan,
+    this one beats it. Its busiest stage is the least of every cut of the chain (brute force
+    over a 1 + 2 stage pipeline of a 6-block model)."""
+    pools = parse_pools("1xh100,16xv100", 8)
+    plans, slowest = plan_mixed(GPT, pools, 128)
+    best = plans[0]
+    assert best.kind == "pipeline stages by speed" and best.shares[-1][2][-1] == 0
+    assert sum(sum(blocks) for _, _, blocks in best.shares) == GPT.n_layers
+    assert slowest is not None and best.step_time < slowest.step_time
+
+    small = replace(GPT, n_layers=6, name="gpt-6")
+    pools = parse_pools("1xh100,2xv100", 8)
+    fixed = {"zero": 0, "recompute": "none", "tp": 1, "micro_batch": 1, "schedule": "1f1b"}
+    plan = min(pipeline_plans(small, pools, 8, "fp16", fixed), key=lambda p: p.step_time)
+    block = {k: b for k, b in zip(("h100", "v100"), _stage_loads(small, pools, plan.layout))}
+    chain = [0.0, *[None] * small.n_layers, 0.0, "head"]  # embed, blocks, norm, head
+
+    def load(pool: str, layer: int) -> float:
+        if chain[layer] is None:
+            return block[pool][0]
+        return block[pool][1] if chain[layer] == "head" else 0.0
+
+    stage_pool = ["h100", "v100", "v100"]
+    n = len(chain)
+    cuts = [(i, j) for i in range(1, n) for j in range(i + 1, n)]
+    least = min(
+        max(
+            sum(load(stage_pool[k], x) for x in range(a, b))
+            for k, (a, b) in enumerate([(0, i), (i, j), (j, n)])
+        )
+        for i, j in cuts
+    )
+    assert max(plan.pool_times) == pytest.approx(least)
+
+
+def _stage_loads(cfg, pools, layout):
+    """(a block's, the head's) seconds per micro-batch on each pool, as the pipeline plan
+    times them (forward, backward and the tensor-parallel collectives; no recomputation)."""
+    from paracube.planner.time_model import head_time, layer_time
+
+    out = []
+    for pool in pools:
+        fwd, bwd, _ = layer_time(cfg, layout, pool.gpu, 2, False)
+        out.append((fwd + bwd, head_time(cfg, layout, pool.gpu, 2)))
+    return out
+
+
+def test_the_headline_says_when_the_uniform_plan_is_the_faster():
+    """Never a negative saving: where the all-as-the-slowest plan is faster (its search
+    ranges over layouts the speed-aware ones do not), the headline says to run it."""
+    from paracube.cli.plan_mixed import headline
+    from paracube.planner.layout import Layout
+    from paracube.planner.pools import MixedPlan
+
+    pools = parse_pools("8xa100-80gb,8xv100", 8)
+    layout = Layout(dp=16)
+    fast = MixedPlan("all as the slowest", layout, 2.0, 100.0)
+    slow = MixedPlan("pipeline stages by speed", layout, 3.0, 66.7)
+    line = headline(slow, fast, pools)
+    assert "1 s more than the 2 s" in line and "run that one" in line
+    assert not re.search(r"-\d", line)
+
+
+def test_a_pool_smaller_than_a_node_gets_its_own_launch_line(capsys):
+    """1 H100 + 16 V100s on nodes of 8: three nodes, the H100's running one rank and each
+    V100 node eight — a line per device type (torchrun's agents may differ in
+    --nproc-per-node), where one line for all would have started 24 ranks for 17 GPUs."""
+    from paracube.cli import build_parser, config_from_args, main
+
+    argv = ["plan", "--model", "gpt3-1.3b", "--gpus", "1xh100,16xv100", "--global-batch", "128",
+            "--emit", "torchrun"]  # fmt: skip
+    assert main(argv) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("torchrun")]
+    procs = [int(x.split("--nproc-per-node ")[1].split()[0]) for x in lines]
+    nodes = {int(x.split("--nnodes ")[1].split()[0]) for x in lines}
+    assert procs == [1, 8] and nodes == {3} and 1 + 2 * 8 == 17
+    for line in lines:
+        cfg = config_from_args(build_parser().parse_args(line.split(" -m paracube ", 1)[1].split()))
+        assert cfg.parallel.pp == 17

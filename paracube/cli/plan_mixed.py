@@ -77,7 +77,7 @@ def cmd_plan_mixed(args, pools: list[Pool]) -> int:
         print("\n" + time_to_train(args, cfg, tokens, plans[0], slowest))
     if args.emit == "torchrun":
         command = torchrun_command(
-            plans[0], args.model, args.gpus_per_node, args.precision, args.seq
+            plans[0], args.model, args.gpus_per_node, args.precision, args.seq, pools
         )
         print("\n" + command)
     return 0
@@ -143,6 +143,13 @@ def headline(best: MixedPlan, slowest: MixedPlan | None, pools: list[Pool]) -> s
         )
     slow = min(pools, key=lambda p: p.gpu.peak_flops * p.gpu.sustained_fraction)
     saved = slowest.step_time - best.step_time
+    if saved < 0:  # the uniform plan's search ranges wider (interleaved chunks, any split)
+        return (
+            f"The speed-aware plan takes {best.step_time:.3g} s per step, {-saved:.3g} s more than "
+            f"the {slowest.step_time:.3g} s of the best plan that treats all "
+            f"{sum(p.count for p in pools)} GPUs as {slow.gpu.name}s ({describe(slowest.layout)}): "
+            "here the speeds buy nothing the layouts a uniform plan can take do not — run that one."
+        )
     return (
         f"The speed-aware plan takes {best.step_time:.3g} s per step against {slowest.step_time:.3g} s "
         f"for the best plan that treats all {sum(p.count for p in pools)} GPUs as {slow.gpu.name}s: "
@@ -194,20 +201,38 @@ def torchrun_command(
     gpus_per_node: int,
     precision: str,
     seq_len: int | None = None,
+    pools: list[Pool] | None = None,
 ) -> str:
-    """The launch line: the same command on every node, pools' nodes in the order listed
-    (data-parallel ranks in that order take the shares in --dp-balance)."""
+    """The launch line, pools' nodes in the order listed (data-parallel ranks in that order
+    take the shares in --dp-balance): the same command on every node where every node runs
+    as many ranks, else one line per device type — a pool smaller than a node runs fewer
+    (torchrun's agents may differ in --nproc-per-node: each worker's global rank counts the
+    workers of the agents before it)."""
     L = plan.layout
-    nodes = -(-L.gpus // gpus_per_node)
     model = model_args(preset_name, seq_len)
     args = L.to_args(precision, gpus_per_node)
     if plan.weights:  # --micro-batch is the mean; each rank's share comes from the weights
         args.append(f"--dp-balance {','.join(map(str, plan.weights))}")
     else:
         args.append("--balance speed")
-    return (
-        f"torchrun --nnodes {nodes} --nproc-per-node {min(L.gpus, gpus_per_node)} --rdzv-backend c10d "
-        f"--rdzv-endpoint $MASTER:29500 -m paracube train {model} {' '.join(args)}"
+    per_node = [
+        (pool.key, -(-pool.count // gpus_per_node), min(pool.count, gpus_per_node))
+        for pool in (pools or [])
+    ] or [("", -(-L.gpus // gpus_per_node), min(L.gpus, gpus_per_node))]
+    nodes = sum(n for _, n, _ in per_node)
+
+    def line(procs: int) -> str:
+        return (
+            f"torchrun --nnodes {nodes} --nproc-per-node {procs} --rdzv-backend c10d "
+            f"--rdzv-endpoint $MASTER:29500 -m paracube train {model} {' '.join(args)}"
+        )
+
+    if len({procs for _, _, procs in per_node}) == 1:
+        return line(per_node[0][2])
+    return "\n".join(
+        f"# on {'the' if n == 1 else f'each of the {n}'} {key} node{'s' if n > 1 else ''}:\n"
+        + line(procs)
+        for key, n, procs in per_node
     )
 
 

@@ -10,7 +10,7 @@ from paracube.config import ModelConfig
 from paracube.errors import ConfigError
 from paracube.models import shapes
 from paracube.pipeline.partition import partition
-from paracube.pipeline.schedules import get_schedule
+from paracube.pipeline.schedules import SCHEDULES, get_schedule
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import stage_bytes
 from paracube.planner.pools import MAX_MICRO_BATCH, MixedPlan, Pool, tp_fits_nodes
@@ -50,10 +50,16 @@ def pipeline_plans(
                 m = global_batch // (dp * b)
                 if b > MAX_MICRO_BATCH or m < pp:
                     continue
-                for zero, recompute in ((z, r) for z in (0, 1, 2) for r in RECOMPUTE):
+                for schedule, zero, recompute in (
+                    (s, z, r)
+                    for s in _schedules(pp, m, fixed)
+                    for z in (0, 1, 2)
+                    for r in RECOMPUTE
+                ):
                     layout = Layout(
                         dp=dp, tp=tp, pp=pp, micro_batch=b, microbatches=m, zero=zero,
-                        recompute=recompute, sequence_parallel=tp > 1, **software(fixed),
+                        recompute=recompute, sequence_parallel=tp > 1, schedule=schedule,
+                        **software(fixed),
                     )  # fmt: skip
                     if all(getattr(layout, k) == v for k, v in fixed.items()):
                         plan = _pipeline(cfg, order, stages, layout, precision)
@@ -62,8 +68,31 @@ def pipeline_plans(
     return plans
 
 
+def _schedules(p: int, m: int, fixed: dict) -> list[str]:
+    """The one-chunk schedules a replica's pipeline can run at (p, m) — the blocks are cut
+    per stage, not per chunk — those another dominates (GPipe under 1F1B) only when asked
+    for, as the homogeneous search does (:func:`paracube.planner.search.search`): so the
+    speed-aware plans are not held to 1F1B's bubble where the all-as-the-slowest plan they
+    are compared with may take zero-bubble's."""
+    names = []
+    for name, sched in SCHEDULES.items():
+        if sched.chunked or fixed.get("schedule", name) != name:
+            continue
+        if sched.dominated_by and "schedule" not in fixed:
+            continue
+        try:
+            sched.check(p, m)
+        except ConfigError:
+            continue
+        names.append(name)
+    return names
+
+
 def _pipeline(cfg: ModelConfig, order, stages, layout: Layout, precision: str):
-    """The blocks of each stage by its pool's speed and memory, and the step they make."""
+    """The layers of each stage by its pool's speed and memory, and the step they make. The
+    cut is the engine's (``--balance speed``, :mod:`paracube.pipeline.speed`): of its chain
+    ``embed, blocks, norm, head`` (:func:`~paracube.models.shapes.chain_names`), so the last
+    stage may hold the head alone where its time outweighs a block's."""
     elem, fp8 = ELEMENT_BYTES[precision], precision == "fp8"
     pool_of = [i for i, s in enumerate(stages) for _ in range(s)]  # stage → pool
     L, p, m = cfg.n_layers, layout.pp, layout.microbatches
@@ -76,21 +105,28 @@ def _pipeline(cfg: ModelConfig, order, stages, layout: Layout, precision: str):
         gemms = sum(block_gemm_time(cfg, layout, g, elem, fp8))
         tp = block_tp_comm(cfg, layout, cluster, elem, gemms)
         block.append(fwd + bwd + redo + tp)
-        head.append(head_time(cfg, layout, g, elem))
-    # a stage's bytes are affine in its blocks (states, activations, the 10 % allowance)
+        head.append(head_time(cfg, layout, g, elem))  # the final norm, logits and loss
+    # a stage's bytes are affine in its blocks (states, activations, the 10 % allowance);
+    # the embedding's and the head's are the first and the last stage's (stage_bytes)
     empty = [stage_bytes(cfg, layout, k, 0, precision).total for k in range(p)]
     per_block = [stage_bytes(cfg, layout, k, 1, precision).total - empty[k] for k in range(p)]
 
+    def blocks_in(start: int, end: int) -> int:  # chain layers 1 … L are the blocks
+        return max(0, min(end, L + 1) - max(start, 1))
+
     def load(part: int, layer: int) -> float:
-        last = layer == L - 1 and part == p - 1
-        return block[pool_of[part]] + (head[pool_of[part]] if last else 0.0)
+        if 1 <= layer <= L:
+            return block[pool_of[part]]
+        # the embedding's lookup and the norm weigh nothing beside a block; the norm's time
+        # is in the head's
+        return head[pool_of[part]] if layer == L + 2 else 0.0
 
     def fits(part: int, start: int, end: int) -> bool:
-        need = empty[part] + (end - start) * per_block[part]
+        need = empty[part] + blocks_in(start, end) * per_block[part]
         return need <= order[pool_of[part]].gpu.memory_bytes
 
     try:
-        bounds = partition(L, p, load, fits)
+        bounds = partition(L + 3, p, load, fits)
     except ConfigError:
         return None  # no cut fits every stage
     stage_times = [sum(load(k, i) for i in range(a, b)) for k, (a, b) in enumerate(bounds)]
@@ -100,13 +136,14 @@ def _pipeline(cfg: ModelConfig, order, stages, layout: Layout, precision: str):
     rest = []
     for k, (a, b) in enumerate(bounds):  # each stage's gradient reduction and optimizer
         pool = order[pool_of[k]]
-        shard = (b - a) * shapes.block_params(cfg, tp=layout.tp)
-        dp_exposed = dp_exposed_time(layout, pool.cluster, shard, stage_times[k], cfg, b - a, elem)
+        held = blocks_in(a, b)
+        shard = held * shapes.block_params(cfg, tp=layout.tp)
+        dp_exposed = dp_exposed_time(layout, pool.cluster, shard, stage_times[k], cfg, held, elem)
         optimizer = optimizer_time(layout, pool.gpu, shard, elem)
         rest.append(m * stage_times[k] + dp_exposed + optimizer)
     step = max(rest) + bubble + pp_transfer_time(cfg, layout, link, elem)
     shares = tuple(
-        (pool.key, s, tuple(b - a for k, (a, b) in enumerate(bounds) if pool_of[k] == i))
+        (pool.key, s, tuple(blocks_in(a, b) for k, (a, b) in enumerate(bounds) if pool_of[k] == i))
         for i, (pool, s) in enumerate(zip(order, stages))
     )
     tokens = layout.dp * layout.micro_batch * m * cfg.seq_len / step
