@@ -301,6 +301,10 @@ CASES: list[tuple[str, list[str], str]] = [
      "--chunks must be a positive integer, got 0"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "16", "--global-batch", "16", "--layout", "dp=1,tp=16,pp=1"],
      "--layout tp=16 is larger than a node (8 GPUs)"),
+    # a mixed cluster that plans, but not with the layout fixed: the layout is named
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "16xv100,1xh200", "--global-batch", "128",
+              "--layout", "pp=2"],
+     "fits no plan on 16 × V100 SXM2 32GB + 1 × H200 SXM with --layout pp=2"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "1", "--global-batch", "8", "--layout", "tp=8"],
      "--layout tp=8 is more GPUs than --gpus 1: choose a tp that divides them"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--layout", "dp=x"],

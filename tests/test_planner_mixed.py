@@ -332,3 +332,16 @@ def test_a_pool_smaller_than_a_node_gets_its_own_launch_line(capsys):
     for line in lines:
         cfg = config_from_args(build_parser().parse_args(line.split(" -m paracube ", 1)[1].split()))
         assert cfg.parallel.pp == 17
+
+
+def test_the_headline_says_when_the_speeds_gain_nothing():
+    """H100 and H200 share a compute rate: a saving inside the model's 0.5 % is said as
+    none, not as "0 s saved per step (0%)"."""
+    from paracube.cli.plan_mixed import headline
+    from paracube.planner.layout import Layout
+    from paracube.planner.pools import MixedPlan
+
+    pools = parse_pools("16xh100,16xh200", 8)
+    layout = Layout(dp=32)
+    line = headline(MixedPlan("x", layout, 29.3, 1.0), MixedPlan("y", layout, 29.31, 1.0), pools)
+    assert "differ too little in speed" in line and "saved" not in line

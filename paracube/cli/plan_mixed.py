@@ -56,6 +56,26 @@ def cmd_plan_mixed(args, pools: list[Pool]) -> int:
         cfg, pools, args.global_batch, args.precision, fixed, stack_choices(args.stack)
     )
     if not plans:
+        shaping = {k: v for k, v in fixed.items() if k in SHAPING}
+        if shaping and plan_mixed(
+            cfg, pools, args.global_batch, args.precision,
+            {k: v for k, v in fixed.items() if k not in SHAPING}, stack_choices(args.stack),
+        )[0]:  # fmt: skip
+            degrees = ",".join(f"{k}={v}" for k, v in shaping.items() if k in ("dp", "tp", "pp"))
+            given = " ".join(
+                ([f"--layout {degrees}"] if degrees else [])
+                + [
+                    f"--{k.replace('_', '-')} {v}"
+                    for k, v in shaping.items()
+                    if k not in ("dp", "tp", "pp")
+                ]
+            )
+            raise ParacubeError(
+                f"{cfg.name} fits no plan on {_cluster_text(pools)} with {given}: each type "
+                "holds whole replicas (data parallel by speed) or whole groups of every "
+                "replica's stages (pipeline stages by speed); without those choices it plans — "
+                "relax them"
+            )
         raise ParacubeError(
             f"{cfg.name} fits no plan on {_cluster_text(pools)} for global batch {args.global_batch}: "
             "use more GPUs, GPUs with more memory, or a smaller global batch"
@@ -81,6 +101,11 @@ def cmd_plan_mixed(args, pools: list[Pool]) -> int:
         )
         print("\n" + command)
     return 0
+
+
+# the fixed choices that shape a plan's replicas (--layout and the flags that name a
+# layout's degree, micro-batch, schedule, ZeRO stage or recomputation)
+SHAPING = ("dp", "tp", "pp", "micro_batch", "schedule", "chunks", "zero", "recompute")
 
 
 def time_to_train(args, cfg, tokens: float, best: MixedPlan, slowest: MixedPlan | None) -> str:
@@ -143,6 +168,12 @@ def headline(best: MixedPlan, slowest: MixedPlan | None, pools: list[Pool]) -> s
         )
     slow = min(pools, key=lambda p: p.gpu.peak_flops * p.gpu.sustained_fraction)
     saved = slowest.step_time - best.step_time
+    if abs(saved) < 0.005 * slowest.step_time:  # inside the model's resolution
+        return (
+            f"The speed-aware plan takes the {best.step_time:.3g} s per step of the best plan that "
+            f"treats all {sum(p.count for p in pools)} GPUs as {slow.gpu.name}s: the types "
+            "differ too little in speed here for an uneven share to gain anything."
+        )
     if saved < 0:  # the uniform plan's search ranges wider (interleaved chunks, any split)
         return (
             f"The speed-aware plan takes {best.step_time:.3g} s per step, {-saved:.3g} s more than "
