@@ -66,7 +66,8 @@ def test_every_planned_choice_becomes_its_megatron_flag():
         "--num-layers": str(cfg.n_layers), "--hidden-size": str(cfg.hidden),
         "--ffn-hidden-size": str(cfg.ffn_hidden), "--num-attention-heads": str(cfg.n_heads),
         "--num-query-groups": str(cfg.n_kv_heads), "--seq-length": str(cfg.seq_len),
-        "--vocab-size": str(cfg.vocab_size), "--tensor-model-parallel-size": "4",
+        "--vocab-size": str(cfg.vocab_size - 1),  # NullTokenizer adds its end-of-document id
+        "--tensor-model-parallel-size": "4",
         "--pipeline-model-parallel-size": "4", "--context-parallel-size": "2",
         "--num-virtual-stages-per-pipeline-rank": "5", "--micro-batch-size": "1",
         "--global-batch-size": "64", "--fp8-recipe": "tensorwise", "--normalization": "RMSNorm",

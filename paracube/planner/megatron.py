@@ -21,7 +21,8 @@ planned software Megatron-LM cannot run as planned is refused with the reason
 - the pipeline splits, schedules, attention kernels and collectives only paracube's engine
   or the FSDP stacks run (plan with ``--stack megatron-core`` and they are not proposed).
 
-Data: ``--mock-data`` with Megatron's ``NullTokenizer`` at the planned vocabulary, so the
+Data: ``--mock-data`` with Megatron's ``NullTokenizer`` at the planned vocabulary (its
+``--vocab-size`` one fewer: the tokenizer adds its end-of-document id), so the
 command runs as printed, a benchmark of the layout; swap in ``--data-path`` and a tokenizer
 to train. Megatron pads the vocabulary to a multiple of 128 × tp
 (``--make-vocab-size-divisible-by``), as its runs do.
@@ -190,7 +191,9 @@ def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch
             args.append("--accumulate-allreduce-grads-in-fp32")
     if precision == "fp8":
         args.append(f"--fp8-format hybrid --fp8-recipe {FP8_RECIPES[L.fp8_scaling]}")
-    args.append(f"--mock-data --tokenizer-type NullTokenizer --vocab-size {cfg.vocab_size}")
+    # NullTokenizer adds its end-of-document id past the ids it is given (vocab_size + 1,
+    # megatron/training/tokenizer/tokenizer.py): one fewer gives the planned vocabulary
+    args.append(f"--mock-data --tokenizer-type NullTokenizer --vocab-size {cfg.vocab_size - 1}")
     return args
 
 
