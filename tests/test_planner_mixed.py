@@ -262,6 +262,9 @@ def test_a_pipeline_is_cut_as_the_engine_cuts_it_the_head_a_layer_of_its_own():
     assert best.kind == "pipeline stages by speed" and best.shares[-1][2][-1] == 0
     assert sum(sum(blocks) for _, _, blocks in best.shares) == GPT.n_layers
     assert slowest is not None and best.step_time < slowest.step_time
+    from paracube.cli.plan_mixed import where
+
+    assert where(best).endswith("blocks and one of the head alone")
 
     small = replace(GPT, n_layers=6, name="gpt-6")
     pools = parse_pools("1xh100,2xv100", 8)

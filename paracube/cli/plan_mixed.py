@@ -127,6 +127,16 @@ def _cluster_text(pools: list[Pool]) -> str:
     return " + ".join(f"{p.count} × {p.gpu.name}" for p in pools)
 
 
+def stage_blocks(sizes: tuple[int, ...]) -> str:
+    """A pool's stages' blocks (``1/1/2 blocks``); a stage of none holds the head alone — the
+    pipeline's last, which the engine's cut may give nothing else."""
+    blocks = [str(n) for n in sizes if n]
+    text = f"{'/'.join(blocks)} blocks" if blocks else ""
+    if len(blocks) < len(sizes):
+        text = f"{text} and one of the head alone" if text else "the head alone"
+    return text
+
+
 def where(plan: MixedPlan) -> str:
     """What each pool does: its replicas' micro-batches, or its stages' blocks."""
     parts = []
@@ -137,7 +147,7 @@ def where(plan: MixedPlan) -> str:
             )
             parts.append(f"{key}: {n} replicas × {spread}")
         else:
-            parts.append(f"{key}: {n} stage(s) of {'/'.join(str(s) for s in sizes)} blocks")
+            parts.append(f"{key}: {n} stage(s) of {stage_blocks(sizes)}")
     return "; ".join(parts)
 
 
@@ -206,7 +216,7 @@ def explain(plan: MixedPlan, pools: list[Pool]) -> str:
         else:
             lines.append(
                 f"- {gpu.name} ({speed:.2f}× the slowest type's rate, {gpu.memory_bytes / GB:.0f} GB): "
-                f"{n} stage(s) of each pipeline, {'/'.join(map(str, sizes))} blocks, "
+                f"{n} stage(s) of each pipeline, {stage_blocks(sizes)}, "
                 f"{seconds * 1e3:.3g} ms per micro-batch at the busiest."
             )
     lines.append(
