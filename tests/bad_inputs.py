@@ -305,6 +305,9 @@ CASES: list[tuple[str, list[str], str]] = [
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "16xv100,1xh200", "--global-batch", "128",
               "--layout", "pp=2"],
      "fits no plan on 16 × V100 SXM2 32GB + 1 × H200 SXM with --layout pp=2"),
+    # a batch too small to give every GPU of a mixed cluster work: the larger one that plans
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8xa100-40gb,1xa100-80gb", "--global-batch", "8"],
+     "too little work to share over 9 GPUs by speed"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "1", "--global-batch", "8", "--layout", "tp=8"],
      "--layout tp=8 is more GPUs than --gpus 1: choose a tp that divides them"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--layout", "dp=x"],

@@ -56,30 +56,7 @@ def cmd_plan_mixed(args, pools: list[Pool]) -> int:
         cfg, pools, args.global_batch, args.precision, fixed, stack_choices(args.stack)
     )
     if not plans:
-        shaping = {k: v for k, v in fixed.items() if k in SHAPING}
-        if shaping and plan_mixed(
-            cfg, pools, args.global_batch, args.precision,
-            {k: v for k, v in fixed.items() if k not in SHAPING}, stack_choices(args.stack),
-        )[0]:  # fmt: skip
-            degrees = ",".join(f"{k}={v}" for k, v in shaping.items() if k in ("dp", "tp", "pp"))
-            given = " ".join(
-                ([f"--layout {degrees}"] if degrees else [])
-                + [
-                    f"--{k.replace('_', '-')} {v}"
-                    for k, v in shaping.items()
-                    if k not in ("dp", "tp", "pp")
-                ]
-            )
-            raise ParacubeError(
-                f"{cfg.name} fits no plan on {_cluster_text(pools)} with {given}: each type "
-                "holds whole replicas (data parallel by speed) or whole groups of every "
-                "replica's stages (pipeline stages by speed); without those choices it plans — "
-                "relax them"
-            )
-        raise ParacubeError(
-            f"{cfg.name} fits no plan on {_cluster_text(pools)} for global batch {args.global_batch}: "
-            "use more GPUs, GPUs with more memory, or a smaller global batch"
-        )
+        _why_nothing_plans(cfg, pools, args, fixed, stack_choices(args.stack))
     if args.json:
         print(json.dumps(_json(cfg, pools, plans[: args.top], slowest, tokens)))
         return 0
@@ -101,6 +78,38 @@ def cmd_plan_mixed(args, pools: list[Pool]) -> int:
         )
         print("\n" + command)
     return 0
+
+
+def _why_nothing_plans(cfg, pools: list[Pool], args, fixed: dict, allowed: dict) -> None:
+    """Refuse a mixed cluster nothing plans on, naming the cause: the fixed choices that
+    rule every plan out, a global batch too small to give every GPU work, or the memory."""
+    cluster = _cluster_text(pools)
+    shaping = {k: v for k, v in fixed.items() if k in SHAPING}
+    free = {k: v for k, v in fixed.items() if k not in SHAPING}
+    if shaping and plan_mixed(cfg, pools, args.global_batch, args.precision, free, allowed)[0]:
+        degrees = ",".join(f"{k}={v}" for k, v in shaping.items() if k in ("dp", "tp", "pp"))
+        given = " ".join(
+            ([f"--layout {degrees}"] if degrees else [])
+            + [f"--{k.replace('_', '-')} {v}" for k, v in shaping.items() if k not in ("dp", "tp", "pp")]
+        )  # fmt: skip
+        raise ParacubeError(
+            f"{cfg.name} fits no plan on {cluster} with {given}: each type holds whole replicas "
+            "(data parallel by speed) or whole groups of every replica's stages (pipeline "
+            "stages by speed); without those choices it plans — relax them"
+        )
+    gpus = sum(p.count for p in pools)
+    for larger in (args.global_batch * k for k in (2, 3, 4, 8)):
+        if plan_mixed(cfg, pools, larger, args.precision, fixed, allowed)[0]:
+            raise ParacubeError(
+                f"{cfg.name} fits no plan on {cluster} for global batch {args.global_batch}: too "
+                f"little work to share over {gpus} GPUs by speed (each replica takes a sample "
+                "of every micro-step, each pipeline at least as many micro-batches as stages) — "
+                f"a global batch of {larger} plans; or use fewer GPUs"
+            )
+    raise ParacubeError(
+        f"{cfg.name} fits no plan on {cluster} for global batch {args.global_batch}: "
+        "use more GPUs, GPUs with more memory, or a smaller global batch"
+    )
 
 
 # the fixed choices that shape a plan's replicas (--layout and the flags that name a
