@@ -60,6 +60,11 @@ class ModelConfig:
 
     ``ffn_hidden`` defaults to 4·hidden (GELU MLP); SwiGLU presets give it explicitly.
     ``n_kv_heads`` < ``n_heads`` is grouped-query attention (LLaMA-2 70B, LLaMA-3).
+    ``head_size`` decouples the heads' width from ``hidden / n_heads`` (Qwen3-32B: 64 heads
+    of 128 over a hidden size of 5,120 — the query projection h → n_heads·d, the output
+    projection back); ``qk_norm`` normalises each head's queries and keys over its d values
+    before the rotary positions (Qwen3's q_norm and k_norm) — planned, and trained from a
+    Hugging Face config; paracube's GPT has no q/k norms.
     """
 
     n_layers: int
@@ -83,6 +88,8 @@ class ModelConfig:
     # Grok-1: 8 and 2). 0 and 0: the dense MLP.
     experts: int = 0
     experts_per_token: int = 0
+    head_size: int | None = None  # None: hidden // n_heads
+    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         for f in ("n_layers", "hidden", "n_heads", "vocab_size", "seq_len"):
@@ -95,7 +102,9 @@ class ModelConfig:
         positive("ffn_hidden", self.ffn_hidden)
         number("norm_eps", self.norm_eps, low=0, high=1, open_low=True)
         number("init_std", self.init_std, low=0, high=1, open_low=True)
-        if self.hidden % self.n_heads:
+        if self.head_size is not None:
+            positive("head_size", self.head_size)
+        elif self.hidden % self.n_heads:
             raise ConfigError(
                 f"hidden={self.hidden} is not divisible by n_heads={self.n_heads}: "
                 "choose a head count that divides the hidden size"
@@ -129,7 +138,12 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.n_heads
+        return self.head_size or self.hidden // self.n_heads
+
+    @property
+    def q_dim(self) -> int:
+        """The queries' width, n_heads · d: the hidden size unless ``head_size`` decouples it."""
+        return self.n_heads * self.head_dim
 
     @property
     def moe(self) -> bool:

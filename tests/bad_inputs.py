@@ -146,7 +146,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("data", ["train", "--model", "gpt5"], "unknown --model 'gpt5': give a preset"),
     ("data", ["train", "--model", "hf:{tmp}/emptydir"], "no config.json at"),
     ("data", ["train", "--model", "hf:{tmp}/hf-bert"],
-     "model_type 'bert' is not a supported architecture: supported are llama, mistral, qwen2, gpt2"),
+     "model_type 'bert' is not a supported architecture: supported are llama, mistral, qwen2, qwen3, gpt2"),
     ("data", ["train", "--model", "hf:{tmp}/hf-bad-weights", "--seq-len", "32"],
      "tensor 'model.layers.1.mlp.up_proj.weight' has shape (8, 64) but the config gives (176, 64)"),
     ("data", ["train", "--model", "hf:{tmp}/hf-llama", "--tp", "4"],
@@ -308,6 +308,9 @@ CASES: list[tuple[str, list[str], str]] = [
     # a batch too small to give every GPU of a mixed cluster work: the larger one that plans
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8xa100-40gb,1xa100-80gb", "--global-batch", "8"],
      "too little work to share over 9 GPUs by speed"),
+    ("plan", ["plan", "--layers", "4", "--hidden", "64", "--heads", "4", "--head-size", "0",
+              "--vocab", "100", "--seq", "16", "--gpus", "1", "--global-batch", "1"],
+     "--head-size must be a positive integer, got 0"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "1", "--global-batch", "8", "--layout", "tp=8"],
      "--layout tp=8 is more GPUs than --gpus 1: choose a tp that divides them"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--layout", "dp=x"],

@@ -29,21 +29,23 @@ SEQ, STEPS, GLOBAL = 32, 6, 8
 
 
 def model_dir(family: str) -> str:
-    if family in ("qwen2", "mistral"):
+    if family in ("qwen2", "mistral", "qwen3"):
         return _generated(family)
     return os.path.abspath(os.path.join(MODELS, f"{family}-tiny"))
 
 
 @functools.cache
 def _generated(family: str) -> str:
-    """Tiny Qwen2 (q/k/v biases, tied embedding) and Mistral configs, written once."""
+    """Tiny Qwen2 (q/k/v biases, tied embedding), Mistral and Qwen3 (heads of 32 over a
+    hidden size of 64: queries twice its width; per-head q/k norms) configs, written once."""
     import tempfile
 
-    from transformers import MistralConfig, Qwen2Config
+    from transformers import MistralConfig, Qwen2Config, Qwen3Config
 
     kind, extra = {
         "qwen2": (Qwen2Config, dict(tie_word_embeddings=True)),
         "mistral": (MistralConfig, dict(sliding_window=None)),
+        "qwen3": (Qwen3Config, dict(head_dim=32)),
     }[family]
     directory = tempfile.mkdtemp(prefix=f"paracube-{family}-")
     kind(
@@ -158,10 +160,11 @@ def assert_matches_serial_hf(pools, family: str, cfg: TrainConfig) -> None:
 
 
 @pytest.mark.parametrize("layout", ["tp2-sp", "pp2-1f1b"])
-@pytest.mark.parametrize("family", ["qwen2", "mistral"])
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "qwen3"])
 def test_llama_family_models_match_serial_hf(pools, family, layout):
-    """Mistral and Qwen2 (its q/k/v biases column-parallel, its tied embedding) take
-    Llama's plan."""
+    """Mistral, Qwen2 (its q/k/v biases column-parallel, its tied embedding) and Qwen3 (its
+    decoupled head size, its per-head q/k norms replicated with their gradients summed over
+    tp) take Llama's plan."""
     assert_matches_serial_hf(pools, family, hf_config(family, **LAYOUTS[layout]))
 
 
@@ -366,3 +369,26 @@ def test_gpt2_head_with_an_odd_vocabulary_pads_its_products(tmp_path):
         assert head.weight is spec.module.transformer.wte.weight  # still tied
         x = torch.randn(2, 5, 32)
         torch.testing.assert_close(head(x), torch.nn.functional.linear(x, head.weight))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3"])
+def test_the_planners_parameter_count_is_the_hf_models(family):
+    """The shape read from a config (hf_model_config) counts what transformers builds from
+    it — Qwen3's decoupled head size and per-head q/k norms included — so the planner's
+    memory and FLOPs are the model's; Qwen2's biases on q, k and v only are counted on
+    every linear (ModelConfig has one bias switch: 0.02 % of Qwen2-7B), and no more."""
+    from transformers import AutoModelForCausalLM
+
+    from paracube.models.hf import hf_config_object
+    from paracube.models.shapes import parameter_count
+
+    directory = model_dir(family)
+    shape = hf_model_config(read_hf_config(directory), SEQ)
+    hf = AutoModelForCausalLM.from_config(hf_config_object(directory))
+    built = sum(p.numel() for p in hf.parameters())
+    if family == "qwen2":  # ModelConfig's bias is every linear's; Qwen2 biases q, k, v only
+        unbiased = shape.hidden + 2 * shape.ffn_hidden + shape.hidden  # o_proj, gate|up, down
+        built += shape.n_layers * unbiased
+    assert parameter_count(shape) == built
+    if family == "qwen3":
+        assert shape.q_dim == 2 * shape.hidden and shape.qk_norm

@@ -20,17 +20,27 @@ VARIANTS = [
         n_kv_heads=2,
         ffn_hidden=96,
     ),
+    dict(  # heads wider than hidden / n_heads: the query and output projections n·d wide
+        norm="rmsnorm",
+        activation="swiglu",
+        position="rope",
+        bias=False,
+        n_kv_heads=2,
+        ffn_hidden=96,
+        head_size=32,
+    ),
 ]
+IDS = ["gpt", "tied", "llama", "wide-heads"]
 
 
-@pytest.mark.parametrize("overrides", VARIANTS, ids=["gpt", "tied", "llama"])
+@pytest.mark.parametrize("overrides", VARIANTS, ids=IDS)
 def test_parameter_count_formula_matches_module(overrides):
     cfg = preset("nano", **overrides)
     model = GPT(cfg)
     assert parameter_count(cfg) == sum(p.numel() for p in model.parameters())
 
 
-@pytest.mark.parametrize("overrides", VARIANTS, ids=["gpt", "tied", "llama"])
+@pytest.mark.parametrize("overrides", VARIANTS, ids=IDS)
 def test_causal_and_shapes(overrides):
     """Changing token t never changes the logits of positions before t."""
     torch.manual_seed(0)
@@ -101,3 +111,20 @@ def test_padded_head_product_is_the_linear_and_its_gradients():
     assert out.shape == (2, 3, vocab)
     torch.testing.assert_close(out, torch.nn.functional.linear(x, w))
     assert torch.autograd.gradcheck(_PaddedHeadProduct.apply, (x, w))
+
+
+def test_a_decoupled_head_size_and_what_the_gpt_does_not_build():
+    """``head_size`` frees the heads' width from hidden / n_heads (then any head count
+    goes); it must be positive; the GPT builds wide heads but no per-head q/k norms — a
+    Qwen3 model trains from its Hugging Face config."""
+    from paracube.config import ModelConfig
+    from paracube.errors import ConfigError
+
+    wide = ModelConfig(n_layers=1, hidden=60, n_heads=8, head_size=16, vocab_size=64, seq_len=8)
+    assert (wide.head_dim, wide.q_dim) == (16, 128)
+    with pytest.raises(ConfigError, match="head_size must be a positive integer"):
+        ModelConfig(n_layers=1, hidden=64, n_heads=4, head_size=0, vocab_size=64, seq_len=8)
+    with pytest.raises(ConfigError, match="hidden=60 is not divisible by n_heads=8"):
+        ModelConfig(n_layers=1, hidden=60, n_heads=8, vocab_size=64, seq_len=8)
+    with pytest.raises(ConfigError, match="paracube's GPT has none"):
+        GPT(wide.replace(qk_norm=True))

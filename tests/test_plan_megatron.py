@@ -21,6 +21,7 @@ MEGATRON_FLAGS = {
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
     "--seq-length", "--max-position-embeddings", "--group-query-attention",
     "--num-query-groups", "--swiglu", "--normalization", "--position-embedding-type",
+    "--kv-channels", "--qk-layernorm",
     "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--num-experts",
     "--moe-router-topk", "--moe-token-dispatcher-type", "--attention-dropout",
     "--hidden-dropout", "--tensor-model-parallel-size", "--pipeline-model-parallel-size",
@@ -220,3 +221,20 @@ def test_megatrons_partial_recomputation_is_each_chunks_first_blocks():
     # and paracube train, which recomputes the model's first N, refuses it
     with pytest.raises(Exception, match="recompute_scope='stage'"):
         replace(stage, split="engine").to_args("bf16")
+
+
+def test_a_qwen3_shape_states_its_head_size_and_qk_norms():
+    """Heads of 128 over a hidden size of 5,120 (Qwen3-32B) and per-head q/k norms: the
+    command says --kv-channels 128 (Megatron's default would be 5120 / 64 = 80) and
+    --qk-layernorm; a coupled model says neither."""
+    from paracube.config import ModelConfig
+
+    qwen = ModelConfig(n_layers=64, hidden=5120, n_heads=64, n_kv_heads=8, head_size=128,
+                       qk_norm=True, ffn_hidden=25600, vocab_size=151936, seq_len=4096,
+                       norm="rmsnorm", activation="swiglu", position="rope", bias=False)  # fmt: skip
+    L = layout(dp=8, tp=8, pp=1, micro_batch=1, microbatches=4, zero=1, sequence_parallel=True)
+    flags = parsed(megatron_args(L, qwen, "bf16", global_batch=32))
+    assert set(flags) <= MEGATRON_FLAGS
+    assert flags["--kv-channels"] == "128" and "--qk-layernorm" in flags
+    plain = parsed(megatron_args(L, qwen.replace(head_size=None, qk_norm=False), "bf16", 32))
+    assert "--kv-channels" not in plain and "--qk-layernorm" not in plain

@@ -25,6 +25,16 @@ VARIANTS = {
         bias=False,
         n_kv_heads=2,
     ),
+    # heads of 32 over a hidden size of 64 (4 heads): queries 128 wide, as Qwen3-32B's
+    "llama-gqa-wide-heads": dict(
+        norm="rmsnorm",
+        activation="swiglu",
+        position="rope",
+        ffn_hidden=96,
+        bias=False,
+        n_kv_heads=2,
+        head_size=32,
+    ),
 }
 B = 2
 

@@ -222,6 +222,8 @@ CASES = [
     # a vocabulary that tp does not divide (GPT-2's 50,257 in miniature): padded, masked
     (1, 4, True, preset("nano", seq_len=SEQ, vocab_size=259)),
     (1, 2, False, preset("nano", seq_len=SEQ, vocab_size=257, tie_embeddings=True)),
+    # heads wider than hidden / n_heads (Qwen3-32B's shape in miniature): q is 2·h wide
+    (1, 2, True, LLAMA_NANO.replace(head_size=32)),
 ]
 IDS = [
     "tp2",
@@ -234,6 +236,7 @@ IDS = [
     "tp2-tied",
     "tp4-sp-vocab259",
     "tp2-tied-vocab257",
+    "tp2-sp-llama-wide-heads",
 ]
 
 

@@ -53,6 +53,19 @@ def add_parser(sub) -> None:
         default=None,
         help="the experts each token is routed to (Mixtral, Grok-1: 2)",
     )
+    m.add_argument(
+        "--head-size",
+        type=int,
+        default=None,
+        help="each attention head's width, where it is not --hidden / --heads (Qwen3-32B: "
+        "128 over 5120 / 64)",
+    )
+    m.add_argument(
+        "--qk-norm",
+        action="store_true",
+        default=None,
+        help="each head's queries and keys normalised (Qwen3's q_norm, k_norm)",
+    )
     c = p.add_argument_group("cluster")
     c.add_argument(
         "--gpus",
@@ -349,6 +362,8 @@ BLOCK = (
     "no_bias",
     "experts",
     "experts_per_token",
+    "head_size",
+    "qk_norm",
 )
 
 
@@ -371,6 +386,8 @@ def _model_shape(args):
     for k, value in custom.items():
         if value is not None and value <= 0:
             raise ParacubeError(f"--{k.replace('_', '-')} must be a positive integer, got {value}")
+    if args.head_size is not None and args.head_size <= 0:
+        raise ParacubeError(f"--head-size must be a positive integer, got {args.head_size}")
     block = {k: getattr(args, k) for k in BLOCK if k != "no_bias" and getattr(args, k) is not None}
     if args.no_bias:
         block["bias"] = False

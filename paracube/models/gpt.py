@@ -71,12 +71,18 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        if cfg.qk_norm:
+            raise ConfigError(
+                f"{cfg.name}: qk_norm — per-head q/k norms are planned (paracube plan) and "
+                "trained from a Hugging Face config (--model hf:DIR, Qwen3); paracube's GPT has none"
+            )
         self.head_dim = cfg.head_dim
         self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.n_kv_heads
         kv_dim = cfg.n_kv_heads * cfg.head_dim
-        # Output columns: [q (n·d) | k (n_kv·d) | v (n_kv·d)].
-        self.qkv_proj = nn.Linear(cfg.hidden, cfg.hidden + 2 * kv_dim, bias=cfg.bias)
-        self.o_proj = nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias)
+        # Output columns: [q (n·d) | k (n_kv·d) | v (n_kv·d)]; n·d is the hidden size unless
+        # the head size is decoupled from it (cfg.head_size)
+        self.qkv_proj = nn.Linear(cfg.hidden, cfg.q_dim + 2 * kv_dim, bias=cfg.bias)
+        self.o_proj = nn.Linear(cfg.q_dim, cfg.hidden, bias=cfg.bias)
         self.recompute_core = False  # selective activation recomputation (set by apply_recompute)
         self.rotary = cfg.position == "rope"
         if self.rotary:
@@ -110,7 +116,7 @@ class CausalSelfAttention(nn.Module):
             y = checkpoint(_attention_core, q, k, v, kv_heads != q_heads, kept, use_reentrant=False)
         else:
             y = _attention_core(q, k, v, kv_heads != q_heads)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, H)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, n·d) → (B, T, H)
 
 
 class MLP(nn.Module):

@@ -20,7 +20,7 @@ to the engines as a :class:`~paracube.models.spec.ModelSpec`:
 
 Writing a plan for another model: a dict from module-path patterns to styles
 (``Colwise``, ``Rowwise``, ``VocabEmbedding``, ``PrepareInput``, ``SequenceSharded``,
-``ScatterOutputSP``, ``DivideAttrs``), the chain's module paths in forward order, and the
+``HeadShared``, ``ScatterOutputSP``, ``DivideAttrs``), the chain's module paths in forward order, and the
 repeated blocks — see :func:`llama_plan` and the README's "Train your own model".
 """
 
@@ -41,6 +41,7 @@ from paracube.models.spec import Borrowed, ModelSpec, tied_groups
 from paracube.tensor_parallel.plan import (
     Colwise,
     DivideAttrs,
+    HeadShared,
     PrepareInput,
     Rowwise,
     ScatterOutputSP,
@@ -49,11 +50,16 @@ from paracube.tensor_parallel.plan import (
 )
 
 
-def llama_plan() -> dict:
-    """Llama / Mistral / Qwen2 (``LlamaDecoderLayer`` names); q, k and v are separate
-    projections, so nothing is split section by section."""
+def llama_plan(qk_norm: bool = False) -> dict:
+    """Llama / Mistral / Qwen2 / Qwen3 (``LlamaDecoderLayer`` names); q, k and v are
+    separate projections, so nothing is split section by section. ``qk_norm``: Qwen3's
+    per-head q and k norms, which run on this rank's heads (:class:`HeadShared`)."""
     attn, mlp = "model.layers.*.self_attn", "model.layers.*.mlp"
+    norms: dict = (
+        {f"{attn}.q_norm": HeadShared(), f"{attn}.k_norm": HeadShared()} if qk_norm else {}
+    )
     return {
+        **norms,
         "model.embed_tokens": (VocabEmbedding(), ScatterOutputSP()),
         "model.layers.*.input_layernorm": SequenceSharded(),
         attn: PrepareInput(),  # f (or the SP all-gather) once for q, k and v
@@ -264,7 +270,7 @@ def build_hf(directory: str, shape: ModelConfig) -> ModelSpec:
         embed = TokenEmbedding(hf, v, t)
         layers, final = list(body.layers), body.norm
         names = ["model", *(f"model.layers.{i}" for i in range(len(layers))), "model.norm"]
-        plan = llama_plan()
+        plan = llama_plan(qk_norm=shape.qk_norm)
         rotary = RotaryTables(body.rotary_emb)
     for layer in layers:
         _wrap_layer(layer, rotary)

@@ -39,10 +39,10 @@ def mlp_in_width(cfg: ModelConfig) -> int:
 
 
 def block_linears(cfg: ModelConfig) -> list[Linear]:
-    h = cfg.hidden
+    h, q = cfg.hidden, cfg.q_dim  # q = h unless the head size is decoupled
     return [
-        Linear("attn.qkv_proj", h, h + 2 * kv_dim(cfg), "column"),  # fused q | k | v
-        Linear("attn.o_proj", h, h, "row"),
+        Linear("attn.qkv_proj", h, q + 2 * kv_dim(cfg), "column"),  # fused q | k | v
+        Linear("attn.o_proj", q, h, "row"),
         Linear("mlp.up_proj", h, mlp_in_width(cfg), "column"),
         Linear("mlp.down_proj", cfg.ffn_hidden, h, "row"),
     ]
@@ -59,12 +59,12 @@ def op_checkpoint_linears(cfg: ModelConfig) -> list[tuple[Linear, bool, bool]]:
     block's last matmul, whose output only enters the residual sum, is never redone (a GELU
     MLP's second). tests/test_planner_op_checkpoint.py runs the policy on torch's ops and
     watches what the forward keeps and which matmuls the backward redoes."""
-    h, kv, f = cfg.hidden, kv_dim(cfg), cfg.ffn_hidden
+    h, q, kv, f = cfg.hidden, cfg.q_dim, kv_dim(cfg), cfg.ffn_hidden
     calls = [
-        Linear("attn.wq", h, h, "column"),
+        Linear("attn.wq", h, q, "column"),
         Linear("attn.wk", h, kv, "column"),
         Linear("attn.wv", h, kv, "column"),
-        Linear("attn.wo", h, h, "row"),
+        Linear("attn.wo", q, h, "row"),
     ]
     if cfg.activation == "swiglu":
         calls += [
@@ -157,11 +157,14 @@ def block_params(cfg: ModelConfig, tp: int = 1, ep: int = 1) -> float:
 
 
 def _attention_params(cfg: ModelConfig, tp: int) -> float:
-    """The block's attention linears and both norms on one tensor-parallel rank."""
+    """The block's attention linears and both norms on one tensor-parallel rank (and the
+    per-head q and k norms' d weights each, replicated)."""
     bias = 1 if cfg.bias else 0
     qkv, o = block_linears(cfg)[:2]
+    qk_norms = 2 * cfg.head_dim if cfg.qk_norm else 0
     return (qkv.in_features * qkv.out_features + o.in_features * o.out_features
-            + bias * qkv.out_features) / tp + 2 * norm_params(cfg) + bias * o.out_features  # fmt: skip
+            + bias * qkv.out_features) / tp + 2 * norm_params(cfg) + bias * o.out_features \
+        + qk_norms  # fmt: skip
 
 
 def expert_params(cfg: ModelConfig, tp: int = 1, ep: int = 1) -> float:
@@ -301,14 +304,18 @@ def end_saved_bytes(
 #
 #   attn_norm (input; LayerNorm mean, rstd)        N·h·E/t_s + 2·N·E/t_s  (RMSNorm: below)
 #   qkv_proj (its input: the norm output)          N·h·E (gathered under SP)
-#   attention core (q, k, v views; output; lse)    N·(h + 2·k_v)·E/t + N·h·E/t + 4·N·a/t
-#   rotary positions (rotated q, k; tables)        N·(h + k_v)·E/t + s·d·E
-#   grouped-query (k, v expanded to a heads)       2·N·(h − k_v)·E/t (rotary without GQA:
+#   attention core (q, k, v views; output; lse)    N·(q + 2·k_v)·E/t + N·q·E/t + 4·N·a/t
+#   rotary positions (rotated q, k; tables)        N·(q + k_v)·E/t + s·d·E
+#   grouped-query (k, v expanded to a heads)       2·N·(q − k_v)·E/t (rotary without GQA:
 #                                                  a contiguous copy of v, N·k_v·E/t)
+#   per-head q and k norms (Qwen3's; an RMSNorm    as an RMSNorm over q + k_v values with
+#   over each head's d values)                     a rstd per head: (2·E + 4)·N·(q + k_v)/t
+#                                                  (the 4 below fp32) + 4·N·(a + a_kv)/t
 #   mlp_norm, up_proj                              as attn_norm, qkv_proj
 #   activation (GELU: up output; SwiGLU: gate|up,  GELU 2·N·F·E/t; SwiGLU 4·N·F·E/t
 #   silu(gate), product)
 #
+# (q = a·d, the queries' width: h unless the head size is decoupled.)
 # With GELU, LayerNorm, learned positions and no TP: N·(16·h·E + 4·E + 4a) bytes, i.e.
 # 32·s·b·h bytes at E = 2 against Korthikanti et al.'s 34·s·b·h for Megatron's layer
 # (dropout masks, unfused attention). Selective recomputation re-runs the core from q, k, v (its
@@ -330,7 +337,7 @@ def block_saved_bytes(
     (default ``cfg.seq_len``) tokens."""
     s = seq or cfg.seq_len
     n = b * s
-    h, d, a = cfg.hidden, cfg.head_dim, cfg.n_heads
+    h, d, a, q = cfg.hidden, cfg.head_dim, cfg.n_heads, cfg.q_dim
     kv = kv_dim(cfg)
     ts = tp if sequence_parallel else 1
     if recompute == "full":
@@ -339,15 +346,19 @@ def block_saved_bytes(
         return op_checkpoint_saved_bytes(cfg, n, elem, tp, ts)
     norms = 2 * _norm_bytes(cfg, n, elem) // ts
     norm_outputs = 2 * n * h * elem // ts  # kept by qkv_proj and up_proj (their shards under SP)
-    attention = n * (h + 2 * kv) * elem // tp + n * h * elem // tp
+    attention = n * (q + 2 * kv) * elem // tp + n * q * elem // tp
     if recompute != "selective":
         attention += 4 * n * a // tp  # the fused kernel's fp32 log-sum-exp
-        if kv < h:  # grouped-query: the kernel keeps k and v expanded to every query head
-            attention += 2 * n * (h - kv) * elem // tp
+        if kv < q:  # grouped-query: the kernel keeps k and v expanded to every query head
+            attention += 2 * n * (q - kv) * elem // tp
         elif cfg.position == "rope":  # contiguous rotated q, k beside a strided v: v is copied
             attention += n * kv * elem // tp
     if cfg.position == "rope":
-        attention += n * (h + kv) * elem // tp + cfg.seq_len * d * elem
+        attention += n * (q + kv) * elem // tp + cfg.seq_len * d * elem
+    if cfg.qk_norm:  # as an RMSNorm (_norm_bytes) over the q and k heads, a rstd per head
+        width = (q + kv) // tp
+        attention += 2 * n * width * elem + (4 * n * width if elem < 4 else 0)
+        attention += 4 * n * (a + cfg.n_kv_heads) // tp
     mlp = (4 if cfg.activation == "swiglu" else 2) * n * cfg.ffn_hidden * elem // tp
     if cfg.moe:
         mlp = mlp * cfg.experts_per_token + moe_routing_bytes(cfg, n, elem, tp, ts)
@@ -383,7 +394,7 @@ def op_checkpoint_saved_bytes(cfg: ModelConfig, n: int, elem: int, tp: int, ts: 
         if kept:
             width = lin.out_features // tp if lin.split == "column" else lin.out_features
             saved += n * width * elem
-    return saved + n * cfg.hidden * elem // tp + 4 * n * cfg.n_heads // tp
+    return saved + n * cfg.q_dim * elem // tp + 4 * n * cfg.n_heads // tp
 
 
 def model_saved_bytes(

@@ -26,9 +26,11 @@ from paracube.config import ModelConfig
 from paracube.errors import ConfigError
 
 # model_type → the plan family (paracube.models.hf): Llama's decoder layout is shared by
-# Mistral and Qwen2 (Qwen2 adds q/k/v biases, which the column-parallel layers keep).
-HF_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gpt2": "gpt2",
-               "mixtral": "llama"}  # fmt: skip
+# Mistral, Qwen2 (q/k/v biases, which the column-parallel layers keep) and Qwen3 (a head
+# size of its own — head_dim — and per-head q/k norms, replicated with their gradients
+# summed over tp).
+HF_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama",
+               "gpt2": "gpt2", "mixtral": "llama"}  # fmt: skip
 # Mixtral is Mistral's decoder with a mixture of experts for its MLP: planned (its experts
 # from num_local_experts and num_experts_per_tok), not trained — paracube builds dense models
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -157,11 +159,6 @@ def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = No
             )
         hidden, heads = get("hidden_size", 4096), get("num_attention_heads", 32)
         head_dim = get("head_dim") or hidden // heads
-        if head_dim * heads != hidden:
-            raise ConfigError(
-                f"{kind} config: head_dim {head_dim} × {heads} heads ≠ hidden_size {hidden}: "
-                "a decoupled head size is not supported"
-            )
         shape = dict(
             n_layers=get("num_hidden_layers", 32), hidden=hidden, n_heads=heads,
             n_kv_heads=get("num_key_value_heads") or heads,
@@ -169,6 +166,7 @@ def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = No
             position="rope", tie_embeddings=get("tie_word_embeddings", False),
             bias=bool(get("attention_bias", kind == "qwen2")),
             norm_eps=get("rms_norm_eps", 1e-6), init_std=get("initializer_range", 0.02),
+            head_size=None if head_dim * heads == hidden else head_dim, qk_norm=kind == "qwen3",
         )  # fmt: skip
         if kind == "mixtral":
             shape.update(

@@ -126,8 +126,12 @@ def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch
         f"--seq-length {cfg.seq_len}",
         f"--max-position-embeddings {cfg.seq_len}",
     ]
+    if cfg.head_size is not None:  # heads not hidden / n_heads wide (Megatron's default)
+        args.append(f"--kv-channels {cfg.head_dim}")
     if cfg.n_kv_heads < cfg.n_heads:
         args.append(f"--group-query-attention --num-query-groups {cfg.n_kv_heads}")
+    if cfg.qk_norm:  # each head's q and k normalised, under --normalization's kind
+        args.append("--qk-layernorm")
     if cfg.activation == "swiglu":
         args.append("--swiglu")
     if cfg.norm == "rmsnorm":

@@ -158,6 +158,18 @@ class SequenceSharded(Style):
         return module
 
 
+class HeadShared(Style):
+    """A replicated module fed this rank's own attention heads (Qwen3's per-head q and k
+    norms, after the column-parallel projections): every rank holds the whole weight but
+    sees 1/tp of the heads, so its gradient is partial — summed over tp as a
+    sequence-sharded norm's is, with or without sequence parallelism."""
+
+    def apply(self, module, ctx):
+        for p in module.parameters():
+            mark(p, sequence_parallel=True)
+        return module
+
+
 def gpt_plan(cfg: ModelConfig) -> dict[str, Style | tuple[Style, ...]]:
     """The tensor-parallel plan of :class:`paracube.models.gpt.GPT`.
 
@@ -169,7 +181,7 @@ def gpt_plan(cfg: ModelConfig) -> dict[str, Style | tuple[Style, ...]]:
         "embed": ScatterOutputSP(),
         "embed.tok": VocabEmbedding(),
         "blocks.*.attn_norm": SequenceSharded(),
-        "blocks.*.attn.qkv_proj": Colwise(sections=(cfg.hidden, kv, kv)),
+        "blocks.*.attn.qkv_proj": Colwise(sections=(cfg.q_dim, kv, kv)),
         "blocks.*.attn.o_proj": Rowwise(),
         "blocks.*.mlp_norm": SequenceSharded(),
         "blocks.*.mlp.up_proj": Colwise(sections=up_sections),
