@@ -308,6 +308,12 @@ CASES: list[tuple[str, list[str], str]] = [
     # a batch too small to give every GPU of a mixed cluster work: the larger one that plans
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8xa100-40gb,1xa100-80gb", "--global-batch", "8"],
      "too little work to share over 9 GPUs by speed"),
+    # Qwen3's per-head q/k norms: planned, trained from the HF config — not by paracube's GPT
+    ("train", ["train", "--model", "qwen3-8b", "--steps", "1"],
+     "train it as --model hf:DIR (a Qwen3 config.json)"),
+    ("plan", ["plan", "--model", "qwen3-8b", "--gpus", "8", "--global-batch", "64", "--emit",
+              "torchrun"],
+     "qwen3-8b has per-head q/k norms with --emit torchrun"),
     ("plan", ["plan", "--layers", "4", "--hidden", "64", "--heads", "4", "--head-size", "0",
               "--vocab", "100", "--seq", "16", "--gpus", "1", "--global-batch", "1"],
      "--head-size must be a positive integer, got 0"),

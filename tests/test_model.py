@@ -76,7 +76,8 @@ def test_layers_chain_reproduces_forward():
 
 def test_published_sizes():
     """Preset shapes give the published parameter counts (Brown et al. 2020; Touvron et al.
-    2023; Dubey et al. 2024) — ours include learned positions / untied heads as specified."""
+    2023; Dubey et al. 2024; the Qwen3 model cards) — ours include learned positions /
+    untied heads as specified."""
     billions = {k: parameter_count(preset(k)) / 1e9 for k in PRESETS}
     assert billions["gpt3-175b"] == pytest.approx(175.0, rel=0.01)
     assert billions["gpt3-13b"] == pytest.approx(13.0, rel=0.03)
@@ -85,6 +86,13 @@ def test_published_sizes():
     assert billions["llama3-8b"] == pytest.approx(8.03, rel=0.001)
     assert billions["llama3-70b"] == pytest.approx(70.55, rel=0.001)
     assert billions["llama3-405b"] == pytest.approx(405.85, rel=0.001)
+    # Qwen3's model cards: parameters and non-embedding parameters, to their 0.1B
+    for name, total, body in [("qwen3-4b", 4.0, 3.6), ("qwen3-8b", 8.2, 6.95),
+                              ("qwen3-14b", 14.8, 13.2), ("qwen3-32b", 32.8, 31.2)]:  # fmt: skip
+        cfg = preset(name)
+        tables = cfg.vocab_size * cfg.hidden * (1 if cfg.tie_embeddings else 2)
+        assert billions[name] == pytest.approx(total, abs=0.05), name
+        assert (parameter_count(cfg) - tables) / 1e9 == pytest.approx(body, abs=0.05), name
 
 
 def test_narayanan_parameter_formula_for_gpt3():

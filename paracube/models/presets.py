@@ -14,6 +14,12 @@ Torch-free: the planner reads these shapes as pure math. Sources:
   128 × 1024, sequence 8192; its gated MLP's width ``ffn_size(6144, 8)`` = 32768 in
   ``model.py``, gated GELU — the same three matrices as SwiGLU — and the output tied to
   the embedding).
+- Qwen3 (planned by ``paracube plan``; trained from its Hugging Face config, ``--model
+  hf:DIR``: paracube's GPT has no per-head q/k norms): the Qwen/Qwen3-{4B,8B,14B,32B}
+  config.json files — vocabulary 151,936, 8 key/value heads, heads of 128 (wider than
+  hidden ÷ heads in 4B and 32B), per-head q/k norms, the 4B's embedding tied — at the 4,096
+  tokens of the Qwen3 technical report's general pre-training stage (Yang et al. 2025,
+  §3.2); their parameters are the model cards' (4.0B, 8.2B, 14.8B, 32.8B: tested).
 The byte-level presets (``nano``, ``tiny``, ``small``) have a 256-symbol vocabulary so
 they train on the embedded byte corpus.
 """
@@ -52,6 +58,17 @@ def _llama(
 
 _MOE_8_2 = dict(experts=8, experts_per_token=2)
 
+
+def _qwen3(n_layers: int, hidden: int, n_heads: int, ffn_hidden: int, tied: bool = False) -> dict:
+    """A Qwen3 shape: Llama's block with heads of 128 and per-head q/k norms."""
+    return {
+        **_llama(n_layers, hidden, n_heads, 8, ffn_hidden, 151936, 4096),
+        "head_size": None if hidden == 128 * n_heads else 128,
+        "qk_norm": True,
+        "tie_embeddings": tied,
+    }
+
+
 PRESETS: dict[str, dict] = {
     # Byte-level models for this machine (2 CPU cores).
     "nano": dict(n_layers=2, hidden=64, n_heads=4, vocab_size=256, seq_len=64),
@@ -79,6 +96,11 @@ PRESETS: dict[str, dict] = {
     "mixtral-8x7b": {**_llama(32, 4096, 32, 8, 14336, 32000, 32768), **_MOE_8_2},
     "mixtral-8x22b": {**_llama(56, 6144, 48, 8, 16384, 32768, 65536), **_MOE_8_2},
     "grok-1": {**_llama(64, 6144, 48, 8, 32768, 131072, 8192), **_MOE_8_2, "tie_embeddings": True},
+    # Qwen3 (planned; trained from the Hugging Face config): layers, hidden, heads, MLP width
+    "qwen3-4b": _qwen3(36, 2560, 32, 9728, tied=True),
+    "qwen3-8b": _qwen3(36, 4096, 32, 12288),
+    "qwen3-14b": _qwen3(40, 5120, 40, 17408),
+    "qwen3-32b": _qwen3(64, 5120, 64, 25600),
 }
 
 
