@@ -392,3 +392,10 @@ def test_the_planners_parameter_count_is_the_hf_models(family):
     assert parameter_count(shape) == built
     if family == "qwen3":
         assert shape.q_dim == 2 * shape.hidden and shape.qk_norm
+
+
+def test_qwen3_q_k_norms_under_zero3_with_tensor_parallel(pools):
+    """dp 2 × tp 2 with sequence parallelism and ZeRO-3: the per-head norms' partial
+    gradients are summed over tp before the data-parallel reduce-scatter of their shards."""
+    cfg = hf_config("qwen3", dp=2, tp=2, zero=3, sequence_parallel=True)
+    assert_matches_serial_hf(pools, "qwen3", cfg)
