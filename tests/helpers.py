@@ -15,6 +15,11 @@ from paracube.models.gpt import GPT, lm_loss
 from paracube.models.presets import preset
 
 SEQ = 32
+# A LLaMA block on the small test models: RMSNorm, SwiGLU (96 wide), rotary positions, no
+# biases, 2 key/value heads (grouped-query attention)
+LLAMA_BLOCK = dict(
+    norm="rmsnorm", activation="swiglu", position="rope", bias=False, n_kv_heads=2, ffn_hidden=96
+)
 
 
 def small_corpus() -> TokenCorpus:

@@ -8,28 +8,10 @@ import torch
 from paracube.models.gpt import GPT, lm_loss
 from paracube.models.presets import PRESETS, preset
 from paracube.models.shapes import parameter_count
+from tests.helpers import LLAMA_BLOCK
 
-VARIANTS = [
-    {},
-    dict(tie_embeddings=True),
-    dict(
-        norm="rmsnorm",
-        activation="swiglu",
-        position="rope",
-        bias=False,
-        n_kv_heads=2,
-        ffn_hidden=96,
-    ),
-    dict(  # heads wider than hidden / n_heads: the query and output projections n·d wide
-        norm="rmsnorm",
-        activation="swiglu",
-        position="rope",
-        bias=False,
-        n_kv_heads=2,
-        ffn_hidden=96,
-        head_size=32,
-    ),
-]
+# the last: heads wider than hidden / n_heads, the query and output projections n·d wide
+VARIANTS = [{}, dict(tie_embeddings=True), LLAMA_BLOCK, {**LLAMA_BLOCK, "head_size": 32}]
 IDS = ["gpt", "tied", "llama", "wide-heads"]
 
 

@@ -12,29 +12,13 @@ from paracube.models.gpt import GPT, Block, apply_recompute, lm_loss
 from paracube.models.shapes import block_saved_bytes, model_saved_bytes
 
 BASE = dict(n_layers=2, hidden=64, n_heads=4, vocab_size=256, seq_len=32)
+LLAMA_MHA = dict(norm="rmsnorm", activation="swiglu", position="rope", ffn_hidden=96, bias=False)
 VARIANTS = {
     "gpt": {},
-    "llama-mha": dict(
-        norm="rmsnorm", activation="swiglu", position="rope", ffn_hidden=96, bias=False
-    ),
-    "llama-gqa": dict(
-        norm="rmsnorm",
-        activation="swiglu",
-        position="rope",
-        ffn_hidden=96,
-        bias=False,
-        n_kv_heads=2,
-    ),
+    "llama-mha": LLAMA_MHA,
+    "llama-gqa": {**LLAMA_MHA, "n_kv_heads": 2},
     # heads of 32 over a hidden size of 64 (4 heads): queries 128 wide, as Qwen3-32B's
-    "llama-gqa-wide-heads": dict(
-        norm="rmsnorm",
-        activation="swiglu",
-        position="rope",
-        ffn_hidden=96,
-        bias=False,
-        n_kv_heads=2,
-        head_size=32,
-    ),
+    "llama-gqa-wide-heads": {**LLAMA_MHA, "n_kv_heads": 2, "head_size": 32},
 }
 B = 2
 

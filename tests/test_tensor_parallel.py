@@ -10,6 +10,7 @@ import torch
 from paracube.models.presets import preset
 from paracube.planner.volumes import total_wire_bytes, tp_layer_payload, wire_bytes
 from tests.helpers import (
+    LLAMA_BLOCK,
     SEQ,
     assert_losses_close,
     assert_params_close,
@@ -198,16 +199,7 @@ def test_vocab_parallel_embedding_and_loss(pools):
         }
 
 
-LLAMA_NANO = preset(
-    "nano",
-    seq_len=SEQ,
-    norm="rmsnorm",
-    activation="swiglu",
-    position="rope",
-    bias=False,
-    n_kv_heads=2,
-    ffn_hidden=96,
-)
+LLAMA_NANO = preset("nano", seq_len=SEQ, **LLAMA_BLOCK)
 
 
 CASES = [
