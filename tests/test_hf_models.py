@@ -263,6 +263,7 @@ def resume_from(cfg: TrainConfig, path: str):
 @pytest.mark.parametrize(("family", "saved", "loaded"), [
     ("gpt2", dict(pp=2, m=4), dict(tp=2, dp=2, zero=1)),
     ("llama", dict(tp=2, sequence_parallel=True), dict(pp=2, m=4)),
+    ("qwen3", dict(tp=2, sequence_parallel=True), dict(dp=2, zero=3)),  # q/k norms held whole
 ])  # fmt: skip
 def test_hf_checkpoint_reshards_across_layouts(pools, tmp_path, family, saved, loaded):
     """Saved at step 3 under one layout (GPT-2's tied head on the last stage is saved
