@@ -200,7 +200,7 @@ def count_layer_collectives(sp: bool, per_linear: bool, micro_batches: int = 4):
     torch.manual_seed(0)
     cfg = hf_config("llama")
     spec = build_hf(model_dir("llama"), cfg.model)
-    plan = llama_plan()
+    plan = llama_plan(qk_norm=False)
     if per_linear:  # the naive plan: every column-parallel linear prepares its own input
         plan = {k: v for k, v in plan.items() if not k.endswith(("self_attn", ".mlp"))}
         for k in list(plan):

@@ -186,23 +186,24 @@ def headline(best: MixedPlan, slowest: MixedPlan | None, pools: list[Pool]) -> s
             f"layout: only the speed-aware plan runs it ({best.step_time:.3g} s per step)."
         )
     slow = min(pools, key=lambda p: p.gpu.peak_flops * p.gpu.sustained_fraction)
+    gpus = sum(p.count for p in pools)
     saved = slowest.step_time - best.step_time
     if abs(saved) < 0.005 * slowest.step_time:  # inside the model's resolution
         return (
             f"The speed-aware plan takes the {best.step_time:.3g} s per step of the best plan that "
-            f"treats all {sum(p.count for p in pools)} GPUs as {slow.gpu.name}s: the types "
+            f"treats all {gpus} GPUs as {slow.gpu.name}s: the types "
             "differ too little in speed here for an uneven share to gain anything."
         )
     if saved < 0:  # the uniform plan's search ranges wider (interleaved chunks, any split)
         return (
             f"The speed-aware plan takes {best.step_time:.3g} s per step, {-saved:.3g} s more than "
             f"the {slowest.step_time:.3g} s of the best plan that treats all "
-            f"{sum(p.count for p in pools)} GPUs as {slow.gpu.name}s ({describe(slowest.layout)}): "
+            f"{gpus} GPUs as {slow.gpu.name}s ({describe(slowest.layout)}): "
             "here the speeds buy nothing the layouts a uniform plan can take do not — run that one."
         )
     return (
         f"The speed-aware plan takes {best.step_time:.3g} s per step against {slowest.step_time:.3g} s "
-        f"for the best plan that treats all {sum(p.count for p in pools)} GPUs as {slow.gpu.name}s: "
+        f"for the best plan that treats all {gpus} GPUs as {slow.gpu.name}s: "
         f"{saved:.3g} s saved per step ({saved / slowest.step_time:.0%}), "
         f"{best.tokens_per_s / slowest.tokens_per_s:.2f}× the throughput."
     )

@@ -50,10 +50,12 @@ from paracube.tensor_parallel.plan import (
 )
 
 
-def llama_plan(qk_norm: bool = False) -> dict:
+def llama_plan(*, qk_norm: bool) -> dict:
     """Llama / Mistral / Qwen2 / Qwen3 (``LlamaDecoderLayer`` names); q, k and v are
     separate projections, so nothing is split section by section. ``qk_norm``: Qwen3's
-    per-head q and k norms, which run on this rank's heads (:class:`HeadShared`)."""
+    per-head q and k norms, which run on this rank's heads (:class:`HeadShared`) — stated,
+    not defaulted: a Qwen3 planned without them would sum only its own heads' share of their
+    gradients and train wrongly."""
     attn, mlp = "model.layers.*.self_attn", "model.layers.*.mlp"
     norms: dict = (
         {f"{attn}.q_norm": HeadShared(), f"{attn}.k_norm": HeadShared()} if qk_norm else {}
