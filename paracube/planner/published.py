@@ -42,6 +42,16 @@ Sources:
   2,304 × 4,096 tokens, 8.0 s per iteration, MFU 41.0 % (paracube's FLOP count gives
   40.9 %: test). The model from NeMo's nemotron_340b.yaml (below); recomputation and the
   virtual stages are left to the planner.
+- Nemotron-4 15B report: Parmar et al. 2024, "Nemotron-4 15B Technical Report" (arXiv
+  2402.16819), Table 1 (32 blocks of 6,144, 48 heads, 8 KV heads, 4,096 tokens, a
+  256,000-token vocabulary), its pre-training section and Table 2: 384 DGX H100 nodes
+  (eight 400 Gb/s HCAs each), 8-way tensor parallelism, data parallelism with the
+  distributed optimizer; the batch ramp's three stages — data parallel 96, 192 and 288 on
+  768, 1,536 and 2,304 GPUs, batches of 384, 768 and 1,152, 0.57, 0.58 and 0.64 s an
+  iteration, MFU 34.3, 33.3 and 30.5 % (paracube's FLOP count gives 34.1, 33.6, 30.4,
+  within the rounding of the iteration times: test). Sequence parallelism, recomputation
+  and the micro-batch are not stated and left to the planner; the tensor-parallel overlap
+  of NeMo's later recipes is not stated and not assumed (Megatron's default: off).
 - Megatron-Core: NVIDIA/Megatron-LM ``README.md``, "Performance Benchmarking": GPT-3 175B
   "strong scaled ... from 96 H100 GPUs to 4608 GPUs, using the same batch size of 1152
   sequences", MFU 47 % → 42 %; the section's benchmark configuration (vocabulary 131,072,
@@ -241,6 +251,7 @@ def runs() -> list[dict]:
         + _bloom()
         + _llama3()
         + _nemotron4_production()
+        + _nemotron4_15b_production()
         + _megatron_core_h100()
         + _mosaic()
         + _torchtitan()
@@ -277,6 +288,7 @@ STACKS = {
     "BLOOM reshaping": "DeepSpeed pipeline + Megatron TP",
     "Llama 3": "Meta production (H100)",
     "Nemotron-4 report": "NVIDIA production (H100)",
+    "Nemotron-4 15B report": "NVIDIA production (H100)",
     "Megatron-Core": "Megatron-Core (H100)",
     "MosaicML (H100)": "FSDP-only: Composer (H100)",
     "MosaicML (A100 80GB)": "FSDP-only: Composer (A100)",
@@ -530,6 +542,20 @@ def _nemotron4_production() -> list[dict]:
     published = round(2304 * cfg.seq_len * model_flops_per_token(cfg) / 8.0 / 6144 / 1e12, 1)
     return [_run("Nemotron-4 report", cfg, "h100", 6144, 2304, "bf16", fixed, "model",
                  published)]
+
+
+def _nemotron4_15b_production() -> list[dict]:
+    """Nemotron-4 15B's pre-training on H100 (its report's Table 2): the three stages of its
+    batch ramp, four sequences of 4,096 tokens per data-parallel rank in each, TP 8 × DP 96,
+    192 and 288, the distributed optimizer (ZeRO-1), BF16."""
+    cfg = _nemotron("Nemotron-4 15B", 32, 6144, 48, 8)
+    out = []
+    for dp, batch, seconds in [(96, 384, 0.57), (192, 768, 0.58), (288, 1152, 0.64)]:
+        fixed = dict(tp=8, pp=1, dp=dp, zero=1, attention="fused", **MEGATRON_CORE)
+        published = round(batch * cfg.seq_len * model_flops_per_token(cfg) / seconds / (8 * dp) / 1e12, 1)
+        out.append(_run("Nemotron-4 15B report", cfg, "h100", 8 * dp, batch, "bf16", fixed,
+                        "model", published))
+    return out
 
 
 def _megatron_core_h100() -> list[dict]:
