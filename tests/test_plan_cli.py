@@ -375,6 +375,30 @@ def test_fits_nothing_says_by_how_much_and_what_would_fit(capsys):
     assert "fits no layout on 4 × A100 80GB" in err  # 210 GB a GPU to offload: over 128
 
 
+def test_fits_nothing_names_the_choice_without_which_it_fits(capsys):
+    """A shaping choice of the user's that rules out every layout that fits is named, with
+    the layout found without it — here --chunks 7 on 1,000 A100 40GB: interleaving needs a
+    pipeline, Megatron-Bridge runs ZeRO-3 only without one, and 1,000 = 8 × 125 leaves model
+    parallelism at most 8 (96 blocks split by no factor of 125), too little for GPT-3 175B's
+    weights and fp32 gradients; without it ZeRO-3 over the 1,000 fits. The layout named is
+    the one the search ranks first without the choice."""
+    import re
+
+    argv = ["--model", "gpt3-175b", "--gpu", "a100-40gb", "--gpus", "1000"]
+    argv += ["--global-batch", "12000", "--stack", "megatron-bridge"]
+    err = error(capsys, *argv, "--chunks", "7")
+    assert "fits no layout on 1000 × A100 40GB with --chunks 7" in err, err
+    named = re.search(r"drop --chunks 7 \(without it: ([^)]+)\)", err)
+    assert named, err
+    assert f"| 1 | {named[1]} |" in plan(capsys, *argv, "--top", "1")
+    # the user's --offload none, where the search would offload: dropped, it fits
+    err = error(capsys, "--model", "llama2-70b", "--gpus", "8", "--global-batch", "64",
+                "--offload", "none")  # fmt: skip
+    assert "with --offload none" in err and re.search(
+        r"drop --offload none \(without it: [^)]*offload\)", err
+    )
+
+
 def test_generic_model_is_planned_data_parallel(capsys):
     """A non-transformer (ResNet-50: parameters, FLOPs and activations per sample)."""
     cand = best(capsys, "--model", "resnet50", "--gpus", "8", "--global-batch", "2048")

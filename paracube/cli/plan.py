@@ -766,7 +766,8 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         )
     if args.train_samples is not None and args.epochs is None:
         raise ParacubeError(
-            f"--train-samples {args.train_samples:g} without --epochs: it sizes the epochs of "
+            f"--train-samples {_count_text(args.train_samples)} without --epochs: it sizes the "
+            "epochs of "
             "--epochs E (the time to train); add --epochs or drop it"
         )
     if args.gpus > MAX_GPUS:
@@ -979,6 +980,11 @@ def _search(args, cfg, cluster, fixed: dict):
         )
     per_model = {k: v for k, v in fixed.items() if k not in ("dp", "tp", "pp")}
     return search_generic(cfg, cluster, args.gpus, args.global_batch, args.precision, per_model)
+
+
+def _count_text(value: float) -> str:
+    """A count as the user wrote it: 1000000 (not 1e+06); 2.5."""
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:g}"
 
 
 # --train-tokens' suffixes: thousands to trillions of tokens (B, as budgets are written)
@@ -1253,6 +1259,12 @@ def _nothing_fits(result, cfg, cluster, args) -> int:
     need = result.smallest_misfit.memory.total
     from paracube.planner.report import describe
 
+    # a shaping choice of the user's without which it fits: named first
+    lifted = _fits_without(args, cfg, cluster)
+    given, drop = "", ""
+    if lifted is not None:
+        flag, layout = lifted
+        given, drop = f" with {flag}", f"drop {flag} (without it: {describe(layout)}), or "
     # recomputation was ruled out by the user's choice: say what it would do
     recompute = (
         "--recompute full (blocks keep only their input), "
@@ -1265,10 +1277,52 @@ def _nothing_fits(result, cfg, cluster, args) -> int:
         n, layout = fewest
         gpus = f"{n} GPUs or more ({n} hold it as {describe(layout)}), "
     raise ParacubeError(
-        f"{cfg.name} fits no layout on {args.gpus} × {g.name}: the leanest ({describe(result.smallest_misfit.layout)}) "
+        f"{cfg.name} fits no layout on {args.gpus} × {g.name}{given}: "
+        f"the leanest ({describe(result.smallest_misfit.layout)}) "
         f"needs {need / 1e9:.1f} GB per GPU, {need / g.memory_bytes:.1f}× the {g.memory_bytes / 1e9:.0f} GB; "
-        f"use {recompute}{gpus}GPUs with more memory, or a smaller global batch / micro-batch"
+        f"{drop}use {recompute}{gpus}GPUs with more memory, or a smaller global batch / micro-batch"
     )
+
+
+# The flags that fix a layout's shape, as --flag and the args attribute they set: "fits no
+# layout" tries the search without each one the user gave (--recompute is suggested apart)
+SHAPING_FLAGS = {
+    "--micro-batch": "micro_batch",
+    "--schedule": "schedule",
+    "--chunks": "chunks",
+    "--zero": "zero",
+    "--recompute-blocks": "recompute_blocks",
+    "--offload": "offload",
+    "--shard-group": "shard_group",
+    "--pipeline-split": "split",
+}
+
+
+def _fits_without(args, cfg, cluster):
+    """The first of the user's layout-shaping choices (a --layout degree, or a flag of
+    :data:`SHAPING_FLAGS`) without which the same search finds a layout that fits: (the
+    choice as written, that layout's best); None when dropping no single one does."""
+    from argparse import Namespace
+
+    variants = []
+    if args.layout:
+        parts = [part.strip() for part in args.layout.split(",")]
+        for k, part in enumerate(parts):
+            rest = ",".join(parts[:k] + parts[k + 1 :]) or None
+            variants.append((f"--layout {part}", {"layout": rest}))
+    for flag, name in SHAPING_FLAGS.items():
+        value = getattr(args, name, None)
+        if value is not None:
+            variants.append((f"{flag} {value}", {name: None}))
+    for flag, change in variants:
+        lifted = Namespace(**{**vars(args), **change, "top": 1})
+        try:
+            ranked = _search(lifted, cfg, cluster, _plan_fixed(lifted, args.gpus)).ranked
+        except ParacubeError:
+            continue  # the other choices alone are refused: not this one's doing
+        if ranked:
+            return flag, ranked[0].layout
+    return None
 
 
 # How many doublings of the GPU count "fits no layout" tries before giving up on more GPUs

@@ -388,8 +388,10 @@ def search(
         outside = [
             f"{k}={getattr(layout, k)}" for k, v in allowed.items() if getattr(layout, k) not in v
         ]
-        if outside:
-            reason = f"{outside[0]}: not what the stack runs"
+        # a hybrid-sharding twin is made after candidate_layouts checked the model: again
+        refusal = layout.model_refusal(cfg) if layout.shard else ""
+        if outside or refusal:
+            reason = refusal or f"{outside[0]}: not what the stack runs"
             result.rejected[reason] = result.rejected.get(reason, 0) + 1
             continue
         mem = peak_memory(cfg, layout, precision)
