@@ -391,6 +391,15 @@ def test_fits_nothing_names_the_choice_without_which_it_fits(capsys):
     named = re.search(r"drop --chunks 7 \(without it: ([^)]+)\)", err)
     assert named, err
     assert f"| 1 | {named[1]} |" in plan(capsys, *argv, "--top", "1")
+    # a switch: a mixture under tensor parallelism needs sequence parallelism (Megatron-Core),
+    # so --no-sequence-parallel leaves this one data parallel, where it does not fit
+    moe = ["--layers", "2", "--hidden", "1000", "--heads", "40", "--vocab", "151936", "--seq",
+           "32768", "--kv-heads", "4", "--experts", "8", "--experts-per-token", "1", "--gpu",
+           "a100-40gb", "--gpus", "1000", "--global-batch", "3000"]  # fmt: skip
+    err = error(capsys, *moe, "--no-sequence-parallel")
+    assert (
+        "with --no-sequence-parallel" in err and "drop --no-sequence-parallel (without it:" in err
+    )
     # the user's --offload none, where the search would offload: dropped, it fits
     err = error(capsys, "--model", "llama2-70b", "--gpus", "8", "--global-batch", "64",
                 "--offload", "none")  # fmt: skip

@@ -1285,7 +1285,8 @@ def _nothing_fits(result, cfg, cluster, args) -> int:
 
 
 # The flags that fix a layout's shape, as --flag and the args attribute they set: "fits no
-# layout" tries the search without each one the user gave (--recompute is suggested apart)
+# layout" tries the search without each one the user gave (and without a fixed
+# --sequence-parallel or --no-sequence-parallel; --recompute is suggested apart)
 SHAPING_FLAGS = {
     "--micro-batch": "micro_batch",
     "--schedule": "schedule",
@@ -1314,6 +1315,9 @@ def _fits_without(args, cfg, cluster):
         value = getattr(args, name, None)
         if value is not None:
             variants.append((f"{flag} {value}", {name: None}))
+    if getattr(args, "sequence_parallel", None) is not None:  # a switch: no value to echo
+        switch = "--sequence-parallel" if args.sequence_parallel else "--no-sequence-parallel"
+        variants.append((switch, {"sequence_parallel": None}))
     for flag, change in variants:
         lifted = Namespace(**{**vars(args), **change, "top": 1})
         try:
