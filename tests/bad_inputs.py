@@ -308,6 +308,10 @@ CASES: list[tuple[str, list[str], str]] = [
     # a batch too small to give every GPU of a mixed cluster work: the larger one that plans
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8xa100-40gb,1xa100-80gb", "--global-batch", "8"],
      "too little work to share over 9 GPUs by speed"),
+    # a batch that splits into no whole micro-batches over a mixed cluster: the nearest that does
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "1xh200,24xh800", "--global-batch", "128",
+              "--precision", "fp32"],
+     "it does not split into whole micro-batches over 25 GPUs by speed"),
     # Qwen3's per-head q/k norms: planned, trained from the HF config — not by paracube's GPT
     ("train", ["train", "--model", "qwen3-8b", "--steps", "1"],
      "train it as --model hf:DIR (a Qwen3 config.json)"),

@@ -11,6 +11,7 @@ DOCUMENTED = [
     "paracube.planner.layout",
     "paracube.planner.search",
     "paracube.planner.mixed",
+    "paracube.cli.plan_mixed",
     "paracube.planner.time_model",
     "paracube.planner.stacks",
     "paracube.planner.published",

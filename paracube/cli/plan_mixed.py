@@ -98,18 +98,38 @@ def _why_nothing_plans(cfg, pools: list[Pool], args, fixed: dict, allowed: dict)
             "stages by speed); without those choices it plans — relax them"
         )
     gpus = sum(p.count for p in pools)
-    for larger in (args.global_batch * k for k in (2, 3, 4, 8)):
-        if plan_mixed(cfg, pools, larger, args.precision, fixed, allowed)[0]:
+    for other in nearby_batches(args.global_batch, gpus):
+        if plan_mixed(cfg, pools, other, args.precision, fixed, allowed)[0]:
+            why = (
+                "too little work to share over"
+                if other > args.global_batch and args.global_batch < gpus
+                else "it does not split into whole micro-batches over"
+            )
             raise ParacubeError(
-                f"{cfg.name} fits no plan on {cluster} for global batch {args.global_batch}: too "
-                f"little work to share over {gpus} GPUs by speed (each replica takes a sample "
-                "of every micro-step, each pipeline at least as many micro-batches as stages) — "
-                f"a global batch of {larger} plans; or use fewer GPUs"
+                f"{cfg.name} fits no plan on {cluster} for global batch {args.global_batch}: "
+                f"{why} {gpus} GPUs by speed (each replica takes a whole number of samples of "
+                "every micro-step, their mean whole as paracube train's --dp-balance needs; "
+                "each pipeline at least as many micro-batches as stages) — a global batch of "
+                f"{other} plans; or use fewer GPUs"
             )
     raise ParacubeError(
         f"{cfg.name} fits no plan on {cluster} for global batch {args.global_batch}: "
         "use more GPUs, GPUs with more memory, or a smaller global batch"
     )
+
+
+def nearby_batches(batch: int, gpus: int) -> list[int]:
+    """Global batches to try when ``batch`` plans on no mixed cluster of ``gpus`` GPUs,
+    nearest first: the multiples of ``gpus`` either side of it (every replica a whole mean
+    micro-batch), then 2, 3, 4 and 8 times it (enough micro-steps for a pipeline).
+
+    >>> nearby_batches(64, 18), nearby_batches(8, 9)
+    ([72, 54, 128, 192, 256, 512], [9, 16, 24, 32, 64])
+    """
+    below = batch // gpus * gpus
+    multiples = sorted({n for n in (below, below + gpus) if n > 0 and n != batch},
+                       key=lambda n: (abs(n - batch), n))  # fmt: skip
+    return multiples + [batch * k for k in (2, 3, 4, 8) if batch * k not in multiples]
 
 
 # the fixed choices that shape a plan's replicas (--layout and the flags that name a
