@@ -15,6 +15,7 @@ from paracube.planner.layout_memory import peak_memory, stage_bytes
 from paracube.planner.mixed import (
     _split_by_speed,
     check_tp,
+    host_holds,
     parse_pools,
     pipeline_plans,
     plan_mixed,
@@ -348,3 +349,23 @@ def test_the_headline_says_when_the_speeds_gain_nothing():
     layout = Layout(dp=32)
     line = headline(MixedPlan("x", layout, 29.3, 1.0), MixedPlan("y", layout, 29.31, 1.0), pools)
     assert "differ too little in speed" in line and "saved" not in line
+
+
+def test_a_model_that_fits_only_offloaded_is_planned_offloaded_on_a_mixed_cluster():
+    """Llama 3 70B on 4 H800 + 4 H100 fits only with the optimizer in host memory, as the
+    all-as-the-slowest search plans it; the speed-aware plans take it there too (they had
+    found nothing, and the CLI said the model fits no plan). Every offloaded plan fits each
+    GPU and its host's share of the node's RAM; with --offload none nothing fits at all."""
+    cfg = preset("llama3-70b")
+    pools = parse_pools("4xh800,4xh100", 8)
+    plans, slowest = plan_mixed(cfg, pools, 96)
+    assert slowest is not None and slowest.layout.offload
+    assert plans and all(plan.layout.offload for plan in plans)
+    assert {plan.kind for plan in plans} == {"data parallel by speed", "pipeline stages by speed"}
+    for plan in plans:
+        if plan.kind.startswith("data parallel"):
+            for pool, (_, _, sizes) in zip(pools, plan.shares):
+                layout = replace(plan.layout, micro_batch=max(sizes))
+                assert peak_memory(cfg, layout, "bf16").total <= pool.gpu.memory_bytes
+                assert host_holds(cfg, layout, pool, "bf16")
+    assert plan_mixed(cfg, pools, 96, fixed={"offload": False}) == ([], None)

@@ -229,6 +229,11 @@ def headline(best: MixedPlan, slowest: MixedPlan | None, pools: list[Pool]) -> s
     )
 
 
+def _short_time(seconds: float) -> str:
+    """A micro-batch's time in the unit that reads: 530 ms, 1.09 s (never 1.09e+03 ms)."""
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
 def explain(plan: MixedPlan, pools: list[Pool]) -> str:
     by_key = {p.key: p for p in pools}
     lines = [f"Why {plan.kind} ({describe(plan.layout)}):"]
@@ -247,7 +252,7 @@ def explain(plan: MixedPlan, pools: list[Pool]) -> str:
             lines.append(
                 f"- {gpu.name} ({speed:.2f}× the slowest type's rate, {gpu.memory_bytes / GB:.0f} GB): "
                 f"{n} stage(s) of each pipeline, {stage_blocks(sizes)}, "
-                f"{seconds * 1e3:.3g} ms per micro-batch at the busiest."
+                f"{_short_time(seconds)} per micro-batch at the busiest."
             )
     lines.append(
         "- Tensor-parallel groups stay inside one device type's node; the step is set by the "

@@ -41,6 +41,7 @@ from paracube.planner.pools import (
     MixedPlan,
     Pool,
     check_tp,
+    offloadable,
     parse_pools,
     tp_fits_nodes,
 )
@@ -110,11 +111,27 @@ def data_parallel_plans(
                     plan, memory_bound = _split_by_speed(
                         cfg, pools, replicas, base, per_step, precision
                     )
+                    if plan is None and memory_bound and offloadable(pools, fixed):
+                        # what does not fit may with the optimizer in host memory, as the
+                        # homogeneous search offers it (ZeRO-Offload)
+                        offloaded = replace(base, offload=True)
+                        if all(host_holds(cfg, offloaded, p, precision) for p in pools):
+                            plan, _ = _split_by_speed(
+                                cfg, pools, replicas, offloaded, per_step, precision
+                            )
                     if plan is not None:
                         plans.append(plan)
                     if not memory_bound:
                         break  # recomputation only buys memory, and memory did not bind
     return plans
+
+
+def host_holds(cfg: ModelConfig, offloaded: Layout, pool: Pool, precision: str) -> bool:
+    """Whether ``pool``'s share of host memory holds the states ``offloaded`` moves there
+    (what its GPUs keep without offload, less what they keep with it)."""
+    kept = peak_memory(cfg, replace(offloaded, offload=False), precision).model_states
+    moved = kept - peak_memory(cfg, offloaded, precision).model_states
+    return moved <= pool.gpu.host_memory_bytes
 
 
 def _split_by_speed(cfg, pools, replicas, base: Layout, per_step: int, precision: str):

@@ -4,6 +4,7 @@ blocks cut by each stage's own speed and memory (:mod:`paracube.planner.mixed`).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from paracube.choices import ELEMENT_BYTES, RECOMPUTE
 from paracube.config import ModelConfig
@@ -13,7 +14,13 @@ from paracube.pipeline.partition import partition
 from paracube.pipeline.schedules import SCHEDULES, get_schedule
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import stage_bytes
-from paracube.planner.pools import MAX_MICRO_BATCH, MixedPlan, Pool, tp_fits_nodes
+from paracube.planner.pools import (
+    MAX_MICRO_BATCH,
+    MixedPlan,
+    Pool,
+    offloadable,
+    tp_fits_nodes,
+)
 from paracube.planner.search import divisors, software
 from paracube.planner.time_model import (
     at_precision,
@@ -63,6 +70,9 @@ def pipeline_plans(
                     )  # fmt: skip
                     if all(getattr(layout, k) == v for k, v in fixed.items()):
                         plan = _pipeline(cfg, order, stages, layout, precision)
+                        if plan is None and offloadable(pools, fixed):  # as data_parallel_plans
+                            offloaded = replace(layout, offload=True)
+                            plan = _pipeline(cfg, order, stages, offloaded, precision)
                         if plan is not None:
                             plans.append(plan)
     return plans
@@ -121,9 +131,24 @@ def _pipeline(cfg: ModelConfig, order, stages, layout: Layout, precision: str):
         # is in the head's
         return head[pool_of[part]] if layer == L + 2 else 0.0
 
+    if layout.offload:  # the states each stage moves to its host, affine in its blocks too
+        kept = replace(layout, offload=False)
+        states = [
+            [stage_bytes(cfg, held, k, n, precision).model_states for n in (0, 1)]
+            for k in range(p)
+            for held in (kept, layout)
+        ]  # [kept at 0, 1 blocks], [offloaded at 0, 1 blocks] per stage, interleaved
+        moved_empty = [states[2 * k][0] - states[2 * k + 1][0] for k in range(p)]
+        moved_block = [states[2 * k][1] - states[2 * k + 1][1] - moved_empty[k] for k in range(p)]
+
     def fits(part: int, start: int, end: int) -> bool:
+        gpu = order[pool_of[part]].gpu
         need = empty[part] + blocks_in(start, end) * per_block[part]
-        return need <= order[pool_of[part]].gpu.memory_bytes
+        if layout.offload:
+            moved = moved_empty[part] + blocks_in(start, end) * moved_block[part]
+            if moved > gpu.host_memory_bytes:
+                return False
+        return need <= gpu.memory_bytes
 
     try:
         bounds = partition(L + 3, p, load, fits)

@@ -106,3 +106,11 @@ def check_tp(pools: list[Pool], tp: int) -> None:
                 f"tp={tp} cannot stay within one device type: {pool.count}x{pool.key} has nodes of "
                 f"{pool.cluster.gpus_per_node}; use a tp that divides every pool's node"
             )
+
+
+def offloadable(pools: list[Pool], fixed: dict) -> bool:
+    """Whether a speed-aware plan may move the optimizer to host memory: not where
+    ``--offload`` was fixed, and only on GPUs with a host link and host-memory figures."""
+    return "offload" not in fixed and all(
+        p.gpu.host_link_bandwidth and p.gpu.host_memory_bandwidth for p in pools
+    )
