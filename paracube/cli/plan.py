@@ -767,8 +767,7 @@ def _check_args(args, whole_nodes: bool = True) -> None:
     if args.train_samples is not None and args.epochs is None:
         raise ParacubeError(
             f"--train-samples {_count_text(args.train_samples)} without --epochs: it sizes the "
-            "epochs of "
-            "--epochs E (the time to train); add --epochs or drop it"
+            "epochs of --epochs E (the time to train); add --epochs or drop it"
         )
     if args.gpus > MAX_GPUS:
         raise ParacubeError(f"--gpus {args.gpus} is more than {MAX_GPUS:,}: plan a real cluster")

@@ -708,7 +708,9 @@ def _olmo_core() -> list[dict]:
     float8: tokens/s per GPU × model FLOPs per token; one node (its launcher's default)."""
     llama = replace(preset("llama3-8b", vocab_size=100352, seq_len=4096), name="Llama 8B (OLMo-core)")
     # OLMo 2 13B: Llama 2 13B's shape (40 heads, each its own keys and values) with q/k
-    # norms, at the dolma2 tokenizer's padded vocabulary
+    # norms, at the dolma2 tokenizer's padded vocabulary. OLMo 2 normalises the whole q and
+    # k projections where qk_norm (Qwen3's) normalises each head: the same elements read
+    # and written, 2·h weights a block for 2·d — nothing the time model tells apart
     olmo2 = replace(preset("llama2-13b", vocab_size=100352, seq_len=4096), qk_norm=True,
                     name="OLMo 2 13B (OLMo-core)")
     # (model, micro-batch, sequences a step, the README's BF16 and float8 tokens/s per GPU;
