@@ -187,7 +187,7 @@ def test_the_mixed_header_says_whose_software_it_plans(capsys):
     from paracube.cli import main
 
     argv = ["plan", "--model", "gpt3-1.3b", "--gpus", "8xa100-80gb,8xv100", "--global-batch",
-            "512", "--top", "1", "--stack", "fsdp"]  # fmt: skip
+            "64", "--top", "1", "--stack", "fsdp"]  # fmt: skip
     assert main(argv) == 0
     assert ", fp16, as fsdp runs it;" in capsys.readouterr().out.splitlines()[0]
     assert main([*argv, "--json"]) == 0
