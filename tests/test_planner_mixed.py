@@ -369,3 +369,15 @@ def test_a_model_that_fits_only_offloaded_is_planned_offloaded_on_a_mixed_cluste
                 assert peak_memory(cfg, layout, "bf16").total <= pool.gpu.memory_bytes
                 assert host_holds(cfg, layout, pool, "bf16")
     assert plan_mixed(cfg, pools, 96, fixed={"offload": False}) == ([], None)
+    # each kind's launch line is a train job paracube's parser and validation take, the
+    # optimizer in host memory beside the uneven shares or the speed-cut stages
+    from paracube.cli import build_parser, config_from_args
+    from paracube.cli.plan_mixed import torchrun_command
+
+    for kind, balance in (("data parallel", "--dp-balance"), ("pipeline", "--balance")):
+        plan = next(p for p in plans if p.kind.startswith(kind))
+        line = torchrun_command(plan, "llama3-70b", 8, "bf16", None, pools)
+        argv = line.split(" -m paracube ", 1)[1].split()
+        assert "--offload" in argv and balance in argv
+        job = config_from_args(build_parser().parse_args(argv))
+        assert job.offload == "optimizer" and job.global_batch == 96
