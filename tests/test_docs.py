@@ -10,6 +10,7 @@ import pytest
 DOCUMENTED = [
     "paracube.planner.layout",
     "paracube.planner.search",
+    "paracube.planner.report",
     "paracube.planner.mixed",
     "paracube.cli.plan_mixed",
     "paracube.planner.time_model",

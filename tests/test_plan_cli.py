@@ -27,6 +27,12 @@ def best(capsys, *argv) -> dict:
     return json.loads(plan(capsys, *argv, "--json"))["candidates"][0]
 
 
+def seconds(text: str) -> float:
+    """A time as the plan's texts print it ("0.376 ms", "1.46 s", "1,683 s"), in seconds."""
+    number, unit = text.replace(",", "").split()
+    return float(number) * {"s": 1.0, "ms": 1e-3}[unit]
+
+
 def test_small_model_on_one_node_is_data_parallel(capsys):
     """4 × A100-80GB, a model under 3B parameters: plain data parallel."""
     layout = best(capsys, "--model", "gpt3-1.3b", "--gpus", "4", "--global-batch", "256")["layout"]
@@ -473,11 +479,11 @@ def test_the_scaling_sentence_names_what_the_overhead_is(capsys):
 
     out = plan(capsys, "--model", "resnet50", "--gpus", "8", "--gpu", "v100", "--global-batch", "256",
                "--explain")  # fmt: skip
-    found = re.search(r"and ([\d.e-]+) s beyond it; of the step's overheads the largest is "
+    found = re.search(r"and ([\d.]+ m?s) beyond it; of the step's overheads the largest is "
                       r"the compute beyond the baseline's share \(smaller matmuls per GPU\) "
-                      r"\(([\d.e-]+) s\)", out)  # fmt: skip
+                      r"\(([\d.]+ m?s)\)", out)  # fmt: skip
     assert found, out
-    beyond, named = (float(g) for g in found.groups())
+    beyond, named = (seconds(g) for g in found.groups())
     assert named == pytest.approx(beyond, rel=0.05)
 
 
@@ -492,11 +498,11 @@ def test_the_scaling_sentence_names_the_unsplit_optimizer_when_it_costs_most(cap
     out = plan(capsys, "--model", "resnet50", "--gpus", "8", "--gpu", "v100", "--global-batch",
                "2048", "--explain")  # fmt: skip
     assert "| 1 | dp=8 tp=1 pp=1 b=256 m=1 |" in out  # plain data parallelism, no ZeRO
-    found = re.search(r"and ([\d.e-]+) s beyond it; of the step's overheads the largest is "
+    found = re.search(r"and ([\d.]+ m?s) beyond it; of the step's overheads the largest is "
                       r"the optimizer step, which every data-parallel replica runs whole "
-                      r"\(ZeRO-1 splits it\) \(([\d.e-]+) s\)", out)  # fmt: skip
+                      r"\(ZeRO-1 splits it\) \(([\d.]+ m?s)\)", out)  # fmt: skip
     assert found, out
-    beyond, named = (float(g) for g in found.groups())
+    beyond, named = (seconds(g) for g in found.groups())
     assert 0.75 * beyond <= named <= beyond
 
 
@@ -1159,3 +1165,32 @@ def test_explain_gives_the_stacks_published_track_record(capsys):
     )
     assert json.loads(plan(capsys, *argv, "--json"))["track_record"] is None
     assert "Track record" not in plan(capsys, *argv, "--explain")
+
+
+def test_explained_times_never_print_in_exponent_notation(capsys):
+    """A step of thousands of seconds (Mixtral in fp32 on 16 A100s) and an optimizer step of
+    a tenth of a millisecond (GPT-3 1.3B over 64 replicas) read as thousands of seconds
+    grouped and milliseconds, not "1.18e+03 s" and "9.95e-05 s" (report.seconds_text)."""
+    import re
+
+    slow = plan(
+        capsys,
+        "--model",
+        "mixtral-8x7b",
+        "--gpu",
+        "a100-80gb",
+        "--gpus",
+        "16",
+        "--global-batch",
+        "64",
+        "--precision",
+        "fp32",
+        "--explain",
+        "--top",
+        "2",
+    )
+    fast = plan(capsys, "--model", "gpt3-1.3b", "--gpu", "a100-80gb", "--gpus", "256",
+                "--global-batch", "64", "--precision", "fp32", "--explain", "--top", "2")  # fmt: skip
+    for out in (slow, fast):
+        assert not re.search(r"\de[+-]\d", out), out
+    assert re.search(r"of a \d,\d{3} s step", slow) and re.search(r"optimizer \([\d.]+ ms\)", fast)

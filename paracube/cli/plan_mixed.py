@@ -11,7 +11,7 @@ from paracube.config import ModelConfig
 from paracube.errors import ParacubeError
 from paracube.planner.mixed import plan_mixed
 from paracube.planner.pools import MixedPlan, Pool
-from paracube.planner.report import describe, model_args
+from paracube.planner.report import describe, model_args, seconds_text
 
 GB = 1e9
 
@@ -189,12 +189,12 @@ def _table(plans: list[MixedPlan], slowest: MixedPlan | None) -> str:
         ratio = f"{plan.tokens_per_s / slowest.tokens_per_s:.2f}×" if slowest else "—"
         rows.append(
             f"| {i} | {plan.kind} | {describe(plan.layout)} | {where(plan)} | "
-            f"{plan.step_time:.3g} s | {plan.tokens_per_s:,.0f} | {ratio} |"
+            f"{seconds_text(plan.step_time)} | {plan.tokens_per_s:,.0f} | {ratio} |"
         )
     if slowest is not None:
         rows.append(
             f"| — | {slowest.kind} | {describe(slowest.layout)} | every GPU as the slowest type | "
-            f"{slowest.step_time:.3g} s | {slowest.tokens_per_s:,.0f} | 1.00× |"
+            f"{seconds_text(slowest.step_time)} | {slowest.tokens_per_s:,.0f} | 1.00× |"
         )
     return "\n".join(rows)
 
@@ -203,35 +203,35 @@ def headline(best: MixedPlan, slowest: MixedPlan | None, pools: list[Pool]) -> s
     if slowest is None:
         return (
             "Planned as if every GPU were the slowest with the smallest memory, the model fits no "
-            f"layout: only the speed-aware plan runs it ({best.step_time:.3g} s per step)."
+            f"layout: only the speed-aware plan runs it ({seconds_text(best.step_time)} per step)."
         )
     slow = min(pools, key=lambda p: p.gpu.peak_flops * p.gpu.sustained_fraction)
     gpus = sum(p.count for p in pools)
     saved = slowest.step_time - best.step_time
     if abs(saved) < 0.005 * slowest.step_time:  # inside the model's resolution
         return (
-            f"The speed-aware plan takes the {best.step_time:.3g} s per step of the best plan that "
+            f"The speed-aware plan takes the {seconds_text(best.step_time)} per step of the best plan that "
             f"treats all {gpus} GPUs as {slow.gpu.name}s: the types "
             "differ too little in speed here for an uneven share to gain anything."
         )
     if saved < 0:  # the uniform plan's search ranges wider (interleaved chunks, any split)
         return (
-            f"The speed-aware plan takes {best.step_time:.3g} s per step, {-saved:.3g} s more than "
-            f"the {slowest.step_time:.3g} s of the best plan that treats all "
+            f"The speed-aware plan takes {seconds_text(best.step_time)} per step, {seconds_text(-saved)} more than "
+            f"the {seconds_text(slowest.step_time)} of the best plan that treats all "
             f"{gpus} GPUs as {slow.gpu.name}s ({describe(slowest.layout)}): "
             "here the speeds buy nothing the layouts a uniform plan can take do not — run that one."
         )
     return (
-        f"The speed-aware plan takes {best.step_time:.3g} s per step against {slowest.step_time:.3g} s "
+        f"The speed-aware plan takes {seconds_text(best.step_time)} per step against {seconds_text(slowest.step_time)} "
         f"for the best plan that treats all {gpus} GPUs as {slow.gpu.name}s: "
-        f"{saved:.3g} s saved per step ({saved / slowest.step_time:.0%}), "
+        f"{seconds_text(saved)} saved per step ({saved / slowest.step_time:.0%}), "
         f"{best.tokens_per_s / slowest.tokens_per_s:.2f}× the throughput."
     )
 
 
 def _short_time(seconds: float) -> str:
     """A micro-batch's time in the unit that reads: 530 ms, 1.09 s (never 1.09e+03 ms)."""
-    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else seconds_text(seconds)
 
 
 def explain(plan: MixedPlan, pools: list[Pool]) -> str:
@@ -246,7 +246,7 @@ def explain(plan: MixedPlan, pools: list[Pool]) -> str:
             lines.append(
                 f"- {gpu.name} ({speed:.2f}× the slowest type's sustained tensor-core rate, "
                 f"{gpu.memory_bytes / GB:.0f} GB): its {n} replicas take {sum(sizes)} of every "
-                f"micro-step's {sum(plan.weights)} samples; their step takes {seconds:.3g} s."
+                f"micro-step's {sum(plan.weights)} samples; their step takes {seconds_text(seconds)}."
             )
         else:
             lines.append(

@@ -16,6 +16,22 @@ from paracube.planner.search import Candidate, SearchResult, at_memory_edge
 from paracube.planner.time_model import Cluster, StepEstimate, at_precision, estimate
 
 GB = 1e9
+
+
+def seconds_text(value: float) -> str:
+    """Seconds as the plan's texts print them: three figures, never in exponent notation —
+    thousands grouped, below a millisecond in milliseconds.
+
+    >>> seconds_text(0.0164), seconds_text(1683.2), seconds_text(9.95e-05), seconds_text(12.0)
+    ('0.0164 s', '1,683 s', '0.0995 ms', '12 s')
+    """
+    if abs(value) >= 1000:
+        return f"{value:,.0f} s"
+    if 0 < abs(value) < 1e-3:
+        return f"{value * 1e3:.3g} ms"
+    return f"{value:.3g} s"
+
+
 # How --explain says a planned pipeline split cuts the stages (every split but the engine's)
 _PLANNED_ONLY = "; planned only: paracube train cuts by --balance."
 SPLIT_STORY = {
@@ -101,7 +117,7 @@ def table(cands: list[Candidate], cluster: Cluster, baseline: Baseline | None = 
         speed = f" {baseline.speedup(c):.2f}× ({baseline.efficiency(c):.0%}) |" if baseline else ""
         rows.append(
             f"| {i} | {describe(c.layout)} | {c.memory.total / GB:.1f} / {cluster.gpu.memory_bytes / GB:.1f} GB | "
-            f"{t.step_time:.3g} s | {t.tokens_per_s:,.0f} | {t.tflops_per_gpu:.0f} | {t.mfu:.0%} | "
+            f"{seconds_text(t.step_time)} | {t.tokens_per_s:,.0f} | {t.tflops_per_gpu:.0f} | {t.mfu:.0%} | "
             f"{t.bubble / t.step_time:.1%} |" + speed
         )
     return "\n".join(rows)
@@ -132,10 +148,10 @@ def scaling(best: Candidate, baseline: Baseline) -> str:
         )
     plural = "s" if baseline.gpus > 1 else ""
     if overhead >= 0:
-        beyond = f"{overhead:.3g} s beyond it"
+        beyond = f"{seconds_text(overhead)} beyond it"
     else:  # the baseline itself pays for fitting in fewer GPUs (offload, recomputation, …)
         beyond = (
-            f"{-overhead:.3g} s below it — more than linear, as the baseline pays to fit in "
+            f"{seconds_text(-overhead)} below it — more than linear, as the baseline pays to fit in "
             f"{baseline.gpus} GPU{plural} ({baseline_cost(baseline.best, n * t.compute)}) what "
             "this layout does not"
         )
@@ -143,8 +159,8 @@ def scaling(best: Candidate, baseline: Baseline) -> str:
         f"- Speed-up over {baseline.gpus} GPU{plural} ({describe(baseline.best.layout)}): "
         f"{baseline.speedup(best):.2f}× on {best.layout.gpus}, {baseline.efficiency(best):.0%} "
         f"scaling efficiency — N / (1 + overhead ÷ ideal) with N = {n:g}, the ideal step "
-        f"{ideal:.3g} s (the baseline's split {n:g} ways) and {beyond}; of "
-        f"the step's overheads the largest is {worst} ({cost:.3g} s)."
+        f"{seconds_text(ideal)} (the baseline's split {n:g} ways) and {beyond}; of "
+        f"the step's overheads the largest is {worst} ({seconds_text(cost)})."
     )
 
 
@@ -180,7 +196,7 @@ def baseline_cost(cand: Candidate, compute_share: float) -> str:
     if more_compute > seconds:
         name = "compute beyond the faster layout's × N: smaller or more micro-batches"
         seconds = more_compute
-    return f"{name}: {seconds:.3g} s of its {cand.time.step_time:.3g} s step"
+    return f"{name}: {seconds_text(seconds)} of its {seconds_text(cand.time.step_time)} step"
 
 
 def explain(
@@ -260,7 +276,7 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
                 if L.overlap_grad_reduce
                 else "after each backward: "
             )
-            + f"{t.dp_exposed:.3g} s of a {t.step_time:.3g} s step"
+            + f"{seconds_text(t.dp_exposed)} of a {seconds_text(t.step_time)} step"
             + (hides if L.overlap_grad_reduce else ".")
         )
     elif L.tp == 1 and L.pp == 1:
@@ -281,7 +297,7 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
             + (" (of all but the experts: below)" if L.ep > 1 else "")
             + (" and gradients cross" if L.zero else " and only gradients cross")
             + f" the network ({dtype}), {when}: "
-            + f"{t.dp_exposed:.3g} s of a {t.step_time:.3g} s step"
+            + f"{seconds_text(t.dp_exposed)} of a {seconds_text(t.step_time)} step"
             + (hides if L.overlap_grad_reduce else ".")
         )
     if L.tp > 1:
@@ -292,7 +308,7 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
                 if getattr(cfg, "moe", False)
                 else "four collectives"
             )
-            + f" per layer and micro-batch ({t.tp_comm:.3g} s per step here), so it stays inside a node on "
+            + f" per layer and micro-batch ({seconds_text(t.tp_comm)} per step here), so it stays inside a node on "
             f"{cluster.intra.name} ({cluster.intra.bandwidth / GB:.0f} GB/s) — across nodes "
             f"({cluster.inter.bandwidth / GB:.0f} GB/s) the same traffic would take "
             f"{cluster.intra.bandwidth / cluster.inter.bandwidth:.0f}× longer."
@@ -301,7 +317,7 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
         lines.append(
             f"- Context parallel {L.cp} gives each rank {cfg.seq_len // L.cp} of every sequence's "
             f"{cfg.seq_len} tokens (Megatron-Core's ring attention: keys and values pass round the "
-            f"{L.cp} ranks while the attention core runs): {t.cp_comm:.3g} s per step not hidden. "
+            f"{L.cp} ranks while the attention core runs): {seconds_text(t.cp_comm)} per step not hidden. "
             "Planned only: paracube train does not run it."
         )
     if getattr(cfg, "moe", False):
@@ -312,7 +328,7 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
                 f"expert parallel {L.ep} gives each rank {held} of every block's experts "
                 f"({cfg.experts} over {L.ep} of the {L.dp} data-parallel ranks), and every "
                 "token goes to its experts' ranks and back in four all-to-alls per block and "
-                f"micro-batch, waited for: {t.ep_comm:.3g} s per step. "
+                f"micro-batch, waited for: {seconds_text(t.ep_comm)} per step. "
                 if L.ep > 1
                 else "every rank holds all of them (no expert parallelism). "
             )
@@ -321,7 +337,7 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
     if L.pp > 1:
         lines.append(
             f"- Pipeline {L.pp} splits the {cfg.n_layers} layers into stages; only activations cross stage "
-            f"boundaries. Its bubble costs {t.bubble:.3g} s ({t.bubble / t.step_time:.1%} of the step) with "
+            f"boundaries. Its bubble costs {seconds_text(t.bubble)} ({t.bubble / t.step_time:.1%} of the step) with "
             f"{L.microbatches} micro-batches under {L.schedule}"
             + (f" with {L.chunks} chunks" if L.chunks > 1 else "")
             + f"; more micro-batches shrink it as {get_schedule(L.schedule).shrinks_as}."
@@ -344,7 +360,7 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
             f"- ZeRO-{L.zero} shards {SHARDED_STATES[L.zero]} over the {group}"
             + (" ranks" if not L.shard else "")
             + f": {best.memory.model_states / GB:.1f} GB of model states per GPU, and each "
-            f"rank steps 1/{L.shard_group} of the optimizer ({t.optimizer:.3g} s); the parameter "
+            f"rank steps 1/{L.shard_group} of the optimizer ({seconds_text(t.optimizer)}); the parameter "
             + (
                 f"broadcasts it adds (one from each of its {L.shard_group} ranks that owns "
                 "parameters, never more ranks than the model has weight matrices; each a chain "
@@ -372,7 +388,7 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
                 if L.zero == 1 and L.grad_sync == "reduce-scatter" and L.grad_group > 1
                 else ""
             )
-            + f" are in the {t.dp_exposed:.3g} s the data-parallel communication costs"
+            + f" are in the {seconds_text(t.dp_exposed)} the data-parallel communication costs"
             + (
                 " — without backward prefetching (FSDP1's BACKWARD_POST) every backward waits for "
                 "its own gathers, none of them hidden."
@@ -384,7 +400,7 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
             flat = estimate(cfg, replace(L, param_gather="flat"), cluster, precision)
             lines[-1] += (
                 f" Copying each gathered unit out into its parameters (FSDP2's per-parameter "
-                f"sharding) adds {t.compute - flat.compute:.3g} s of compute."
+                f"sharding) adds {seconds_text(t.compute - flat.compute)} of compute."
             )
         lines[-1] += " " + _without_zero(best, cfg, cluster, precision)
     if L.offload:
@@ -396,7 +412,7 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
             else f" in the model's first {L.recompute_blocks} blocks (the rest keep their activations)"
         )
         cost = (
-            f"trades {t.recompute:.3g} s of extra compute"
+            f"trades {seconds_text(t.recompute)} of extra compute"
             if t.recompute > 0
             # the step's parts are its slowest rank's: a stage that is not it recomputes for free
             else "adds nothing to the step (the stage that recomputes is not the slowest) in exchange"
@@ -524,7 +540,7 @@ def _without_zero(best: Candidate, cfg: ModelConfig, cluster: Cluster, precision
     if other.step_time <= t.step_time:
         return (
             f"Without ZeRO it fits too ({memory / GB:.1f} GB) and is no slower "
-            f"({other.step_time:.3g} s a step): within the ranking's 1 % either serves."
+            f"({seconds_text(other.step_time)} a step): within the ranking's 1 % either serves."
         )
     parts = {
         "the optimizer step": other.optimizer - t.optimizer,
@@ -533,9 +549,9 @@ def _without_zero(best: Candidate, cfg: ModelConfig, cluster: Cluster, precision
     }
     name, seconds = max(parts.items(), key=lambda kv: kv[1])
     return (
-        f"Without ZeRO it fits too ({memory / GB:.1f} GB) at {other.step_time:.3g} s a step "
-        f"against {t.step_time:.3g} s: it is sharded for speed, most of it in {name} "
-        f"({seconds:.3g} s shorter)."
+        f"Without ZeRO it fits too ({memory / GB:.1f} GB) at {seconds_text(other.step_time)} a step "
+        f"against {seconds_text(t.step_time)}: it is sharded for speed, most of it in {name} "
+        f"({seconds_text(seconds)} shorter)."
     )
 
 
@@ -550,9 +566,9 @@ def _offload_reason(best: Candidate, cfg: ModelConfig, cluster: Cluster, precisi
         f"- The optimizer is offloaded (ZeRO-Offload): its states live in the node's memory and "
         f"its CPU steps them, {(kept.model_states - best.memory.model_states) / GB:.1f} GB off "
         f"each GPU — kept there, this layout would need {kept.total / GB:.1f} of "
-        f"{g.memory_bytes / GB:.0f} GB. The step pays {t.optimizer:.3g} s for it (gradients to "
+        f"{g.memory_bytes / GB:.0f} GB. The step pays {seconds_text(t.optimizer)} for it (gradients to "
         f"the host and new weights back over PCIe, Adam at the host's memory bandwidth) against "
-        f"{gpu_step:.3g} s on the GPU."
+        f"{seconds_text(gpu_step)} on the GPU."
     )
 
 
