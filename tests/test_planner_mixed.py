@@ -15,11 +15,11 @@ from paracube.planner.layout_memory import peak_memory, stage_bytes
 from paracube.planner.mixed import (
     _split_by_speed,
     check_tp,
-    host_holds,
     parse_pools,
     pipeline_plans,
     plan_mixed,
 )
+from paracube.planner.search import host_holds
 from paracube.planner.time_model import estimate
 
 GPT = preset("gpt3-1.3b")
@@ -367,7 +367,7 @@ def test_a_model_that_fits_only_offloaded_is_planned_offloaded_on_a_mixed_cluste
             for pool, (_, _, sizes) in zip(pools, plan.shares):
                 layout = replace(plan.layout, micro_batch=max(sizes))
                 assert peak_memory(cfg, layout, "bf16").total <= pool.gpu.memory_bytes
-                assert host_holds(cfg, layout, pool, "bf16")
+                assert host_holds(cfg, layout, pool.gpu, "bf16")
     assert plan_mixed(cfg, pools, 96, fixed={"offload": False}) == ([], None)
     # each kind's launch line is a train job paracube's parser and validation take, the
     # optimizer in host memory beside the uneven shares or the speed-cut stages

@@ -45,7 +45,14 @@ from paracube.planner.pools import (
     parse_pools,
     tp_fits_nodes,
 )
-from paracube.planner.search import Candidate, divisors, search, simplicity, software
+from paracube.planner.search import (
+    Candidate,
+    divisors,
+    host_holds,
+    search,
+    simplicity,
+    software,
+)
 from paracube.planner.time_model import Cluster, estimate
 
 __all__ = ["MixedPlan", "Pool", "check_tp", "parse_pools", "pipeline_plans", "plan_mixed"]
@@ -115,7 +122,7 @@ def data_parallel_plans(
                         # what does not fit may with the optimizer in host memory, as the
                         # homogeneous search offers it (ZeRO-Offload)
                         offloaded = replace(base, offload=True)
-                        if all(host_holds(cfg, offloaded, p, precision) for p in pools):
+                        if all(host_holds(cfg, offloaded, p.gpu, precision) for p in pools):
                             plan, _ = _split_by_speed(
                                 cfg, pools, replicas, offloaded, per_step, precision
                             )
@@ -124,14 +131,6 @@ def data_parallel_plans(
                     if not memory_bound:
                         break  # recomputation only buys memory, and memory did not bind
     return plans
-
-
-def host_holds(cfg: ModelConfig, offloaded: Layout, pool: Pool, precision: str) -> bool:
-    """Whether ``pool``'s share of host memory holds the states ``offloaded`` moves there
-    (what its GPUs keep without offload, less what they keep with it)."""
-    kept = peak_memory(cfg, replace(offloaded, offload=False), precision).model_states
-    moved = kept - peak_memory(cfg, offloaded, precision).model_states
-    return moved <= pool.gpu.host_memory_bytes
 
 
 def _split_by_speed(cfg, pools, replicas, base: Layout, per_step: int, precision: str):

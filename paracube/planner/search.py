@@ -16,6 +16,7 @@ from paracube.choices import (
 from paracube.config import ZERO3_WITH_PIPELINE, ModelConfig, compression_with_zero
 from paracube.errors import ConfigError
 from paracube.pipeline.schedules import SCHEDULES
+from paracube.planner.hardware import GPU
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import StageMemory, peak_memory
 from paracube.planner.stages import can_cut, layout_shares
@@ -406,10 +407,7 @@ def search(
         ):
             # what does not fit may with the optimizer in host memory (ZeRO-Offload)
             offloaded = replace(layout, offload=True)
-            fits_host = (
-                mem.model_states - peak_memory(cfg, offloaded, precision).model_states
-                <= cluster.gpu.host_memory_bytes
-            )  # the states moved to host RAM
+            fits_host = host_holds(cfg, offloaded, cluster.gpu, precision)
             if fits_host and peak_memory(cfg, offloaded, precision).total <= capacity:
                 layout, mem = offloaded, peak_memory(cfg, offloaded, precision)
         # a chosen --recompute full means every block (as paracube train takes it)
@@ -431,6 +429,14 @@ def search(
     rank(result.ranked, capacity)
     del result.ranked[top * 50 :]
     return result
+
+
+def host_holds(cfg: ModelConfig, offloaded: Layout, gpu: GPU, precision: str) -> bool:
+    """Whether a GPU's share of its node's host memory holds the states ``offloaded`` moves
+    there: what the GPU keeps without offload, less what it keeps with it."""
+    kept = peak_memory(cfg, replace(offloaded, offload=False), precision).model_states
+    moved = kept - peak_memory(cfg, offloaded, precision).model_states
+    return moved <= gpu.host_memory_bytes
 
 
 def with_hybrid_shards(layouts, gpus_per_node: int, zero: int = 3):
