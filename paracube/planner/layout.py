@@ -11,7 +11,8 @@ engine accumulates gradients over the m micro-batches whether or not it pipeline
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+import functools
+from dataclasses import dataclass, fields
 
 from paracube.choices import (
     ACTIVATION_MEMORY,
@@ -309,6 +310,22 @@ class Layout:
                 f"policy); attention={self.attention!r} has none: plan it with fused attention"
             )
 
+    def replace(self, **changes: object) -> Layout:
+        """This layout with ``changes``, checked as a new one is — what
+        :func:`dataclasses.replace` does, without its walk over the fields on every call (a
+        search makes a few hundred thousand twins).
+
+        >>> Layout(dp=8).replace(tp=2).gpus
+        16
+        """
+        unknown = changes.keys() - _FIELD_NAMES
+        if unknown:
+            raise TypeError(f"Layout has no field {', '.join(sorted(unknown))}")
+        twin = object.__new__(type(self))
+        twin.__dict__.update(self.__dict__, **changes)  # frozen: set once, before it is seen
+        twin.__post_init__()
+        return twin
+
     def model_refusal(self, cfg: ModelConfig) -> str:
         """Why ``cfg`` cannot take this layout ("" if it can): expert parallelism needs a
         mixture of experts and divides its experts; a mixture is not planned under
@@ -492,6 +509,9 @@ class Layout:
         return args
 
 
+_FIELD_NAMES = frozenset(f.name for f in fields(Layout))
+
+
 def rank_sequence(cfg: ModelConfig, layout: Layout) -> ModelConfig:
     """The model as one rank sees it: under context parallelism each rank holds s/cp tokens
     of every sequence, so its matmuls, element-wise work, tensor-parallel collectives,
@@ -505,4 +525,9 @@ def rank_sequence(cfg: ModelConfig, layout: Layout) -> ModelConfig:
             f"cp={layout.cp}: context parallelism cuts each sequence into 2·cp equal chunks, "
             f"and {cfg.seq_len} tokens do not divide by {2 * layout.cp}; choose a cp that does"
         )
-    return replace(cfg, seq_len=cfg.seq_len // layout.cp)
+    return _with_sequence(cfg, cfg.seq_len // layout.cp)
+
+
+@functools.lru_cache(maxsize=256)  # a search asks for the same few on every layout
+def _with_sequence(cfg: ModelConfig, seq_len: int) -> ModelConfig:
+    return cfg.replace(seq_len=seq_len)

@@ -67,18 +67,28 @@ def stage_memory(cfg: ModelConfig, layout: Layout, precision: str = "bf16") -> l
     p = layout.pp
     shares = layout_shares(cfg, layout)
     local = rank_sequence(cfg, layout)  # under context parallelism a rank keeps s/cp tokens
-    return [
-        stage_bytes(
-            local,
-            layout,
-            index,
-            len(share.blocks),
-            precision,
-            _rank_name(index, p),
-            redone=recomputed_blocks(share, layout),
+    terms = _layout_terms(local, layout, precision)
+    in_flight = get_schedule(layout.schedule).in_flight
+    states: dict[tuple[int, bool, bool], float] = {}  # the middle ranks' are mostly alike
+    memories = []
+    for index, share in enumerate(shares):
+        blocks, first, last = len(share.blocks), index == 0, index == p - 1
+        if (blocks, first, last) not in states:
+            states[blocks, first, last] = _states_bytes(terms, layout, blocks, first, last)
+        memories.append(
+            _stage(
+                local,
+                layout,
+                terms,
+                states[blocks, first, last],
+                index,
+                blocks,
+                recomputed_blocks(share, layout),
+                in_flight(p, layout.microbatches, layout.chunks, stage=index),
+                _rank_name(index, p),
+            )
         )
-        for index, share in enumerate(shares)
-    ]
+    return memories
 
 
 def _rank_name(index: int, p: int) -> str:
@@ -184,13 +194,25 @@ def stage_bytes(
     # --recompute-blocks: the stage's recomputed blocks keep their input only, the rest all
     if redone is None:
         redone = 0 if layout.recompute == "none" else blocks
+    states = _states_bytes(terms, layout, blocks, index == 0, index == p - 1)
+    in_flight = get_schedule(layout.schedule).in_flight(
+        p, layout.microbatches, layout.chunks, stage=index
+    )
+    return _stage(cfg, layout, terms, states, index, blocks, redone, in_flight, name)
+
+
+def _states_bytes(
+    terms: _LayoutTerms, layout: Layout, blocks: int, first: bool, last: bool
+) -> float:
+    """The model states of a pipeline rank holding ``blocks`` blocks (and the embedding if
+    ``first``, the final norm and head if ``last``)."""
     params = blocks * terms.block_params
-    if index == 0:
+    if first:
         params += terms.embed_params
-    if index == p - 1:
+    if last:
         params += terms.head_params
     experts = blocks * terms.block_expert_params  # sharded over the ranks that hold them
-    states = sum(
+    return sum(
         model_state_bytes(
             count,
             # ZeRO-3 kept gathered through a pipelined step holds, while the step runs, what
@@ -208,9 +230,23 @@ def stage_bytes(
         )
         if count
     )
-    in_flight = get_schedule(layout.schedule).in_flight(
-        p, layout.microbatches, layout.chunks, stage=index
-    )
+
+
+def _stage(
+    cfg: ModelConfig,
+    layout: Layout,
+    terms: _LayoutTerms,
+    states: float,
+    index: int,
+    blocks: int,
+    redone: int,
+    in_flight: float,
+    name: str,
+) -> StageMemory:
+    """Rank ``index``'s memory from its model ``states``: what its ``blocks`` keep for
+    backward (``redone`` of them recomputed) × the ``in_flight`` micro-batches it holds at
+    its peak, its ends' and the loss's, and the allowance."""
+    p = layout.pp
     acts = (terms.act_recomputed * redone + terms.act_kept * (blocks - redone)) * in_flight
     if index == 0:
         acts += terms.first * in_flight

@@ -121,7 +121,7 @@ def data_parallel_plans(
                     if plan is None and memory_bound and offloadable(pools, fixed):
                         # what does not fit may with the optimizer in host memory, as the
                         # homogeneous search offers it (ZeRO-Offload)
-                        offloaded = replace(base, offload=True)
+                        offloaded = base.replace(offload=True)
                         if all(host_holds(cfg, offloaded, p.gpu, precision) for p in pools):
                             plan, _ = _split_by_speed(
                                 cfg, pools, replicas, offloaded, per_step, precision
@@ -143,7 +143,7 @@ def _split_by_speed(cfg, pools, replicas, base: Layout, per_step: int, precision
     for pool, r in zip(pools, replicas):
         row = []  # no replica takes more than the pool's whole share alone would
         for b in range(1, min(MAX_MICRO_BATCH, -(-per_step // r)) + 1):
-            layout = replace(base, micro_batch=b)
+            layout = base.replace(micro_batch=b)
             if _peak(cfg, layout, precision) > pool.gpu.memory_bytes:
                 memory_bound = True
                 break
@@ -172,7 +172,7 @@ def _split_by_speed(cfg, pools, replicas, base: Layout, per_step: int, precision
     )
     pool_times = tuple(times[i][max(share[2]) - 1] for i, share in enumerate(shares))
     step = max(pool_times)
-    layout = replace(base, micro_batch=per_step // len(weights))  # the mean, as --micro-batch
+    layout = base.replace(micro_batch=per_step // len(weights))  # the mean, as --micro-batch
     tokens = per_step * base.microbatches * cfg.seq_len / step
     plan = MixedPlan(
         "data parallel by speed", layout, step, tokens, shares, tuple(weights), pool_times
@@ -190,7 +190,7 @@ def _ranked(plans: list[MixedPlan]) -> list[MixedPlan]:
     plans.sort(key=lambda p: (int((p.step_time - best) / (0.01 * best)), simplicity(p.layout)))
     kept, seen = [], set()
     for plan in plans:
-        key = (plan.kind, replace(plan.layout, zero=0), plan.shares, round(plan.step_time, 6))
+        key = (plan.kind, plan.layout.replace(zero=0), plan.shares, round(plan.step_time, 6))
         if key not in seen:
             seen.add(key)
             kept.append(plan)

@@ -4,7 +4,6 @@ blocks cut by each stage's own speed and memory (:mod:`paracube.planner.mixed`).
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 from paracube.choices import ELEMENT_BYTES, RECOMPUTE
 from paracube.config import ModelConfig
@@ -71,7 +70,7 @@ def pipeline_plans(
                     if all(getattr(layout, k) == v for k, v in fixed.items()):
                         plan = _pipeline(cfg, order, stages, layout, precision)
                         if plan is None and offloadable(pools, fixed):  # as data_parallel_plans
-                            offloaded = replace(layout, offload=True)
+                            offloaded = layout.replace(offload=True)
                             plan = _pipeline(cfg, order, stages, offloaded, precision)
                         if plan is not None:
                             plans.append(plan)
@@ -132,7 +131,7 @@ def _pipeline(cfg: ModelConfig, order, stages, layout: Layout, precision: str):
         return head[pool_of[part]] if layer == L + 2 else 0.0
 
     if layout.offload:  # the states each stage moves to its host, affine in its blocks too
-        kept = replace(layout, offload=False)
+        kept = layout.replace(offload=False)
         states = [
             [stage_bytes(cfg, held, k, n, precision).model_states for n in (0, 1)]
             for k in range(p)

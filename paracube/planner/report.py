@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 from paracube.choices import FUSED_ATTENTION
 from paracube.config import ModelConfig
@@ -397,7 +397,7 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
             )
         )
         if L.zero == 3 and L.param_gather == "per-parameter" and L.grad_group > 1:
-            flat = estimate(cfg, replace(L, param_gather="flat"), cluster, precision)
+            flat = estimate(cfg, L.replace(param_gather="flat"), cluster, precision)
             lines[-1] += (
                 f" Copying each gathered unit out into its parameters (FSDP2's per-parameter "
                 f"sharding) adds {seconds_text(t.compute - flat.compute)} of compute."
@@ -529,7 +529,7 @@ def _without_zero(best: Candidate, cfg: ModelConfig, cluster: Cluster, precision
     """Why the layout shards at all: the same layout with replicated states either does not
     fit (by how much) or fits and is slower or no faster (by its step)."""
     L, capacity = best.layout, cluster.gpu.memory_bytes
-    plain = replace(L, zero=0, shard=0)
+    plain = L.replace(zero=0, shard=0)
     memory = peak_memory(cfg, plain, precision).total
     if memory > capacity:
         return (
@@ -559,7 +559,7 @@ def _offload_reason(best: Candidate, cfg: ModelConfig, cluster: Cluster, precisi
     """Why the optimizer lives in host memory (ZeRO-Offload), what it frees and what the
     step pays for it — the same layout kept on the GPU as the measure."""
     L, t, g = best.layout, best.time, cluster.gpu
-    on_gpu = replace(L, offload=False)
+    on_gpu = L.replace(offload=False)
     kept = peak_memory(cfg, on_gpu, precision)
     gpu_step = estimate(cfg, on_gpu, cluster, precision).optimizer
     return (
@@ -579,12 +579,12 @@ def recompute_tradeoff(cfg: ModelConfig, layout, cluster: Cluster, precision: st
 
     # every block checkpointed or none: the layout's own partial count (recompute_blocks)
     # would make "full" mean its few blocks
-    base = replace(layout, recompute="none", recompute_blocks=None)
+    base = layout.replace(recompute="none", recompute_blocks=None)
     mem0 = stage_memory(cfg, base, precision)[0].activations
     t0 = estimate(cfg, base, cluster, precision)
     parts = []
     for how in ("selective", "full"):
-        other = replace(base, recompute=how)
+        other = base.replace(recompute=how)
         mem = stage_memory(cfg, other, precision)[0].activations
         t = estimate(cfg, other, cluster, precision)
         saved, added = 1 - mem / mem0, t.recompute / t0.compute

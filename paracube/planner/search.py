@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 
 from paracube.choices import (
     ENDS_AS_LAYERS,
@@ -319,7 +319,7 @@ def _split_layouts(cfg: ModelConfig, layout: Layout, splits: tuple[str, ...], re
     for split in splits if layout.pp > 1 else splits[:1]:
         if not can_cut(cfg, split, layout.pp, layout.chunks):
             continue
-        twin = layout if split == layout.split else replace(layout, split=split)
+        twin = layout if split == layout.split else layout.replace(split=split)
         if split == "engine" or twin.pp == 1:
             made.append(twin)
             continue
@@ -406,10 +406,12 @@ def search(
             and offloads
         ):
             # what does not fit may with the optimizer in host memory (ZeRO-Offload)
-            offloaded = replace(layout, offload=True)
-            fits_host = host_holds(cfg, offloaded, cluster.gpu, precision)
-            if fits_host and peak_memory(cfg, offloaded, precision).total <= capacity:
-                layout, mem = offloaded, peak_memory(cfg, offloaded, precision)
+            offloaded = layout.replace(offload=True)
+            offloaded_mem = peak_memory(cfg, offloaded, precision)
+            if offloaded_mem.total <= capacity and host_holds(
+                cfg, offloaded, cluster.gpu, precision
+            ):
+                layout, mem = offloaded, offloaded_mem
         # a chosen --recompute full means every block (as paracube train takes it)
         user_chose = "recompute" in fixed or "recompute_blocks" in fixed
         if mem.total <= capacity and layout.recompute == "full" and not user_chose:
@@ -434,7 +436,7 @@ def search(
 def host_holds(cfg: ModelConfig, offloaded: Layout, gpu: GPU, precision: str) -> bool:
     """Whether a GPU's share of its node's host memory holds the states ``offloaded`` moves
     there: what the GPU keeps without offload, less what it keeps with it."""
-    kept = peak_memory(cfg, replace(offloaded, offload=False), precision).model_states
+    kept = peak_memory(cfg, offloaded.replace(offload=False), precision).model_states
     moved = kept - peak_memory(cfg, offloaded, precision).model_states
     return moved <= gpu.host_memory_bytes
 
@@ -452,7 +454,7 @@ def with_hybrid_shards(layouts, gpus_per_node: int, zero: int = 3):
         # neither is planned in groups (Layout refuses them)
         scattered = layout.zero == 1 and layout.grad_sync == "reduce-scatter"
         if layout.zero == zero and fits and not layout.zero3_per_step and not scattered:
-            yield replace(layout, shard=shard)
+            yield layout.replace(shard=shard)
 
 
 # Context parallelism is searched only while each rank's chunks keep this many tokens: the
@@ -482,13 +484,13 @@ def fewest_recomputed(
     blocks as still fit (the engine's --recompute-blocks): memory falls as blocks are
     added, so the fewest is found by bisection; every block if none fewer fits; None when
     the layout fits without recomputation."""
-    if peak_memory(cfg, replace(layout, recompute="none"), precision).total <= capacity:
+    if peak_memory(cfg, layout.replace(recompute="none"), precision).total <= capacity:
         return None
     low, high = 0, cfg.n_layers  # high fits (it is every block), low = no recompute
     best = (layout, mem)
     while high - low > 1:
         mid = (low + high) // 2
-        trial = replace(layout, recompute_blocks=mid)
+        trial = layout.replace(recompute_blocks=mid)
         trial_mem = peak_memory(cfg, trial, precision)
         if trial_mem.total <= capacity:
             high, best = mid, (trial, trial_mem)

@@ -811,7 +811,8 @@ def _tp_comm(
     t, m = layout.tp, layout.microbatches
     n = layout.micro_batch * cfg.seq_len * cfg.hidden * elem  # b·s·h values
     link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
-    plain = block_tp_comm(cfg, replace(layout, recompute="none"), cluster, elem, gemms)
+    unredone = layout if layout.recompute == "none" else layout.replace(recompute="none")
+    plain = block_tp_comm(cfg, unredone, cluster, elem, gemms)
     comm = m * layers * plain
     if layout.recompute in ("full", "op"):  # a recomputed block's forward collectives again
         redo = block_tp_comm(cfg, layout, cluster, elem, gemms) - plain
@@ -1183,7 +1184,7 @@ def hybrid_exposed_time(
     (:func:`group_link`); what the backward leaves free after the group's own gathers and
     reduce-scatter hides it (slowing that compute by :data:`OVERLAP_SLOWDOWN` of its
     seconds), the rest is exposed — every micro-batch."""
-    view = replace(layout, dp=layout.shard, cp=1, shard=0)  # one shard group, FULL_SHARD
+    view = layout.replace(dp=layout.shard, cp=1, shard=0)  # one shard group, FULL_SHARD
     exposed = dp_exposed_time(view, cluster, params, per_mb, cfg, layers, elem)
     g, m, n = cluster.gpu, layout.microbatches, layout.replicas
     link = group_link(cluster, n, layout.tp * layout.shard)
