@@ -88,6 +88,14 @@ PARAM_SYNC = ("all-gather", "broadcast")
 # Megatron-Core's distributed optimizer, ``_ParamAndGradBucketGroup.start_grad_sync``), half
 # the ring's traffic. ZeRO-0 always all-reduces, ZeRO-2/3 always reduce-scatter.
 GRAD_SYNC = ("all-reduce", "reduce-scatter")
+# planner: how the data-parallel gradients are bucketed for a reduction overlapped with the
+# backward — the last bucket fills only when the backward ends, so its reduction is always
+# waited for (time_model.last_bucket_time): 25 MiB of gradients (ddp: paracube train's
+# --bucket-mb default, as PyTorch DDP's bucket_cap_mb), max(40M, 1M × dp) elements
+# (megatron: Megatron-Core's DistributedDataParallelConfig bucket_size default, grown with the
+# group) or 512 × 1024 × 1024 elements (internlm: its configs' hybrid_zero_optimizer
+# reduce_bucket_size)
+GRAD_BUCKETS = ("ddp", "megatron", "internlm")
 # planner: how ZeRO-3 runs under a pipeline — not at all (none: paracube's engine, which would
 # re-gather each stage's parameters every micro-batch, refuses it) or with each stage's
 # parameters gathered once a step and kept, its gradients accumulated unsharded and

@@ -120,6 +120,44 @@ def test_resnet50_in_fp32_is_bounded_by_the_fp32_peak():
     assert images < 15.7e12 / (3 * model.forward_flops_per_sample)
 
 
+def test_a_model_without_layers_tries_every_micro_batch_and_refuses_one_that_does_not_divide():
+    """ResNet-50 with 24 images a GPU: 1, 2, 3, 4, 6, 8, 12 and 24 are searched (it had
+    tried only 24 halved: 24, 12, 6, 3), a fixed 8 is honoured, a fixed 5 refused by name."""
+    from paracube.planner.generic import generic, search_generic
+
+    cluster = Cluster(hw.gpu("v100"), 8, hw.interconnect("nvlink2"), hw.interconnect("ib-hdr"))
+    model = generic("resnet50")
+    tried = search_generic(model, cluster, 8, 192, "fp16", {}).ranked
+    assert {c.layout.micro_batch for c in tried} == {1, 2, 3, 4, 6, 8, 12, 24}
+    fixed = search_generic(model, cluster, 8, 192, "fp16", {"micro_batch": 8}).ranked
+    assert {(c.layout.micro_batch, c.layout.microbatches) for c in fixed} == {(8, 3)}
+    refused = search_generic(model, cluster, 8, 192, "fp16", {"micro_batch": 5})
+    assert not refused.ranked
+    assert list(refused.rejected) == [
+        "--micro-batch 5 does not divide the 24 samples per GPU (192 ÷ 8)"
+    ]
+
+
+def test_a_model_without_layers_pays_zero1s_all_gather_of_the_updated_parameters():
+    """The issue's defect for a model without layers too: ZeRO-1 splits the optimizer step,
+    and then every rank's updated slice comes back by an all-gather before the next forward
+    — without overlap, exposed whole (time_model.param_sync_time). ZeRO-1 had been charged
+    the all-reduce alone, beating plain data parallelism by the optimizer it splits."""
+    from paracube.planner.generic import evaluate, generic
+    from paracube.planner.layout import Layout
+    from paracube.planner.time_model import param_sync_time
+
+    cluster = Cluster(hw.gpu("v100"), 8, hw.interconnect("nvlink2"), hw.interconnect("ib-hdr"))
+    model = generic("resnet50")
+    plain, zero1 = (Layout(dp=8, micro_batch=32, zero=z, overlap_grad_reduce=False) for z in (0, 1))
+    exposed = {
+        z: evaluate(model, L, cluster, "fp16")[1].dp_exposed for z, L in ((0, plain), (1, zero1))
+    }
+    gather = param_sync_time(zero1, cluster, model.params, 2)
+    assert gather > 0
+    assert exposed[1] - exposed[0] == pytest.approx(gather)
+
+
 @pytest.mark.parametrize(
     ("model", "gpu", "gpus", "batch", "precision"),
     [

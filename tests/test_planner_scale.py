@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from paracube.choices import GRAD_BUCKETS
 from paracube.errors import ConfigError
 from paracube.models.presets import preset
 from paracube.models.shapes import parameter_count
@@ -35,11 +36,15 @@ def test_data_parallel_time_grows_with_replicas_at_fixed_work_per_replica():
     the step time grows."""
     cfg = preset("gpt3-175b")
     base = dict(tp=8, pp=8, micro_batch=1, microbatches=32, schedule="1f1b", recompute="full")
-    small, large = (estimate(cfg, Layout(dp=dp, **base), A100) for dp in (96, 288))
-    assert large.compute == small.compute
-    assert large.dp_exposed > small.dp_exposed > 0
-    assert large.step_time > small.step_time
-    assert bucket_elements(96) == 96e6 and bucket_elements(8) == 40e6
+    for bucket in GRAD_BUCKETS:  # the ring's latency steps grow with any bucket
+        small, large = (
+            estimate(cfg, Layout(dp=dp, grad_bucket=bucket, **base), A100) for dp in (96, 288)
+        )
+        assert large.compute == small.compute
+        assert large.dp_exposed > small.dp_exposed > 0
+        assert large.step_time > small.step_time
+    megatron = [Layout(dp=dp, grad_bucket="megatron") for dp in (96, 8)]
+    assert [bucket_elements(L, 2) for L in megatron] == [96e6, 40e6]
 
 
 def test_ring_across_nodes_runs_on_every_members_rail():
@@ -70,7 +75,7 @@ def test_last_bucket_is_exposed_even_when_the_reduction_hides():
     layout = Layout(dp=64, micro_batch=8, microbatches=1)
     est = estimate(cfg, layout, A100)
     link = dp_link(layout, A100)
-    bucket = 4 * bucket_elements(64)  # fp32 gradients: the default --grad-reduce fp32
+    bucket = 25 * 2**20  # paracube's 25 MiB buckets (fp32 gradients: --grad-reduce fp32)
     reduction = _ring(4 * parameter_count(cfg), 64, link)
     assert reduction < 2 / 3 * est.compute  # all of it hides behind the backward
     assert est.dp_exposed == pytest.approx(_ring(bucket, 64, link) + OVERLAP_SLOWDOWN * reduction)

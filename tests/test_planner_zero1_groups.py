@@ -183,8 +183,8 @@ def test_layouts_refuse_what_they_cannot_be():
 
 
 def test_internlm_stack_states_its_software():
-    """InternLM's trainer as its code runs it: gradients reduced in bf16, the slices synced by
-    broadcasts, torch's multi-op AdamW, an always-applied clip scale, flash-attn's loss,
+    """InternLM's trainer as its code runs it: gradients reduced in bf16 in buckets of 512M
+    elements, the slices synced by broadcasts, torch's multi-op AdamW, an always-applied clip scale, flash-attn's loss,
     FlashAttention's first kernels (its install guide pins flash-attention v1.0.5), and its
     own checkpoint function, which replays a block whole."""
     assert INTERNLM == dict(
@@ -192,6 +192,7 @@ def test_internlm_stack_states_its_software():
         recompute_replay="whole",
         grad_reduce="compute",
         param_sync="broadcast",
+        grad_bucket="internlm",
         optimizer_kernel="multi-op",
         clip_scale="always",
         loss="fused",

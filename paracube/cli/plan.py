@@ -190,6 +190,14 @@ def add_parser(sub) -> None:
         "to fill, hop by hop, per owner)",
     )
     t.add_argument(
+        "--grad-bucket",
+        default=None,
+        help="the gradient buckets of a reduction overlapped with the backward, whose last one "
+        "is always waited for: 25 MiB (ddp: paracube train's --bucket-mb default, PyTorch "
+        "DDP's; default), Megatron-Core's max(40M, 1M × dp) elements (megatron) or "
+        "InternLM's 512M (internlm)",
+    )
+    t.add_argument(
         "--grad-sync",
         default=None,
         help="ZeRO-1's gradient reduction before each rank steps its slice: an all-reduce of "
@@ -467,6 +475,7 @@ SOFTWARE = (
     "param_gather",
     "param_sync",
     "grad_sync",
+    "grad_bucket",
     "zero3_pipeline",
     "optimizer_kernel",
     "clip_scale",
@@ -727,6 +736,7 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         CLIP_SCALING,
         FP8_SCALING,
         GRAD_ACCUMULATION,
+        GRAD_BUCKETS,
         GRAD_REDUCE,
         GRAD_SYNC,
         LOSS_BACKWARD,
@@ -799,6 +809,7 @@ def _check_args(args, whole_nodes: bool = True) -> None:
         ("param_gather", "--param-gather", PARAM_GATHER),
         ("param_sync", "--param-sync", PARAM_SYNC),
         ("grad_sync", "--grad-sync", GRAD_SYNC),
+        ("grad_bucket", "--grad-bucket", GRAD_BUCKETS),
         ("zero3_pipeline", "--zero3-pipeline", ZERO3_PIPELINE),
         ("optimizer_kernel", "--optimizer-kernel", OPTIMIZER_KERNELS),
         ("clip_scale", "--clip-scale", CLIP_SCALING),
@@ -860,6 +871,7 @@ def _check_args(args, whole_nodes: bool = True) -> None:
             ("--shard-group", "shard", args.shard_group),
             ("--compress", "compress", args.compress),
             ("--pipeline-split", "split", args.split),
+            ("--grad-bucket", "grad_bucket", args.grad_bucket),
         ]
         for flag, field, value in megatron_stated:
             words = None if value is None else unrun_choice(field, value)

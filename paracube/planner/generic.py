@@ -26,10 +26,9 @@ from paracube.planner.time_model import (
     StepEstimate,
     accumulation_time,
     at_precision,
+    dp_exposed_time,
     gather_copy_time,
     optimizer_time,
-    reduction_time,
-    waited_gathers,
 )
 
 
@@ -85,11 +84,11 @@ def evaluate(
     # (batch-norm, ReLU) reading and writing the saved activations, forward and backward
     flops = 3 * model.forward_flops_per_sample * b
     per_mb = flops / (g.peak_flops * g.sustained_fraction) + 3 * 2 * acts / g.memory_rate
-    link = cluster.intra if dp <= cluster.gpus_per_node else cluster.inter
-    waited = waited_gathers(layout, link, model.params, w)  # ZeRO-3 without backward prefetch
-    allreduce = reduction_time(model.params, layout, link, w) - waited / m
-    overlapped = g.overlaps_communication and layout.overlap_grad_reduce
-    exposed = max(0.0, allreduce - (2 / 3 * per_mb if overlapped else 0.0)) + waited
+    # the data-parallel collectives as a transformer's are charged (one owner: the reduction
+    # less what hides behind the last backward, its last bucket, ZeRO-1/2's all-gather of the
+    # updated parameters after the step, ZeRO-3's gathers for every micro-batch), the
+    # parameters taken as one unit: the model is described without layers
+    exposed = dp_exposed_time(layout, cluster, model.params, per_mb, None, 0, w)
     optimizer = optimizer_time(layout, g, model.params, w)
     # each micro-batch's gradients brought into the buffer they are reduced from
     compute = m * (per_mb + gather_copy_time(layout, g, model.params, 0.0, w)) + accumulation_time(
@@ -125,6 +124,7 @@ GENERIC_SOFTWARE = (
     "grad_accumulation",
     "param_gather",
     "grad_sync",
+    "grad_bucket",
     "optimizer_kernel",
     "clip_scale",
 )
@@ -134,7 +134,7 @@ def search_generic(
     model: GenericModel, cluster: Cluster, gpus: int, global_batch: int, precision: str, fixed: dict
 ):
     """Data-parallel layouts over all ``gpus``: micro-batch and ZeRO stage."""
-    from paracube.planner.search import Candidate, SearchResult, rank
+    from paracube.planner.search import Candidate, SearchResult, micro_batches, rank
 
     searched = {"dp", "micro_batch", "microbatches", "zero", *GENERIC_SOFTWARE}
     defaults = {f.name: f.default for f in fields(Layout)}
@@ -150,7 +150,14 @@ def search_generic(
         result.rejected["global batch not divisible by dp"] = 1
         return result
     per_gpu = global_batch // gpus
-    for b in sorted({per_gpu // 2**k for k in range(12) if per_gpu % 2**k == 0}):
+    # every micro-batch dividing a GPU's samples (an image is small beside a sequence: no cap)
+    sizes = micro_batches(per_gpu, fixed.get("micro_batch"), limit=per_gpu)
+    if not sizes:
+        result.rejected[
+            f"--micro-batch {fixed['micro_batch']} does not divide the {per_gpu} samples per "
+            f"GPU ({global_batch} ÷ {gpus})"
+        ] = 1
+    for b in sizes:
         for zero in (0, 1, 2, 3) if gpus > 1 else (0,):
             layout = Layout(
                 dp=gpus,

@@ -21,6 +21,7 @@ from paracube.choices import (
     FP8_SCALING,
     FUSED_ATTENTION,
     GRAD_ACCUMULATION,
+    GRAD_BUCKETS,
     GRAD_SYNC,
     LOSS_BACKWARD,
     OPTIMIZER_KERNELS,
@@ -56,6 +57,7 @@ OTHER_SOFTWARE = (
     "param_gather",
     "param_sync",
     "grad_sync",
+    "grad_bucket",
     "zero3_pipeline",
     "optimizer_kernel",
     "clip_scale",
@@ -163,6 +165,11 @@ class Layout:
     # distributed optimizer); choices.GRAD_SYNC, :func:`paracube.planner.time_model.
     # reduction_time`
     grad_sync: str = "all-reduce"
+    # the gradient buckets of a reduction overlapped with the backward: 25 MiB (ddp: paracube
+    # train's default --bucket-mb, PyTorch DDP's), Megatron-Core's max(40M, 1M × dp) elements
+    # or InternLM's 512M; choices.GRAD_BUCKETS, :func:`paracube.planner.time_model.
+    # bucket_elements`
+    grad_bucket: str = "ddp"
     # ZeRO-3 under a pipeline (pp > 1): refused (none: paracube's engine) or each stage's
     # parameters gathered once a step and kept, its gradients accumulated unsharded and
     # reduce-scattered after its last backward (per-step: torchtitan's FSDP2 under PyTorch's
@@ -273,6 +280,10 @@ class Layout:
             raise ConfigError(f"param_sync={self.param_sync!r}: choose {' or '.join(PARAM_SYNC)}")
         if self.grad_sync not in GRAD_SYNC:
             raise ConfigError(f"grad_sync={self.grad_sync!r}: choose {' or '.join(GRAD_SYNC)}")
+        if self.grad_bucket not in GRAD_BUCKETS:
+            raise ConfigError(
+                f"grad_bucket={self.grad_bucket!r}: choose {' or '.join(GRAD_BUCKETS)}"
+            )
         if self.zero3_pipeline not in ZERO3_PIPELINE:
             raise ConfigError(
                 f"zero3_pipeline={self.zero3_pipeline!r}: choose {' or '.join(ZERO3_PIPELINE)}"

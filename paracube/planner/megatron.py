@@ -51,6 +51,7 @@ MEGATRON_RUNS: dict[str, tuple[tuple, str]] = {
     "attention": (("fused", "unfused"), "Transformer Engine's fused attention or its unfused one"),
     "compress": (("none",), "whole gradients"),
     "shard": ((0,), "ZeRO over the whole data-parallel group"),
+    "grad_bucket": (("megatron",), "its own buckets, max(40M, 1M × dp) gradient elements"),
 }  # fmt: skip
 # the fields whose choice matters only under a pipeline
 PIPELINE_FIELDS = ("schedule", "split")
@@ -89,7 +90,8 @@ def megatron_refusal(layout: Layout, cfg: ModelConfig, precision: str) -> str | 
     partial = L.recompute != "none" and L.recompute_blocks is not None
     if partial and L.pp > 1 and L.recompute_scope != "stage":
         return (
-            f"recomputation of the model's first {L.recompute_blocks} blocks under a pipeline: "
+            f"recomputation of the model's first {L.recompute_blocks} block"
+            f"{'s' if L.recompute_blocks != 1 else ''} under a pipeline: "
             "Megatron-LM's --recompute-method block recomputes the first N of every stage's "
             "blocks"
         )

@@ -226,8 +226,8 @@ def plan_mixed(
     >>> best = plans[0]
     >>> best.kind, [(key, replicas, max(sizes)) for key, replicas, sizes in best.shares]
     ('data parallel by speed', [('a100-80gb', 8, 11), ('v100', 8, 5)])
-    >>> round(best.tokens_per_s / slowest.tokens_per_s, 2)
-    1.6
+    >>> best.tokens_per_s > 1.5 * slowest.tokens_per_s  # the A100s do more than their share
+    True
     """
     if cfg.moe:
         raise ConfigError(

@@ -74,7 +74,8 @@ def describe(layout) -> str:
     if layout.recompute != "none":
         text += f" recompute={layout.recompute}"
         if getattr(layout, "recompute_blocks", None) is not None:
-            text += f"[first {layout.recompute_blocks} blocks" + (
+            n = layout.recompute_blocks
+            text += f"[first {n} block{'s' if n != 1 else ''}" + (
                 " of each stage]" if getattr(layout, "recompute_scope", "model") == "stage" else "]"
             )
     if layout.sequence_parallel:
@@ -409,7 +410,8 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
         which = (
             ""
             if L.recompute_blocks is None
-            else f" in the model's first {L.recompute_blocks} blocks (the rest keep their activations)"
+            else f" in the model's first {L.recompute_blocks} block"
+            f"{'s' if L.recompute_blocks != 1 else ''} (the rest keep their activations)"
         )
         cost = (
             f"trades {seconds_text(t.recompute)} of extra compute"

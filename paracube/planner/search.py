@@ -66,14 +66,17 @@ def divisors(n: int) -> list[int]:
     return small + [n // d for d in reversed(small) if d * d != n]
 
 
-def micro_batches(per_rank: int, fixed: int | None) -> list[int]:
-    """The micro-batch sizes to try for ``per_rank`` sequences per data-parallel rank and
-    step: a fixed one if it divides them, else every divisor up to
-    :data:`MICRO_BATCH_LIMIT` (6, 12 and 18 as published FSDP runs use, not only powers
-    of two)."""
+def micro_batches(per_rank: int, fixed: int | None, limit: int = MICRO_BATCH_LIMIT) -> list[int]:
+    """The micro-batch sizes to try for ``per_rank`` samples per data-parallel rank and
+    step: a fixed one if it divides them, else every divisor up to ``limit`` (6, 12 and 18
+    as published FSDP runs use, not only powers of two).
+
+    >>> micro_batches(24, None), micro_batches(24, 5)
+    ([1, 2, 3, 4, 6, 8, 12, 24], [])
+    """
     if fixed is not None:
         return [fixed] if per_rank % fixed == 0 else []
-    return [b for b in divisors(per_rank) if b <= MICRO_BATCH_LIMIT]
+    return [b for b in divisors(per_rank) if b <= limit]
 
 
 def chunk_counts(p: int, layers: int, fixed: int | None) -> list[int]:

@@ -1276,22 +1276,44 @@ def node_crossings(cluster: Cluster, ranks: int, stride: int) -> float:
     return ranks / members - 1
 
 
-def bucket_elements(dp: int) -> float:
-    """Gradient elements per reduction bucket: Megatron-Core's default
-    max(40M, 1M × dp) — larger groups get larger buckets so that each collective's
-    2(dp − 1) latency steps stay small beside its transfer time."""
-    return max(40e6, 1e6 * dp)
+# Megatron-Core's bucket: DistributedDataParallelConfig.bucket_size defaults to
+# max(40,000,000, 1,000,000 × the data-parallel size) elements
+MEGATRON_BUCKET, MEGATRON_BUCKET_PER_RANK = 40e6, 1e6
+# InternLM's configs: hybrid_zero_optimizer reduce_bucket_size = 512 * 1024 * 1024 (elements)
+INTERNLM_BUCKET = 512 * 1024 * 1024
+# paracube train's --bucket-mb default, PyTorch DDP's bucket_cap_mb: 25 MiB of gradients
+DDP_BUCKET_BYTES = 25 * 2**20
+
+
+def bucket_elements(layout: Layout, elem: int) -> float:
+    """Gradient elements per reduction bucket under ``layout.grad_bucket``
+    (:data:`~paracube.choices.GRAD_BUCKETS`): 25 MiB of gradients in the dtype they are
+    reduced in (``ddp``); Megatron-Core's max(40M, 1M × dp) — larger groups get larger
+    buckets so that each collective's 2(dp − 1) latency steps stay small beside its
+    transfer time (``megatron``); InternLM's 512M (``internlm``).
+
+    >>> bucket_elements(Layout(dp=96, grad_bucket="megatron"), 2)
+    96000000.0
+    >>> bucket_elements(Layout(dp=96, grad_reduce="compute"), 2)  # 25 MiB of bf16
+    13107200.0
+    """
+    if layout.grad_bucket == "megatron":
+        return max(MEGATRON_BUCKET, MEGATRON_BUCKET_PER_RANK * layout.grad_group)
+    if layout.grad_bucket == "internlm":
+        return float(INTERNLM_BUCKET)
+    return DDP_BUCKET_BYTES / gradient_bytes(elem, layout.grad_reduce)
 
 
 def last_bucket_time(layout: Layout, link: Interconnect, params: float, elem: int) -> float:
     """The reduction nothing can hide: the last bucket (the first blocks' and the embedding's
-    gradients) is complete only when the backward ends. Its size grows with the group
-    (:func:`bucket_elements`) and its ring takes 2(dp − 1) latency steps, so at fixed work per
-    replica the step slows as replicas are added. Without overlap the whole reduction is
-    exposed anyway (0 here)."""
+    gradients) is complete only when the backward ends. Its ring takes 2(dp − 1) latency
+    steps, and under Megatron-Core's buckets its size grows with the group
+    (:func:`bucket_elements`), so at fixed work per replica the step slows as replicas are
+    added. Without overlap the whole reduction is exposed anyway (0 here)."""
     if layout.grad_group <= 1 or not layout.overlap_grad_reduce:
         return 0.0
-    return reduction_time(min(params, bucket_elements(layout.grad_group)), layout, link, elem)
+    bucket = bucket_elements(layout, elem)
+    return reduction_time(min(params, bucket), layout, link, elem)
 
 
 def compressed_reduction(
