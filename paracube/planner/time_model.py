@@ -52,7 +52,7 @@ import math
 from dataclasses import dataclass, replace
 
 from paracube.choices import ELEMENT_BYTES, FUSED_ATTENTION, gradient_bytes
-from paracube.config import ModelConfig
+from paracube.config import ModelConfig, ParallelConfig
 from paracube.errors import ConfigError
 from paracube.models import shapes
 from paracube.pipeline.schedules import get_schedule
@@ -1281,8 +1281,9 @@ def node_crossings(cluster: Cluster, ranks: int, stride: int) -> float:
 MEGATRON_BUCKET, MEGATRON_BUCKET_PER_RANK = 40e6, 1e6
 # InternLM's configs: hybrid_zero_optimizer reduce_bucket_size = 512 * 1024 * 1024 (elements)
 INTERNLM_BUCKET = 512 * 1024 * 1024
-# paracube train's --bucket-mb default, PyTorch DDP's bucket_cap_mb: 25 MiB of gradients
-DDP_BUCKET_BYTES = 25 * 2**20
+# paracube train's --bucket-mb default (ParallelConfig owns it), as PyTorch DDP's
+# bucket_cap_mb: 25 MiB of gradients
+DDP_BUCKET_BYTES = ParallelConfig.bucket_mb * 2**20
 
 
 def bucket_elements(layout: Layout, elem: int) -> float:
