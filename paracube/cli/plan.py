@@ -1191,7 +1191,8 @@ def _print(args, cfg, cluster, result) -> None:
         f"{cfg.name}: {args.gpus} × {g.name} ({cluster.gpus_per_node} per node), global batch {args.global_batch} "
         f"{unit}, {args.precision}"
         + (f", as {args.stack} runs it" if args.stack not in (None, "paracube") else "")
-        + f"; {result.evaluated:,} layouts evaluated, {result.fitting:,} fit\n"
+        + f"; {result.evaluated:,} layout{'s' if result.evaluated != 1 else ''} evaluated, "
+        f"{result.fitting:,} fit\n"
     )
     print(table(result.ranked[: args.top], cluster, baseline))
     if baseline is None and result.ranked and args.gpus > 1:
