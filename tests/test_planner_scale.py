@@ -81,6 +81,31 @@ def test_last_bucket_is_exposed_even_when_the_reduction_hides():
     assert est.dp_exposed == pytest.approx(_ring(bucket, 64, link) + OVERLAP_SLOWDOWN * reduction)
 
 
+def test_zero3_always_waits_for_its_root_units_reduce_scatter():
+    """ZeRO-3 reduces unit by unit, not in buckets: its last reduce-scatter is the root
+    unit's — the embedding, final norm and head, whose gradients complete only with the
+    backward. Llama 3 8B's 128K-token vocabulary makes that 1.05B of its 8B parameters: at
+    64 GPUs, where the rest hides behind the backward, the step still waits for the root's
+    half ring (the planner had charged a 40M-element bucket's)."""
+    from paracube.models import shapes
+    from paracube.planner.time_model import dp_exposed_time, scatter_time
+
+    cfg = preset("llama3-8b")
+    layout = Layout(dp=64, zero=3, micro_batch=2, microbatches=1)
+    link = dp_link(layout, H100)
+    params = parameter_count(cfg)
+    root = shapes.embed_params(cfg) + shapes.head_params(cfg) + shapes.norm_params(cfg)
+    assert root == pytest.approx(params - cfg.n_layers * shapes.block_params(cfg))
+    # behind a backward long enough to hide the whole reduction, what is left is the root's
+    # reduce-scatter, and the slowdown of the compute the rest runs beside
+    backward_hides_all = 1e3
+    exposed = dp_exposed_time(layout, H100, params, backward_hides_all, cfg, cfg.n_layers)
+    reduction = reduction_time(params, layout, link, 2, cfg.n_layers)
+    root_scatter = scatter_time(root, layout, link, 2)
+    assert exposed == pytest.approx(root_scatter + OVERLAP_SLOWDOWN * reduction)
+    assert root_scatter > scatter_time(40e6, layout, link, 2)
+
+
 def test_communication_beside_compute_slows_it():
     """Collectives hidden behind compute cost the compute they run beside 18.9 % of their
     seconds (arXiv 2507.03114): a reduction left until after the backward costs no such

@@ -732,7 +732,14 @@ def _rank_step(
         recompute=m * redone * redo,
         tp_comm=_tp_comm(cfg, layout, cluster, blocks, elem, redone, gemms),
         dp_exposed=dp_exposed_time(
-            layout, cluster, reduced_params(layout, params, experts), per_mb, cfg, blocks, elem
+            layout,
+            cluster,
+            reduced_params(layout, params, experts),
+            per_mb,
+            cfg,
+            blocks,
+            elem,
+            root,
         ),
         # sharded, the experts' states are over their own, ep times smaller, group: counted
         # ep times among the params optimizer_time divides by the whole group
@@ -979,14 +986,17 @@ def dp_exposed_time(
     cfg: ModelConfig | None = None,
     layers: int = 0,
     elem: int = 2,
+    root: float | None = None,
 ) -> float:
     """The step time data-parallel communication costs for a rank of ``params`` parameters:
     the gradient reduction (:func:`reduction_time`) less what hides behind the last backward
     (a compressed reduction: its own volume, plus the work of compressing,
-    :func:`compressed_reduction`); under ZeRO-1/2 the all-gather of the updated parameters
-    less what hides behind the next forward; under ZeRO-3 the parameter gathers of every
-    micro-batch less what hides behind its compute — and, for what does hide, the compute
-    it slows down (:data:`OVERLAP_SLOWDOWN`)."""
+    :func:`compressed_reduction`) — never less than its last bucket, or under ZeRO-3 its
+    ``root`` unit (:func:`last_bucket_time`; by default what of ``params`` the ``layers``
+    blocks of ``cfg`` do not hold, all of them without); under ZeRO-1/2 the all-gather of the
+    updated parameters less what hides behind the next forward; under ZeRO-3 the parameter
+    gathers of every micro-batch less what hides behind its compute — and, for what does
+    hide, the compute it slows down (:data:`OVERLAP_SLOWDOWN`)."""
     if layout.zero == 3 and layout.shard and layout.replicas > 1:
         return hybrid_exposed_time(layout, cluster, params, per_mb, cfg, layers, elem)
     if layout.zero3_per_step:
@@ -1003,7 +1013,11 @@ def dp_exposed_time(
     # behind the last micro-batch's backward, when buckets are reduced as they fill — all
     # but the last bucket, which fills when the backward ends: it is always waited for
     hidden = 2 / 3 * per_mb if overlapped else 0.0
-    exposed = max(allreduce - hidden, last_bucket_time(layout, link, params, elem)) + blocking
+    if root is None:
+        blocks = shapes.block_params(cfg, tp=layout.tp, ep=layout.ep) * layers if cfg else 0.0
+        root = params - blocks if blocks else params
+    last = last_bucket_time(layout, link, params, elem, root)
+    exposed = max(allreduce - hidden, last) + blocking
     exposed += waited
     if layout.zero in (1, 2):  # the updated slices, over the ZeRO group (a hybrid one's own)
         gather = param_sync_time(layout, cluster, params, elem, cfg, layers)
@@ -1305,14 +1319,21 @@ def bucket_elements(layout: Layout, elem: int) -> float:
     return DDP_BUCKET_BYTES / gradient_bytes(elem, layout.grad_reduce)
 
 
-def last_bucket_time(layout: Layout, link: Interconnect, params: float, elem: int) -> float:
+def last_bucket_time(
+    layout: Layout, link: Interconnect, params: float, elem: int, root: float | None = None
+) -> float:
     """The reduction nothing can hide: the last bucket (the first blocks' and the embedding's
     gradients) is complete only when the backward ends. Its ring takes 2(dp − 1) latency
     steps, and under Megatron-Core's buckets its size grows with the group
     (:func:`bucket_elements`), so at fixed work per replica the step slows as replicas are
-    added. Without overlap the whole reduction is exposed anyway (0 here)."""
+    added. ZeRO-3 reduces unit by unit rather than in buckets: its last reduce-scatter is the
+    root unit's — the embedding, final norm and head, ``root`` of the ``params`` (all of them
+    when None: one unit), whose gradients complete with the backward (:func:`zero3_collectives`;
+    FSDP's root). Without overlap the whole reduction is exposed anyway (0 here)."""
     if layout.grad_group <= 1 or not layout.overlap_grad_reduce:
         return 0.0
+    if layout.zero == 3:
+        return scatter_time(params if root is None else min(root, params), layout, link, elem)
     bucket = bucket_elements(layout, elem)
     return reduction_time(min(params, bucket), layout, link, elem)
 
