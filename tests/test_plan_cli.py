@@ -471,6 +471,30 @@ def test_resnet50_explains_its_speed_up(capsys):
     assert "Speed-up over 1 GPU" in out
 
 
+def test_a_model_without_layers_says_why_it_shards(capsys):
+    """ResNet-50 ranked under ZeRO says why, as a transformer's plan does
+    (report.without_zero_text): the replicated twin fits, at the step it would take, and the
+    part ZeRO shortens most — the Adam step, split 8 ways — each figure the planner's own."""
+    import re
+
+    argv = ["--model", "resnet50", "--gpus", "8", "--gpu", "v100", "--global-batch", "256"]
+    chosen = best(capsys, *argv)["layout"]
+    assert chosen["zero"] > 0
+    out = plan(capsys, *argv, "--explain")
+    found = re.search(r"- ZeRO-(\d) shards .+ over the 8 GPUs; .+ Without ZeRO it fits too "
+                      r"\([\d.]+ GB\) at ([\d.,]+ m?s) a step against ([\d.,]+ m?s): it is "
+                      r"sharded for speed, most of it in the optimizer step \(([\d.]+ m?s) "
+                      r"shorter\)", out)  # fmt: skip
+    assert found, out
+    assert int(found[1]) == chosen["zero"]
+    fixed = ["--layout", "dp=8", "--micro-batch", str(chosen["micro_batch"])]
+    plain = best(capsys, *argv, *fixed, "--zero", "0")["time"]
+    sharded = best(capsys, *argv, *fixed, "--zero", str(chosen["zero"]))["time"]
+    assert seconds(found[2]) == pytest.approx(plain["step_time"], rel=0.01)  # 3 digits
+    assert seconds(found[3]) == pytest.approx(sharded["step_time"], rel=0.01)
+    assert seconds(found[4]) == pytest.approx(plain["optimizer"] - sharded["optimizer"], rel=0.01)
+
+
 def test_the_scaling_sentence_names_what_the_overhead_is(capsys):
     """ResNet-50 on 8 V100s: the sentence names the step's largest overhead with the seconds
     it costs beyond its share — a part that costs something, never "data-parallel

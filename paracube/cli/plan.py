@@ -1076,6 +1076,32 @@ def duration(tokens: float, tokens_per_s: float) -> str:
     return f"{hours:,.2f} h" + (f" ({hours / 24:,.1f} days)" if hours >= 48 else "")
 
 
+def _generic_zero_reason(model, best, cluster, precision: str) -> str:
+    """Why a model described without layers is sharded: its ZeRO stage's states over the
+    data-parallel group, and the replicated twin's fit and step (report.without_zero_text)."""
+    from paracube.planner.generic import evaluate
+    from paracube.planner.report import without_zero_text
+
+    L = best.layout
+    memory, other = evaluate(model, L.replace(zero=0), cluster, precision)
+    sharded, then = {
+        1: ("the optimizer states", "steps its slice and all-gathers the updated parameters"),
+        2: (
+            "the optimizer states and the gradients",
+            "reduce-scatters the gradients, steps its slice and all-gathers the updated parameters",
+        ),
+        3: (
+            "the optimizer states, the gradients and the parameters",
+            "gathers the parameters for each forward and backward and reduce-scatters the "
+            "gradients",
+        ),
+    }[L.zero]
+    return (
+        f"- ZeRO-{L.zero} shards {sharded} over the {L.dp} GPUs; each {then}. "
+        + without_zero_text(best, memory.total, other, cluster.gpu.memory_bytes)
+    )
+
+
 def _training_seconds(args, cfg, result, baseline) -> dict | None:
     """The training budget's time for --json: tokens, and seconds on the best layout and on
     the baseline (None where there is none); None without a budget."""
@@ -1210,6 +1236,10 @@ def _print(args, cfg, cluster, result) -> None:
         if baseline is not None and result.ranked[0].layout.gpus > baseline.gpus:
             text += ("\n" if text else f"Why {describe(result.ranked[0].layout)}:\n") + scaling(
                 result.ranked[0], baseline
+            )
+        if transformer is None and result.ranked[0].layout.zero:  # described without layers
+            text += ("\n" if text else f"Why {describe(result.ranked[0].layout)}:\n") + (
+                _generic_zero_reason(cfg, result.ranked[0], cluster, args.precision)
             )
         if record is not None and transformer is not None:
             text += "\n" + track_record(record, args.stack, args.precision, g.name)

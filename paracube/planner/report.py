@@ -530,15 +530,24 @@ def _alternatives(result: SearchResult, capacity: float) -> list[str]:
 def _without_zero(best: Candidate, cfg: ModelConfig, cluster: Cluster, precision: str) -> str:
     """Why the layout shards at all: the same layout with replicated states either does not
     fit (by how much) or fits and is slower or no faster (by its step)."""
-    L, capacity = best.layout, cluster.gpu.memory_bytes
-    plain = L.replace(zero=0, shard=0)
+    plain = best.layout.replace(zero=0, shard=0)
     memory = peak_memory(cfg, plain, precision).total
-    if memory > capacity:
+    fits = memory <= cluster.gpu.memory_bytes
+    other = estimate(cfg, plain, cluster, precision) if fits else None
+    return without_zero_text(best, memory, other, cluster.gpu.memory_bytes)
+
+
+def without_zero_text(
+    best: Candidate, memory: float, other: StepEstimate | None, capacity: float
+) -> str:
+    """The sentence of :func:`_without_zero` for any model: the replicated twin needs
+    ``memory`` bytes of the GPU's ``capacity`` and, where it fits, steps as ``other``."""
+    if other is None or memory > capacity:
         return (
             f"Without ZeRO this layout would need {memory / GB:.1f} of the "
             f"{capacity / GB:.0f} GB: it is sharded to fit."
         )
-    other, t = estimate(cfg, plain, cluster, precision), best.time
+    t = best.time
     if other.step_time <= t.step_time:
         return (
             f"Without ZeRO it fits too ({memory / GB:.1f} GB) and is no slower "
