@@ -23,6 +23,23 @@ def test_micro_batches_are_every_divisor_and_a_fixed_one_alone():
     assert micro_batches(36, 7) == []
 
 
+def test_a_layouts_twin_is_checked_as_a_new_layout_is():
+    """Layout.replace (the search's fast dataclasses.replace): the twin equals the one built
+    whole, a bad value is refused by the same check, an unknown field by name."""
+    from dataclasses import replace
+
+    from paracube.errors import ConfigError
+    from paracube.planner.layout import Layout
+
+    base = Layout(dp=8, tp=2, zero=1, micro_batch=2, microbatches=4)
+    assert base.replace(tp=4, recompute="full") == replace(base, tp=4, recompute="full")
+    assert hash(base.replace(tp=4)) == hash(replace(base, tp=4))
+    with pytest.raises(ConfigError, match="zero=7"):
+        base.replace(zero=7)
+    with pytest.raises(TypeError, match="no field pipeline"):
+        base.replace(pipeline=2)
+
+
 def test_chunk_counts_are_every_count_the_layers_allow():
     assert chunk_counts(8, 96, None) == list(range(2, 13))
     assert chunk_counts(8, 96, 12) == [12]

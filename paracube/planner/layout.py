@@ -333,7 +333,9 @@ class Layout:
         if unknown:
             raise TypeError(f"Layout has no field {', '.join(sorted(unknown))}")
         twin = object.__new__(type(self))
-        twin.__dict__.update(self.__dict__, **changes)  # frozen: set once, before it is seen
+        # the fields alone (nothing cached beside them carries over); frozen: set once, here
+        fields_now = {k: v for k, v in self.__dict__.items() if k in _FIELD_NAMES}
+        twin.__dict__.update(fields_now, **changes)
         twin.__post_init__()
         return twin
 
