@@ -52,8 +52,8 @@ WHOLE_REPLAY: dict[str, object] = dict(recompute_replay="whole")
 # reduce-scatter when ddp_config.use_distributed_optimizer, else an all-reduce); a partial
 # recomputation is its --recompute-method block: the first N layers of every model chunk,
 # on every pipeline stage (megatron/core/transformer/transformer_block.py, _checkpointed_
-# forward: layer l < recompute_num_layers of the chunk), not the model's first N; its
-# gradient buckets DistributedDataParallelConfig's default size (time_model.bucket_elements)
+# forward: layer l < recompute_num_layers of the chunk), not the model's first N; and its
+# gradient buckets are DistributedDataParallelConfig's default size (time_model.bucket_elements)
 MEGATRON_CORE: dict[str, object] = dict(
     activations="megatron",
     recompute_scope="stage",
@@ -128,15 +128,14 @@ COMPOSER_FSDP: dict[str, object] = dict(
 NEMO: dict[str, object] = dict(tp_comm_overlap=True, **MEGATRON_CORE)
 
 # InternLM's trainer (InternLM/InternLM, the 2023 code its scaling tables ran): its
-# HybridZeroOptimizer reduces each 512M-element bucket of gradients in the weights' dtype
+# HybridZeroOptimizer reduces each 512M-element bucket of gradients (its configs'
+# reduce_bucket_size=512 * 1024 * 1024) in the weights' dtype
 # (reduce_tensor(dtype=self.dtype), bf16) on a side stream during the last micro-batch's
 # backward (earlier ones set skip_grad_reduce), steps torch.optim.AdamW (its default
 # multi-tensor path) on its ZeRO-1 slice, always multiplies the gradients by the clipping
 # and loss-scale coefficient (_unscale_and_clip_grads), and brings the slices back with one
 # dist.broadcast from each rank of the ZeRO group (broadcast_params); its loss is flash-attn's
-# CrossEntropyLoss with inplace_backward (FlashGPTLMLoss), its buckets of 512 × 1024 × 1024
-# gradients (hybrid_zero_optimizer's reduce_bucket_size in its configs), its attention
-# flash-attn's —
+# CrossEntropyLoss with inplace_backward (FlashGPTLMLoss), its attention flash-attn's —
 # FlashAttention's first CUDA kernels, the planner's fused-v1: the code pins
 # "Flash-Attention == v1.0.5" (doc/en/install.md: PyTorch 1.13.1, CUDA 11.7, Apex 23.05,
 # flash-attention built from the pinned third_party submodule); its activation_checkpoint
