@@ -106,6 +106,27 @@ def test_zero3_always_waits_for_its_root_units_reduce_scatter():
     assert root_scatter > scatter_time(40e6, layout, link, 2)
 
 
+def test_a_runs_bucket_size_is_planned_as_it_runs():
+    """paracube train --bucket-mb 100: Layout.from_config carries it, the last bucket the plan
+    waits for is that size (GPT-3 1.3B's reduction hides behind its backward, the 100 MiB
+    bucket does not), the emitted flags run it again, and a size beside another stack's
+    buckets is refused."""
+    from paracube.cli import build_parser, config_from_args
+
+    argv = ["--dp", "64", "--model", "gpt3-1.3b", "--micro-batch", "8", "--bucket-mb", "100"]
+    run = config_from_args(build_parser().parse_args(["train", *argv]))
+    layout = Layout.from_config(run)
+    assert layout.bucket_mb == 100 and "--bucket-mb 100" in layout.to_args("fp32")
+    cfg, link = preset("gpt3-1.3b"), dp_link(layout, A100)
+    reduction = _ring(4 * parameter_count(cfg), 64, link)
+    est = estimate(cfg, layout, A100, "fp32")
+    assert est.dp_exposed == pytest.approx(
+        _ring(100 * 2**20, 64, link) + OVERLAP_SLOWDOWN * reduction
+    )
+    with pytest.raises(ConfigError, match="bucket_mb=100 with grad_bucket='megatron'"):
+        layout.replace(grad_bucket="megatron")
+
+
 def test_communication_beside_compute_slows_it():
     """Collectives hidden behind compute cost the compute they run beside 18.9 % of their
     seconds (arXiv 2507.03114): a reduction left until after the backward costs no such

@@ -36,7 +36,7 @@ from paracube.choices import (
     ZERO3_PIPELINE,
     ZERO_STAGES,
 )
-from paracube.config import ModelConfig, TrainConfig
+from paracube.config import ModelConfig, ParallelConfig, TrainConfig
 from paracube.errors import ConfigError
 from paracube.pipeline.schedules import SCHEDULES
 
@@ -170,6 +170,9 @@ class Layout:
     # or InternLM's 512M; choices.GRAD_BUCKETS, :func:`paracube.planner.time_model.
     # bucket_elements`
     grad_bucket: str = "ddp"
+    # under grad_bucket "ddp", a bucket's size in MiB of gradients: paracube train's
+    # --bucket-mb (ParallelConfig owns its default), which Layout.from_config carries
+    bucket_mb: float = ParallelConfig.bucket_mb
     # ZeRO-3 under a pipeline (pp > 1): refused (none: paracube's engine) or each stage's
     # parameters gathered once a step and kept, its gradients accumulated unsharded and
     # reduce-scattered after its last backward (per-step: torchtitan's FSDP2 under PyTorch's
@@ -283,6 +286,15 @@ class Layout:
         if self.grad_bucket not in GRAD_BUCKETS:
             raise ConfigError(
                 f"grad_bucket={self.grad_bucket!r}: choose {' or '.join(GRAD_BUCKETS)}"
+            )
+        if isinstance(self.bucket_mb, bool) or not (
+            isinstance(self.bucket_mb, (int, float)) and self.bucket_mb > 0
+        ):
+            raise ConfigError(f"bucket_mb={self.bucket_mb!r}: a bucket size in MiB, > 0")
+        if self.grad_bucket != "ddp" and self.bucket_mb != ParallelConfig.bucket_mb:
+            raise ConfigError(
+                f"bucket_mb={self.bucket_mb:g} with grad_bucket={self.grad_bucket!r}: the size is "
+                "that of ddp buckets (paracube train's --bucket-mb); the others have their own"
             )
         if self.zero3_pipeline not in ZERO3_PIPELINE:
             raise ConfigError(
@@ -436,6 +448,7 @@ class Layout:
             offload=cfg.offload == "optimizer",
             compress=cfg.compress,
             balance=par.balance,
+            bucket_mb=par.bucket_mb,
         )
 
     def check_paracube_software(self) -> None:
@@ -515,6 +528,8 @@ class Layout:
             args.append("--offload optimizer")
         if self.compress != "none":
             args.append(f"--compress {self.compress}")
+        if self.bucket_mb != ParallelConfig.bucket_mb:
+            args.append(f"--bucket-mb {self.bucket_mb:g}")
         if precision != "fp32":
             args.append(f"--precision {precision}")
             if self.grad_reduce != "fp32":

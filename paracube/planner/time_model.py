@@ -52,7 +52,7 @@ import math
 from dataclasses import dataclass, replace
 
 from paracube.choices import ELEMENT_BYTES, FUSED_ATTENTION, gradient_bytes
-from paracube.config import ModelConfig, ParallelConfig
+from paracube.config import ModelConfig
 from paracube.errors import ConfigError
 from paracube.models import shapes
 from paracube.pipeline.schedules import get_schedule
@@ -1295,15 +1295,13 @@ def node_crossings(cluster: Cluster, ranks: int, stride: int) -> float:
 MEGATRON_BUCKET, MEGATRON_BUCKET_PER_RANK = 40e6, 1e6
 # InternLM's configs: hybrid_zero_optimizer reduce_bucket_size = 512 * 1024 * 1024 (elements)
 INTERNLM_BUCKET = 512 * 1024 * 1024
-# paracube train's --bucket-mb default (ParallelConfig owns it), as PyTorch DDP's
-# bucket_cap_mb: 25 MiB of gradients
-DDP_BUCKET_BYTES = ParallelConfig.bucket_mb * 2**20
 
 
 def bucket_elements(layout: Layout, elem: int) -> float:
     """Gradient elements per reduction bucket under ``layout.grad_bucket``
-    (:data:`~paracube.choices.GRAD_BUCKETS`): 25 MiB of gradients in the dtype they are
-    reduced in (``ddp``); Megatron-Core's max(40M, 1M × dp) — larger groups get larger
+    (:data:`~paracube.choices.GRAD_BUCKETS`): ``layout.bucket_mb`` MiB of gradients in the
+    dtype they are reduced in (``ddp``: paracube train's --bucket-mb, 25 by default as PyTorch
+    DDP's bucket_cap_mb); Megatron-Core's max(40M, 1M × dp) — larger groups get larger
     buckets so that each collective's 2(dp − 1) latency steps stay small beside its
     transfer time (``megatron``); InternLM's 512M (``internlm``).
 
@@ -1316,7 +1314,7 @@ def bucket_elements(layout: Layout, elem: int) -> float:
         return max(MEGATRON_BUCKET, MEGATRON_BUCKET_PER_RANK * layout.grad_group)
     if layout.grad_bucket == "internlm":
         return float(INTERNLM_BUCKET)
-    return DDP_BUCKET_BYTES / gradient_bytes(elem, layout.grad_reduce)
+    return layout.bucket_mb * 2**20 / gradient_bytes(elem, layout.grad_reduce)
 
 
 def last_bucket_time(
