@@ -165,9 +165,9 @@ class Layout:
     # distributed optimizer); choices.GRAD_SYNC, :func:`paracube.planner.time_model.
     # reduction_time`
     grad_sync: str = "all-reduce"
-    # the gradient buckets of a reduction overlapped with the backward: 25 MiB (ddp: paracube
-    # train's default --bucket-mb, PyTorch DDP's), Megatron-Core's max(40M, 1M × dp) elements
-    # or InternLM's 512M; choices.GRAD_BUCKETS, :func:`paracube.planner.time_model.
+    # the gradient buckets of a reduction overlapped with the backward: bucket_mb MiB (ddp:
+    # paracube train's, PyTorch DDP's), Megatron-Core's max(40M, 1M × dp) elements or
+    # InternLM's 512M; choices.GRAD_BUCKETS, :func:`paracube.planner.time_model.
     # bucket_elements`
     grad_bucket: str = "ddp"
     # under grad_bucket "ddp", a bucket's size in MiB of gradients: paracube train's
