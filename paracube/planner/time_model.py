@@ -1013,9 +1013,8 @@ def dp_exposed_time(
     # behind the last micro-batch's backward, when buckets are reduced as they fill — all
     # but the last bucket, which fills when the backward ends: it is always waited for
     hidden = 2 / 3 * per_mb if overlapped else 0.0
-    if root is None:
-        blocks = shapes.block_params(cfg, tp=layout.tp, ep=layout.ep) * layers if cfg else 0.0
-        root = params - blocks if blocks else params
+    if root is None and layout.zero == 3 and cfg is not None and layers:  # what blocks don't hold
+        root = params - layers * shapes.block_params(cfg, tp=layout.tp, ep=layout.ep)
     last = last_bucket_time(layout, link, params, elem, root)
     exposed = max(allreduce - hidden, last) + blocking
     exposed += waited
