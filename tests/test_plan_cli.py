@@ -757,7 +757,7 @@ def test_a_token_budget_is_its_time_to_train_on_the_best_layout_and_the_baseline
     ("text", "tokens"), [("2e12", 2e12), ("300B", 3e11), ("15T", 1.5e13), ("1.5m", 1.5e6)]
 )
 def test_a_token_budget_is_read_with_its_suffix(text, tokens):
-    from paracube.cli.plan import token_count, tokens_text
+    from paracube.cli.plan_budget import token_count, tokens_text
 
     assert token_count(text) == pytest.approx(tokens)
     assert token_count(tokens_text(tokens)) == pytest.approx(tokens)

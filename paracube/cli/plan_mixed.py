@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from paracube.cli.plan import _plan_fixed, _plan_model, budget_text, duration, training_tokens
+from paracube.cli.plan_budget import budget_text, duration, training_tokens
+from paracube.cli.plan_inputs import plan_fixed, plan_model
 from paracube.config import ModelConfig
 from paracube.errors import ParacubeError
 from paracube.planner.mixed import plan_mixed
@@ -27,9 +28,9 @@ def cmd_plan_mixed(args, pools: list[Pool]) -> int:
             "--emit megatron on a mixed cluster: Megatron-LM gives every rank the same share; "
             "plan one device type (--gpus N --gpu TYPE) for its command"
         )
-    cfg = _plan_model(args)
+    cfg = plan_model(args)
     tokens = training_tokens(args, cfg)
-    fixed = _plan_fixed(args, args.gpus, mixed=True)
+    fixed = plan_fixed(args, args.gpus, mixed=True)
     if fixed.get("cp", 1) > 1:
         raise ParacubeError(
             f"--layout cp={fixed['cp']}: context parallelism is planned on one device type "
