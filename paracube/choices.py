@@ -90,7 +90,7 @@ PARAM_SYNC = ("all-gather", "broadcast")
 GRAD_SYNC = ("all-reduce", "reduce-scatter")
 # planner: how the data-parallel gradients are bucketed for a reduction overlapped with the
 # backward — the last bucket fills only when the backward ends, so its reduction is always
-# waited for (time_model.last_bucket_time): 25 MiB of gradients (ddp: paracube train's
+# waited for (dp_comm.last_bucket_time): 25 MiB of gradients (ddp: paracube train's
 # --bucket-mb default, as PyTorch DDP's bucket_cap_mb), max(40M, 1M × dp) elements
 # (megatron: Megatron-Core's DistributedDataParallelConfig bucket_size default, grown with the
 # group) or 512 × 1024 × 1024 elements (internlm: its configs' hybrid_zero_optimizer

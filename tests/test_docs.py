@@ -14,6 +14,7 @@ DOCUMENTED = [
     "paracube.planner.mixed",
     "paracube.cli.plan_mixed",
     "paracube.planner.time_model",
+    "paracube.planner.dp_comm",
     "paracube.planner.stacks",
     "paracube.planner.published",
     "paracube.mesh.layout",

@@ -31,7 +31,7 @@ def test_bytes_per_parameter_of_each_stack():
     an fp32 temporary and adds, every micro-batch ((2 + 4) + 3 × 4), and averages once;
     FSDP's cast and pre-divide are ZeRO-3's bytes on a side stream, charged as hidden work
     (the overlap slowdown's share). One rank: nothing to average."""
-    from paracube.planner.time_model import OVERLAP_SLOWDOWN
+    from paracube.planner.collectives import OVERLAP_SLOWDOWN
 
     base = Layout(dp=8, micro_batch=1, microbatches=4, zero=1)
     rate = A100.memory_rate

@@ -10,8 +10,9 @@ import pytest
 
 from paracube.models.presets import preset
 from paracube.planner import hardware as hw
+from paracube.planner.dp_comm import compressed_reduction
 from paracube.planner.layout import Layout
-from paracube.planner.time_model import Cluster, compressed_reduction, estimate
+from paracube.planner.time_model import Cluster, estimate
 
 GPT = preset("gpt3-1.3b")
 ETHERNET = Cluster(

@@ -158,11 +158,11 @@ def test_a_model_without_layers_tries_every_micro_batch_and_refuses_one_that_doe
 def test_a_model_without_layers_pays_zero1s_all_gather_of_the_updated_parameters():
     """The issue's defect for a model without layers too: ZeRO-1 splits the optimizer step,
     and then every rank's updated slice comes back by an all-gather before the next forward
-    — without overlap, exposed whole (time_model.param_sync_time). ZeRO-1 had been charged
+    — without overlap, exposed whole (dp_comm.param_sync_time). ZeRO-1 had been charged
     the all-reduce alone, beating plain data parallelism by the optimizer it splits."""
+    from paracube.planner.dp_comm import param_sync_time
     from paracube.planner.generic import evaluate, generic
     from paracube.planner.layout import Layout
-    from paracube.planner.time_model import param_sync_time
 
     cluster = Cluster(hw.gpu("v100"), 8, hw.interconnect("nvlink2"), hw.interconnect("ib-hdr"))
     model = generic("resnet50")

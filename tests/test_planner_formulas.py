@@ -699,14 +699,16 @@ def test_a_fused_kernel_computes_a_head_at_the_size_it_is_compiled_for():
 def test_gradient_reduction_after_backward_is_all_exposed():
     """Overlapped, the data-parallel all-reduce hides behind the last backward; reduced after
     it (Megatron-LM 2021, DeepSpeed's pipeline engine), all of it adds to the step."""
+    from paracube.planner.collectives import ring
+    from paracube.planner.dp_comm import dp_link
     from paracube.planner.layout import Layout
-    from paracube.planner.time_model import _ring, dp_link, estimate
+    from paracube.planner.time_model import estimate
 
     cfg, cluster = preset("gpt3-1.3b"), _a100_node(4)
     overlapped = estimate(cfg, Layout(dp=32, micro_batch=4, microbatches=1), cluster)
     layout = Layout(dp=32, micro_batch=4, microbatches=1, overlap_grad_reduce=False)
     after = estimate(cfg, layout, cluster)
-    full = _ring(4 * parameter_count(cfg), 32, dp_link(layout, cluster))  # fp32 gradients
+    full = ring(4 * parameter_count(cfg), 32, dp_link(layout, cluster))  # fp32 gradients
     assert after.dp_exposed == pytest.approx(full) and overlapped.dp_exposed < full
 
 

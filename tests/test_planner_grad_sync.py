@@ -14,10 +14,11 @@ from paracube.errors import ConfigError
 from paracube.models import shapes
 from paracube.models.presets import preset
 from paracube.planner import hardware as hw
+from paracube.planner.dp_comm import reduction_time
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import peak_memory
 from paracube.planner.stacks import MEGATRON_CORE, NEMO, STACK_SOFTWARE
-from paracube.planner.time_model import Cluster, estimate, reduction_time
+from paracube.planner.time_model import Cluster, estimate
 
 
 def _h100s() -> Cluster:

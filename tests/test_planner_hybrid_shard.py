@@ -10,18 +10,12 @@ from paracube.errors import ConfigError
 from paracube.models import shapes
 from paracube.models.presets import preset
 from paracube.planner import hardware as hw
+from paracube.planner.collectives import group_link, ring
+from paracube.planner.dp_comm import dp_exposed_time, zero3_collectives
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import peak_memory
 from paracube.planner.search import search
-from paracube.planner.time_model import (
-    Cluster,
-    _ring,
-    dp_exposed_time,
-    estimate,
-    gradient_bytes,
-    group_link,
-    zero3_collectives,
-)
+from paracube.planner.time_model import Cluster, estimate, gradient_bytes
 
 
 def _cluster(inter: str = "ib-hdr") -> Cluster:
@@ -61,8 +55,8 @@ def test_the_replicas_all_reduce_their_gradient_shards_every_backward():
     assert link.bandwidth == cluster.inter.bandwidth  # a replica per node: one rail each
     units = zero3_collectives(layers)[2]
     grads = params / 8 * gradient_bytes(2, "fp32")
-    ring = _ring(grads, 8, link) + (units - 1) * 2 * 7 * link.latency
-    assert hybrid == pytest.approx(own + layout.microbatches * ring)
+    allreduce = ring(grads, 8, link) + (units - 1) * 2 * 7 * link.latency
+    assert hybrid == pytest.approx(own + layout.microbatches * allreduce)
 
 
 def test_hybrid_sharding_wins_where_the_network_is_slow_and_costs_little_where_it_is_fast():

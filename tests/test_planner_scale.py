@@ -13,17 +13,10 @@ from paracube.errors import ConfigError
 from paracube.models.presets import preset
 from paracube.models.shapes import parameter_count
 from paracube.planner import hardware as hw
+from paracube.planner.collectives import OVERLAP_SLOWDOWN, ring
+from paracube.planner.dp_comm import bucket_elements, dp_link, reduction_time
 from paracube.planner.layout import Layout
-from paracube.planner.time_model import (
-    OVERLAP_SLOWDOWN,
-    Cluster,
-    _ring,
-    attention_core,
-    bucket_elements,
-    dp_link,
-    estimate,
-    reduction_time,
-)
+from paracube.planner.time_model import Cluster, attention_core, estimate
 
 A100 = Cluster(hw.gpu("a100-80gb"), 8, hw.interconnect("nvlink3"), hw.interconnect("ib-hdr"))
 H100 = Cluster(hw.gpu("h100"), 8, hw.interconnect("nvlink4"), hw.interconnect("ib-ndr"))
@@ -76,9 +69,9 @@ def test_last_bucket_is_exposed_even_when_the_reduction_hides():
     est = estimate(cfg, layout, A100)
     link = dp_link(layout, A100)
     bucket = 25 * 2**20  # paracube's 25 MiB buckets (fp32 gradients: --grad-reduce fp32)
-    reduction = _ring(4 * parameter_count(cfg), 64, link)
+    reduction = ring(4 * parameter_count(cfg), 64, link)
     assert reduction < 2 / 3 * est.compute  # all of it hides behind the backward
-    assert est.dp_exposed == pytest.approx(_ring(bucket, 64, link) + OVERLAP_SLOWDOWN * reduction)
+    assert est.dp_exposed == pytest.approx(ring(bucket, 64, link) + OVERLAP_SLOWDOWN * reduction)
 
 
 def test_zero3_always_waits_for_its_root_units_reduce_scatter():
@@ -88,7 +81,7 @@ def test_zero3_always_waits_for_its_root_units_reduce_scatter():
     64 GPUs, where the rest hides behind the backward, the step still waits for the root's
     half ring (the planner had charged a 40M-element bucket's)."""
     from paracube.models import shapes
-    from paracube.planner.time_model import dp_exposed_time, scatter_time
+    from paracube.planner.dp_comm import dp_exposed_time, scatter_time
 
     cfg = preset("llama3-8b")
     layout = Layout(dp=64, zero=3, micro_batch=2, microbatches=1)
@@ -118,10 +111,10 @@ def test_a_runs_bucket_size_is_planned_as_it_runs():
     layout = Layout.from_config(run)
     assert layout.bucket_mb == 100 and "--bucket-mb 100" in layout.to_args("fp32")
     cfg, link = preset("gpt3-1.3b"), dp_link(layout, A100)
-    reduction = _ring(4 * parameter_count(cfg), 64, link)
+    reduction = ring(4 * parameter_count(cfg), 64, link)
     est = estimate(cfg, layout, A100, "fp32")
     assert est.dp_exposed == pytest.approx(
-        _ring(100 * 2**20, 64, link) + OVERLAP_SLOWDOWN * reduction
+        ring(100 * 2**20, 64, link) + OVERLAP_SLOWDOWN * reduction
     )
     with pytest.raises(ConfigError, match="bucket_mb=100 with grad_bucket='megatron'"):
         layout.replace(grad_bucket="megatron")
@@ -138,13 +131,13 @@ def test_communication_beside_compute_slows_it():
         cfg, Layout(dp=64, micro_batch=8, microbatches=1, overlap_grad_reduce=False), A100
     )
     link = dp_link(Layout(dp=64), A100)
-    assert after.dp_exposed == pytest.approx(_ring(4 * parameter_count(cfg), 64, link))
+    assert after.dp_exposed == pytest.approx(ring(4 * parameter_count(cfg), 64, link))
     assert overlapped.dp_exposed < after.dp_exposed
     one, four = (
         estimate(cfg, Layout(dp=64, zero=3, micro_batch=8, microbatches=m), A100) for m in (1, 4)
     )
-    gather = _ring(2 * parameter_count(cfg), 64, link) / 2
-    scatter = _ring(4 * parameter_count(cfg), 64, link) / 2  # fp32 gradients
+    gather = ring(2 * parameter_count(cfg), 64, link) / 2
+    scatter = ring(4 * parameter_count(cfg), 64, link) / 2  # fp32 gradients
     units = (24 + 23 + 24) * 63 * link.latency  # a ring per unit: zero3_collectives
     assert four.dp_exposed - one.dp_exposed == pytest.approx(
         OVERLAP_SLOWDOWN * 3 * (2 * gather + scatter + units)
@@ -163,7 +156,7 @@ def test_zero2_and_zero3_reduce_scatter_every_micro_batch():
     cfg = preset("gpt3-1.3b")
     n = parameter_count(cfg)
     link = dp_link(Layout(dp=64), A100)
-    scatter, gather = _ring(4 * n, 64, link) / 2, _ring(2 * n, 64, link) / 2
+    scatter, gather = ring(4 * n, 64, link) / 2, ring(2 * n, 64, link) / 2
     for m in (1, 4):
         after = dict(dp=64, micro_batch=8, microbatches=m, overlap_grad_reduce=False)
         zero2 = estimate(cfg, Layout(**after, zero=2), A100)
@@ -204,11 +197,11 @@ def test_gradients_are_reduced_in_the_dtype_the_job_states():
     fp32, compute = (
         estimate(cfg, Layout(**after, grad_reduce=r), A100) for r in ("fp32", "compute")
     )
-    assert fp32.dp_exposed == pytest.approx(_ring(4 * n, 64, link))
-    assert compute.dp_exposed == pytest.approx(_ring(2 * n, 64, link))
+    assert fp32.dp_exposed == pytest.approx(ring(4 * n, 64, link))
+    assert compute.dp_exposed == pytest.approx(ring(2 * n, 64, link))
     zero3 = Layout(dp=64, zero=3)
     assert reduction_time(n, zero3, link, 2) == pytest.approx(
-        _ring(4 * n, 64, link) / 2 + _ring(2 * n, 64, link)
+        ring(4 * n, 64, link) / 2 + ring(2 * n, 64, link)
     )
     states = {
         r: peak_memory(cfg, Layout(micro_batch=1, grad_reduce=r)).model_states
@@ -233,7 +226,7 @@ def test_zero3_backward_gathers_without_prefetch_are_waited_for():
         )
         link = dp_link(Layout(**base), H100)
         # a half ring of the weights, unit by unit: one ring per block (zero3_collectives)
-        gather = _ring(2 * n, 16, link) / 2 + (cfg.n_layers - 1) * 15 * link.latency
+        gather = ring(2 * n, 16, link) / 2 + (cfg.n_layers - 1) * 15 * link.latency
         # the prefetched gathers hid and slowed the compute beside them; waited for, they
         # no longer slow it but cost their own seconds, once per micro-batch
         assert post.dp_exposed - pre.dp_exposed == pytest.approx(
@@ -274,12 +267,12 @@ def test_hopper_runs_at_its_measured_sustained_rates():
 
 
 def test_zero3_pays_a_ring_latency_per_unit():
-    """ZeRO-3 gathers and reduce-scatters unit by unit (time_model.zero3_collectives; the
+    """ZeRO-3 gathers and reduce-scatters unit by unit (dp_comm.zero3_collectives; the
     engine's own counts: tests/test_zero.py), and each collective is a ring with its
     (n − 1) latency steps: over 64 ranks a 24-block model's waited backward gathers pay 23
     more of them per micro-batch than one gather of all its parameters, and its last
     micro-batch's gathers and reduce-scatter 24 + 23 + 24 more."""
-    from paracube.planner.time_model import waited_gathers, zero3_collectives
+    from paracube.planner.dp_comm import waited_gathers, zero3_collectives
 
     cfg = preset("gpt3-1.3b")
     n = parameter_count(cfg)
@@ -325,7 +318,7 @@ def test_nvlink_runs_at_nccls_rate_and_hoppers_switch_reduces():
     Hopper's NVSwitch an all-reduce of B bytes over 8 GPUs takes 2 · 7/8 · B at NVLS's
     480 GB/s bus bandwidth (480 × 8/18 on the H800), an all-gather 7/8 · B at the rings'
     rate; on A100 both run at the rings' 240 GB/s; across nodes no switch reduces."""
-    from paracube.planner.time_model import _half_ring
+    from paracube.planner.collectives import half_ring
 
     gb = 1e9
     expected = {"nvlink2": 6 * 20, "nvlink3": 12 * 20, "nvlink4": 18 * 20.6,
@@ -335,10 +328,10 @@ def test_nvlink_runs_at_nccls_rate_and_hoppers_switch_reduces():
     b = 1e9  # bytes
     for name, allreduce in (("nvlink4", 480), ("nvlink4-400", 480 * 8 / 18)):
         link = replace(hw.interconnect(name), latency=0.0)
-        assert _ring(b, 8, link) == pytest.approx(2 * 7 / 8 * b / (allreduce * gb))
-        assert _half_ring(b, 8, link) == pytest.approx(7 / 8 * b / link.bandwidth)
+        assert ring(b, 8, link) == pytest.approx(2 * 7 / 8 * b / (allreduce * gb))
+        assert half_ring(b, 8, link) == pytest.approx(7 / 8 * b / link.bandwidth)
     a100 = replace(hw.interconnect("nvlink3"), latency=0.0)
-    assert _ring(b, 8, a100) == pytest.approx(2 * _half_ring(b, 8, a100))
+    assert ring(b, 8, a100) == pytest.approx(2 * half_ring(b, 8, a100))
     across = dp_link(Layout(dp=16, tp=8), H100)  # one rank per node: the network's ring
     assert across.allreduce_bandwidth is None
     assert hw.DEFAULT_INTRA["h800"] == "nvlink4-400" and hw.DEFAULT_INTRA["a800"] == "nvlink-400"

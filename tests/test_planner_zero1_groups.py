@@ -10,6 +10,8 @@ import pytest
 from paracube.errors import ConfigError
 from paracube.models import shapes
 from paracube.planner import hardware as hw
+from paracube.planner.collectives import group_link, half_ring, ring
+from paracube.planner.dp_comm import broadcasting_ranks, param_sync_time
 from paracube.planner.flops import hardware_flops_per_token
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import peak_memory
@@ -21,15 +23,7 @@ from paracube.planner.published import (
     runs,
 )
 from paracube.planner.stacks import INTERNLM
-from paracube.planner.time_model import (
-    Cluster,
-    _half_ring,
-    _ring,
-    broadcasting_ranks,
-    estimate,
-    group_link,
-    param_sync_time,
-)
+from paracube.planner.time_model import Cluster, estimate
 
 GB = 1e9
 
@@ -75,10 +69,10 @@ def test_the_parameter_sync_stays_inside_the_group_while_gradients_cross_every_r
     nvlink = group_link(cluster, 8, 1)
     assert nvlink.bandwidth == cluster.intra.bandwidth
     assert param_sync_time(grouped, cluster, params, elem) == pytest.approx(
-        _half_ring(params * elem, 8, nvlink)
+        half_ring(params * elem, 8, nvlink)
     )
     assert param_sync_time(whole, cluster, params, elem) == pytest.approx(
-        _half_ring(params * elem, 128, group_link(cluster, 128, 1))
+        half_ring(params * elem, 128, group_link(cluster, 128, 1))
     )
     assert param_sync_time(grouped, cluster, params, elem) < param_sync_time(
         whole, cluster, params, elem
@@ -160,7 +154,7 @@ def test_the_gradient_reduction_is_untouched_by_the_group_and_the_sync():
     all-reduce of the gradients over all 128 ranks plus its own sync, exactly."""
     cfg, cluster = internlm_7b(), _cluster()
     params = shapes.parameter_count(cfg)
-    ring = _ring(params * 4, 128, group_link(cluster, 128, 1))  # fp32 gradients
+    allreduce = ring(params * 4, 128, group_link(cluster, 128, 1))  # fp32 gradients
     for layout in (
         _zero1(overlap_grad_reduce=False),
         _zero1(overlap_grad_reduce=False, shard=8),
@@ -168,7 +162,9 @@ def test_the_gradient_reduction_is_untouched_by_the_group_and_the_sync():
         _zero1(overlap_grad_reduce=False, shard=8, param_sync="broadcast"),
     ):
         sync = param_sync_time(layout, cluster, params, 2, cfg)
-        assert estimate(cfg, layout, cluster).dp_exposed == pytest.approx(ring + sync, rel=1e-6)
+        assert estimate(cfg, layout, cluster).dp_exposed == pytest.approx(
+            allreduce + sync, rel=1e-6
+        )
 
 
 def test_layouts_refuse_what_they_cannot_be():

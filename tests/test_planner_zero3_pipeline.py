@@ -14,17 +14,12 @@ import pytest
 from paracube.errors import ConfigError
 from paracube.models.presets import preset
 from paracube.planner import hardware as hw
+from paracube.planner.dp_comm import dp_link, unit_latency, zero3_collectives
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import peak_memory
 from paracube.planner.search import search
 from paracube.planner.stacks import STACK_CHOICES, stack, stack_choices
-from paracube.planner.time_model import (
-    Cluster,
-    dp_link,
-    estimate,
-    unit_latency,
-    zero3_collectives,
-)
+from paracube.planner.time_model import Cluster, estimate
 
 
 def _h100s(overlaps: bool = True) -> Cluster:

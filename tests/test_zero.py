@@ -217,7 +217,7 @@ def test_zero3_collectives_per_step_are_the_planners(pools):
     zero3_collectives: per micro-batch a forward gather per block and one for the root, a
     backward gather per block — the root stays gathered — and a reduce-scatter per unit);
     the engine's ledger counts exactly those calls in a step of two micro-batches."""
-    from paracube.planner.time_model import zero3_collectives
+    from paracube.planner.dp_comm import zero3_collectives
 
     cfg = zcfg(3, dp=2, accum=2, steps=2, model=DEEP)
     forward, backward, scatters = zero3_collectives(DEEP.n_layers)

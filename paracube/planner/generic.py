@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 
 from paracube.choices import state_bytes_per_parameter
 from paracube.errors import ConfigError
+from paracube.planner.dp_comm import dp_exposed_time
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import CONTEXT_BYTES, FRAGMENTATION, StageMemory
 from paracube.planner.memory import model_state_bytes
@@ -26,7 +27,6 @@ from paracube.planner.time_model import (
     StepEstimate,
     accumulation_time,
     at_precision,
-    dp_exposed_time,
     gather_copy_time,
     optimizer_time,
 )

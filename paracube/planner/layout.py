@@ -158,7 +158,7 @@ class Layout:
     param_gather: str = "flat"
     # ZeRO-1/2's updated slices brought back by one all-gather (paracube, Megatron, DeepSpeed)
     # or by a broadcast from each rank of the ZeRO group (InternLM); choices.PARAM_SYNC,
-    # :func:`paracube.planner.time_model.param_sync_time`
+    # :func:`paracube.planner.dp_comm.param_sync_time`
     param_sync: str = "all-gather"
     # ZeRO-1's gradient reduction before the sharded step: an all-reduce of the whole buffer
     # (paracube, InternLM) or a reduce-scatter into each rank's slice (Megatron-Core's

@@ -11,6 +11,7 @@ from paracube.errors import ConfigError
 from paracube.models import shapes
 from paracube.pipeline.partition import partition
 from paracube.pipeline.schedules import SCHEDULES, get_schedule
+from paracube.planner.dp_comm import dp_exposed_time
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import stage_bytes
 from paracube.planner.pools import (
@@ -25,7 +26,6 @@ from paracube.planner.time_model import (
     at_precision,
     block_gemm_time,
     block_tp_comm,
-    dp_exposed_time,
     head_time,
     layer_time,
     optimizer_time,

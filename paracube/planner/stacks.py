@@ -53,7 +53,7 @@ WHOLE_REPLAY: dict[str, object] = dict(recompute_replay="whole")
 # recomputation is its --recompute-method block: the first N layers of every model chunk,
 # on every pipeline stage (megatron/core/transformer/transformer_block.py, _checkpointed_
 # forward: layer l < recompute_num_layers of the chunk), not the model's first N; and its
-# gradient buckets are DistributedDataParallelConfig's default size (time_model.bucket_elements)
+# gradient buckets are DistributedDataParallelConfig's default size (dp_comm.bucket_elements)
 MEGATRON_CORE: dict[str, object] = dict(
     activations="megatron",
     recompute_scope="stage",
