@@ -10,6 +10,7 @@ import math
 
 from paracube.cli.plan_budget import count_text, tokens_text
 from paracube.errors import ParacubeError
+from paracube.planner.layout import OTHER_SOFTWARE
 
 # The custom-shape flags (their ModelConfig fields are spelled out in _model_shape)
 SHAPE = ("layers", "hidden", "heads", "vocab", "seq", "ffn", "kv_heads")
@@ -112,29 +113,9 @@ def _named_model(text: str, seq: int | None):
 
 
 # Fixed choices that describe the software rather than the layout: the speed-up's baseline
-# runs them too.
-SOFTWARE = (
-    "loss",
-    "attention",
-    "overlap_grad_reduce",
-    "grad_reduce",
-    "backward_prefetch",
-    "activations",
-    "tp_comm_overlap",
-    "fp8_scaling",
-    "split",
-    "grad_accumulation",
-    "param_gather",
-    "param_sync",
-    "grad_sync",
-    "grad_bucket",
-    "zero3_pipeline",
-    "optimizer_kernel",
-    "clip_scale",
-    "logit_metrics",
-    "recompute_replay",
-    "recompute_scope",
-)
+# runs them too — the other stacks' facts a Layout states (layout.OTHER_SOFTWARE), the dtype
+# gradients are reduced in, FP8's scaling, and how the pipeline is split.
+SOFTWARE = (*OTHER_SOFTWARE, "grad_reduce", "fp8_scaling", "split")
 
 
 def plan_fixed(args, gpus: int, mixed: bool = False) -> dict:
