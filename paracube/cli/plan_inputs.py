@@ -8,8 +8,32 @@ from __future__ import annotations
 
 import math
 
+from paracube.choices import (
+    ACTIVATION_MEMORY,
+    ATTENTION,
+    CLIP_SCALING,
+    FP8_SCALING,
+    GRAD_ACCUMULATION,
+    GRAD_BUCKETS,
+    GRAD_REDUCE,
+    GRAD_SYNC,
+    LOSS_BACKWARD,
+    OFFLOAD,
+    OPTIMIZER_KERNELS,
+    PARAM_GATHER,
+    PARAM_SYNC,
+    PIPELINE_SPLIT,
+    PLANNED_RECOMPUTE,
+    PRECISIONS,
+    RECOMPUTE,
+    RECOMPUTE_REPLAY,
+    RECOMPUTE_SCOPES,
+    ZERO3_PIPELINE,
+    ZERO_STAGES,
+)
 from paracube.cli.plan_budget import count_text, tokens_text
 from paracube.errors import ParacubeError
+from paracube.pipeline.schedules import SCHEDULES
 from paracube.planner.layout import OTHER_SOFTWARE
 
 # The custom-shape flags (their ModelConfig fields are spelled out in _model_shape)
@@ -282,33 +306,20 @@ MAX_GPUS = 2**20
 
 
 def check_args(args, whole_nodes: bool = True) -> None:
-    from paracube.choices import (
-        ACTIVATION_MEMORY,
-        ATTENTION,
-        CLIP_SCALING,
-        FP8_SCALING,
-        GRAD_ACCUMULATION,
-        GRAD_BUCKETS,
-        GRAD_REDUCE,
-        GRAD_SYNC,
-        LOSS_BACKWARD,
-        OFFLOAD,
-        OPTIMIZER_KERNELS,
-        PARAM_GATHER,
-        PARAM_SYNC,
-        PIPELINE_SPLIT,
-        PLANNED_RECOMPUTE,
-        PRECISIONS,
-        RECOMPUTE,
-        RECOMPUTE_REPLAY,
-        RECOMPUTE_SCOPES,
-        ZERO3_PIPELINE,
-        ZERO_STAGES,
-    )
-    from paracube.pipeline.schedules import SCHEDULES
-    from paracube.planner.stacks import STACK_SOFTWARE
-    from paracube.values import compression
+    """Every flag checked on its own and against the others, before any search, in this
+    order: the counts and the training budget, the named choices, the software choices that
+    need one another, what the emitted command runs, recomputation and precision
+    (``whole_nodes``: --gpus must be whole nodes — not on a mixed cluster, whose pools are
+    checked apart)."""
+    _check_counts(args, whole_nodes)
+    _check_names(args)
+    _check_software(args)
+    _check_emit(args)
+    _check_recompute_and_precision(args)
 
+
+def _check_counts(args, whole_nodes: bool) -> None:
+    """The required counts, each positive; the training budget; whole nodes."""
     for name in ("gpus", "global_batch"):
         if getattr(args, name) is None:
             raise ParacubeError(f"--{name.replace('_', '-')} is required (or --calibrate)")
@@ -349,6 +360,12 @@ def check_args(args, whole_nodes: bool = True) -> None:
             f"--logit-metrics must be 0 or more (metrics computed over the logits), got "
             f"{args.logit_metrics}"
         )
+
+
+def _check_names(args) -> None:
+    """Each named choice one of those its flag takes."""
+    from paracube.planner.stacks import STACK_SOFTWARE
+
     named: tuple[tuple[str, str, tuple], ...] = (  # (dest, flag, the names it takes)
         ("zero", "--zero", ZERO_STAGES),
         ("schedule", "--schedule", tuple(SCHEDULES)),
@@ -377,6 +394,10 @@ def check_args(args, whole_nodes: bool = True) -> None:
         if value is not None and value not in allowed:
             choices = ", ".join(str(a) for a in allowed)
             raise ParacubeError(f"unknown {flag} {value!r}: choose one of {choices}")
+
+
+def _check_software(args) -> None:
+    """Software choices that need another: a ZeRO stage, FP8, an optimizer on the GPU."""
     if args.optimizer_kernel not in (None, "fused") and args.offload == "optimizer":
         raise ParacubeError(
             f"--optimizer-kernel {args.optimizer_kernel} with --offload optimizer: the offloaded "
@@ -402,6 +423,11 @@ def check_args(args, whole_nodes: bool = True) -> None:
             f"--fp8-scaling {args.fp8_scaling} under --precision {args.precision}: nothing is "
             "FP8; add --precision fp8 or drop the flag"
         )
+
+
+def _check_emit(args) -> None:
+    """--emit: the choices the command's trainer does not run, refused before the search
+    (Megatron-LM's, or paracube train's own); --emit megatron plans as Megatron-Core runs."""
     if args.emit == "megatron":  # planned as Megatron-LM runs it, for its command
         if args.stack not in (None, "megatron-core"):
             raise ParacubeError(
@@ -454,6 +480,12 @@ def check_args(args, whole_nodes: bool = True) -> None:
             "stages by --balance (the even splits are planned to evaluate Megatron runs); "
             "drop one"
         )
+
+
+def _check_recompute_and_precision(args) -> None:
+    """--recompute-blocks, --grad-reduce, --compress and --precision."""
+    from paracube.values import compression
+
     if args.recompute_blocks is not None:
         if args.recompute_blocks <= 0:
             raise ParacubeError(
