@@ -257,18 +257,42 @@ def memory_edge(best: Candidate, cluster: Cluster, compared: bool = False) -> st
 
 def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) -> list[str]:
     """One line per parallel dimension the best layout uses: what it costs and buys."""
-    L, t = best.layout, best.time
+    L = best.layout
     lines = []
+    if L.tp == 1 and L.pp == 1:
+        lines.append(_data_parallel_reason(best))
+    if L.tp > 1:
+        lines.append(_tensor_parallel_reason(best, cfg, cluster))
+    if L.cp > 1:
+        lines.append(_context_parallel_reason(best, cfg))
+    if getattr(cfg, "moe", False):
+        lines.append(_experts_reason(best, cfg))
+    if L.pp > 1:
+        lines.append(_pipeline_reason(best, cfg))
+    if L.zero:
+        lines.append(_zero_reason(best, cfg, cluster, precision))
+    if L.offload:
+        lines.append(_offload_reason(best, cfg, cluster, precision))
+    if L.recompute != "none":
+        lines.append(_recompute_reason(best))
+    if (L.tp > 1 or L.pp > 1) and L.dp > 1:
+        lines.append(_replicas_reason(best))
+    return lines
+
+
+def _data_parallel_reason(best) -> str:
+    """A layout of data parallelism alone: what crosses the network, and when."""
+    L, t = best.layout, best.time
     dtype = "in fp32" if L.grad_reduce == "fp32" else "in the compute dtype"
     hides = " (what sticks out, and the compute it slows while it hides)."
-    if L.tp == 1 and L.pp == 1 and L.zero >= 3:
+    if L.zero >= 3:
         # FSDP: no GPU holds the whole model, and the network carries parameters as well
         holder = (
             f"each GPU holds 1/{L.shard_group} of its states"
             if not L.shard
             else f"each group of {L.shard} GPUs holds a replica, sharded among them"
         )
-        lines.append(
+        return (
             f"- Data parallelism alone, the model sharded ({holder}; ZeRO-3: below): every GPU "
             f"gathers each block's parameters as it runs it and reduce-scatters its gradients "
             f"({dtype}), "
@@ -280,162 +304,184 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
             + f"{seconds_text(t.dp_exposed)} of a {seconds_text(t.step_time)} step"
             + (hides if L.overlap_grad_reduce else ".")
         )
-    elif L.tp == 1 and L.pp == 1:
-        if L.zero == 2 and L.microbatches > 1:  # no full gradients kept to accumulate into
-            when = f"in each of the {L.microbatches} micro-batches' backwards (ZeRO-2: below), " + (
-                "overlapped with them" if L.overlap_grad_reduce else "after each of them"
-            )
-        else:
-            when = "once per step, " + (
-                "overlapped with the last backward"
-                if L.overlap_grad_reduce
-                else "after the last backward"
-            )
-        if L.zero:  # each rank steps its slice: the others' updated parameters come back
-            when += ", and the updated parameters after the step"
-        lines.append(
-            "- The model's states fit on one GPU (with ZeRO where shown), so every GPU holds a replica"
-            + (" (of all but the experts: below)" if L.ep > 1 else "")
-            + (" and gradients cross" if L.zero else " and only gradients cross")
-            + f" the network ({dtype}), {when}: "
-            + f"{seconds_text(t.dp_exposed)} of a {seconds_text(t.step_time)} step"
-            + (hides if L.overlap_grad_reduce else ".")
+    if L.zero == 2 and L.microbatches > 1:  # no full gradients kept to accumulate into
+        when = f"in each of the {L.microbatches} micro-batches' backwards (ZeRO-2: below), " + (
+            "overlapped with them" if L.overlap_grad_reduce else "after each of them"
         )
-    if L.tp > 1:
-        lines.append(
-            f"- Tensor parallel {L.tp} splits every layer's matrices; it needs "
-            + (
-                "the attention's collectives and the token dispatcher's"
-                if getattr(cfg, "moe", False)
-                else "four collectives"
-            )
-            + f" per layer and micro-batch ({seconds_text(t.tp_comm)} per step here), so it stays inside a node on "
-            f"{cluster.intra.name} ({cluster.intra.bandwidth / GB:.0f} GB/s) — across nodes "
-            f"({cluster.inter.bandwidth / GB:.0f} GB/s) the same traffic would take "
-            f"{cluster.intra.bandwidth / cluster.inter.bandwidth:.0f}× longer."
+    else:
+        when = "once per step, " + (
+            "overlapped with the last backward"
+            if L.overlap_grad_reduce
+            else "after the last backward"
         )
-    if L.cp > 1:
-        lines.append(
-            f"- Context parallel {L.cp} gives each rank {cfg.seq_len // L.cp} of every sequence's "
-            f"{cfg.seq_len} tokens (Megatron-Core's ring attention: keys and values pass round the "
-            f"{L.cp} ranks while the attention core runs): {seconds_text(t.cp_comm)} per step not hidden. "
-            "Planned only: paracube train does not run it."
+    if L.zero:  # each rank steps its slice: the others' updated parameters come back
+        when += ", and the updated parameters after the step"
+    return (
+        "- The model's states fit on one GPU (with ZeRO where shown), so every GPU holds a replica"
+        + (" (of all but the experts: below)" if L.ep > 1 else "")
+        + (" and gradients cross" if L.zero else " and only gradients cross")
+        + f" the network ({dtype}), {when}: "
+        + f"{seconds_text(t.dp_exposed)} of a {seconds_text(t.step_time)} step"
+        + (hides if L.overlap_grad_reduce else ".")
+    )
+
+
+def _tensor_parallel_reason(best, cfg: ModelConfig, cluster: Cluster) -> str:
+    """Tensor parallelism: its collectives, and why it stays inside a node."""
+    L, t = best.layout, best.time
+    return (
+        f"- Tensor parallel {L.tp} splits every layer's matrices; it needs "
+        + (
+            "the attention's collectives and the token dispatcher's"
+            if getattr(cfg, "moe", False)
+            else "four collectives"
         )
-    if getattr(cfg, "moe", False):
-        held = cfg.experts // L.ep
-        lines.append(
-            f"- A mixture of {cfg.experts} experts, {cfg.experts_per_token} per token: "
-            + (
-                f"expert parallel {L.ep} gives each rank {held} of every block's experts "
-                f"({cfg.experts} over {L.ep} of the {L.dp} data-parallel ranks), and every "
-                "token goes to its experts' ranks and back in four all-to-alls per block and "
-                f"micro-batch, waited for: {seconds_text(t.ep_comm)} per step. "
-                if L.ep > 1
-                else "every rank holds all of them (no expert parallelism). "
-            )
-            + "Planned only: paracube train builds dense models."
+        + f" per layer and micro-batch ({seconds_text(t.tp_comm)} per step here), so it stays inside a node on "
+        f"{cluster.intra.name} ({cluster.intra.bandwidth / GB:.0f} GB/s) — across nodes "
+        f"({cluster.inter.bandwidth / GB:.0f} GB/s) the same traffic would take "
+        f"{cluster.intra.bandwidth / cluster.inter.bandwidth:.0f}× longer."
+    )
+
+
+def _context_parallel_reason(best, cfg: ModelConfig) -> str:
+    """Context parallelism: each rank's share of a sequence, and its ring."""
+    L, t = best.layout, best.time
+    return (
+        f"- Context parallel {L.cp} gives each rank {cfg.seq_len // L.cp} of every sequence's "
+        f"{cfg.seq_len} tokens (Megatron-Core's ring attention: keys and values pass round the "
+        f"{L.cp} ranks while the attention core runs): {seconds_text(t.cp_comm)} per step not hidden. "
+        "Planned only: paracube train does not run it."
+    )
+
+
+def _experts_reason(best, cfg: ModelConfig) -> str:
+    """A mixture of experts: where the experts are, and the all-to-alls that reach them."""
+    L, t = best.layout, best.time
+    held = cfg.experts // L.ep
+    return (
+        f"- A mixture of {cfg.experts} experts, {cfg.experts_per_token} per token: "
+        + (
+            f"expert parallel {L.ep} gives each rank {held} of every block's experts "
+            f"({cfg.experts} over {L.ep} of the {L.dp} data-parallel ranks), and every "
+            "token goes to its experts' ranks and back in four all-to-alls per block and "
+            f"micro-batch, waited for: {seconds_text(t.ep_comm)} per step. "
+            if L.ep > 1
+            else "every rank holds all of them (no expert parallelism). "
         )
-    if L.pp > 1:
-        lines.append(
-            f"- Pipeline {L.pp} splits the {cfg.n_layers} layers into stages; only activations cross stage "
-            f"boundaries. Its bubble costs {seconds_text(t.bubble)} ({t.bubble / t.step_time:.1%} of the step) with "
-            f"{L.microbatches} micro-batches under {L.schedule}"
-            + (f" with {L.chunks} chunks" if L.chunks > 1 else "")
-            + f"; more micro-batches shrink it as {get_schedule(L.schedule).shrinks_as}."
-            + (" " + SPLIT_STORY[L.split] if L.split in SPLIT_STORY else "")
+        + "Planned only: paracube train builds dense models."
+    )
+
+
+def _pipeline_reason(best, cfg: ModelConfig) -> str:
+    """Pipeline parallelism: its bubble, and how its stages are cut."""
+    L, t = best.layout, best.time
+    return (
+        f"- Pipeline {L.pp} splits the {cfg.n_layers} layers into stages; only activations cross stage "
+        f"boundaries. Its bubble costs {seconds_text(t.bubble)} ({t.bubble / t.step_time:.1%} of the step) with "
+        f"{L.microbatches} micro-batches under {L.schedule}"
+        + (f" with {L.chunks} chunks" if L.chunks > 1 else "")
+        + f"; more micro-batches shrink it as {get_schedule(L.schedule).shrinks_as}."
+        + (" " + SPLIT_STORY[L.split] if L.split in SPLIT_STORY else "")
+    )
+
+
+def _zero_reason(best, cfg: ModelConfig, cluster: Cluster, precision: str) -> str:
+    """A ZeRO stage: what it shards over which ranks, the collectives it adds, and the
+    replicated twin's fit and step."""
+    L, t = best.layout, best.time
+    group = (
+        f"{L.grad_group} "
+        + ("data-parallel" if L.cp == 1 else f"data- and context-parallel ({L.dp} × {L.cp})")
+        if not L.shard
+        else f"{L.shard} ranks of each hybrid shard group ({L.replicas} replicas of it, "
+        + (
+            "whose gradient shards are all-reduced across them in every backward)"
+            if L.zero == 3
+            else f"while the gradients are all-reduced over all {L.grad_group} data-parallel ranks)"
         )
-    if L.zero:
-        group = (
-            f"{L.grad_group} "
-            + ("data-parallel" if L.cp == 1 else f"data- and context-parallel ({L.dp} × {L.cp})")
-            if not L.shard
-            else f"{L.shard} ranks of each hybrid shard group ({L.replicas} replicas of it, "
-            + (
-                "whose gradient shards are all-reduced across them in every backward)"
-                if L.zero == 3
-                else "while the gradients are all-reduced over all "
-                f"{L.grad_group} data-parallel ranks)"
-            )
+    )
+    line = (
+        f"- ZeRO-{L.zero} shards {SHARDED_STATES[L.zero]} over the {group}"
+        + (" ranks" if not L.shard else "")
+        + f": {best.memory.model_states / GB:.1f} GB of model states per GPU, and each "
+        f"rank steps 1/{L.shard_group} of the optimizer ({seconds_text(t.optimizer)}); the parameter "
+        + (
+            f"broadcasts it adds (one from each of its {L.shard_group} ranks that owns "
+            "parameters, never more ranks than the model has weight matrices; each a chain "
+            "of its own that NCCL fills a 512 KiB chunk per hop before its bytes stream)"
+            if L.zero in (1, 2) and L.param_sync == "broadcast"
+            else "all-gathers it adds"
         )
-        lines.append(
-            f"- ZeRO-{L.zero} shards {SHARDED_STATES[L.zero]} over the {group}"
-            + (" ranks" if not L.shard else "")
-            + f": {best.memory.model_states / GB:.1f} GB of model states per GPU, and each "
-            f"rank steps 1/{L.shard_group} of the optimizer ({seconds_text(t.optimizer)}); the parameter "
-            + (
-                f"broadcasts it adds (one from each of its {L.shard_group} ranks that owns "
-                "parameters, never more ranks than the model has weight matrices; each a chain "
-                "of its own that NCCL fills a 512 KiB chunk per hop before its bytes stream)"
-                if L.zero in (1, 2) and L.param_sync == "broadcast"
-                else "all-gathers it adds"
-            )
-            + (
-                f", and a gradient reduce-scatter in each of the {L.microbatches} micro-batches' "
-                "backwards (no full gradients are kept to accumulate into),"
-                if L.zero >= 2 and L.microbatches > 1 and not L.zero3_per_step
-                else ""
-            )
-            + (
-                " — once a step under this pipeline, as torchtitan runs FSDP2 with PyTorch's "
-                "schedules: each stage gathered in its first forward and kept, its "
-                "gradients accumulated whole and reduce-scattered after its last backward, "
-                "so while the step runs it holds what ZeRO-1 holds —"
-                if L.zero3_per_step
-                else ""
-            )
-            + (
-                ", and the gradients reduce-scattered into each rank's slice rather than "
-                "all-reduced (Megatron-Core's distributed optimizer: half the ring's traffic),"
-                if L.zero == 1 and L.grad_sync == "reduce-scatter" and L.grad_group > 1
-                else ""
-            )
-            + f" are in the {seconds_text(t.dp_exposed)} the data-parallel communication costs"
-            + (
-                " — without backward prefetching (FSDP1's BACKWARD_POST) every backward waits for "
-                "its own gathers, none of them hidden."
-                if L.zero == 3 and not L.backward_prefetch
-                else "."
-            )
+        + (
+            f", and a gradient reduce-scatter in each of the {L.microbatches} micro-batches' "
+            "backwards (no full gradients are kept to accumulate into),"
+            if L.zero >= 2 and L.microbatches > 1 and not L.zero3_per_step
+            else ""
         )
-        if L.zero == 3 and L.param_gather == "per-parameter" and L.grad_group > 1:
-            flat = estimate(cfg, L.replace(param_gather="flat"), cluster, precision)
-            lines[-1] += (
-                f" Copying each gathered unit out into its parameters (FSDP2's per-parameter "
-                f"sharding) adds {seconds_text(t.compute - flat.compute)} of compute."
-            )
-        lines[-1] += " " + _without_zero(best, cfg, cluster, precision)
-    if L.offload:
-        lines.append(_offload_reason(best, cfg, cluster, precision))
-    if L.recompute != "none":
-        which = (
-            ""
-            if L.recompute_blocks is None
-            else f" in the model's first {L.recompute_blocks} block"
-            f"{'s' if L.recompute_blocks != 1 else ''} (the rest keep their activations)"
+        + (
+            " — once a step under this pipeline, as torchtitan runs FSDP2 with PyTorch's "
+            "schedules: each stage gathered in its first forward and kept, its "
+            "gradients accumulated whole and reduce-scattered after its last backward, "
+            "so while the step runs it holds what ZeRO-1 holds —"
+            if L.zero3_per_step
+            else ""
         )
-        cost = (
-            f"trades {seconds_text(t.recompute)} of extra compute"
-            if t.recompute > 0
-            # the step's parts are its slowest rank's: a stage that is not it recomputes for free
-            else "adds nothing to the step (the stage that recomputes is not the slowest) in exchange"
+        + (
+            ", and the gradients reduce-scattered into each rank's slice rather than "
+            "all-reduced (Megatron-Core's distributed optimizer: half the ring's traffic),"
+            if L.zero == 1 and L.grad_sync == "reduce-scatter" and L.grad_group > 1
+            else ""
         )
-        lines.append(
-            f"- {L.recompute.capitalize()} recomputation{which} {cost} for activation memory "
-            f"({best.memory.activations / GB:.1f} GB per GPU at the peak)."
+        + f" are in the {seconds_text(t.dp_exposed)} the data-parallel communication costs"
+        + (
+            " — without backward prefetching (FSDP1's BACKWARD_POST) every backward waits for "
+            "its own gathers, none of them hidden."
+            if L.zero == 3 and not L.backward_prefetch
+            else "."
         )
-    if (L.tp > 1 or L.pp > 1) and L.dp > 1:
-        lines.append(
-            f"- Data parallel {L.dp} over the rest of the GPUs "
-            + (
-                "replicates this model-parallel group."
-                if L.zero < 3
-                else "shards this model-parallel group's states over its copies (ZeRO-3, above)."
-                if not L.shard
-                else f"shards this model-parallel group's states over groups of {L.shard} of its "
-                "copies and replicates them across the groups (ZeRO-3 hybrid, above)."
-            )
+    )
+    if L.zero == 3 and L.param_gather == "per-parameter" and L.grad_group > 1:
+        flat = estimate(cfg, L.replace(param_gather="flat"), cluster, precision)
+        line += (
+            f" Copying each gathered unit out into its parameters (FSDP2's per-parameter "
+            f"sharding) adds {seconds_text(t.compute - flat.compute)} of compute."
         )
-    return lines
+    line += " " + _without_zero(best, cfg, cluster, precision)
+    return line
+
+
+def _recompute_reason(best) -> str:
+    """Recomputation: in which blocks, and what it trades for activation memory."""
+    L, t = best.layout, best.time
+    which = (
+        ""
+        if L.recompute_blocks is None
+        else f" in the model's first {L.recompute_blocks} block"
+        f"{'s' if L.recompute_blocks != 1 else ''} (the rest keep their activations)"
+    )
+    cost = (
+        f"trades {seconds_text(t.recompute)} of extra compute"
+        if t.recompute > 0
+        # the step's parts are its slowest rank's: a stage that is not it recomputes for free
+        else "adds nothing to the step (the stage that recomputes is not the slowest) in exchange"
+    )
+    return (
+        f"- {L.recompute.capitalize()} recomputation{which} {cost} for activation memory "
+        f"({best.memory.activations / GB:.1f} GB per GPU at the peak)."
+    )
+
+
+def _replicas_reason(best) -> str:
+    """Data parallelism beside model parallelism: what its replicas share."""
+    L = best.layout
+    return f"- Data parallel {L.dp} over the rest of the GPUs " + (
+        "replicates this model-parallel group."
+        if L.zero < 3
+        else "shards this model-parallel group's states over its copies (ZeRO-3, above)."
+        if not L.shard
+        else f"shards this model-parallel group's states over groups of {L.shard} of its "
+        "copies and replicates them across the groups (ZeRO-3 hybrid, above)."
+    )
 
 
 def _predicted(best, cluster: Cluster, precision: str = "bf16") -> str:
