@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 
 from paracube.choices import (
@@ -133,6 +134,11 @@ def _schedules(
             yield name, v
 
 
+# A search's refusals are counted by reason (SearchResult.rejected): each helper gives its
+# reasons to the one callback the search passes down.
+Reject = Callable[[str], None]
+
+
 def candidate_layouts(
     cfg: ModelConfig,
     gpus: int,
@@ -176,6 +182,30 @@ def candidate_layouts(
             reject("context parallelism needs fused attention")
             return
         gpus //= cp
+    # pipeline stages need a layer each: a block, or under a split that counts them
+    # (even-ends, torchtitan's) also the embedding and the loss (BLOOM's pp 72 for 70 blocks)
+    layers = cfg.n_layers + (2 if set(tried) & set(ENDS_AS_LAYERS) else 0)
+    for tp in _tensor_degrees(cfg, gpus, total, gpus_per_node, fixed, reject):
+        for pp in _pipeline_degrees(gpus // tp, layers, fixed, reject):
+            yield from _layouts_of_shape(
+                cfg,
+                (tp, pp, gpus // (tp * pp), cp),
+                layers,
+                global_batch,
+                fixed,
+                reject,
+                recomputes,
+                tried,
+                compress_kind,
+            )
+
+
+def _tensor_degrees(
+    cfg: ModelConfig, gpus: int, total: int, gpus_per_node: int, fixed: dict, reject: Reject
+) -> Iterator[int]:
+    """The tensor-parallel degrees among the divisors of ``gpus`` (those left after context
+    parallelism, of ``total``) that the cluster and the model allow, each other one given to
+    ``reject`` with its reason (a degree other than a fixed one silently)."""
     for tp in divisors(gpus):
         if fixed.get("tp", tp) != tp:
             continue  # a fixed degree: the others are not candidates (nor reasons)
@@ -193,109 +223,121 @@ def candidate_layouts(
         if fixed.get("sequence_parallel") and tp == 1:
             reject("--sequence-parallel needs tensor parallelism (tp > 1)")
             continue
-        # pipeline stages need a layer each: a block, or under a split that counts them
-        # (even-ends, torchtitan's) also the embedding and the loss (BLOOM's pp 72 for 70
-        # blocks)
-        layers = cfg.n_layers + (2 if set(tried) & set(ENDS_AS_LAYERS) else 0)
-        for pp in divisors(gpus // tp):
-            if fixed.get("pp", pp) != pp:
+        yield tp
+
+
+def _pipeline_degrees(gpus: int, layers: int, fixed: dict, reject: Reject) -> Iterator[int]:
+    """The pipeline degrees among the divisors of ``gpus`` (those of one tensor-parallel
+    degree) that a model of ``layers`` layers and the fixed schedule allow."""
+    for pp in divisors(gpus):
+        if fixed.get("pp", pp) != pp:
+            continue
+        if pp > layers:
+            if "pp" in fixed:
+                reject(f"pp={pp} is more pipeline stages than the model's {layers} layers")
+            continue
+        if pp == 1 and fixed.get("schedule", "1f1b") != "1f1b":
+            reject(f"--schedule {fixed['schedule']} needs a pipeline (pp > 1)")
+            continue
+        yield pp
+
+
+def _layouts_of_shape(
+    cfg: ModelConfig,
+    shape: tuple[int, int, int, int],
+    layers: int,
+    global_batch: int,
+    fixed: dict,
+    reject: Reject,
+    recomputes: tuple[str, ...],
+    tried: tuple[str, ...],
+    compress_kind: str,
+) -> Iterator[Layout]:
+    """Every layout of one (tp, pp, dp, cp) shape: its micro-batches and schedules, ZeRO
+    stages, recomputation and expert-parallel degrees, each refused by name where the
+    global batch, the fixed choices or the model do not allow it."""
+    tp, pp, dp, cp = shape
+    if global_batch % dp:
+        reject("global batch not divisible by dp")
+        return
+    # expert parallelism: out of the data-parallel ranks, dividing the experts
+    eps = [e for e in divisors(dp) if cfg.experts % e == 0] if cfg.moe else [1]
+    if "ep" in fixed and fixed["ep"] not in eps:
+        ep = fixed["ep"]
+        reject(
+            f"ep={ep} does not divide dp={dp}"
+            if cfg.moe and cfg.experts % ep == 0
+            else Layout(ep=ep, dp=ep).model_refusal(cfg)
+        )
+        return
+    if fixed.get("zero", 0) and dp * cp == 1:
+        # nothing to shard over: the search tries ZeRO 0 alone here, so say why the
+        # stage asked for (or --shard-group's ZeRO-3) is not a candidate
+        reject(
+            f"--zero {fixed['zero']} shards over data-parallel ranks: this layout has "
+            "one (dp × cp = 1)"
+        )
+        return
+    sizes = micro_batches(global_batch // dp, fixed.get("micro_batch"))
+    if not sizes:
+        reject(
+            f"--micro-batch {fixed['micro_batch']} does not divide the per-rank batch "
+            f"({global_batch} ÷ dp)"
+        )
+    for b in sizes:
+        m = global_batch // (dp * b)
+        schedules = _schedules(pp, m, layers, fixed.get("chunks"), reject, fixed.get("schedule"))
+        for (schedule, v), zero, recompute, ep in itertools.product(
+            schedules, ZERO_STAGES if dp * cp > 1 else (0,), recomputes, eps
+        ):
+            if fixed.get("ep", ep) != ep:
                 continue
-            if pp > layers:
-                if "pp" in fixed:
-                    reject(f"pp={pp} is more pipeline stages than the model's {layers} layers")
-                continue
-            if pp == 1 and fixed.get("schedule", "1f1b") != "1f1b":
-                reject(f"--schedule {fixed['schedule']} needs a pipeline (pp > 1)")
-                continue
-            dp = gpus // (tp * pp)
-            if global_batch % dp:
-                reject("global batch not divisible by dp")
-                continue
-            # expert parallelism: out of the data-parallel ranks, dividing the experts
-            eps = [e for e in divisors(dp) if cfg.experts % e == 0] if cfg.moe else [1]
-            if "ep" in fixed and fixed["ep"] not in eps:
-                ep = fixed["ep"]
-                reject(
-                    f"ep={ep} does not divide dp={dp}"
-                    if cfg.moe and cfg.experts % ep == 0
-                    else Layout(ep=ep, dp=ep).model_refusal(cfg)
-                )
-                continue
-            if fixed.get("zero", 0) and dp * cp == 1:
-                # nothing to shard over: the search tries ZeRO 0 alone here, so say why the
-                # stage asked for (or --shard-group's ZeRO-3) is not a candidate
-                reject(
-                    f"--zero {fixed['zero']} shards over data-parallel ranks: this layout has "
-                    "one (dp × cp = 1)"
-                )
-                continue
-            sizes = micro_batches(global_batch // dp, fixed.get("micro_batch"))
-            if not sizes:
-                reject(
-                    f"--micro-batch {fixed['micro_batch']} does not divide the per-rank batch "
-                    f"({global_batch} ÷ dp)"
-                )
-            for b in sizes:
-                m = global_batch // (dp * b)
-                schedules = _schedules(
-                    pp, m, layers, fixed.get("chunks"), reject, fixed.get("schedule")
-                )
-                for (schedule, v), zero, recompute, ep in itertools.product(
-                    schedules, ZERO_STAGES if dp * cp > 1 else (0,), recomputes, eps
-                ):
-                    if fixed.get("ep", ep) != ep:
-                        continue
-                    if fixed.get("zero", zero) != zero:
-                        continue  # another stage than the one asked for: not a candidate
-                    if zero == 3 and pp > 1 and fixed.get("zero3_pipeline", "none") == "none":
-                        # paracube's ZeRO-3 composes with tensor parallel, not pipelines
-                        if fixed.get("zero") == 3:
-                            reject(
-                                ZERO3_WITH_PIPELINE + "; or plan it as torchtitan runs it "
-                                "(--stack torchtitan, or --zero3-pipeline per-step)"
-                            )
-                        continue
-                    refusal = compression_with_zero(compress_kind, zero)
-                    if refusal:
-                        reject(refusal)
-                        continue
-                    shard = fixed.get("shard", 0)
-                    if shard and zero not in (1, 3):
-                        continue  # hybrid sharding is ZeRO-1's or ZeRO-3's: not the others
-                    if shard and zero == 3 and pp > 1:
-                        reject("hybrid sharding under a pipeline is not planned")
-                        continue
-                    if shard and (dp * cp) % shard:
-                        reject(
-                            f"--shard-group {shard} does not divide the data-parallel group "
-                            "(dp × cp)"
-                        )
-                        continue
-                    layout = Layout(
-                        dp=dp,
-                        tp=tp,
-                        pp=pp,
-                        micro_batch=b,
-                        microbatches=m,
-                        schedule=schedule,
-                        chunks=v,
-                        zero=zero,
-                        recompute=recompute,
-                        sequence_parallel=fixed.get("sequence_parallel", True) and tp > 1,
-                        recompute_blocks=(
-                            fixed.get("recompute_blocks") if recompute == "full" else None
-                        ),
-                        cp=cp,
-                        ep=ep,
-                        **software(fixed | {"split": tried[0]}),
+            if fixed.get("zero", zero) != zero:
+                continue  # another stage than the one asked for: not a candidate
+            if zero == 3 and pp > 1 and fixed.get("zero3_pipeline", "none") == "none":
+                # paracube's ZeRO-3 composes with tensor parallel, not pipelines
+                if fixed.get("zero") == 3:
+                    reject(
+                        ZERO3_WITH_PIPELINE + "; or plan it as torchtitan runs it "
+                        "(--stack torchtitan, or --zero3-pipeline per-step)"
                     )
-                    refusal = layout.model_refusal(cfg)
-                    if refusal:
-                        reject(refusal)
-                        continue
-                    for made in _split_layouts(cfg, layout, tried, reject):
-                        if all(getattr(made, k) == val for k, val in fixed.items()):
-                            yield made
+                continue
+            refusal = compression_with_zero(compress_kind, zero)
+            if refusal:
+                reject(refusal)
+                continue
+            shard = fixed.get("shard", 0)
+            if shard and zero not in (1, 3):
+                continue  # hybrid sharding is ZeRO-1's or ZeRO-3's: not the others
+            if shard and zero == 3 and pp > 1:
+                reject("hybrid sharding under a pipeline is not planned")
+                continue
+            if shard and (dp * cp) % shard:
+                reject(f"--shard-group {shard} does not divide the data-parallel group (dp × cp)")
+                continue
+            layout = Layout(
+                dp=dp,
+                tp=tp,
+                pp=pp,
+                micro_batch=b,
+                microbatches=m,
+                schedule=schedule,
+                chunks=v,
+                zero=zero,
+                recompute=recompute,
+                sequence_parallel=fixed.get("sequence_parallel", True) and tp > 1,
+                recompute_blocks=(fixed.get("recompute_blocks") if recompute == "full" else None),
+                cp=cp,
+                ep=ep,
+                **software(fixed | {"split": tried[0]}),
+            )
+            refusal = layout.model_refusal(cfg)
+            if refusal:
+                reject(refusal)
+                continue
+            for made in _split_layouts(cfg, layout, tried, reject):
+                if all(getattr(made, k) == val for k, val in fixed.items()):
+                    yield made
 
 
 def check_fixed(fixed: dict) -> None:
@@ -311,7 +353,7 @@ def check_fixed(fixed: dict) -> None:
     Layout(**fixed)
 
 
-def _split_layouts(cfg: ModelConfig, layout: Layout, splits: tuple[str, ...], reject):
+def _split_layouts(cfg: ModelConfig, layout: Layout, splits: tuple[str, ...], reject: Reject):
     """The layout under each of ``splits`` that can be made and cuts the blocks differently
     from those before it (one split only without a pipeline, where there is nothing to cut)
     — Megatron's even splits only where the layers divide into its virtual stages
