@@ -191,16 +191,14 @@ def _baseline(args, cfg, cluster):
 
 
 def _print(args, cfg, cluster, result) -> None:
-    import json
-    from dataclasses import asdict
-
+    """The plan: the ranked table with its speed-up column, --explain's reasons, the time
+    to train, ResNet-50's published check and the emitted command — or all of it as --json."""
     from paracube.planner.published import track_record as record_of
     from paracube.planner.report import (
         describe,
         explain,
         scaling,
         table,
-        to_json,
         torchrun_command,
         track_record,
     )
@@ -210,36 +208,7 @@ def _print(args, cfg, cluster, result) -> None:
     wanted = args.json or args.explain
     record = record_of(args.stack, args.gpu.lower(), args.precision) if wanted else None
     if args.json:
-        # the shape planned, as read from --model or the custom flags (a transformer's)
-        shape = asdict(cfg) if isinstance(cfg, ModelConfig) else None
-        print(
-            json.dumps(
-                {
-                    "model": cfg.name,
-                    "shape": shape,
-                    "gpus": args.gpus,
-                    "gpu": g.name,
-                    "evaluated": result.evaluated,
-                    "fit": result.fitting,
-                    "rejected": result.rejected,
-                    "baseline": None
-                    if baseline is None
-                    else {
-                        "gpus": baseline.gpus,
-                        "layout": asdict(baseline.best.layout),
-                        "step_time": baseline.best.time.step_time,
-                        "tokens_per_s": baseline.best.time.tokens_per_s,
-                    },
-                    "candidates": to_json(result.ranked[: args.top], baseline),
-                    # how the planner did on the published runs of this stack, GPU, precision
-                    "track_record": None if record is None else asdict(record),
-                    # --epochs / --train-tokens: the budget in tokens (samples for a model
-                    # without tokens) and the seconds to train it on the best layout and on
-                    # the baseline
-                    "time_to_train": training_seconds(args, cfg, result, baseline),
-                }
-            )
-        )
+        _print_json(args, cfg, g, result, baseline, record)
         return
     transformer = cfg if isinstance(cfg, ModelConfig) else None
     unit = f"× {transformer.seq_len} tokens" if transformer is not None else "samples"
@@ -287,6 +256,46 @@ def _print(args, cfg, cluster, result) -> None:
         print("\n" + command)
     if args.emit == "megatron":
         print("\n" + _megatron_emit(args, cfg, cluster, result))
+
+
+def _print_json(args, cfg, g, result, baseline, record) -> None:
+    """--json: the plan as one object — the model's shape, the search's counts, the
+    baseline, the candidates, the track record and the time to train."""
+    import json
+    from dataclasses import asdict
+
+    from paracube.planner.report import to_json
+
+    # the shape planned, as read from --model or the custom flags (a transformer's)
+    shape = asdict(cfg) if isinstance(cfg, ModelConfig) else None
+    print(
+        json.dumps(
+            {
+                "model": cfg.name,
+                "shape": shape,
+                "gpus": args.gpus,
+                "gpu": g.name,
+                "evaluated": result.evaluated,
+                "fit": result.fitting,
+                "rejected": result.rejected,
+                "baseline": None
+                if baseline is None
+                else {
+                    "gpus": baseline.gpus,
+                    "layout": asdict(baseline.best.layout),
+                    "step_time": baseline.best.time.step_time,
+                    "tokens_per_s": baseline.best.time.tokens_per_s,
+                },
+                "candidates": to_json(result.ranked[: args.top], baseline),
+                # how the planner did on the published runs of this stack, GPU, precision
+                "track_record": None if record is None else asdict(record),
+                # --epochs / --train-tokens: the budget in tokens (samples for a model
+                # without tokens) and the seconds to train it on the best layout and on
+                # the baseline
+                "time_to_train": training_seconds(args, cfg, result, baseline),
+            }
+        )
+    )
 
 
 def _megatron_emit(args, cfg, cluster, result) -> str:

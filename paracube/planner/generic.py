@@ -147,16 +147,16 @@ def search_generic(
         )
     result = SearchResult(ranked=[])
     if global_batch % gpus:
-        result.rejected["global batch not divisible by dp"] = 1
+        result.reject("global batch not divisible by dp")
         return result
     per_gpu = global_batch // gpus
     # every micro-batch dividing a GPU's samples (an image is small beside a sequence: no cap)
     sizes = micro_batches(per_gpu, fixed.get("micro_batch"), limit=per_gpu)
     if not sizes:
-        result.rejected[
+        result.reject(
             f"--micro-batch {fixed['micro_batch']} does not divide the {per_gpu} samples per "
             f"GPU ({global_batch} ÷ {gpus})"
-        ] = 1
+        )
     for b in sizes:
         for zero in (0, 1, 2, 3) if gpus > 1 else (0,):
             layout = Layout(
@@ -171,9 +171,7 @@ def search_generic(
             result.evaluated += 1
             mem, est = evaluate(model, layout, cluster, precision)
             if mem.total > cluster.gpu.memory_bytes:
-                result.rejected["does not fit in GPU memory"] = (
-                    result.rejected.get("does not fit in GPU memory", 0) + 1
-                )
+                result.reject("does not fit in GPU memory")
                 if (
                     result.smallest_misfit is None
                     or mem.total < result.smallest_misfit.memory.total

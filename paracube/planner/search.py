@@ -60,6 +60,10 @@ class SearchResult:
         self.ranked.append(candidate)
         self.fitting += 1
 
+    def reject(self, reason: str) -> None:
+        """Count one layout left out for ``reason``."""
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
 
 def divisors(n: int) -> list[int]:
     """The divisors of ``n`` in increasing order, in O(√n)."""
@@ -438,37 +442,15 @@ def search(
         refusal = layout.model_refusal(cfg) if layout.shard else ""
         if outside or refusal:
             reason = refusal or f"{outside[0]}: not what the stack runs"
-            result.rejected[reason] = result.rejected.get(reason, 0) + 1
+            result.reject(reason)
             continue
-        mem = peak_memory(cfg, layout, precision)
-        # one data-parallel rank: any ZeRO stage is its whole optimizer (Megatron's distributed
-        # optimizer over one rank)
-        offloads = offload_zero is None or layout.zero in offload_zero or layout.grad_group == 1
-        if (
-            mem.total > capacity
-            and "offload" not in fixed
-            and cluster.gpu.host_link_bandwidth
-            and offloads
-        ):
-            # what does not fit may with the optimizer in host memory (ZeRO-Offload)
-            offloaded = layout.replace(offload=True)
-            offloaded_mem = peak_memory(cfg, offloaded, precision)
-            if offloaded_mem.total <= capacity and host_holds(
-                cfg, offloaded, cluster.gpu, precision
-            ):
-                layout, mem = offloaded, offloaded_mem
-        # a chosen --recompute full means every block (as paracube train takes it)
-        user_chose = "recompute" in fixed or "recompute_blocks" in fixed
-        if mem.total <= capacity and layout.recompute == "full" and not user_chose:
-            fewest = fewest_recomputed(cfg, layout, mem, capacity, precision)
-            if fewest is None:
-                continue  # it fits without recomputation: that layout is its own candidate
-            layout, mem = fewest
+        fitted = _made_to_fit(cfg, layout, cluster, precision, fixed, offload_zero)
+        if fitted is None:
+            continue  # it fits without recomputation: that layout is its own candidate
+        layout, mem = fitted
         result.evaluated += 1  # a distinct layout (the dominated full-recompute twin is not)
         if mem.total > capacity:
-            result.rejected["does not fit in GPU memory"] = (
-                result.rejected.get("does not fit in GPU memory", 0) + 1
-            )
+            result.reject("does not fit in GPU memory")
             if result.smallest_misfit is None or mem.total < result.smallest_misfit.memory.total:
                 result.smallest_misfit = Candidate(layout, mem, None)  # type: ignore[arg-type]
             continue
@@ -476,6 +458,43 @@ def search(
     rank(result.ranked, capacity)
     del result.ranked[top * 50 :]
     return result
+
+
+def _made_to_fit(
+    cfg: ModelConfig,
+    layout: Layout,
+    cluster: Cluster,
+    precision: str,
+    fixed: dict,
+    offload_zero: tuple[int, ...] | None,
+) -> tuple[Layout, StageMemory] | None:
+    """The layout as the search evaluates it, with its peak memory: with the optimizer in
+    host memory (ZeRO-Offload) where only that fits — unless ``fixed`` says whether to
+    offload, or the stack offloads only under the ZeRO stages ``offload_zero`` — and, for a
+    full recomputation the user did not choose, in as few blocks as still fit
+    (:func:`fewest_recomputed`). None for a full-recompute layout that fits without
+    recomputation: that layout is a candidate of its own."""
+    capacity = cluster.gpu.memory_bytes
+    mem = peak_memory(cfg, layout, precision)
+    # one data-parallel rank: any ZeRO stage is its whole optimizer (Megatron's distributed
+    # optimizer over one rank)
+    offloads = offload_zero is None or layout.zero in offload_zero or layout.grad_group == 1
+    if (
+        mem.total > capacity
+        and "offload" not in fixed
+        and cluster.gpu.host_link_bandwidth
+        and offloads
+    ):
+        # what does not fit may with the optimizer in host memory (ZeRO-Offload)
+        offloaded = layout.replace(offload=True)
+        offloaded_mem = peak_memory(cfg, offloaded, precision)
+        if offloaded_mem.total <= capacity and host_holds(cfg, offloaded, cluster.gpu, precision):
+            layout, mem = offloaded, offloaded_mem
+    # a chosen --recompute full means every block (as paracube train takes it)
+    user_chose = "recompute" in fixed or "recompute_blocks" in fixed
+    if mem.total <= capacity and layout.recompute == "full" and not user_chose:
+        return fewest_recomputed(cfg, layout, mem, capacity, precision)
+    return layout, mem
 
 
 def host_holds(cfg: ModelConfig, offloaded: Layout, gpu: GPU, precision: str) -> bool:
