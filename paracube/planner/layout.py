@@ -67,6 +67,41 @@ OTHER_SOFTWARE = (
 )
 
 
+# Each choice a Layout names and the values it takes (paracube.choices owns them), checked
+# at construction so that a misspelt one in the API or a fixed search choice cannot match
+# nothing silently.
+NAMED_CHOICES: tuple[tuple[str, tuple | dict], ...] = (
+    ("zero", ZERO_STAGES),
+    ("recompute", RECOMPUTE + PLANNED_RECOMPUTE),
+    ("schedule", SCHEDULES),
+    ("attention", ATTENTION),
+    ("activations", ACTIVATION_MEMORY),
+    ("fp8_scaling", FP8_SCALING),
+    ("split", PIPELINE_SPLIT),
+    ("recompute_scope", RECOMPUTE_SCOPES),
+    ("grad_accumulation", GRAD_ACCUMULATION),
+    ("param_gather", PARAM_GATHER),
+    ("optimizer_kernel", OPTIMIZER_KERNELS),
+    ("clip_scale", CLIP_SCALING),
+    ("recompute_replay", RECOMPUTE_REPLAY),
+    ("param_sync", PARAM_SYNC),
+    ("grad_sync", GRAD_SYNC),
+    ("grad_bucket", GRAD_BUCKETS),
+    ("zero3_pipeline", ZERO3_PIPELINE),
+    ("loss", LOSS_BACKWARD),
+)
+
+
+def choices_text(allowed: tuple | dict) -> str:
+    """The values a choice takes, as an error names them: "a or b", or "one of a, b, c".
+
+    >>> choices_text(("fused", "multi-op")), choices_text((0, 1, 2, 3))
+    ('fused or multi-op', 'one of 0, 1, 2, 3')
+    """
+    names = [str(a) for a in allowed]
+    return " or ".join(names) if len(names) == 2 else "one of " + ", ".join(names)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Layout:
     """dp × tp × pp (× cp), micro-batch b and m micro-batches per step, the pipeline schedule
@@ -228,42 +263,10 @@ class Layout:
                 f"ep={self.ep} does not divide dp={self.dp}: expert parallelism spreads the "
                 "experts over data-parallel ranks; choose an ep that divides dp"
             )
-        if self.activations not in ACTIVATION_MEMORY:
-            raise ConfigError(
-                f"activations={self.activations!r}: choose {' or '.join(ACTIVATION_MEMORY)}"
-            )
-        if self.fp8_scaling not in FP8_SCALING:
-            raise ConfigError(
-                f"fp8_scaling={self.fp8_scaling!r}: choose {' or '.join(FP8_SCALING)}"
-            )
-        if self.split not in PIPELINE_SPLIT:
-            raise ConfigError(f"split={self.split!r}: choose one of {', '.join(PIPELINE_SPLIT)}")
-        if self.recompute_scope not in RECOMPUTE_SCOPES:
-            raise ConfigError(
-                f"recompute_scope={self.recompute_scope!r}: choose one of "
-                f"{', '.join(RECOMPUTE_SCOPES)}"
-            )
-        if self.grad_accumulation not in GRAD_ACCUMULATION:
-            raise ConfigError(
-                f"grad_accumulation={self.grad_accumulation!r}: choose one of "
-                f"{', '.join(GRAD_ACCUMULATION)}"
-            )
-        if self.param_gather not in PARAM_GATHER:
-            raise ConfigError(
-                f"param_gather={self.param_gather!r}: choose {' or '.join(PARAM_GATHER)}"
-            )
-        if self.optimizer_kernel not in OPTIMIZER_KERNELS:
-            raise ConfigError(
-                f"optimizer_kernel={self.optimizer_kernel!r}: choose "
-                f"{' or '.join(OPTIMIZER_KERNELS)}"
-            )
-        if self.clip_scale not in CLIP_SCALING:
-            raise ConfigError(f"clip_scale={self.clip_scale!r}: choose {' or '.join(CLIP_SCALING)}")
-        if self.recompute_replay not in RECOMPUTE_REPLAY:
-            raise ConfigError(
-                f"recompute_replay={self.recompute_replay!r}: choose "
-                f"{' or '.join(RECOMPUTE_REPLAY)}"
-            )
+        for name, allowed in NAMED_CHOICES:
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ConfigError(f"{name}={value!r}: choose {choices_text(allowed)}")
         if (
             not isinstance(self.logit_metrics, int)
             or isinstance(self.logit_metrics, bool)
@@ -274,31 +277,28 @@ class Layout:
             )
         if not isinstance(self.shard, int) or isinstance(self.shard, bool) or self.shard < 0:
             raise ConfigError(f"shard={self.shard!r}: a shard group of ranks (0: all of them)")
+        if isinstance(self.bucket_mb, bool) or not (
+            isinstance(self.bucket_mb, (int, float)) and self.bucket_mb > 0
+        ):
+            raise ConfigError(f"bucket_mb={self.bucket_mb!r}: a bucket size in MiB, > 0")
+        # the engine's counts too, for layouts made in the API rather than from a job
+        for name in ("dp", "tp", "pp", "micro_batch", "microbatches", "chunks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name}={value!r}: must be a positive integer")
+        self._check_combinations()
+
+    def _check_combinations(self) -> None:
+        """Choices that each hold alone but not together."""
         if self.shard and self.zero not in (1, 3):
             raise ConfigError(
                 f"shard={self.shard}: hybrid sharding shards ZeRO-1's optimizer states or "
                 f"ZeRO-3's states (zero=1 or 3), not ZeRO-{self.zero}'s"
             )
-        if self.param_sync not in PARAM_SYNC:
-            raise ConfigError(f"param_sync={self.param_sync!r}: choose {' or '.join(PARAM_SYNC)}")
-        if self.grad_sync not in GRAD_SYNC:
-            raise ConfigError(f"grad_sync={self.grad_sync!r}: choose {' or '.join(GRAD_SYNC)}")
-        if self.grad_bucket not in GRAD_BUCKETS:
-            raise ConfigError(
-                f"grad_bucket={self.grad_bucket!r}: choose {' or '.join(GRAD_BUCKETS)}"
-            )
-        if isinstance(self.bucket_mb, bool) or not (
-            isinstance(self.bucket_mb, (int, float)) and self.bucket_mb > 0
-        ):
-            raise ConfigError(f"bucket_mb={self.bucket_mb!r}: a bucket size in MiB, > 0")
         if self.grad_bucket != "ddp" and self.bucket_mb != ParallelConfig.bucket_mb:
             raise ConfigError(
                 f"bucket_mb={self.bucket_mb:g} with grad_bucket={self.grad_bucket!r}: the size is "
                 "that of ddp buckets (paracube train's --bucket-mb); the others have their own"
-            )
-        if self.zero3_pipeline not in ZERO3_PIPELINE:
-            raise ConfigError(
-                f"zero3_pipeline={self.zero3_pipeline!r}: choose {' or '.join(ZERO3_PIPELINE)}"
             )
         if self.zero3_per_step and self.shard:
             raise ConfigError(
@@ -311,22 +311,6 @@ class Layout:
                 "the gradients over every data-parallel rank (InternLM's zero1 size); plan "
                 "the reduce-scatter over the whole group, without a shard group"
             )
-        if self.loss not in LOSS_BACKWARD:
-            raise ConfigError(f"loss={self.loss!r}: choose {' or '.join(LOSS_BACKWARD)}")
-        # the engine's choices too, for layouts made in the API rather than from a job
-        for name in ("dp", "tp", "pp", "micro_batch", "microbatches", "chunks"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name}={value!r}: must be a positive integer")
-        for name, allowed in (
-            ("zero", ZERO_STAGES),
-            ("recompute", RECOMPUTE + PLANNED_RECOMPUTE),
-            ("schedule", SCHEDULES),
-            ("attention", ATTENTION),
-        ):
-            if getattr(self, name) not in allowed:
-                choices = ", ".join(str(a) for a in allowed)
-                raise ConfigError(f"{name}={getattr(self, name)!r}: choose one of {choices}")
         if self.recompute == "op" and self.attention not in FUSED_ATTENTION:
             raise ConfigError(
                 "recompute=op keeps the fused attention kernel's output (torchtitan's "
