@@ -9,32 +9,14 @@ from __future__ import annotations
 import math
 
 from paracube.choices import (
-    ACTIVATION_MEMORY,
-    ATTENTION,
-    CLIP_SCALING,
-    FP8_SCALING,
-    GRAD_ACCUMULATION,
-    GRAD_BUCKETS,
     GRAD_REDUCE,
-    GRAD_SYNC,
-    LOSS_BACKWARD,
     OFFLOAD,
-    OPTIMIZER_KERNELS,
-    PARAM_GATHER,
-    PARAM_SYNC,
-    PIPELINE_SPLIT,
     PLANNED_RECOMPUTE,
     PRECISIONS,
-    RECOMPUTE,
-    RECOMPUTE_REPLAY,
-    RECOMPUTE_SCOPES,
-    ZERO3_PIPELINE,
-    ZERO_STAGES,
 )
 from paracube.cli.plan_budget import count_text, tokens_text
 from paracube.errors import ParacubeError
-from paracube.pipeline.schedules import SCHEDULES
-from paracube.planner.layout import OTHER_SOFTWARE
+from paracube.planner.layout import NAMED_CHOICES, OTHER_SOFTWARE
 
 # The custom-shape flags (their ModelConfig fields are spelled out in _model_shape)
 SHAPE = ("layers", "hidden", "heads", "vocab", "seq", "ffn", "kv_heads")
@@ -363,32 +345,20 @@ def _check_counts(args, whole_nodes: bool) -> None:
 
 
 def _check_names(args) -> None:
-    """Each named choice one of those its flag takes."""
+    """Each named choice one of those its flag takes: a Layout's own (layout.NAMED_CHOICES,
+    each flag its field's name but --pipeline-split), and the plan's --grad-reduce,
+    --offload and --stack."""
     from paracube.planner.stacks import STACK_SOFTWARE
 
-    named: tuple[tuple[str, str, tuple], ...] = (  # (dest, flag, the names it takes)
-        ("zero", "--zero", ZERO_STAGES),
-        ("schedule", "--schedule", tuple(SCHEDULES)),
-        ("recompute", "--recompute", RECOMPUTE + PLANNED_RECOMPUTE),
-        ("attention", "--attention", ATTENTION),
-        ("fp8_scaling", "--fp8-scaling", FP8_SCALING),
-        ("split", "--pipeline-split", PIPELINE_SPLIT),
-        ("loss", "--loss", LOSS_BACKWARD),
-        ("grad_accumulation", "--grad-accumulation", GRAD_ACCUMULATION),
-        ("param_gather", "--param-gather", PARAM_GATHER),
-        ("param_sync", "--param-sync", PARAM_SYNC),
-        ("grad_sync", "--grad-sync", GRAD_SYNC),
-        ("grad_bucket", "--grad-bucket", GRAD_BUCKETS),
-        ("zero3_pipeline", "--zero3-pipeline", ZERO3_PIPELINE),
-        ("optimizer_kernel", "--optimizer-kernel", OPTIMIZER_KERNELS),
-        ("clip_scale", "--clip-scale", CLIP_SCALING),
-        ("recompute_replay", "--recompute-replay", RECOMPUTE_REPLAY),
-        ("recompute_scope", "--recompute-scope", RECOMPUTE_SCOPES),
-        ("activations", "--activations", ACTIVATION_MEMORY),
+    flag_of = {"split": "--pipeline-split"}
+    named = [
+        (name, flag_of.get(name, "--" + name.replace("_", "-")), allowed)
+        for name, allowed in NAMED_CHOICES
+    ] + [
         ("grad_reduce", "--grad-reduce", GRAD_REDUCE),
         ("offload", "--offload", OFFLOAD),
         ("stack", "--stack", tuple(STACK_SOFTWARE)),
-    )
+    ]
     for name, flag, allowed in named:
         value = getattr(args, name)
         if value is not None and value not in allowed:
