@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from paracube.choices import gradient_bytes
 from paracube.errors import ConfigError
 from paracube.models import shapes
 from paracube.models.presets import preset
@@ -15,7 +16,7 @@ from paracube.planner.dp_comm import dp_exposed_time, zero3_collectives
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import peak_memory
 from paracube.planner.search import search
-from paracube.planner.time_model import Cluster, estimate, gradient_bytes
+from paracube.planner.time_model import Cluster, estimate
 
 
 def _cluster(inter: str = "ib-hdr") -> Cluster:
