@@ -159,10 +159,10 @@ def dp_exposed_time(
         beside_compute += min(gather, behind)
     if layout.zero == 3:  # parameters re-gathered for every micro-batch's forward and backward,
         # unit by unit, behind its compute (or waited for: waited_gathers)
-        forwards, backwards, _ = zero3_collectives(layers)
+        forwards = zero3_collectives(layers)[0]
         passes = [gather + unit_latency(layout, link, forwards)]
         if layout.backward_prefetch:
-            passes.append(gather + unit_latency(layout, link, backwards))
+            passes.append(backward_gather_time(layout, link, params, elem, layers))
         for one_pass in passes:
             exposed += (m - 1) * max(0.0, one_pass - forward)
             beside_compute += (m - 1) * min(one_pass, forward)
@@ -172,11 +172,21 @@ def dp_exposed_time(
         scatter = scatter_time(params, layout, link, elem, layers)
         backward = 2 * per_mb / 3 if overlapped else 0.0
         if layout.zero == 3 and layout.backward_prefetch:  # the gathers share the stream
-            backwards = zero3_collectives(layers)[1]
-            backward = max(0.0, backward - gather - unit_latency(layout, link, backwards))
+            backward = max(0.0, backward - backward_gather_time(layout, link, params, elem, layers))
         exposed += (m - 1) * max(0.0, scatter - backward)
         beside_compute += (m - 1) * min(scatter, backward)
     return exposed + OVERLAP_SLOWDOWN * beside_compute
+
+
+def backward_gather_time(
+    layout: Layout, link: Interconnect, params: float, elem: int, blocks: int = 0
+) -> float:
+    """Seconds of one micro-batch's ZeRO-3 backward all-gathers: half a ring of ``params``
+    ``elem``-byte weights over the data-parallel group, unit by unit over the rank's
+    ``blocks`` (:func:`zero3_collectives`). Prefetched, they run on the stream the backward's
+    reduce-scatters use, and hide behind that backward's compute."""
+    one_pass = half_ring(params * elem, layout.grad_group, link)
+    return one_pass + unit_latency(layout, link, zero3_collectives(blocks)[1])
 
 
 def per_step_exposed_time(
@@ -337,9 +347,7 @@ def hybrid_exposed_time(
     own = dp_link(view, cluster)
     busy = scatter_time(params, view, own, elem, layers)
     if layout.backward_prefetch:  # the backward's gathers share the stream (dp_exposed_time)
-        busy += half_ring(params * elem, view.grad_group, own) + unit_latency(
-            view, own, zero3_collectives(layers)[1]
-        )
+        busy += backward_gather_time(view, own, params, elem, layers)
     free = max(0.0, backward - busy)
     return exposed + m * (max(0.0, allreduce - free) + OVERLAP_SLOWDOWN * min(allreduce, free))
 
@@ -356,9 +364,7 @@ def waited_gathers(
     prefetching, or below ZeRO-3."""
     if layout.zero != 3 or layout.backward_prefetch or layout.grad_group == 1:
         return 0.0
-    one_pass = half_ring(params * elem, layout.grad_group, link)
-    backwards = zero3_collectives(blocks)[1]
-    return layout.microbatches * (one_pass + unit_latency(layout, link, backwards))
+    return layout.microbatches * backward_gather_time(layout, link, params, elem, blocks)
 
 
 def dp_link(layout: Layout, cluster: Cluster) -> Interconnect:
