@@ -140,6 +140,46 @@ Sources:
   and ``gpt3-2.7B-flash-hdim128.yaml`` (the shapes; the per-GPU batch each picks on an 80 GB
   GPU: 32, 16, 16, 8, 4; 512 sequences a step from 1.3B; from 760M PyTorch's
   ZeroRedundancyOptimizer over ``torch.optim.AdamW`` — ZeRO-1, an op per pass).
+- FlashAttention-2 paper: Dao 2023, "FlashAttention-2: Faster Attention with Better
+  Parallelism and Work Partitioning" (arXiv 2307.08691), §4.2 and Table 1: GPT3-1.3B and
+  GPT3-2.7B at 2k and 8k tokens "on 8 x A100 80GB SXM", TFLOP/s per GPU counted as
+  6·seqlen·params + 12·layers·hidden·seqlen² a sequence (its stated formula, attention not
+  halved for the causal mask) — here turned into tokens/s with the model's exact parameter
+  count (``shapes.parameter_count``: learned positions, biases and norms included) and back
+  into TFLOP/s with paracube's count. The FlashAttention-2 column at 2k and 8k and the
+  FlashAttention column at 8k (its 2k figures are the README's runs, above); the column
+  without FlashAttention is left out — the paper does not say what its baseline ran. The
+  same training code as the README's runs (the paper's models are its GPT3-1.3B and its
+  2.7B at head size 128, whose FlashAttention 2k figure, 189, is the README's 85k tokens/s);
+  the 8k runs from ``gpt3xl-flash-8k.yaml`` (128 sequences a step, 4 a GPU at 80 GB, ZeRO-1
+  from ``gpt3xl-flash.yaml``) and ``gpt3-2.7B-flash-8k.yaml``, whose 32 heads of 80 the
+  2k runs had replaced by 20 of 128 (the README: "we set head dimension to 128 (instead of
+  80) for better efficiency"; the repository has a 2.7B 8k config at 128 too). At 80 the
+  planner gives these two rows 0.79 and 0.94: FlashAttention 1 pads a head of 80 to 128.
+  That 2.7B config's 4 sequences a GPU would hold 125 GB by the planner's memory model, and
+  the paper does not state the micro-batch, so the planner chooses it there (2; its
+  predictions at 4 differ by under 1 %).
+- Zero Bubble paper: Qi et al. 2024, "Zero Bubble Pipeline Parallelism" (ICLR 2024, arXiv
+  2401.10241), §5.1 and Tables 3 and 4: GPT-3-like models of 1.5B, 6.2B, 14.6B and 28.3B
+  (22, 30, 46 and 62 blocks of 2,304, 4,096, 5,120 and 6,144; 24–48 heads; 1,024 tokens)
+  pipelined alone over 8, 8, 16 and 32 A100 SXM 80GB ("distributed across 4 nodes
+  interconnected by a RoCE RDMA network": the planner's default network, unstated), at
+  micro-batches of 6, 3, 1 and 1, three micro-batch counts each, on Megatron-LM with "both
+  the initial and final pipeline stages [holding] one fewer transformer layer" (the
+  planner's ``even-ends`` split); samples per GPU per second × 1,024 tokens × paracube's
+  model FLOPs. Three of its four schedules: 1F1B, interleaved 1F1B ("each transformer layer
+  serves as a chunk": virtual stages of one layer, the embedding and the loss one each) and
+  ZB-1p as the planner's ZB-H1 — its Table 5 gives ZB-1p the bubble of ZB-H1 in every
+  setup. ZB-2p (twice 1F1B's activations) is not a schedule the planner has. The paper
+  states neither the vocabulary nor the kernels: a 32,000-token tied embedding gives all
+  four stated sizes to their last digit (``shapes.parameter_count``: 1.48, 6.18, 14.64,
+  28.29B; GPT-2's 50,257 gives 6.25, 14.74 and 28.41), the SentencePiece tokenizer of the
+  repository's sample dataset; the software is its example script at the paper's 1,024
+  tokens (sail-sg/zero-bubble-pipeline-parallelism, ``examples/pretrain_zbh1.sh``:
+  ``--fp16``, ``--recompute-granularity selective``, no ``--use-flash-attn`` — Megatron's
+  unfused attention), with Megatron-LM's gradient-accumulation fusion (on unless
+  ``--no-gradient-accumulation-fusion``). With FlashAttention-2 and no recomputation instead
+  (its later scripts, at 4,096 tokens) the planner gives 1.10–1.43.
 - NeMo AutoModel: NVIDIA-NeMo/Automodel, ``docs/performance-summary.md`` (the version of
   April 2026; also docs.nvidia.com/nemo/automodel, "Performance Summary"), pre-training on
   DGX-H100 in BF16: Llama 3 70B on 64 GPUs, global batch 128 × 8192 tokens, micro-batch 1,
@@ -221,6 +261,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from paracube.config import ModelConfig
+from paracube.models import shapes
 from paracube.models.presets import preset
 from paracube.planner import hardware as hw
 from paracube.planner import mosaic
@@ -271,6 +312,8 @@ def runs() -> list[dict]:
         + _tinyllama()
         + _olmo_core()
         + _flash_attention_gpt()
+        + _flash_attention_2()
+        + _zero_bubble()
         + _automodel()
         + _nemo_fp8()
         + _dgxc()
@@ -314,6 +357,10 @@ STACKS = {
     "OLMo-core": "FSDP-only: FSDP2 (H100)",
     "OLMo-core (FP8)": "FSDP-only: FSDP2, FP8 (H100)",
     "FlashAttention's GPT": "DDP / ZeRO-1: FlashAttention's GPT (A100)",
+    "FlashAttention-2 paper": "DDP / ZeRO-1: FlashAttention's GPT (A100)",
+    "Zero Bubble paper (1F1B)": "Megatron-LM, pipeline only (A100)",
+    "Zero Bubble paper (1F1B-I)": "Megatron-LM, pipeline only (A100)",
+    "Zero Bubble paper (ZB-1p)": "Megatron-LM, pipeline only (A100)",
     "NeMo AutoModel": "FSDP2 + context parallel (H100)",
     "NeMo (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
     "Megatron-Bridge 25.11 (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
@@ -754,6 +801,89 @@ def _flash_attention_gpt() -> list[dict]:
         published = round(tokens / 8 * model_flops_per_token(cfg) / 1e12, 1)
         out.append(_run("FlashAttention's GPT", cfg, "a100-80gb", 8, batch, "bf16", fixed,
                         "model", published))
+    return out
+
+
+# FlashAttention-2's Table 1 (module docstring): (name, blocks, hidden, heads, tokens per
+# sequence, sequences a GPU — None: not stated and over the memory model, the planner's —,
+# sequences a step, attention kernel, TFLOP/s a GPU as the paper counts).
+FLASH_ATTENTION_2_TABLE = [
+    ("GPT3-1.3B", 24, 2048, 16, 2048, 8, 512, "fused", 196),
+    ("GPT3-1.3B", 24, 2048, 16, 8192, 4, 128, "fused-v1", 170),
+    ("GPT3-1.3B", 24, 2048, 16, 8192, 4, 128, "fused", 220),
+    ("GPT3-2.7B", 32, 2560, 20, 2048, 4, 512, "fused", 205),
+    ("GPT3-2.7B", 32, 2560, 20, 8192, None, 128, "fused-v1", 175),
+    ("GPT3-2.7B", 32, 2560, 20, 8192, None, 128, "fused", 225),
+]
+
+
+def flash_attention_2_paper_flops(cfg: ModelConfig) -> float:
+    """FLOPs a token as FlashAttention-2's §4.2 counts them: 6·params + 12·L·h·s (its
+    formula a sequence, over s) — the embedding's and positions' parameters included, the
+    attention's full s×s."""
+    return 6 * shapes.parameter_count(cfg) + 12 * cfg.n_layers * cfg.hidden * cfg.seq_len
+
+
+def _flash_attention_2() -> list[dict]:
+    """FlashAttention-2's Table 1 on one node of 8 A100 80GB: the FlashAttention repository's
+    GPT as in :func:`_flash_attention_gpt` — ZeRO-1 over the 8 GPUs, no recomputation —
+    with FlashAttention-2 (``fused``) or FlashAttention's first kernels (``fused-v1``)."""
+    out = []
+    for name, layers, hidden, heads, seq, b, batch, attention, paper in FLASH_ATTENTION_2_TABLE:
+        cfg = ModelConfig(n_layers=layers, hidden=hidden, n_heads=heads, vocab_size=50264,
+                          seq_len=seq, tie_embeddings=True, name=name)
+        fixed = dict(dp=8, tp=1, pp=1, zero=1, recompute="none", attention=attention,
+                     loss="fused", optimizer_kernel="multi-op")
+        if b is not None:
+            fixed["micro_batch"] = b
+        tokens_per_gpu = paper * 1e12 / flash_attention_2_paper_flops(cfg)
+        published = round(tokens_per_gpu * model_flops_per_token(cfg) / 1e12, 1)
+        out.append(_run("FlashAttention-2 paper", cfg, "a100-80gb", 8, batch, "bf16", fixed,
+                        "model", published))
+    return out
+
+
+# The Zero Bubble paper's Table 3 (model, blocks, heads, hidden, GPUs = pipeline stages,
+# micro-batch) and Table 4 (samples per GPU per second at each count of micro-batches, by
+# schedule: the paper's name → the planner's schedule).
+ZERO_BUBBLE_MODELS = [
+    ("1.5B", 22, 24, 2304, 8, 6, (24, 32, 64)),
+    ("6.2B", 30, 32, 4096, 8, 3, (24, 32, 64)),
+    ("14.6B", 46, 40, 5120, 16, 1, (48, 64, 128)),
+    ("28.3B", 62, 48, 6144, 32, 1, (96, 128, 256)),
+]
+ZERO_BUBBLE_SAMPLES = {
+    ("ZB-1p", "zb-h1"): [12.9, 13.4, 14.2, 3.88, 4.00, 4.20, 1.61, 1.67, 1.76, 0.87, 0.90, 0.96],
+    ("1F1B", "1f1b"): [11.8, 12.5, 13.6, 3.50, 3.70, 4.03, 1.40, 1.49, 1.64, 0.76, 0.80, 0.88],
+    ("1F1B-I", "interleaved-1f1b"): [13.1, 13.4, 13.9, 4.01, 4.08, 4.19, 1.54, 1.59, 1.66,
+                                     0.82, 0.85, 0.90],
+}
+
+
+def zero_bubble_model(name: str, layers: int, heads: int, hidden: int) -> ModelConfig:
+    """A Zero Bubble paper model: GPT-3's shape at 1,024 tokens, 32,000 tied tokens."""
+    return ModelConfig(n_layers=layers, hidden=hidden, n_heads=heads, vocab_size=32000,
+                       seq_len=1024, tie_embeddings=True, name=f"GPT {name}")
+
+
+def _zero_bubble() -> list[dict]:
+    """The Zero Bubble paper's Table 4: pipeline parallelism alone (tp 1, dp 1), Megatron-LM
+    in fp16 with its unfused attention and selective recomputation, the first and last
+    stages one block short."""
+    setups = [(model, micro) for model in ZERO_BUBBLE_MODELS for micro in model[-1]]
+    out = []
+    for (paper_name, schedule), samples in ZERO_BUBBLE_SAMPLES.items():
+        for ((name, layers, heads, hidden, gpus, b, _), micro), rate in zip(
+            setups, samples, strict=True
+        ):
+            cfg = zero_bubble_model(name, layers, heads, hidden)
+            chunks = (layers + 2) // gpus if schedule == "interleaved-1f1b" else 1
+            fixed = dict(tp=1, pp=gpus, dp=1, micro_batch=b, schedule=schedule, chunks=chunks,
+                         attention="unfused", recompute="selective", grad_accumulation="fused",
+                         **{**MEGATRON_SPLIT, "split": "even-ends"})
+            published = round(rate * cfg.seq_len * model_flops_per_token(cfg) / 1e12, 1)
+            out.append(_run(f"Zero Bubble paper ({paper_name})", cfg, "a100-80gb", gpus,
+                            b * micro, "fp16", fixed, "model", published))
     return out
 
 
