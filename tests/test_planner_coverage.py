@@ -84,12 +84,30 @@ def test_a_fixed_choice_that_cannot_run_says_why():
 
 
 def test_a_fixed_dominated_schedule_is_honoured():
-    """GPipe is never proposed unasked (1F1B has its bubble with less memory), but asked for
-    it is planned, not dropped."""
+    """GPipe is not proposed unasked where 1F1B runs (1F1B has its bubble with less memory) —
+    only with fewer micro-batches than stages, which 1F1B cannot run — but asked for it is
+    planned, not dropped."""
     unasked = search(preset("gpt3-1.3b"), _cluster(), 8, 64, top=500).ranked
-    assert unasked and all(c.layout.schedule != "gpipe" for c in unasked)
+    assert unasked and any(c.layout.pp > 1 for c in unasked)
+    assert all(c.layout.schedule != "gpipe" or c.layout.microbatches < c.layout.pp for c in unasked)
     asked = search(preset("gpt3-1.3b"), _cluster(), 8, 64, fixed={"schedule": "gpipe"}).ranked
     assert asked and all(c.layout.schedule == "gpipe" and c.layout.pp > 1 for c in asked)
+
+
+def test_fewer_micro_batches_than_stages_plan_gpipe_and_refuse_1f1b_by_name():
+    """Two micro-batches of 6 on 8 stages (the Zero Bubble paper's smallest runs): 1F1B and
+    ZB-H1 need as many micro-batches as stages, so the layout is planned with GPipe — its
+    bubble (p − 1)/(m + p − 1) = 7/9 — rather than refused with no reason; 1F1B asked for
+    is refused with the reason."""
+    fixed = {"pp": 8, "tp": 1, "micro_batch": 6}
+    best = search(preset("gpt3-1.3b"), _cluster(), 8, 12, fixed=fixed, top=1).ranked[0]
+    assert (best.layout.schedule, best.layout.microbatches) == ("gpipe", 2)
+    assert best.time.bubble / (best.time.step_time - best.time.optimizer) == pytest.approx(
+        7 / 9, rel=0.03
+    )
+    refused = search(preset("gpt3-1.3b"), _cluster(), 8, 12, fixed=fixed | {"schedule": "1f1b"})
+    assert not refused.ranked
+    assert any("1f1b needs at least as many micro-batches as stages" in r for r in refused.rejected)
 
 
 @pytest.mark.parametrize(

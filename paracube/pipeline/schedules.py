@@ -94,6 +94,24 @@ class Schedule:
                 f"{self.name} needs at least as many micro-batches as stages: --microbatches {m} < --pp {p}"
             )
 
+    def runs(self, p: int, m: int, v: int = 1) -> bool:
+        """Whether :meth:`check` accepts (p, m, v)."""
+        try:
+            self.check(p, m, v)
+        except ConfigError:
+            return False
+        return True
+
+    def dominated_at(self, p: int, m: int) -> bool:
+        """Whether the schedule that dominates this one (the same bubble, less memory) runs at
+        (p, m): only then is this one not worth planning unless asked for. With fewer
+        micro-batches than stages 1F1B does not run and GPipe, which does, is the choice.
+
+        >>> get_schedule("gpipe").dominated_at(4, 8), get_schedule("gpipe").dominated_at(8, 2)
+        (True, False)
+        """
+        return self.dominated_by is not None and SCHEDULES[self.dominated_by].runs(p, m)
+
     def build(self, p: int, m: int, v: int = 1) -> list[list[Action]]:
         """The action list of every rank, ``[rank][i]``."""
         self.check(p, m, v)

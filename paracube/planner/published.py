@@ -179,7 +179,9 @@ Sources:
   ``--fp16``, ``--recompute-granularity selective``, no ``--use-flash-attn`` — Megatron's
   unfused attention), with Megatron-LM's gradient-accumulation fusion (on unless
   ``--no-gradient-accumulation-fusion``). With FlashAttention-2 and no recomputation instead
-  (its later scripts, at 4,096 tokens) the planner gives 1.10–1.43.
+  (its later scripts, at 4,096 tokens) the planner gives 1.10–1.43. Its Table 9 adds 1F1B
+  with as few micro-batches as stages or fewer (2–16 on 8 and 16 stages), planned as GPipe
+  below the stage count: Megatron's 1F1B then runs a stage's forwards before its backwards.
 - NeMo AutoModel: NVIDIA-NeMo/Automodel, ``docs/performance-summary.md`` (the version of
   April 2026; also docs.nvidia.com/nemo/automodel, "Performance Summary"), pre-training on
   DGX-H100 in BF16: Llama 3 70B on 64 GPUs, global batch 128 × 8192 tokens, micro-batch 1,
@@ -858,6 +860,13 @@ ZERO_BUBBLE_SAMPLES = {
     ("1F1B-I", "interleaved-1f1b"): [13.1, 13.4, 13.9, 4.01, 4.08, 4.19, 1.54, 1.59, 1.66,
                                      0.82, 0.85, 0.90],
 }
+# Its Table 9's 1F1B runs with as few micro-batches as stages or fewer: (micro-batches,
+# samples per GPU per second) by model.
+ZERO_BUBBLE_FEW = {
+    "1.5B": ((2, 3.56), (4, 5.74), (8, 8.26)),
+    "6.2B": ((2, 1.04), (4, 1.69), (8, 2.45)),
+    "14.6B": ((4, 0.39), (8, 0.65), (16, 0.95)),
+}
 
 
 def zero_bubble_model(name: str, layers: int, heads: int, hidden: int) -> ModelConfig:
@@ -867,15 +876,24 @@ def zero_bubble_model(name: str, layers: int, heads: int, hidden: int) -> ModelC
 
 
 def _zero_bubble() -> list[dict]:
-    """The Zero Bubble paper's Table 4: pipeline parallelism alone (tp 1, dp 1), Megatron-LM
+    """The Zero Bubble paper's Tables 4 and 9: pipeline parallelism alone (tp 1, dp 1), Megatron-LM
     in fp16 with its unfused attention and selective recomputation, the first and last
     stages one block short."""
     setups = [(model, micro) for model in ZERO_BUBBLE_MODELS for micro in model[-1]]
+    tables = [
+        (paper_name, [(setup, schedule, rate) for setup, rate in zip(setups, rates, strict=True)])
+        for (paper_name, schedule), rates in ZERO_BUBBLE_SAMPLES.items()
+    ]
+    # Megatron's 1F1B with no more micro-batches than stages runs a stage's forwards before
+    # its backwards (warm-up min(p − rank − 1, m)): GPipe's order and bubble, which the
+    # planner plans where paracube's 1F1B does not run (m < p)
+    tables.append(("1F1B", [
+        ((model, micro), "1f1b" if micro >= model[4] else "gpipe", rate)
+        for model in ZERO_BUBBLE_MODELS for micro, rate in ZERO_BUBBLE_FEW.get(model[0], ())
+    ]))
     out = []
-    for (paper_name, schedule), samples in ZERO_BUBBLE_SAMPLES.items():
-        for ((name, layers, heads, hidden, gpus, b, _), micro), rate in zip(
-            setups, samples, strict=True
-        ):
+    for paper_name, rows in tables:
+        for ((name, layers, heads, hidden, gpus, b, _), micro), schedule, rate in rows:
             cfg = zero_bubble_model(name, layers, heads, hidden)
             chunks = (layers + 2) // gpus if schedule == "interleaved-1f1b" else 1
             fixed = dict(tp=1, pp=gpus, dp=1, micro_batch=b, schedule=schedule, chunks=chunks,

@@ -102,8 +102,9 @@ def _schedules(
     fixed_schedule: str | None = None,
 ):
     """(schedule, chunks) pairs the engine can run at (p, m), from the registry; a schedule
-    another one dominates (same bubble, more memory: GPipe under 1F1B) is skipped unless it
-    is the one asked for. With fixed chunks, why they cannot run is told to ``reject``."""
+    another one dominates where both run (same bubble, more memory: GPipe under 1F1B) is
+    skipped unless it is the one asked for. With a fixed schedule or fixed chunks, why they
+    cannot run is told to ``reject``."""
     if p == 1:
         if fixed_chunks not in (None, 1):
             if reject is not None:
@@ -114,7 +115,7 @@ def _schedules(
     for name, sched in SCHEDULES.items():
         if fixed_schedule is not None and name != fixed_schedule:
             continue
-        if sched.dominated_by and fixed_schedule is None:
+        if fixed_schedule is None and sched.dominated_at(p, m):
             continue
         if fixed_chunks not in (None, 1) and not sched.chunked:
             if reject is not None and fixed_schedule is not None:
@@ -132,7 +133,8 @@ def _schedules(
             try:
                 sched.check(p, m, v)
             except ConfigError as e:
-                if fixed_chunks is not None and sched.chunked and reject is not None:
+                asked = fixed_schedule is not None or (fixed_chunks is not None and sched.chunked)
+                if asked and reject is not None:
                     reject(str(e))
                 continue
             yield name, v
