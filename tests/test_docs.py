@@ -17,6 +17,7 @@ DOCUMENTED = [
     "paracube.planner.dp_comm",
     "paracube.planner.stacks",
     "paracube.planner.published",
+    "paracube.pipeline.schedules",
     "paracube.mesh.layout",
     "paracube.data_parallel.ddp",
     "paracube.models.spec",
