@@ -179,7 +179,8 @@ Sources:
   ``--fp16``, ``--recompute-granularity selective``, no ``--use-flash-attn`` — Megatron's
   unfused attention), with Megatron-LM's gradient-accumulation fusion (on unless
   ``--no-gradient-accumulation-fusion``). With FlashAttention-2 and no recomputation instead
-  (its later scripts, at 4,096 tokens) the planner gives 1.10–1.43. Its Table 9 adds 1F1B
+  (its later scripts, at 4,096 tokens) the planner gives 1.10–1.43. Its Table 8 runs 1F1B
+  and ZB-1p again at twice the micro-batch; its Table 9 adds 1F1B
   with as few micro-batches as stages or fewer (2–16 on 8 and 16 stages), planned as GPipe
   below the stage count: Megatron's 1F1B then runs a stage's forwards before its backwards.
 - NeMo AutoModel: NVIDIA-NeMo/Automodel, ``docs/performance-summary.md`` (the version of
@@ -363,6 +364,8 @@ STACKS = {
     "Zero Bubble paper (1F1B)": "Megatron-LM, pipeline only (A100)",
     "Zero Bubble paper (1F1B-I)": "Megatron-LM, pipeline only (A100)",
     "Zero Bubble paper (ZB-1p)": "Megatron-LM, pipeline only (A100)",
+    "Zero Bubble paper (1F1B, 2× micro-batch)": "Megatron-LM, pipeline only (A100)",
+    "Zero Bubble paper (ZB-1p, 2× micro-batch)": "Megatron-LM, pipeline only (A100)",
     "NeMo AutoModel": "FSDP2 + context parallel (H100)",
     "NeMo (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
     "Megatron-Bridge 25.11 (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
@@ -860,6 +863,13 @@ ZERO_BUBBLE_SAMPLES = {
     ("1F1B-I", "interleaved-1f1b"): [13.1, 13.4, 13.9, 4.01, 4.08, 4.19, 1.54, 1.59, 1.66,
                                      0.82, 0.85, 0.90],
 }
+# Its Table 8: 1F1B and ZB-1p again at twice Table 3's micro-batch (its middle micro-batch
+# count for 14.6B and 28.3B is printed as 32, a misprint for 64 and 128: each throughput lies
+# between those at the counts either side, as in Table 4).
+ZERO_BUBBLE_DOUBLED = {
+    ("ZB-1p", "zb-h1"): [13.0, 13.6, 14.4, 3.95, 4.05, 4.24, 1.73, 1.79, 1.89, 0.93, 0.96, 1.02],
+    ("1F1B", "1f1b"): [12.0, 12.6, 13.8, 3.56, 3.76, 4.09, 1.53, 1.62, 1.78, 0.81, 0.85, 0.94],
+}
 # Its Table 9's 1F1B runs with as few micro-batches as stages or fewer: (micro-batches,
 # samples per GPU per second) by model.
 ZERO_BUBBLE_FEW = {
@@ -876,24 +886,29 @@ def zero_bubble_model(name: str, layers: int, heads: int, hidden: int) -> ModelC
 
 
 def _zero_bubble() -> list[dict]:
-    """The Zero Bubble paper's Tables 4 and 9: pipeline parallelism alone (tp 1, dp 1), Megatron-LM
-    in fp16 with its unfused attention and selective recomputation, the first and last
-    stages one block short."""
+    """The Zero Bubble paper's Tables 4, 8 and 9: pipeline parallelism alone (tp 1, dp 1),
+    Megatron-LM in fp16 with its unfused attention and selective recomputation, the first
+    and last stages one block short."""
     setups = [(model, micro) for model in ZERO_BUBBLE_MODELS for micro in model[-1]]
     tables = [
-        (paper_name, [(setup, schedule, rate) for setup, rate in zip(setups, rates, strict=True)])
+        (paper_name, 1, [(s, schedule, rate) for s, rate in zip(setups, rates, strict=True)])
         for (paper_name, schedule), rates in ZERO_BUBBLE_SAMPLES.items()
+    ] + [
+        (f"{paper_name}, 2× micro-batch", 2,
+         [(s, schedule, rate) for s, rate in zip(setups, rates, strict=True)])
+        for (paper_name, schedule), rates in ZERO_BUBBLE_DOUBLED.items()
     ]
     # Megatron's 1F1B with no more micro-batches than stages runs a stage's forwards before
     # its backwards (warm-up min(p − rank − 1, m)): GPipe's order and bubble, which the
     # planner plans where paracube's 1F1B does not run (m < p)
-    tables.append(("1F1B", [
+    tables.append(("1F1B", 1, [
         ((model, micro), "1f1b" if micro >= model[4] else "gpipe", rate)
         for model in ZERO_BUBBLE_MODELS for micro, rate in ZERO_BUBBLE_FEW.get(model[0], ())
     ]))
     out = []
-    for paper_name, rows in tables:
-        for ((name, layers, heads, hidden, gpus, b, _), micro), schedule, rate in rows:
+    for paper_name, scale, rows in tables:
+        for ((name, layers, heads, hidden, gpus, table3_b, _), micro), schedule, rate in rows:
+            b = scale * table3_b
             cfg = zero_bubble_model(name, layers, heads, hidden)
             chunks = (layers + 2) // gpus if schedule == "interleaved-1f1b" else 1
             fixed = dict(tp=1, pp=gpus, dp=1, micro_batch=b, schedule=schedule, chunks=chunks,
