@@ -1232,3 +1232,14 @@ def test_explained_times_never_print_in_exponent_notation(capsys):
     for out in (slow, fast):
         assert not re.search(r"\de[+-]\d", out), out
     assert re.search(r"of a \d,\d{3} s step", slow) and re.search(r"optimizer \([\d.]+ ms\)", fast)
+
+
+def test_fewer_micro_batches_than_stages_are_planned_with_gpipe_and_explained(capsys):
+    """Two micro-batches on eight stages: 1F1B cannot run them, so the plan runs GPipe and
+    --explain says why it is not 1F1B; asked for, 1F1B is refused with the reason."""
+    argv = ["--model", "gpt3-1.3b", "--gpus", "8", "--gpu", "a100-80gb", "--global-batch", "12"]
+    out = plan(capsys, *argv, "--layout", "pp=8", "--micro-batch", "6", "--explain")
+    assert "| 1 | dp=1 tp=1 pp=8 b=6 m=2 gpipe |" in out
+    assert "It runs gpipe because 1f1b cannot here (1f1b needs at least as many" in out
+    err = error(capsys, *argv, "--layout", "pp=8", "--micro-batch", "6", "--schedule", "1f1b")
+    assert "1f1b needs at least as many micro-batches as stages" in err

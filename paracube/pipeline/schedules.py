@@ -94,13 +94,13 @@ class Schedule:
                 f"{self.name} needs at least as many micro-batches as stages: --microbatches {m} < --pp {p}"
             )
 
-    def runs(self, p: int, m: int, v: int = 1) -> bool:
-        """Whether :meth:`check` accepts (p, m, v)."""
+    def why_not(self, p: int, m: int, v: int = 1) -> str | None:
+        """Why :meth:`check` refuses (p, m, v); None where it runs."""
         try:
             self.check(p, m, v)
-        except ConfigError:
-            return False
-        return True
+        except ConfigError as e:
+            return str(e)
+        return None
 
     def dominated_at(self, p: int, m: int) -> bool:
         """Whether the schedule that dominates this one (the same bubble, less memory) runs at
@@ -110,7 +110,7 @@ class Schedule:
         >>> get_schedule("gpipe").dominated_at(4, 8), get_schedule("gpipe").dominated_at(8, 2)
         (True, False)
         """
-        return self.dominated_by is not None and SCHEDULES[self.dominated_by].runs(p, m)
+        return self.dominated_by is not None and SCHEDULES[self.dominated_by].why_not(p, m) is None
 
     def build(self, p: int, m: int, v: int = 1) -> list[list[Action]]:
         """The action list of every rank, ``[rank][i]``."""

@@ -10,6 +10,7 @@ from paracube.config import ModelConfig
 from paracube.pipeline.schedules import get_schedule
 from paracube.planner import hardware as hw
 from paracube.planner.hardware import GPU
+from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import FRAGMENTATION, peak_memory
 from paracube.planner.published import TrackRecord
 from paracube.planner.search import Candidate, SearchResult, at_memory_edge
@@ -381,7 +382,22 @@ def _pipeline_reason(best, cfg: ModelConfig) -> str:
         f"{L.microbatches} micro-batches under {L.schedule}"
         + (f" with {L.chunks} chunks" if L.chunks > 1 else "")
         + f"; more micro-batches shrink it as {get_schedule(L.schedule).shrinks_as}."
+        + _undominated_story(L)
         + (" " + SPLIT_STORY[L.split] if L.split in SPLIT_STORY else "")
+    )
+
+
+def _undominated_story(L: Layout) -> str:
+    """Why a schedule another one dominates runs here: the other cannot (GPipe with fewer
+    micro-batches than stages, which 1F1B does not run); empty otherwise."""
+    schedule = get_schedule(L.schedule)
+    if schedule.dominated_by is None:
+        return ""
+    why = get_schedule(schedule.dominated_by).why_not(L.pp, L.microbatches)
+    return (
+        f" It runs {schedule.name} because {schedule.dominated_by} cannot here ({why})."
+        if why
+        else ""
     )
 
 
