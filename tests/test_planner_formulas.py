@@ -203,15 +203,25 @@ def _extra(est, cfg):
 
 def test_pipeline_bubble_term_follows_the_schedule():
     from paracube.planner.layout import Layout
-    from paracube.planner.time_model import estimate
+    from paracube.planner.time_model import estimate, layer_time, pass_costs
 
     cfg, cluster = preset("gpt3-13b"), _a100_node(8)
     base = dict(pp=4, micro_batch=1, microbatches=8)
     b1 = estimate(cfg, Layout(**base, schedule="1f1b"), cluster)
     bi = estimate(cfg, Layout(**base, schedule="interleaved-1f1b", chunks=2), cluster)
-    bz = estimate(cfg, Layout(**base, schedule="zb-h1"), cluster)
+    zb = Layout(**base, schedule="zb-h1")
+    bz = estimate(cfg, zb, cluster)
     assert b1.bubble / (b1.compute + b1.tp_comm) == pytest.approx(3 / 8)
-    assert bi.bubble == pytest.approx(b1.bubble / 2) and bz.bubble == pytest.approx(b1.bubble / 3)
+    assert bi.bubble == pytest.approx(b1.bubble / 2)
+    # ZB-H1's (p − 1)(F + I − W) against 1F1B's (p − 1)(F + I + W), at the block's own pass
+    # costs: the weight-gradient matmuls are under half of the backward (it also runs the
+    # attention core's and the element-wise backward), so more than the third equal costs
+    # would give
+    g = cluster.gpu
+    fwd, bwd, _ = layer_time(cfg, zb, g)
+    F, I, W = pass_costs(cfg, zb, g, 2, False, fwd, bwd, 0.0)
+    assert W < I and bz.bubble == pytest.approx(b1.bubble * (F + I - W) / (F + I + W))
+    assert 1 / 3 < bz.bubble / b1.bubble < 1 / 2
 
 
 def test_interleaving_multiplies_the_stage_boundary_transfers_by_the_chunks():
@@ -567,8 +577,10 @@ def test_zero_bubble_rows_are_its_tables_sizes_and_orderings():
     runs of 1F1B (9 of them with no more micro-batches than stages), interleaved 1F1B and
     ZB-1p (planned as ZB-H1), 24 of them again at twice the micro-batch, are predicted within
     ±15 %, and doubling the micro-batch gains what it gained there within 5 %;
-    in every setup the planner ranks ZB-1p above 1F1B as the paper measured, and each
-    schedule's throughput rises with the micro-batch count as it did there."""
+    in every setup the planner ranks ZB-1p above 1F1B as the paper measured, by the gain it
+    measured within 5 % (4–15 %: ZB-H1's bubble at the blocks' own forward, input- and
+    weight-gradient costs), and each schedule's throughput rises with the micro-batch count
+    as it did there."""
     from paracube.planner.published import (
         ZERO_BUBBLE_MODELS,
         evaluate,
@@ -599,8 +611,10 @@ def test_zero_bubble_rows_are_its_tables_sizes_and_orderings():
     for (source, model, batch), row in by.items():
         if source.endswith("(ZB-1p)"):
             one_f_one_b = by[("Zero Bubble paper (1F1B)", model, batch)]
-            assert row["published_tflops"] > one_f_one_b["published_tflops"]
-            assert row["predicted_tflops"] > one_f_one_b["predicted_tflops"], (model, batch)
+            published = row["published_tflops"] / one_f_one_b["published_tflops"]
+            predicted = row["predicted_tflops"] / one_f_one_b["predicted_tflops"]
+            assert published > 1 and predicted > 1, (model, batch)
+            assert predicted == pytest.approx(published, rel=0.05), (model, batch)
     for source in {s for s, _, _ in by}:
         for model in {m for _, m, _ in by}:
             runs_of = sorted((b, r) for (s, m, b), r in by.items() if (s, m) == (source, model))

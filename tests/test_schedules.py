@@ -55,14 +55,18 @@ def test_every_registered_schedule_meets_its_own_formulas(name, p, m):
 def test_every_schedules_words_for_its_bubble_are_its_formula(name):
     """``plan --explain`` says how more micro-batches shrink a schedule's bubble in the
     schedule's own words (``shrinks_as``: it said (p−1)/m for every schedule); read as
-    arithmetic they are the planner's idle ÷ busy, for every schedule of the registry."""
+    arithmetic they are the planner's idle ÷ busy, for every schedule of the registry — at a
+    block's own pass costs F, I, W where the schedule splits the backward."""
     sched = SCHEDULES[name]
     expression = sched.shrinks_as.replace("−", "-").replace("·", "*").replace("3m", "3*m")
     for p, m, v in [(4, 8, 2), (8, 16, 4), (3, 12, 3)]:
-        value = eval(
-            expression, {}, {"p": p, "m": m, "v": v}
-        )  # the schedule's own words, not input
-        assert value == pytest.approx(sched.idle_over_busy(p, m, v if sched.chunked else 1))
+        for F, I, W in [(1.0, 1.0, 1.0), (18.5, 18.1, 9.3)]:  # equal; Qi et al.'s Table 6
+            costs = {"F": F, "I": I, "W": W}
+            value = eval(
+                expression, {}, {"p": p, "m": m, "v": v, **costs}
+            )  # the schedule's own words, not input
+            expected = sched.idle_over_busy(p, m, v if sched.chunked else 1, **costs)
+            assert value == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("p,m", SHAPES)

@@ -124,9 +124,13 @@ class Schedule:
         idle = self.idle_per_rank(p, m, v, F, I, W)
         return idle / (idle + m * (F + I + W))
 
-    def idle_over_busy(self, p: int, m: int, v: int = 1) -> float:
-        """What the bubble adds to a stage's compute at unit costs (the planner's term)."""
-        return self.idle_per_rank(p, m, v) / (3.0 * m)
+    def idle_over_busy(
+        self, p: int, m: int, v: int = 1, F: float = 1.0, I: float = 1.0, W: float = 1.0
+    ) -> float:
+        """What the bubble adds to a stage's compute (the planner's term): the idle over the
+        m micro-batches' F + I + W — at unit costs unless a stage's own pass costs are given,
+        which only a schedule that splits the backward tells apart."""
+        return self.idle_per_rank(p, m, v, F, I, W) / (m * (F + I + W))
 
 
 class GPipe(Schedule):
@@ -209,7 +213,9 @@ class ZeroBubbleH1(Schedule):
 
     name, reference = "zb-h1", "Qi et al. 2024"
     splits_backward = True
-    shrinks_as = "(p−1)/(3m)"
+    # F, I, W: a block's forward, input-gradient and weight-gradient passes; (p−1)/(3m) when
+    # they cost the same
+    shrinks_as = "(p−1)·(F+I−W)/((F+I+W)·m)"
     needs_m_at_least_p = True
 
     def rank_actions(self, p, m, v, rank):

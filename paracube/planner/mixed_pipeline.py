@@ -29,6 +29,7 @@ from paracube.planner.time_model import (
     head_time,
     layer_time,
     optimizer_time,
+    pass_costs,
     pp_transfer_time,
     recompute_time,
 )
@@ -105,12 +106,13 @@ def _pipeline(cfg: ModelConfig, order, stages, layout: Layout, precision: str):
     elem, fp8 = ELEMENT_BYTES[precision], precision == "fp8"
     pool_of = [i for i, s in enumerate(stages) for _ in range(s)]  # stage → pool
     L, p, m = cfg.n_layers, layout.pp, layout.microbatches
-    block, head = [], []
+    block, head, passes = [], [], []
     for pool in order:  # one block's and the head's forward + backward, per micro-batch
         cluster = at_precision(pool.cluster, precision)  # the precision's matmul units
         g = cluster.gpu
         fwd, bwd, _ = layer_time(cfg, layout, g, elem, fp8)
         redo = recompute_time(cfg, layout, g, elem, fp8, fwd)
+        passes.append(pass_costs(cfg, layout, g, elem, fp8, fwd, bwd, redo))
         gemms = sum(block_gemm_time(cfg, layout, g, elem, fp8))
         tp = block_tp_comm(cfg, layout, cluster, elem, gemms)
         block.append(fwd + bwd + redo + tp)
@@ -156,7 +158,9 @@ def _pipeline(cfg: ModelConfig, order, stages, layout: Layout, precision: str):
     stage_times = [sum(load(k, i) for i in range(a, b)) for k, (a, b) in enumerate(bounds)]
     busiest = max(stage_times)
     link = order[0].cluster  # stages on different pools meet over the inter-node link
-    bubble = get_schedule(layout.schedule).idle_over_busy(p, m, 1) * m * busiest
+    # the bubble at the busiest stage's pool's pass costs, as the uniform plans charge it
+    costs = passes[pool_of[stage_times.index(busiest)]]
+    bubble = get_schedule(layout.schedule).idle_over_busy(p, m, 1, *costs) * m * busiest
     rest = []
     for k, (a, b) in enumerate(bounds):  # each stage's gradient reduction and optimizer
         pool = order[pool_of[k]]

@@ -381,7 +381,12 @@ def _pipeline_reason(best, cfg: ModelConfig) -> str:
         f"boundaries. Its bubble costs {seconds_text(t.bubble)} ({t.bubble / t.step_time:.1%} of the step) with "
         f"{L.microbatches} micro-batches under {L.schedule}"
         + (f" with {L.chunks} chunks" if L.chunks > 1 else "")
-        + f"; more micro-batches shrink it as {get_schedule(L.schedule).shrinks_as}."
+        + f"; more micro-batches shrink it as {get_schedule(L.schedule).shrinks_as}"
+        + (
+            " (F, I, W: a block's forward, input-gradient and weight-gradient passes)."
+            if get_schedule(L.schedule).splits_backward
+            else "."
+        )
         + _undominated_story(L)
         + (" " + SPLIT_STORY[L.split] if L.split in SPLIT_STORY else "")
     )

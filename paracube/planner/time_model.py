@@ -390,6 +390,42 @@ def block_gemm_time(
     return fwd, bwd
 
 
+def block_weight_grad_time(
+    cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2, fp8: bool = False
+) -> float:
+    """Seconds of one block's weight-gradient matmuls for one micro-batch — each linear
+    layer's (k×m)·(m×n), the part of :func:`block_gemm_time`'s backward that a zero-bubble
+    schedule defers as its W pass (Qi et al. 2024, §2: "W ... only needs to be performed
+    before the optimizer step")."""
+    linear, linear_elem = (g.fp8_units, 1) if fp8 else (g, elem)
+    rows = layout.micro_batch * cfg.seq_len
+    return sum(
+        _gemm(k, n, m, linear, linear_elem)
+        for m, n, k in shapes.block_gemms(cfg, rows, layout.tp, layout.ep)
+    )
+
+
+def pass_costs(
+    cfg: ModelConfig,
+    layout: Layout,
+    g: GPU,
+    elem: int,
+    fp8: bool,
+    forward: float,
+    backward: float,
+    redo: float,
+) -> tuple[float, float, float]:
+    """One block's (F, I, W) for one micro-batch: its forward, its backward less the
+    weight-gradient matmuls (the input-gradient pass, which also reruns a recomputed block),
+    and those matmuls. ZB-H1's bubble is (p − 1)(T_F + T_B − T_W) in these (Qi et al. 2024,
+    §3.1: T_B the input-gradient pass); the paper's profiles put W near half of the rest of
+    the backward (its Table 6: 9.3 ms against 18.1 for the 1.5B model), not the equal
+    thirds the unit costs assume."""
+    weight = block_weight_grad_time(cfg, layout, g, elem, fp8)
+    recomputed = redo * _recomputed_share(cfg, layout) if layout.recompute != "none" else 0.0
+    return forward, backward - weight + recomputed, weight
+
+
 def fp8_cast_bytes(
     gemms: list[tuple[float, float, float]], current: bool = False
 ) -> tuple[float, float]:
@@ -617,7 +653,8 @@ def estimate(
     compute, recompute, tp_comm = busiest.compute, busiest.recompute, busiest.tp_comm
     cp_comm, ep_comm = busiest.cp_comm, busiest.ep_comm
     pp_comm = pp_transfer_time(local, layout, cluster, elem)
-    overhead = get_schedule(layout.schedule).idle_over_busy(p, m, layout.chunks)
+    F, I, W = pass_costs(local, layout, g, elem, fp8, fwd, bwd, redo)
+    overhead = get_schedule(layout.schedule).idle_over_busy(p, m, layout.chunks, F, I, W)
     busy = compute + recompute + tp_comm + cp_comm + ep_comm
     bubble = overhead * busy if p > 1 else 0.0
     # each rank's own gradient reduction and optimizer step after its last backward
