@@ -158,6 +158,13 @@ def _gemm(m: float, n: float, k: float, g: GPU, elem: int = 2) -> float:  # elem
     return max(2 * m * n * k / rate, elem * (m * k + k * n + m * n) / g.memory_rate)
 
 
+def _linear_units(g: GPU, elem: int, fp8: bool) -> tuple[GPU, int]:
+    """The units a block's linear layers run on and their operands' bytes: under FP8
+    Transformer Engine's (and torchao's) matmuls on the FP8 units with 1-byte operands, else
+    the precision's own (``elem`` bytes)."""
+    return (g.fp8_units, 1) if fp8 else (g, elem)
+
+
 def _gemm_fwd_bwd(m: float, n: float, k: float, g: GPU, elem: int = 2) -> tuple[float, float]:
     """A linear layer's forward (m×k)·(k×n), and its backward: the input gradient (m×n)·(n×k)
     and the weight gradient (k×m)·(m×n) — same FLOPs, other output shapes, so other waves."""
@@ -347,7 +354,7 @@ def replay_saving(
     own blocks replay on this machine's torch: every matmul but that one."""
     if layout.recompute_replay == "whole":
         return 0.0
-    linear, linear_elem = (g.fp8_units, 1) if fp8 else (g, elem)
+    linear, linear_elem = _linear_units(g, elem, fp8)
     tokens = layout.micro_batch * cfg.seq_len
     return sum(
         _gemm(m, n, k, linear, linear_elem)
@@ -364,7 +371,7 @@ def op_recompute_time(
     SwiGLU's up or a GELU MLP's second) and the block's element-wise forward (norms, rotary,
     the activation, the residual adds); not the attention kernel, whose output it keeps.
     Under ``fp8`` the matmuls at the FP8 rate, their casts not charged again."""
-    linear, linear_elem = (g.fp8_units, 1) if fp8 else (g, elem)
+    linear, linear_elem = _linear_units(g, elem, fp8)
     tokens, t = layout.micro_batch * cfg.seq_len, layout.tp
     matmuls = sum(
         _gemm(tokens, lin.out_features / t, lin.in_features, linear, linear_elem)
@@ -382,7 +389,7 @@ def block_gemm_time(
     """(forward, backward) seconds of one block's matmuls for one micro-batch — on the FP8
     units with 1-byte operands under ``fp8`` — the bulk of :func:`layer_time`, and what
     overlapped tensor-parallel collectives can hide behind (:func:`overlapped_tp_comm`)."""
-    linear, linear_elem = (g.fp8_units, 1) if fp8 else (g, elem)
+    linear, linear_elem = _linear_units(g, elem, fp8)
     fwd = bwd = 0.0
     for shape in shapes.block_gemms(cfg, layout.micro_batch * cfg.seq_len, layout.tp, layout.ep):
         f, b = _gemm_fwd_bwd(*shape, linear, linear_elem)
@@ -397,7 +404,7 @@ def block_weight_grad_time(
     layer's (k×m)·(m×n), the part of :func:`block_gemm_time`'s backward that a zero-bubble
     schedule defers as its W pass (Qi et al. 2024, §2: "W ... only needs to be performed
     before the optimizer step")."""
-    linear, linear_elem = (g.fp8_units, 1) if fp8 else (g, elem)
+    linear, linear_elem = _linear_units(g, elem, fp8)
     rows = layout.micro_batch * cfg.seq_len
     return sum(
         _gemm(k, n, m, linear, linear_elem)
