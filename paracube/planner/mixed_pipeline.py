@@ -81,9 +81,9 @@ def pipeline_plans(
 def _schedules(p: int, m: int, fixed: dict) -> list[str]:
     """The one-chunk schedules a replica's pipeline can run at (p, m) — the blocks are cut
     per stage, not per chunk — those another dominates where both run (GPipe under 1F1B)
-    only when asked for, as the homogeneous search does (:func:`paracube.planner.search.search`): so the
-    speed-aware plans are not held to 1F1B's bubble where the all-as-the-slowest plan they
-    are compared with may take zero-bubble's."""
+    only when asked for, as the homogeneous search does (:func:`~paracube.planner.search.search`):
+    so the speed-aware plans are not held to 1F1B's bubble where the all-as-the-slowest plan
+    they are compared with may take zero-bubble's."""
     names = []
     for name, sched in SCHEDULES.items():
         if sched.chunked or fixed.get("schedule", name) != name:

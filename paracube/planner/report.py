@@ -376,15 +376,16 @@ def _experts_reason(best, cfg: ModelConfig) -> str:
 def _pipeline_reason(best, cfg: ModelConfig) -> str:
     """Pipeline parallelism: its bubble, and how its stages are cut."""
     L, t = best.layout, best.time
+    schedule = get_schedule(L.schedule)
     return (
         f"- Pipeline {L.pp} splits the {cfg.n_layers} layers into stages; only activations cross stage "
         f"boundaries. Its bubble costs {seconds_text(t.bubble)} ({t.bubble / t.step_time:.1%} of the step) with "
         f"{L.microbatches} micro-batches under {L.schedule}"
         + (f" with {L.chunks} chunks" if L.chunks > 1 else "")
-        + f"; more micro-batches shrink it as {get_schedule(L.schedule).shrinks_as}"
+        + f"; more micro-batches shrink it as {schedule.shrinks_as}"
         + (
             " (F, I, W: a block's forward, input-gradient and weight-gradient passes)."
-            if get_schedule(L.schedule).splits_backward
+            if schedule.splits_backward
             else "."
         )
         + _undominated_story(L)
