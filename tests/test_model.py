@@ -75,6 +75,12 @@ def test_published_sizes():
         tables = cfg.vocab_size * cfg.hidden * (1 if cfg.tie_embeddings else 2)
         assert billions[name] == pytest.approx(total, abs=0.05), name
         assert (parameter_count(cfg) - tables) / 1e9 == pytest.approx(body, abs=0.05), name
+    # and its mixtures' model cards: 30.5B (29.9B non-embedding) and 235B (234B)
+    for name, total, body in [("qwen3-30b-a3b", 30.5, 29.9), ("qwen3-235b-a22b", 235, 234)]:
+        cfg = preset(name)
+        tables = cfg.vocab_size * cfg.hidden * 2
+        assert billions[name] == pytest.approx(total, rel=0.002), name
+        assert (parameter_count(cfg) - tables) / 1e9 == pytest.approx(body, rel=0.002), name
 
 
 def test_narayanan_parameter_formula_for_gpt3():

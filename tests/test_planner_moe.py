@@ -37,11 +37,14 @@ def test_a_mixture_holds_every_expert_and_a_token_passes_k_of_them():
     """Mixtral 8x7B: "47B parameters, but only uses 13B active parameters during inference"
     (Jiang et al. 2024, abstract) — Mistral's announcement gives 46.7B and 12.9B; Mixtral
     8x22B "39B active parameters out of 141B" (Mistral's announcement). Grok-1: "314B
-    parameter Mixture-of-Experts" (xai-org/grok-1 README)."""
+    parameter Mixture-of-Experts" (xai-org/grok-1 README). Qwen3's model cards: 30.5B with
+    3.3B activated (Qwen3-30B-A3B), 235B with 22B activated (Qwen3-235B-A22B)."""
     for name, total, active, places in [
         ("mixtral-8x7b", 46.7, 12.9, 1),
         ("mixtral-8x22b", 141, 39, 0),
         ("grok-1", 316, 84, 0),
+        ("qwen3-30b-a3b", 30.5, 3.4, 1),  # 3.35B: the card rounds it down
+        ("qwen3-235b-a22b", 235, 22, 0),
     ]:
         cfg = preset(name)
         assert round(shapes.parameter_count(cfg) / 1e9, places) == total
@@ -251,3 +254,52 @@ def test_a_hugging_face_mixtral_config_is_planned_with_its_experts(tmp_path):
 
     with pytest.raises(ConfigError, match="paracube train builds dense models"):
         build_hf(str(tmp_path), cfg)
+
+
+def test_a_fixed_ep_alone_leaves_dp_to_the_search_and_folding_is_refused_by_name(capsys):
+    """``--layout ep=8`` fixes the expert-parallel size and leaves dp to the search, which
+    keeps the layouts whose dp it divides (it was refused as "ep=8 does not divide dp=1", the
+    default dp of the fixed choices' check). A layout whose ep exceeds its data-parallel
+    ranks — Megatron-Core's parallel folding, experts over tensor- and data-parallel ranks,
+    as Megatron-Bridge's Qwen3-235B-A22B recipe on 256 H100s (TP 2 × PP 8, EP 32) — is
+    refused, saying that folding is not planned."""
+    argv = ["plan", "--model", "mixtral-8x7b", "--seq", "4096", "--gpus", "64",
+            "--global-batch", "256", "--layout", "ep=8", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    candidates = json.loads(capsys.readouterr().out)["candidates"]
+    assert candidates and all(c["layout"]["ep"] == 8 for c in candidates)
+    assert all(c["layout"]["dp"] % 8 == 0 for c in candidates)
+    argv = ["plan", "--model", "qwen3-235b-a22b", "--gpus", "256", "--gpu", "h100",
+            "--global-batch", "2048", "--layout", "tp=2,pp=8,ep=32"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "ep=32 does not divide dp=16" in err and "--expert-tensor-parallel-size" in err
+
+
+def test_a_plans_track_record_is_of_its_own_kind_of_model(capsys):
+    """The record a plan is read with (--json's track_record, --explain's line) holds the
+    published runs of its stack, GPU and precision that are mixtures when the plan's model
+    is one, dense ones when it is dense: Megatron-Bridge's FP8 rows on H100 hold Qwen3-30B-
+    A3B's two and Grok-1's nine beside the dense ones."""
+    from paracube.planner.published import PLANNED_AS, STACKS, runs
+
+    held = [
+        r
+        for r in runs()
+        if STACKS[r["source"]] in PLANNED_AS["megatron-bridge"]
+        and (r["gpu"], r["precision"]) == ("h100", "fp8")
+    ]
+    mixtures = sum(r["cfg"].moe for r in held)
+    assert mixtures == 11 and len(held) > mixtures
+    common = ["--gpus", "16", "--gpu", "h100", "--precision", "fp8", "--stack", "megatron-bridge"]
+    for model, batch, expected in [
+        ("qwen3-30b-a3b", "512", mixtures), ("llama3-8b", "128", len(held) - mixtures)
+    ]:  # fmt: skip
+        argv = ["plan", "--model", model, "--global-batch", batch, *common, "--json"]
+        assert main(argv) == 0
+        record = json.loads(capsys.readouterr().out)["track_record"]
+        assert record["runs"] == expected and record["moe"] == (model != "llama3-8b")
+    assert main(["plan", "--model", "qwen3-30b-a3b", "--global-batch", "512", *common,
+                 "--explain"]) == 0  # fmt: skip
+    line = next(x for x in capsys.readouterr().out.splitlines() if "Track record" in x)
+    assert f"{mixtures} published runs" in line and "in fp8 of mixtures of experts" in line

@@ -206,7 +206,8 @@ def _print(args, cfg, cluster, result) -> None:
     g = cluster.gpu
     baseline = _baseline(args, cfg, cluster) if result.ranked else None
     wanted = args.json or args.explain
-    record = record_of(args.stack, args.gpu.lower(), args.precision) if wanted else None
+    moe = getattr(cfg, "moe", None)  # a transformer's: dense or a mixture
+    record = record_of(args.stack, args.gpu.lower(), args.precision, moe) if wanted else None
     if args.json:
         _print_json(args, cfg, g, result, baseline, record)
         return

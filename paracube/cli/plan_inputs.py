@@ -16,7 +16,7 @@ from paracube.choices import (
 )
 from paracube.cli.plan_budget import count_text, tokens_text
 from paracube.errors import ParacubeError
-from paracube.planner.layout import NAMED_CHOICES, OTHER_SOFTWARE
+from paracube.planner.layout import NAMED_CHOICES, OTHER_SOFTWARE, ep_over_dp_refusal
 
 # The custom-shape flags (their ModelConfig fields are spelled out in _model_shape)
 SHAPE = ("layers", "hidden", "heads", "vocab", "seq", "ffn", "kv_heads")
@@ -143,10 +143,7 @@ def plan_fixed(args, gpus: int, mixed: bool = False) -> dict:
                 f"--layout {args.layout!r}: only dp, tp, pp, cp and ep, each a positive integer"
             )
         if "ep" in layout and "dp" in layout and layout["dp"] % layout["ep"]:
-            raise ParacubeError(
-                f"--layout ep={layout['ep']} does not divide dp={layout['dp']}: expert "
-                "parallelism spreads the experts over data-parallel ranks; choose an ep that divides dp"
-            )
+            raise ParacubeError(f"--layout {ep_over_dp_refusal(layout['ep'], layout['dp'])}")
         if layout.get("ep", 1) > 1 and args.emit == "torchrun":
             raise ParacubeError(
                 f"--layout ep={layout['ep']} with --emit torchrun: paracube train builds dense "

@@ -57,6 +57,7 @@ def _llama(
 
 
 _MOE_8_2 = dict(experts=8, experts_per_token=2)
+_MOE_128_8 = dict(experts=128, experts_per_token=8)
 
 
 def _qwen3(n_layers: int, hidden: int, n_heads: int, ffn_hidden: int, tied: bool = False) -> dict:
@@ -101,6 +102,11 @@ PRESETS: dict[str, dict] = {
     "qwen3-8b": _qwen3(36, 4096, 32, 12288),
     "qwen3-14b": _qwen3(40, 5120, 40, 17408),
     "qwen3-32b": _qwen3(64, 5120, 64, 25600),
+    # Qwen3's mixtures (planned only): 128 experts, 8 per token, each expert's SwiGLU of the
+    # width given, 4 key/value heads (the Hugging Face configs' moe_intermediate_size,
+    # num_experts, num_experts_per_tok, num_key_value_heads)
+    "qwen3-30b-a3b": {**_qwen3(48, 2048, 32, 768), **_MOE_128_8, "n_kv_heads": 4},
+    "qwen3-235b-a22b": {**_qwen3(94, 4096, 64, 1536), **_MOE_128_8, "n_kv_heads": 4},
 }
 
 

@@ -102,6 +102,20 @@ def choices_text(allowed: tuple | dict) -> str:
     return " or ".join(names) if len(names) == 2 else "one of " + ", ".join(names)
 
 
+def ep_over_dp_refusal(ep: int, dp: int) -> str:
+    """Why ``ep`` expert-parallel ranks cannot be taken out of ``dp`` data-parallel ones. The
+    planner's mixture keeps each expert split over the tensor-parallel ranks as the dense MLP
+    is (expert-tensor-parallel size = tp), so its expert groups lie within the data-parallel
+    ranks; Megatron-Core's parallel folding, experts over tensor- and data-parallel ranks at
+    an expert-tensor-parallel size below tp (``--expert-tensor-parallel-size 1`` with
+    ``--tensor-model-parallel-size 2``: Qwen3-235B-A22B's recipes on H100), is not planned."""
+    return (
+        f"ep={ep} does not divide dp={dp}: expert parallelism spreads the experts over "
+        "data-parallel ranks (folding them over tensor-parallel ranks, Megatron-Core's "
+        "--expert-tensor-parallel-size below tp, is not planned); choose an ep that divides dp"
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class Layout:
     """dp × tp × pp (× cp), micro-batch b and m micro-batches per step, the pipeline schedule
@@ -259,10 +273,7 @@ class Layout:
         if not isinstance(self.ep, int) or isinstance(self.ep, bool) or self.ep < 1:
             raise ConfigError(f"ep={self.ep!r}: expert parallelism must be a positive integer")
         if self.dp % self.ep:
-            raise ConfigError(
-                f"ep={self.ep} does not divide dp={self.dp}: expert parallelism spreads the "
-                "experts over data-parallel ranks; choose an ep that divides dp"
-            )
+            raise ConfigError(ep_over_dp_refusal(self.ep, self.dp))
         for name, allowed in NAMED_CHOICES:
             value = getattr(self, name)
             if value not in allowed:

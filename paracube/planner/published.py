@@ -235,7 +235,19 @@ Sources:
   llama3{,1}_llm_pretrain.py``: ``grad_reduce_in_fp32 = False``), userbuffers' TP overlap
   and, for 405B, the embedding and the loss counted in the pipeline split
   (``src/megatron/bridge/recipes/llama/llama3_70b.py``, ``llama31_405b.py``);
-  checkpointing is not stated, so the planner chooses it. MoE rows are left out.
+  checkpointing is not stated, so the planner chooses it.
+- Megatron-Bridge, MoE (FP8): the same pages, DGX-H100: Qwen3-30B-A3B (128 experts of 768,
+  8 a token) on 16 GPUs at TP 1 × PP 2 × EP 8 — 25.11: global batch 512, micro-batch 2,
+  VP 24, 5,275 tokens/s per GPU; 26.02: 1,024, 1, VP 12, 5,113 — forced-balanced and
+  dropless, as the pages say. The 25.09 table's run of the 25.11 layout, token-dropping,
+  10,494 tokens/s, states no precision and is left out. The pages' other H100 mixtures are
+  not planned: Qwen3-235B-A22B runs EP 32 over TP 2 × DP 16 at expert-tensor-parallel size
+  1 (Megatron-Core's parallel folding; ``scripts/performance/configs/qwen/
+  qwen3_workload_base_configs.py``), GPT-OSS 120B's alternate layers attend over a sliding
+  window, DeepSeek-V3's latent attention has no planner block.
+- NeMo AutoModel, MoE: its ``docs/performance-summary.md`` (versions of October 2025 on):
+  Qwen3 MoE 30B on 8 H100s in BF16, FSDP2 over 8 ranks × EP 8, global batch 512 × 4,096
+  tokens, micro-batch 4, 16 accumulation steps, 12,040 tokens/s per GPU.
 - InternLM: InternLM/InternLM, ``doc/en/train_performance.md`` (InternLM-7B's scaling tests,
   2023): A100 80GB nodes of 8 over "4 * 100Gb RoCE" (``roce-4x100``), sequence 2,048, from
   8 to 1,024 GPUs. Both FLOPS tables (packed samples, tp 1, ZeRO-1 within each node —
@@ -321,6 +333,7 @@ def runs() -> list[dict]:
         + _nemo_fp8()
         + _dgxc()
         + _dgxc_grok1()
+        + _qwen3_moe()
         + _megatron_bridge_fp8()
         + _nemo_long_sequence()
         + _internlm()
@@ -375,6 +388,9 @@ STACKS = {
     "DGX Cloud benchmarking (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
     "DGX Cloud benchmarking, MoE (BF16)": "Megatron-Core MoE via NeMo, BF16 (H100)",
     "DGX Cloud benchmarking, MoE (FP8)": "Megatron-Core MoE via NeMo, FP8 (H100)",
+    "Megatron-Bridge 25.11, MoE (FP8)": "Megatron-Core MoE via NeMo, FP8 (H100)",
+    "Megatron-Bridge 26.02, MoE (FP8)": "Megatron-Core MoE via NeMo, FP8 (H100)",
+    "NeMo AutoModel, MoE": "FSDP2 + expert parallel (H100)",
     "InternLM": "ZeRO-1: InternLM (A100)",
 }
 
@@ -394,6 +410,7 @@ PLANNED_AS = {
         "FSDP-only: FSDP2, FP8 (H100)",
         "FSDP-only: FSDP2, FP8 (H200)",
         "FSDP2 + context parallel (H100)",
+        "FSDP2 + expert parallel (H100)",
     ),
     "torchtitan": (
         "FSDP-only: FSDP2 (A100)",
@@ -401,6 +418,7 @@ PLANNED_AS = {
         "FSDP-only: FSDP2, FP8 (H100)",
         "FSDP-only: FSDP2, FP8 (H200)",
         "FSDP2 + context parallel (H100)",
+        "FSDP2 + expert parallel (H100)",
     ),
     "fsdp1": ("FSDP-only: FSDP1 (A100)",),
     "megatron-core": (
@@ -420,6 +438,7 @@ PLANNED_AS = {
     "megatron-bridge": (
         "Megatron-Core via NeMo, FP8 (H100)",
         "Megatron-Core via NeMo, BF16 (H100)",
+        "Megatron-Core MoE via NeMo, FP8 (H100)",
     ),
     "megatron-lm-2021": ("Megatron-LM",),
     "internlm": ("ZeRO-1: InternLM (A100)",),
@@ -428,8 +447,9 @@ PLANNED_AS = {
 
 @dataclass(frozen=True)
 class TrackRecord:
-    """How the planner did on the published runs of one stack on one GPU in one precision:
-    predicted ÷ published, its range and median, and how many of the runs within ±15 %."""
+    """How the planner did on the published runs of one stack on one GPU in one precision —
+    of mixtures of experts or of dense models, where ``moe`` says which: predicted ÷
+    published, its range and median, and how many of the runs within ±15 %."""
 
     runs: int
     low: float
@@ -437,11 +457,17 @@ class TrackRecord:
     high: float
     within: int
     sources: tuple[str, ...]
+    moe: bool | None = None
 
 
-def track_record(stack_name: str | None, gpu: str, precision: str) -> TrackRecord | None:
+def track_record(
+    stack_name: str | None, gpu: str, precision: str, moe: bool | None = None
+) -> TrackRecord | None:
     """The planner's record on the published runs of ``stack_name`` (a ``--stack``) on
-    ``gpu`` (a catalog key) in ``precision``; None where this module holds none.
+    ``gpu`` (a catalog key) in ``precision`` — only those of mixtures of experts (``moe``
+    True) or of dense models (False) where ``moe`` is given: the two are timed by different
+    terms, and a dense plan read against Qwen3-30B-A3B's rows, or a mixture's against dense
+    ones, would borrow a spread that is not its own. None where this module holds none.
 
     >>> record = track_record("fsdp1", "a100-80gb", "bf16")
     >>> record.runs, record.sources
@@ -451,7 +477,10 @@ def track_record(stack_name: str | None, gpu: str, precision: str) -> TrackRecor
     rows = [
         r
         for r in runs()
-        if STACKS[r["source"]] in labels and r["gpu"] == gpu and r["precision"] == precision
+        if STACKS[r["source"]] in labels
+        and r["gpu"] == gpu
+        and r["precision"] == precision
+        and moe in (None, r["cfg"].moe)
     ]
     if not rows:
         return None
@@ -463,6 +492,7 @@ def track_record(stack_name: str | None, gpu: str, precision: str) -> TrackRecor
         high=ratios[-1],
         within=sum(abs(x - 1) <= 0.15 for x in ratios),
         sources=tuple(dict.fromkeys(r["source"] for r in rows)),
+        moe=moe,
     )
 
 
@@ -1092,6 +1122,29 @@ def _dgxc_grok1() -> list[dict]:
             published = round(B * seq * model_flops_per_token(cfg) / step / n / 1e12, 1)
             out.append(_run(f"DGX Cloud benchmarking, MoE ({precision.upper()})", cfg, "h100",
                             n, B, precision, fixed, "model", published))  # fmt: skip
+    return out
+
+
+def _qwen3_moe() -> list[dict]:
+    """Qwen3-30B-A3B, 128 experts of 768 with 8 per token, on H100: the Megatron-Bridge
+    rows whose layout the planner's mixture can hold (expert-tensor-parallel size = tp = 1)
+    and NeMo AutoModel's FSDP2 row; tokens/s per GPU converted with paracube's FLOP count."""
+    cfg = preset("qwen3-30b-a3b")
+    # the recipes' common configs: gradients reduced in bf16; FP8 with current scaling (the
+    # 25.11 table's "FP8-CS"; the 26.02 table's "FP8" on H100, its only FP8 recipe there)
+    bridge = dict(tp=1, pp=2, cp=1, dp=8, ep=8, zero=1, attention="fused",
+                  schedule="interleaved-1f1b", fp8_scaling="current", grad_reduce="compute",
+                  **MEGATRON_CORE)  # fmt: skip
+    out = [
+        _run(f"Megatron-Bridge {container}, MoE (FP8)", cfg, "h100", 16, B, "fp8",
+             dict(bridge, micro_batch=b, chunks=vp), "model",
+             round(tokens * model_flops_per_token(cfg) / 1e12, 1))
+        # container, global batch, micro-batch, virtual stages, tokens/s per GPU
+        for container, B, b, vp, tokens in [("25.11", 512, 2, 24, 5275), ("26.02", 1024, 1, 12, 5113)]
+    ]  # fmt: skip
+    fsdp = dict(tp=1, pp=1, cp=1, dp=8, ep=8, zero=3, micro_batch=4, attention="fused", **FSDP2)
+    out.append(_run("NeMo AutoModel, MoE", cfg, "h100", 8, 512, "bf16", fsdp, "model",
+                    round(12040 * model_flops_per_token(cfg) / 1e12, 1)))  # fmt: skip
     return out
 
 

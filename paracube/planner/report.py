@@ -222,7 +222,9 @@ def track_record(record: TrackRecord, stack_name: str, precision: str, gpu_name:
     (:func:`paracube.planner.published.track_record`), as a caveat on the plan's figures."""
     return (
         f"- Track record: {record.runs} published run{'s' if record.runs > 1 else ''} of "
-        f"{stack_name}'s software on {gpu_name} in {precision} ({', '.join(record.sources)}) "
+        f"{stack_name}'s software on {gpu_name} in {precision}"
+        f"{'' if record.moe is None else ' of mixtures of experts' if record.moe else ''} "
+        f"({', '.join(record.sources)}) "
         f"were predicted at {record.low:.2f}–{record.high:.2f}× what they reached, median "
         f"{record.median:.2f}, {record.within} within ±15 % — the spread to read this plan's "
         "figures with (benchmarks/bench_planner_published.py; BENCHMARKS.md)."

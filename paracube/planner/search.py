@@ -18,7 +18,7 @@ from paracube.config import ZERO3_WITH_PIPELINE, ModelConfig, compression_with_z
 from paracube.errors import ConfigError
 from paracube.pipeline.schedules import SCHEDULES
 from paracube.planner.hardware import GPU
-from paracube.planner.layout import Layout
+from paracube.planner.layout import Layout, ep_over_dp_refusal
 from paracube.planner.layout_memory import StageMemory, peak_memory
 from paracube.planner.stages import can_cut, layout_shares
 from paracube.planner.time_model import Cluster, StepEstimate, estimate
@@ -271,7 +271,7 @@ def _layouts_of_shape(
     if "ep" in fixed and fixed["ep"] not in eps:
         ep = fixed["ep"]
         reject(
-            f"ep={ep} does not divide dp={dp}"
+            ep_over_dp_refusal(ep, dp)
             if cfg.moe and cfg.experts % ep == 0
             else Layout(ep=ep, dp=ep).model_refusal(cfg)
         )
@@ -356,7 +356,13 @@ def check_fixed(fixed: dict) -> None:
             f"fixed {', '.join(map(repr, unknown))}: not a layout choice; choose among "
             f"{', '.join(sorted(known))}"
         )
-    Layout(**fixed)
+    probe = dict(fixed)
+    ep = probe.get("ep")
+    if "dp" not in probe and isinstance(ep, int) and not isinstance(ep, bool) and ep > 0:
+        # dp is the search's to choose: whether ep divides it is asked of each layout, not
+        # of the default dp = 1 (which would refuse every ep > 1 fixed alone)
+        probe["dp"] = ep
+    Layout(**probe)
 
 
 def _split_layouts(cfg: ModelConfig, layout: Layout, splits: tuple[str, ...], reject: Reject):
