@@ -102,13 +102,19 @@ def choices_text(allowed: tuple | dict) -> str:
     return " or ".join(names) if len(names) == 2 else "one of " + ", ".join(names)
 
 
-def ep_over_dp_refusal(ep: int, dp: int) -> str:
+def ep_over_dp_refusal(ep: int, dp: int, *, brief: bool = False) -> str:
     """Why ``ep`` expert-parallel ranks cannot be taken out of ``dp`` data-parallel ones. The
     planner's mixture keeps each expert split over the tensor-parallel ranks as the dense MLP
     is (expert-tensor-parallel size = tp), so its expert groups lie within the data-parallel
     ranks; Megatron-Core's parallel folding, experts over tensor- and data-parallel ranks at
     an expert-tensor-parallel size below tp (``--expert-tensor-parallel-size 1`` with
-    ``--tensor-model-parallel-size 2``: Qwen3-235B-A22B's recipes on H100), is not planned."""
+    ``--tensor-model-parallel-size 2``: Qwen3-235B-A22B's recipes on H100), is not planned.
+    ``brief``: the search's reason, listed once per data-parallel size it rejects."""
+    if brief:
+        return (
+            f"ep={ep} does not divide dp={dp}: experts folded over tp ranks "
+            "(--expert-tensor-parallel-size < tp) are not planned"
+        )
     return (
         f"ep={ep} does not divide dp={dp}: expert parallelism spreads the experts over "
         "data-parallel ranks (folding them over tensor-parallel ranks, Megatron-Core's "

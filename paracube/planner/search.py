@@ -271,7 +271,7 @@ def _layouts_of_shape(
     if "ep" in fixed and fixed["ep"] not in eps:
         ep = fixed["ep"]
         reject(
-            ep_over_dp_refusal(ep, dp)
+            ep_over_dp_refusal(ep, dp, brief=True)
             if cfg.moe and cfg.experts % ep == 0
             else Layout(ep=ep, dp=ep).model_refusal(cfg)
         )
