@@ -1131,7 +1131,8 @@ def _qwen3_moe() -> list[dict]:
     and NeMo AutoModel's FSDP2 row; tokens/s per GPU converted with paracube's FLOP count."""
     cfg = preset("qwen3-30b-a3b")
     # the recipes' common configs: gradients reduced in bf16; FP8 with current scaling (the
-    # 25.11 table's "FP8-CS"; the 26.02 table's "FP8" on H100, its only FP8 recipe there)
+    # 25.11 table's "FP8-CS"; the 26.02 table's "FP8" on H100, where the repository's only
+    # FP8 recipe is QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS, qwen3_workload_base_configs.py)
     bridge = dict(tp=1, pp=2, cp=1, dp=8, ep=8, zero=1, attention="fused",
                   schedule="interleaved-1f1b", fp8_scaling="current", grad_reduce="compute",
                   **MEGATRON_CORE)  # fmt: skip

@@ -223,7 +223,7 @@ def track_record(record: TrackRecord, stack_name: str, precision: str, gpu_name:
     return (
         f"- Track record: {record.runs} published run{'s' if record.runs > 1 else ''} of "
         f"{stack_name}'s software on {gpu_name} in {precision}"
-        f"{'' if record.moe is None else ' of mixtures of experts' if record.moe else ''} "
+        f"{' of mixtures of experts' if record.moe else ''} "
         f"({', '.join(record.sources)}) "
         f"were predicted at {record.low:.2f}–{record.high:.2f}× what they reached, median "
         f"{record.median:.2f}, {record.within} within ±15 % — the spread to read this plan's "
