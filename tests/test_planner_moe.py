@@ -279,27 +279,25 @@ def test_a_fixed_ep_alone_leaves_dp_to_the_search_and_folding_is_refused_by_name
 def test_a_plans_track_record_is_of_its_own_kind_of_model(capsys):
     """The record a plan is read with (--json's track_record, --explain's line) holds the
     published runs of its stack, GPU and precision that are mixtures when the plan's model
-    is one, dense ones when it is dense: Megatron-Bridge's FP8 rows on H100 hold Qwen3-30B-
-    A3B's two and Grok-1's nine beside the dense ones."""
+    is one, dense ones when it is dense: FSDP2's BF16 rows on H100 hold NeMo AutoModel's
+    Qwen3-30B-A3B beside the dense ones (OLMo-core's, AutoModel's Llama 3 70B)."""
     from paracube.planner.published import PLANNED_AS, STACKS, runs
 
     held = [
         r
         for r in runs()
-        if STACKS[r["source"]] in PLANNED_AS["megatron-bridge"]
-        and (r["gpu"], r["precision"]) == ("h100", "fp8")
+        if STACKS[r["source"]] in PLANNED_AS["fsdp"]
+        and (r["gpu"], r["precision"]) == ("h100", "bf16")
     ]
     mixtures = sum(r["cfg"].moe for r in held)
-    assert mixtures == 11 and len(held) > mixtures
-    common = ["--gpus", "16", "--gpu", "h100", "--precision", "fp8", "--stack", "megatron-bridge"]
-    for model, batch, expected in [
-        ("qwen3-30b-a3b", "512", mixtures), ("llama3-8b", "128", len(held) - mixtures)
-    ]:  # fmt: skip
-        argv = ["plan", "--model", model, "--global-batch", batch, *common, "--json"]
-        assert main(argv) == 0
-        record = json.loads(capsys.readouterr().out)["track_record"]
-        assert record["runs"] == expected and record["moe"] == (model != "llama3-8b")
+    assert mixtures == 1 and len(held) > mixtures
+    common = ["--gpus", "8", "--gpu", "h100", "--stack", "fsdp"]
+    argv = ["plan", "--model", "llama3-8b", "--global-batch", "64", *common, "--json"]
+    assert main(argv) == 0
+    record = json.loads(capsys.readouterr().out)["track_record"]
+    assert record["runs"] == len(held) - mixtures and record["moe"] is False
     assert main(["plan", "--model", "qwen3-30b-a3b", "--global-batch", "512", *common,
                  "--explain"]) == 0  # fmt: skip
     line = next(x for x in capsys.readouterr().out.splitlines() if "Track record" in x)
-    assert f"{mixtures} published runs" in line and "in fp8 of mixtures of experts" in line
+    assert "1 published run of fsdp's software on H100 SXM in bf16 of mixtures of experts" in line
+    assert "(NeMo AutoModel, MoE)" in line
