@@ -262,3 +262,29 @@ def test_training_is_exact_in_float64(pools, dp, tp, sp, model):
         assert params["head.weight"].dtype == torch.float64
         assert_losses_close(losses, want_losses, tol=1e-12)
         assert_params_close(params, want_params, tol=1e-10, tensor_tol=1e-10)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("dim", [1, -1])
+@pytest.mark.parametrize("world", [2, 4])
+def test_sequence_and_feature_collectives_lay_ranks_out_as_concatenation(batch, dim, world):
+    """The tensor-parallel gathers and reduce-scatters send each shard as it lies and fold
+    the rank axis into the gathered dim with one copy (none when every dim before it is 1):
+    what the gathered buffer holds rank by rank comes out as the shards concatenated along
+    ``dim``, and what a reduce-scatter sends as rank r's block is r's slice of ``dim`` —
+    contiguous, from a contiguous or a strided input."""
+    from paracube.comm.autograd import _fold_ranks, _rank_major
+
+    full = torch.randn(batch, 4 * world, 2 * world)
+    shards = full.chunk(world, dim=dim)
+    gathered = torch.cat([s.contiguous().reshape(-1) for s in shards])  # rank-major buffer
+    gathered = gathered.view(world * shards[0].shape[0], *shards[0].shape[1:])
+    folded = _fold_ranks(gathered, world, shards[0].shape, dim)
+    assert torch.equal(folded, full) and folded.is_contiguous()
+    strided = full.transpose(0, 1).contiguous().transpose(0, 1)
+    for x in (full, strided):
+        chunks, shard = _rank_major(x, world, dim)
+        assert chunks.is_contiguous() and shard == shards[0].shape
+        blocks = chunks.view(world, *shard)
+        for r in range(world):
+            assert torch.equal(blocks[r], shards[r])

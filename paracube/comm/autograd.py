@@ -37,19 +37,46 @@ def _split(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     return x.chunk(world, dim=dim)[rank].contiguous()
 
 
+def _fold_ranks(gathered: torch.Tensor, world: int, shard: torch.Size, dim: int) -> torch.Tensor:
+    """Every rank's ``shard``-shaped block, in rank order in ``gathered`` (world·s0, ...), as
+    one tensor concatenated along ``dim``: the rank axis moved next to ``dim`` and merged
+    into it — one copy where a dim before ``dim`` is larger than 1 (the sequence of a
+    (B, T, H) activation with B > 1, or the last dim), a view where none is."""
+    dim = dim % len(shard)
+    stacked = gathered.view(world, *shard).movedim(0, dim)  # (..., world, n, ...)
+    return stacked.reshape(*shard[:dim], world * shard[dim], *shard[dim + 1 :])
+
+
+def _rank_major(x: torch.Tensor, world: int, dim: int) -> tuple[torch.Tensor, torch.Size]:
+    """``x`` (..., world·n, ...) laid out as the collectives take it — (world·s0, ...), rank
+    r's (..., n, ...) slice of ``dim`` as its r-th block — and that slice's shape: one copy
+    where a dim before ``dim`` is larger than 1, none where none is."""
+    dim = dim % x.dim()
+    n = x.shape[dim] // world
+    split = x.reshape(*x.shape[:dim], world, n, *x.shape[dim + 1 :]).movedim(dim, 0)
+    shard = split.shape[1:]
+    return split.contiguous().view(world * shard[0], *shard[1:]), shard
+
+
 def _gather(x: torch.Tensor, dim: int, group, ledger, tag) -> torch.Tensor:
-    """All-gather along ``dim``; the collective gathers along dim 0, so move ``dim`` there."""
+    """All-gather along ``dim``: each rank's shard is sent as it lies (the collectives gather
+    along dim 0) and the gathered blocks folded into ``dim`` — one copy of the result, where
+    moving ``dim`` to the front and back cost a copy of the shard and one of the result."""
     world = ops.group_size(group)
-    moved = x.movedim(dim, 0)  # (n, ...)
-    out = ops.all_gather(moved, group, ledger, tag=tag)  # (world·n, ...)
-    return out.movedim(0, dim).contiguous() if world > 1 else x
+    if world == 1:
+        return x
+    shard = x.contiguous()
+    return _fold_ranks(ops.all_gather(shard, group, ledger, tag=tag), world, shard.shape, dim)
 
 
 def _reduce_scatter(x: torch.Tensor, dim: int, group, ledger, tag) -> torch.Tensor:
-    if ops.group_size(group) == 1:
+    """Sum over the group and keep this rank's slice of ``dim``: ``x`` is laid out rank by
+    rank once (:func:`_rank_major`) and the slice arrives in place."""
+    world = ops.group_size(group)
+    if world == 1:
         return x
-    out = ops.reduce_scatter(x.movedim(dim, 0), group, ledger, tag=tag)
-    return out.movedim(0, dim).contiguous()
+    chunks, shard = _rank_major(x, world, dim)
+    return ops.reduce_scatter(chunks, group, ledger, tag=tag).view(shard)
 
 
 def _all_reduce(x: torch.Tensor, group, ledger, tag) -> torch.Tensor:
@@ -66,24 +93,28 @@ def gather_sequence(x: torch.Tensor, group, ledger=None, tag: str = "tp") -> tor
 
 def gather_sequence_async(x: torch.Tensor, group, ledger=None, tag: str = "tp"):
     """Start gathering (B, T/tp, H) into (B, T, H); ``wait()`` returns it."""
-    shard = x.movedim(1, 0).contiguous()  # gathered along dim 0: (T/tp, B, H) → (T, B, H)
-    out = shard.new_empty((ops.group_size(group) * shard.shape[0], *shard.shape[1:]))
-    return _Moved(ops.all_gather_into(out, shard, group, ledger, tag=tag, async_op=True))
+    shard = x.contiguous()
+    world = ops.group_size(group)
+    out = shard.new_empty((world * shard.shape[0], *shard.shape[1:]))
+    pending = ops.all_gather_into(out, shard, group, ledger, tag=tag, async_op=True)
+    return _Finishing(pending, lambda done: _fold_ranks(done, world, shard.shape, 1))
 
 
 def reduce_scatter_sequence_async(x: torch.Tensor, group, ledger=None, tag: str = "tp"):
     """Start summing (B, T, H) and keeping this rank's (B, T/tp, H); ``wait()`` returns it."""
-    # Scatter along dim 0: (T, B, H) in, (T/tp, B, H) out.
-    pending = ops.reduce_scatter(x.movedim(1, 0), group, ledger, tag=tag, async_op=True)
-    return _Moved(pending)
+    chunks, shard = _rank_major(x, ops.group_size(group), 1)
+    pending = ops.reduce_scatter(chunks, group, ledger, tag=tag, async_op=True)
+    return _Finishing(pending, lambda done: done.view(shard))
 
 
-class _Moved:
-    def __init__(self, pending):
-        self.pending = pending
+class _Finishing:
+    """A pending collective whose ``wait()`` returns its result put in its final shape."""
+
+    def __init__(self, pending, finish) -> None:
+        self.pending, self.finish = pending, finish
 
     def wait(self) -> torch.Tensor:
-        return self.pending.wait().movedim(0, 1).contiguous()
+        return self.finish(self.pending.wait())
 
 
 class _CopyToTP(torch.autograd.Function):
