@@ -544,6 +544,29 @@ def test_the_scaling_sentence_names_the_unsplit_optimizer_when_it_costs_most(cap
     assert named <= beyond
 
 
+def test_a_baseline_is_said_to_pay_what_it_pays_beyond_n_times_the_faster_layout():
+    """Below the ideal, the sentence names what the baseline pays to fit that the layout on
+    N times the GPUs does not: the part furthest beyond N × the same part of the faster
+    step — an offloaded optimizer step — not the baseline's largest overhead, which can be a
+    part both pay alike (all-to-alls over twice the blocks on half the GPUs: 4.2 s against
+    2 × 2.1 s)."""
+    from paracube.planner.report import baseline_cost
+    from paracube.planner.search import Candidate
+    from paracube.planner.time_model import StepEstimate
+
+    def step(compute, optimizer, ep_comm):
+        return StepEstimate(compute=compute, recompute=0.0, tp_comm=0.0, pp_comm=0.0,
+                            bubble=0.0, dp_exposed=0.0, optimizer=optimizer, tokens_per_s=1.0,
+                            tflops_per_gpu=1.0, mfu=0.1, ep_comm=ep_comm)  # fmt: skip
+
+    baseline = Candidate(layout=None, memory=None, time=step(16.0, 3.0, 4.2))  # type: ignore[arg-type]
+    faster = step(8.0, 0.1, 2.1)
+    text = baseline_cost(baseline, faster, 2)
+    assert text.startswith("the optimizer step: 2.8 s beyond 2 × this layout's"), text
+    text = baseline_cost(baseline, step(6.0, 1.5, 2.1), 2)  # compute: 4 s beyond 2 × 6
+    assert text.startswith("compute beyond the faster layout's × N"), text
+
+
 def test_a_more_than_linear_speed_up_names_a_real_overhead(capsys):
     """Llama 3 70B on 64 H100s against one node that must offload and recompute every
     block to fit: the step is below the ideal, so no part costs more than its share — the

@@ -154,7 +154,7 @@ def scaling(best: Candidate, baseline: Baseline) -> str:
     else:  # the baseline itself pays for fitting in fewer GPUs (offload, recomputation, …)
         beyond = (
             f"{seconds_text(-overhead)} below it — more than linear, as the baseline pays to fit in "
-            f"{baseline.gpus} GPU{plural} ({baseline_cost(baseline.best, n * t.compute)}) what "
+            f"{baseline.gpus} GPU{plural} ({baseline_cost(baseline.best, t, n)}) what "
             "this layout does not"
         )
     return (
@@ -189,16 +189,20 @@ def largest_overhead(t: StepEstimate) -> tuple[str, float]:
     return max(parts.items(), key=lambda kv: kv[1])
 
 
-def baseline_cost(cand: Candidate, compute_share: float) -> str:
-    """What a baseline pays beyond what N GPUs do, the largest part named with its seconds:
-    one of its overheads, or its compute beyond ``compute_share`` (N × the faster layout's
-    compute) — a smaller micro-batch, or more accumulated micro-batches, to fit."""
-    name, seconds = largest_overhead(cand.time)
-    more_compute = cand.time.compute - compute_share
-    if more_compute > seconds:
+def baseline_cost(cand: Candidate, faster: StepEstimate, n: float) -> str:
+    """What a baseline pays to fit in fewer GPUs that the ``faster`` layout on N times as
+    many does not: the part of its step furthest beyond N × the same part of the faster
+    one's, named with those seconds — an overhead (an offloaded optimizer step, all-to-alls
+    over more blocks), or compute (a smaller micro-batch, more accumulated ones, recomputed
+    blocks). Naming its largest overhead instead could name a part both pay alike."""
+    base, share = step_parts(cand.time), step_parts(faster)
+    name, seconds = max(((k, v - n * share[k]) for k, v in base.items()), key=lambda kv: kv[1])
+    if name == "compute":
         name = "compute beyond the faster layout's × N: smaller or more micro-batches"
-        seconds = more_compute
-    return f"{name}: {seconds_text(seconds)} of its {seconds_text(cand.time.step_time)} step"
+    return (
+        f"{name}: {seconds_text(seconds)} beyond {n:g} × this layout's, of its "
+        f"{seconds_text(cand.time.step_time)} step"
+    )
 
 
 def explain(
