@@ -192,9 +192,9 @@ def largest_overhead(t: StepEstimate) -> tuple[str, float]:
 def baseline_cost(cand: Candidate, faster: StepEstimate, n: float) -> str:
     """What a baseline pays to fit in fewer GPUs that the ``faster`` layout on N times as
     many does not: the part of its step furthest beyond N × the same part of the faster
-    one's, named with those seconds — an overhead (an offloaded optimizer step, all-to-alls
-    over more blocks), or compute (a smaller micro-batch, more accumulated ones, recomputed
-    blocks). Naming its largest overhead instead could name a part both pay alike."""
+    one's, named with those seconds — an overhead (an offloaded optimizer step), or compute
+    (a smaller micro-batch, more accumulated ones). Its largest overhead could be a part
+    both pay alike: a mixture's all-to-alls over N times the blocks per GPU."""
     base, share = step_parts(cand.time), step_parts(faster)
     name, seconds = max(((k, v - n * share[k]) for k, v in base.items()), key=lambda kv: kv[1])
     if name == "compute":
