@@ -2,11 +2,12 @@
 
 ``paracube plan --calibrate`` times an all-reduce issued between short computes (four
 256³ matmuls, ~1 ms on this CPU) and fits α-β through 4 KiB and 8 MiB. A tensor-parallel
-block of the ``small`` preset issues its all-reduces between longer ones (a layer's matmuls,
-~10 ms). This measures, at sizes from 4 KiB to 8 MiB, what one all-reduce adds to a step
-between either compute (2 gloo ranks × 1 thread; the median of five rounds of ten calls,
-the calibration's own method, ``paracube.calibrate._between_computes``), so the two can be
-read side by side:
+block issues its all-reduces between longer ones (the ``small`` preset at 8 sequences and
+tp=2: a block's ~30 ms of forward and backward between its four, ~7 ms each). This
+measures what one all-reduce of 256 KiB and of 1 MiB adds to a step between computes of
+~1, 2.5, 5 and 10 ms (256³ matmuls, as many as take that long here), three times each
+(2 gloo ranks × 1 thread; each measurement the median of five rounds of ten calls, the
+calibration's own method, ``paracube.calibrate._between_computes``):
 
     python benchmarks/bench_allreduce_gap.py --out benchmarks/results/allreduce_gap.json
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -26,33 +28,36 @@ import torch.multiprocessing as mp
 
 from common import spawn_world, write_json
 
-SIZES_KIB = (4, 64, 256, 1024, 2048, 8192)
+GAPS_MS = (1.0, 2.5, 5.0, 10.0)
+SIZES_KIB = (256, 1024)
+REPEATS = 3
 
 
 def _measure(rank: int, world: int, out) -> None:
     from paracube.calibrate import _between_computes
 
     a, b = torch.randn(256, 256), torch.randn(256, 256)
-    x, w = torch.randn(1024, 256), torch.randn(256, 1024)
-
-    def short() -> None:  # the calibration's: four 256³ matmuls
-        for _ in range(4):
-            a @ b
-
-    def layer() -> None:  # a block's worth: three (1024 × 256)·(256 × 1024) matmuls
-        for _ in range(3):
-            x @ w
-
+    start = time.perf_counter()
+    for _ in range(40):
+        a @ b
+    per_matmul = (time.perf_counter() - start) / 40
     rows = []
-    for kib in SIZES_KIB:
-        buf = torch.zeros(kib * 256)  # fp32
-        rows.append(
-            {
-                "kib": kib,
-                "short_ms": 1e3 * _between_computes(lambda buf=buf: dist.all_reduce(buf), short),
-                "layer_ms": 1e3 * _between_computes(lambda buf=buf: dist.all_reduce(buf), layer),
-            }
-        )
+    for gap in GAPS_MS:
+        # the same count of matmuls on both ranks: rank 0's timing decides it for both
+        count = torch.tensor([max(1, round(gap / 1e3 / per_matmul))])
+        dist.broadcast(count, 0)
+
+        def compute(n: int = int(count)) -> None:
+            for _ in range(n):
+                a @ b
+
+        for kib in SIZES_KIB:
+            buf = torch.zeros(kib * 256)  # fp32
+            added = [
+                1e3 * _between_computes(lambda buf=buf: dist.all_reduce(buf), compute)
+                for _ in range(REPEATS)
+            ]
+            rows.append({"gap_ms": gap, "kib": kib, "added_ms": added})
     if rank == 0:
         out.put(rows)
 
@@ -65,10 +70,11 @@ def main() -> None:
     spawn_world(2, _measure, queue)
     rows = queue.get()
     write_json(args.out, {"benchmark": "allreduce_gap", "rows": rows})
-    print("| all-reduce | added between short computes (ms) | between layer-sized ones (ms) |")
-    print("|---:|---:|---:|")
+    print("| compute between | all-reduce | added to the step (ms), three measurements |")
+    print("|---:|---:|---|")
     for r in rows:
-        print(f"| {r['kib']} KiB | {r['short_ms']:.2f} | {r['layer_ms']:.2f} |")
+        added = ", ".join(f"{x:.2f}" for x in r["added_ms"])
+        print(f"| ~{r['gap_ms']:g} ms | {r['kib']} KiB | {added} |")
 
 
 if __name__ == "__main__":
