@@ -256,24 +256,82 @@ def test_a_hugging_face_mixtral_config_is_planned_with_its_experts(tmp_path):
         build_hf(str(tmp_path), cfg)
 
 
-def test_a_fixed_ep_alone_leaves_dp_to_the_search_and_folding_is_refused_by_name(capsys):
+def test_a_fixed_ep_alone_leaves_dp_to_the_search_and_an_ep_above_dp_is_folded(capsys):
     """``--layout ep=8`` fixes the expert-parallel size and leaves dp to the search, which
     keeps the layouts whose dp it divides (it was refused as "ep=8 does not divide dp=1", the
-    default dp of the fixed choices' check). A layout whose ep exceeds its data-parallel
-    ranks — Megatron-Core's parallel folding, experts over tensor- and data-parallel ranks,
-    as Megatron-Bridge's Qwen3-235B-A22B recipe on 256 H100s (TP 2 × PP 8, EP 32) — is
-    refused, saying that folding is not planned."""
+    default dp of the fixed choices' check). An ep above the data-parallel ranks is
+    Megatron-Core's parallel folding — Megatron-Bridge's Qwen3-235B-A22B recipe on 256
+    H100s, TP 2 × PP 8 with EP 32 at expert-tensor-parallel size 1: planned with etp=1 (and
+    its Megatron command says so), refused unfolded with the fix named."""
     argv = ["plan", "--model", "mixtral-8x7b", "--seq", "4096", "--gpus", "64",
             "--global-batch", "256", "--layout", "ep=8", "--json"]  # fmt: skip
     assert main(argv) == 0
     candidates = json.loads(capsys.readouterr().out)["candidates"]
     assert candidates and all(c["layout"]["ep"] == 8 for c in candidates)
-    assert all(c["layout"]["dp"] % 8 == 0 for c in candidates)
-    argv = ["plan", "--model", "qwen3-235b-a22b", "--gpus", "256", "--gpu", "h100",
-            "--global-batch", "2048", "--layout", "tp=2,pp=8,ep=32"]  # fmt: skip
-    assert main(argv) == 2
+    assert all(c["layout"]["dp"] % 8 == 0 or c["layout"]["etp"] == 1 for c in candidates)
+    common = ["plan", "--model", "qwen3-235b-a22b", "--gpus", "256", "--gpu", "h100",
+              "--global-batch", "2048", "--precision", "fp8"]  # fmt: skip
+    assert main([*common, "--layout", "tp=2,pp=8,ep=32,etp=1", "--emit", "megatron"]) == 0
+    out = capsys.readouterr().out
+    assert "--expert-model-parallel-size 32" in out
+    assert "--expert-tensor-parallel-size 1" in out
+    assert main([*common, "--layout", "tp=2,pp=8,dp=16,ep=32"]) == 2
     err = capsys.readouterr().err
-    assert "ep=32 does not divide dp=16" in err and "--expert-tensor-parallel-size" in err
+    assert "ep=32 does not divide dp=16" in err and "etp=1" in err
+    assert main([*common, "--layout", "tp=4,pp=8,dp=8,ep=2,etp=1"]) == 2
+    assert "ep=2 × etp=1 is below tp=4" in capsys.readouterr().err
+
+
+def test_folded_experts_do_the_same_work_in_other_groups():
+    """Folding (etp=1 under tp=2) keeps each rank's expert work — k·N rows × f/tp columns,
+    here as E/ep whole experts over ep·k·N/(tp·E) rows each — and moves the rest: the MLP has
+    no tensor-parallel collective, the experts' gradient group is tp·dp/(ep·etp), a rank
+    holds its E/ep experts whole, and the experts' inputs kept for backward are 1/tp as many
+    rows."""
+    cfg = preset("qwen3-30b-a3b")
+    tokens, tp = 4096, 2
+    unfolded = shapes.block_gemms(cfg, tokens, tp=tp, ep=8)
+    folded = shapes.block_gemms(cfg, tokens, tp=tp, ep=16, etp=1)
+
+    def expert_flops(gemms):
+        return sum(m * n * k for m, n, k in gemms[3:])  # after qkv, o and the router
+
+    assert expert_flops(folded) == pytest.approx(expert_flops(unfolded))
+    assert len(folded) == 3 + 2 * cfg.experts // 16
+    rows = 16 * 1 * cfg.experts_per_token * tokens / (tp * cfg.experts)
+    assert folded[3] == (rows, 2 * cfg.ffn_hidden, cfg.hidden)  # SwiGLU's gate and up, whole
+    assert moe_tp_rings(cfg, tp, False, etp=1) < moe_tp_rings(cfg, tp, False)
+    assert moe_tp_rings(cfg, tp, False, etp=1) == 2.5  # the attention's alone
+    layout = Layout(tp=tp, dp=16, ep=16, etp=1)
+    assert layout.expert_grad_group == tp * 16 // 16
+    one_expert = shapes.expert_params(cfg, tp=1, ep=cfg.experts)
+    assert shapes.expert_params(cfg, tp=1, ep=16) == pytest.approx(8 * one_expert)
+    kept = shapes.moe_routing_bytes(cfg, tokens, 2, tp, tp, etp=1)
+    whole = shapes.moe_routing_bytes(cfg, tokens, 2, tp, tp)
+    assert whole - kept == cfg.experts_per_token * tokens * cfg.hidden * 2 // tp
+
+
+def test_overlapped_all_to_alls_wait_only_for_what_compute_cannot_cover():
+    """--ep-comm-overlap (Megatron-Core's combined 1F1B): a block's all-to-alls beside a
+    longer compute leave the slowdown of the covered part, beside a shorter one the excess
+    too; the unpaired warm-up share waits in full; a plain 1F1B pipeline cannot host it."""
+    from paracube.planner.collectives import OVERLAP_SLOWDOWN
+    from paracube.planner.time_model import overlapped_ep_comm
+
+    base = Layout(tp=2, pp=8, dp=16, ep=32, etp=1, microbatches=128, chunks=4,
+                  schedule="interleaved-1f1b", sequence_parallel=True,
+                  ep_comm_overlap=True)  # fmt: skip
+    unpaired = (2 * 7 + 3 * 8) / (128 * 4)
+    covered = overlapped_ep_comm(1.0, 3.0, base)
+    assert covered == pytest.approx(unpaired + (1 - unpaired) * OVERLAP_SLOWDOWN)
+    short = overlapped_ep_comm(3.0, 1.0, base)
+    assert short == pytest.approx(unpaired * 3 + (1 - unpaired) * (2 + OVERLAP_SLOWDOWN))
+    assert overlapped_ep_comm(1.0, 3.0, Layout(dp=8, ep=8, microbatches=4)) == pytest.approx(
+        1 / 4 + 3 / 4 * OVERLAP_SLOWDOWN
+    )
+    cfg = preset("qwen3-235b-a22b")
+    assert base.model_refusal(cfg) == ""
+    assert "interleaved-1f1b" in base.replace(schedule="1f1b", chunks=1).model_refusal(cfg)
 
 
 def test_a_plans_track_record_is_of_its_own_kind_of_model(capsys):

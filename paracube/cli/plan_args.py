@@ -272,6 +272,14 @@ def add_parser(sub) -> None:
         "parallel waits for them",
     )
     t.add_argument(
+        "--ep-comm-overlap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a mixture's all-to-alls overlapped with another micro-batch's compute "
+        "(Megatron-Core's --overlap-moe-expert-parallel-comm, its combined 1F1B: without a "
+        "pipeline or under interleaved-1f1b); default off, the all-to-alls waited for",
+    )
+    t.add_argument(
         "--fp8-scaling",
         default=None,
         help="under --precision fp8: delayed (scales from the amax history, Transformer "

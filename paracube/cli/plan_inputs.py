@@ -16,7 +16,7 @@ from paracube.choices import (
 )
 from paracube.cli.plan_budget import count_text, tokens_text
 from paracube.errors import ParacubeError
-from paracube.planner.layout import NAMED_CHOICES, OTHER_SOFTWARE, ep_over_dp_refusal
+from paracube.planner.layout import NAMED_CHOICES, OTHER_SOFTWARE, expert_refusal
 
 # The custom-shape flags (their ModelConfig fields are spelled out in _model_shape)
 SHAPE = ("layers", "hidden", "heads", "vocab", "seq", "ffn", "kv_heads")
@@ -138,16 +138,29 @@ def plan_fixed(args, gpus: int, mixed: bool = False) -> dict:
             }
         except ValueError:
             raise ParacubeError(f"--layout {args.layout!r}: write it as dp=N,tp=N,pp=N") from None
-        if set(layout) - {"dp", "tp", "pp", "cp", "ep"} or any(v <= 0 for v in layout.values()):
+        if set(layout) - {"dp", "tp", "pp", "cp", "ep", "etp"} or any(
+            v <= 0 for v in layout.values()
+        ):
             raise ParacubeError(
-                f"--layout {args.layout!r}: only dp, tp, pp, cp and ep, each a positive integer"
+                f"--layout {args.layout!r}: only dp, tp, pp, cp, ep and etp, each a positive "
+                "integer"
             )
-        if "ep" in layout and "dp" in layout and layout["dp"] % layout["ep"]:
-            raise ParacubeError(f"--layout {ep_over_dp_refusal(layout['ep'], layout['dp'])}")
-        if layout.get("ep", 1) > 1 and args.emit == "torchrun":
+        # the experts' groups, where the layout fixes what they depend on (folded: tp too)
+        if {"ep", "dp"} <= set(layout) and ("etp" not in layout or "tp" in layout):
+            refusal = expert_refusal(
+                layout["ep"],
+                layout.get("etp", 0),
+                layout.get("tp", 1),
+                layout["dp"],
+                layout.get("cp", 1),
+            )
+            if refusal:
+                raise ParacubeError(f"--layout {refusal}")
+        if (layout.get("ep", 1) > 1 or "etp" in layout) and args.emit == "torchrun":
+            what = ",".join(f"{k}={layout[k]}" for k in ("ep", "etp") if k in layout)
             raise ParacubeError(
-                f"--layout ep={layout['ep']} with --emit torchrun: paracube train builds dense "
-                "models and runs no expert parallelism (ep is planned to evaluate "
+                f"--layout {what} with --emit torchrun: paracube train builds dense "
+                "models and runs no expert parallelism (it is planned to evaluate "
                 "mixture-of-experts runs); drop one"
             )
         if layout.get("tp", 1) > gpus:
@@ -166,7 +179,8 @@ def plan_fixed(args, gpus: int, mixed: bool = False) -> dict:
                 f"--layout tp={tp} does not divide --gpus-per-node {args.gpus_per_node}: some "
                 "tensor-parallel groups would span two nodes; choose a tp that divides it"
             )
-        degrees = {k: v for k, v in layout.items() if k != "ep"}  # ep is carved out of dp
+        # ep (and the experts' etp) regroup the other degrees' ranks
+        degrees = {k: v for k, v in layout.items() if k not in ("ep", "etp")}
         total = math.prod(degrees.values())
         if {"dp", "tp", "pp"} <= set(layout) and total != gpus:
             raise ParacubeError(

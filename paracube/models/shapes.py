@@ -88,7 +88,10 @@ def op_checkpoint_linears(cfg: ModelConfig) -> list[tuple[Linear, bool, bool]]:
 # parallelism as a dense MLP is (Megatron-Core's experts with expert_tensor_parallel_size =
 # tp), and processes, with tokens balanced over the experts — Megatron-Core's
 # moe_pad_expert_input_to_capacity at capacity factor 1 makes them so —, the k·N tokens its
-# own N tokens send: ep·k·N/E rows for each of its experts.
+# own N tokens send: ep·k·N/E rows for each of its experts. Folded (Megatron-Core's parallel
+# folding) at an expert-tensor-parallel size ``etp`` below tp, each expert is split over
+# etp ranks only and every rank dispatches its own N/tp sequence shard: an expert takes
+# ep·etp·k·N/(tp·E) rows — the same k·N rows × f/tp columns of work on each rank.
 
 
 def mlp_copies(cfg: ModelConfig) -> int:
@@ -148,12 +151,13 @@ def block_active_matrix_params(cfg: ModelConfig) -> int:
 
 
 @cache  # the planners ask it for every candidate layout
-def block_params(cfg: ModelConfig, tp: int = 1, ep: int = 1) -> float:
+def block_params(cfg: ModelConfig, tp: int = 1, ep: int = 1, etp: int | None = None) -> float:
     """Parameters of one block held by one tensor-parallel rank: matrices and column
     biases split by tp, the two norms and the row-parallel biases replicated; of a mixture
-    of experts the E/ep experts the rank holds under expert parallelism ``ep``, and the
-    router, replicated."""
-    return _attention_params(cfg, tp) + expert_params(cfg, tp, ep) + router_params(cfg)
+    of experts the E/ep experts the rank holds under expert parallelism ``ep``, each split
+    over ``etp`` ranks (None: tp), and the router, replicated."""
+    experts = expert_params(cfg, tp if etp is None else etp, ep)
+    return _attention_params(cfg, tp) + experts + router_params(cfg)
 
 
 def _attention_params(cfg: ModelConfig, tp: int) -> float:
@@ -197,7 +201,7 @@ def parameter_count(cfg: ModelConfig) -> int:
 
 
 def block_gemms(
-    cfg: ModelConfig, tokens: int, tp: int = 1, ep: int = 1
+    cfg: ModelConfig, tokens: int, tp: int = 1, ep: int = 1, etp: int | None = None
 ) -> list[tuple[float, float, float]]:
     """(m, n, k) of each forward GEMM of one block on one tensor-parallel rank: the
     (tokens × k)·(k × n) products, column-parallel ones with n/tp outputs, row-parallel
@@ -205,31 +209,33 @@ def block_gemms(
     mixture of experts, after the router's (tokens × E), an up and a down projection for
     each of the E/ep experts the rank holds, over ep·k·tokens/E rows each (the tokens the
     ep ranks send it, balanced over the experts), one GEMM per expert as Megatron-Core's
-    SequentialMLP runs them. The last GEMM is always a down projection."""
+    SequentialMLP runs them — split over ``etp`` ranks (None: tp), ep·etp·k·tokens/(tp·E)
+    rows each when folded. The last GEMM is always a down projection."""
+    etp = tp if etp is None else etp
 
-    def gemm(lin: Linear, rows: float) -> tuple[float, float, float]:
+    def gemm(lin: Linear, rows: float, ranks: int = tp) -> tuple[float, float, float]:
         if lin.split == "column":
-            return (rows, lin.out_features / tp, lin.in_features)
-        return (rows, lin.out_features, lin.in_features / tp)
+            return (rows, lin.out_features / ranks, lin.in_features)
+        return (rows, lin.out_features, lin.in_features / ranks)
 
     linears = block_linears(cfg)
     gemms = [gemm(lin, tokens) for lin in linears[:2]]
     if not cfg.moe:
         return gemms + [gemm(lin, tokens) for lin in linears[2:]]
-    rows = ep * mlp_passes(cfg) * tokens / cfg.experts
+    rows = ep * etp * mlp_passes(cfg) * tokens / (tp * cfg.experts)
     gemms.append((tokens, cfg.experts, cfg.hidden))  # the router
     for _ in range(cfg.experts // ep):
-        gemms += [gemm(lin, rows) for lin in linears[2:]]
+        gemms += [gemm(lin, rows, etp) for lin in linears[2:]]
     return gemms
 
 
 def down_gemms(
-    cfg: ModelConfig, tokens: int, tp: int = 1, ep: int = 1
+    cfg: ModelConfig, tokens: int, tp: int = 1, ep: int = 1, etp: int | None = None
 ) -> list[tuple[float, float, float]]:
     """The MLP's down projections among :func:`block_gemms`: the block's last matmul, once
     per expert the rank holds — what a checkpoint that stops early does not replay."""
     count = cfg.experts // ep if cfg.moe else 1
-    return block_gemms(cfg, tokens, tp, ep)[-2 * count + 1 :: 2]
+    return block_gemms(cfg, tokens, tp, ep, etp)[-2 * count + 1 :: 2]
 
 
 def block_forward_flops_per_token(cfg: ModelConfig) -> float:
@@ -332,9 +338,11 @@ def block_saved_bytes(
     sequence_parallel: bool = False,
     recompute: str = "none",
     seq: int | None = None,
+    etp: int | None = None,
 ) -> int:
     """Bytes one block keeps for backward per micro-batch of ``b`` sequences of ``seq``
-    (default ``cfg.seq_len``) tokens."""
+    (default ``cfg.seq_len``) tokens (a mixture's experts split over ``etp`` ranks; None:
+    tp)."""
     s = seq or cfg.seq_len
     n = b * s
     h, d, a, q = cfg.hidden, cfg.head_dim, cfg.n_heads, cfg.q_dim
@@ -361,11 +369,13 @@ def block_saved_bytes(
         attention += 4 * n * (a + cfg.n_kv_heads) // tp
     mlp = (4 if cfg.activation == "swiglu" else 2) * n * cfg.ffn_hidden * elem // tp
     if cfg.moe:
-        mlp = mlp * cfg.experts_per_token + moe_routing_bytes(cfg, n, elem, tp, ts)
+        mlp = mlp * cfg.experts_per_token + moe_routing_bytes(cfg, n, elem, tp, ts, etp)
     return norms + norm_outputs + attention + mlp
 
 
-def moe_routing_bytes(cfg: ModelConfig, n: int, elem: int, tp: int = 1, ts: int = 1) -> int:
+def moe_routing_bytes(
+    cfg: ModelConfig, n: int, elem: int, tp: int = 1, ts: int = 1, etp: int | None = None
+) -> int:
     """What a mixture's routing keeps for backward for n tokens of a rank, beside its
     experts' activations (k × a dense MLP's: every routed token one MLP's rows). Derived for
     Megatron-Core's MoELayer with the all-to-all token dispatcher
@@ -377,10 +387,12 @@ def moe_routing_bytes(cfg: ModelConfig, n: int, elem: int, tp: int = 1, ts: int 
     the experts' ranks and all-gathers them whole (all_gather_last_dim_from_tensor_parallel
     _region): the k·n rows the experts' up projections keep; on the way back the combine
     weighs the k·n slices it receives (1/tp of each vector) by their fp32 probabilities,
-    keeping both."""
+    keeping both. Folded at ``etp`` 1 (None: tp), the rank's sequence shard is dispatched
+    whole: the experts keep its k·n/tp rows, and the combine weighs as many whole vectors."""
     k, e, h = cfg.experts_per_token, cfg.experts, cfg.hidden
     router = (n * e * 4 + n * e) // ts
-    return router + k * n * h * elem + k * n * h * elem // tp + 4 * k * n
+    inputs = k * n * h * elem * (tp if etp is None else etp) // tp
+    return router + inputs + k * n * h * elem // tp + 4 * k * n
 
 
 def op_checkpoint_saved_bytes(cfg: ModelConfig, n: int, elem: int, tp: int, ts: int) -> int:

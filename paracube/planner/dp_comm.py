@@ -139,7 +139,9 @@ def dp_exposed_time(
     # but the last bucket, which fills when the backward ends: it is always waited for
     hidden = 2 / 3 * per_mb if overlapped else 0.0
     if root is None and layout.zero == 3 and cfg is not None and layers:  # what blocks don't hold
-        root = params - layers * shapes.block_params(cfg, tp=layout.tp, ep=layout.ep)
+        root = params - layers * shapes.block_params(
+            cfg, tp=layout.tp, ep=layout.ep, etp=layout.expert_tp
+        )
     last = last_bucket_time(layout, link, params, elem, root)
     exposed = max(allreduce - hidden, last) + blocking
     exposed += waited

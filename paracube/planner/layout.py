@@ -53,6 +53,7 @@ OTHER_SOFTWARE = (
     "loss",
     "activations",
     "tp_comm_overlap",
+    "ep_comm_overlap",
     "grad_accumulation",
     "param_gather",
     "param_sync",
@@ -102,24 +103,43 @@ def choices_text(allowed: tuple | dict) -> str:
     return " or ".join(names) if len(names) == 2 else "one of " + ", ".join(names)
 
 
-def ep_over_dp_refusal(ep: int, dp: int, *, brief: bool = False) -> str:
-    """Why ``ep`` expert-parallel ranks cannot be taken out of ``dp`` data-parallel ones. The
-    planner's mixture keeps each expert split over the tensor-parallel ranks as the dense MLP
-    is (expert-tensor-parallel size = tp), so its expert groups lie within the data-parallel
-    ranks; Megatron-Core's parallel folding, experts over tensor- and data-parallel ranks at
-    an expert-tensor-parallel size below tp (``--expert-tensor-parallel-size 1`` with
-    ``--tensor-model-parallel-size 2``: Qwen3-235B-A22B's recipes on H100), is not planned.
-    ``brief``: the search's reason, listed once per data-parallel size it rejects."""
-    if brief:
+def expert_refusal(ep: int, etp: int, tp: int, dp: int, cp: int = 1, *, brief: bool = False) -> str:
+    """Why ``ep`` expert-parallel ranks at expert-tensor-parallel size ``etp`` cannot be
+    formed from a stage's tp × cp × dp ranks ("" if they can; :attr:`Layout.etp`). Unfolded
+    (etp 0), each expert is split over the tensor-parallel ranks as the dense MLP is and the
+    expert groups lie within the data-parallel ranks: ep divides dp. Folded (Megatron-Core's
+    parallel folding, Liu et al. 2025, "MoE Parallel Folding"), the experts' own groups
+    etp × ep × edp cover the stage's tp × cp × dp ranks: ep × etp divides them, and etp is 1
+    or tp — an expert split over some of the tensor-parallel ranks, or replicated across
+    them (ep × etp < tp), is not planned. ``brief``: the search's reason, listed once per
+    shape it rejects."""
+    if etp == 0:
+        if dp % ep == 0:
+            return ""
+        if brief:
+            return f"ep={ep} does not divide dp={dp} (fold the experts with etp=1)"
         return (
-            f"ep={ep} does not divide dp={dp}: experts folded over tp ranks "
-            "(--expert-tensor-parallel-size < tp) are not planned"
+            f"ep={ep} does not divide dp={dp}: expert parallelism spreads the experts over "
+            "data-parallel ranks; choose an ep that divides dp, or fold them over the "
+            "tensor-parallel ranks too with etp=1 (Megatron-Core's --expert-tensor-parallel-size 1)"
         )
-    return (
-        f"ep={ep} does not divide dp={dp}: expert parallelism spreads the experts over "
-        "data-parallel ranks (folding them over tensor-parallel ranks, Megatron-Core's "
-        "--expert-tensor-parallel-size below tp, is not planned); choose an ep that divides dp"
-    )
+    if etp not in (1, tp):
+        return (
+            f"etp={etp} with tp={tp}: experts split over some of the tensor-parallel ranks "
+            "are not planned; choose etp=1 or etp=tp"
+        )
+    ranks = tp * cp * dp
+    if ranks % (ep * etp):
+        return (
+            f"ep={ep} × etp={etp} does not divide tp × cp × dp = {ranks}: the folded expert "
+            "groups cover a stage's ranks; choose an ep that divides them"
+        )
+    if ep * etp < tp:
+        return (
+            f"ep={ep} × etp={etp} is below tp={tp}: experts replicated across tensor-parallel "
+            "ranks are not planned; choose ep ≥ tp"
+        )
+    return ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,6 +211,13 @@ class Layout:
     # --tp-comm-overlap, NeMo's ub_tp_comm_overlap: Transformer Engine's userbuffers);
     # paracube's own tensor parallel waits for them (False)
     tp_comm_overlap: bool = False
+    # a mixture's all-to-alls overlapped with another micro-batch's compute (Megatron-Core's
+    # --overlap-moe-expert-parallel-comm: its combined 1F1B pairs micro-batch i + 1's forward
+    # with micro-batch i's backward layer by layer, each one's dispatch and combine beside the
+    # other's attention and experts — DeepSeek-V3's overlap, Liu et al. 2024 §3.2.1), hosted
+    # without a pipeline or by the interleaved schedule; paracube plans its mixtures' all-to-
+    # alls waited for (False). :func:`paracube.planner.time_model.overlapped_ep_comm`
+    ep_comm_overlap: bool = False
     # under --precision fp8, how each tensor's scale is found (choices.FP8_SCALING): from the
     # amax history (delayed, Transformer Engine's DelayedScaling) or from the tensor itself
     # (current: Megatron-Bridge's FP8-CS, torchao's dynamic float8) — one more pass over it
@@ -270,6 +297,13 @@ class Layout:
     # Planned, to evaluate published mixture-of-experts runs: paracube train builds dense
     # models only (:meth:`to_args` refuses).
     ep: int = 1
+    # the experts' tensor-parallel size under Megatron-Core's parallel folding
+    # (--expert-tensor-parallel-size; Liu et al. 2025, "MoE Parallel Folding"): 0, unfolded
+    # (the 2024 formation above: each expert split over the tp ranks, ep within dp); 1 or tp,
+    # folded — the MoE layer's ranks regrouped as etp × ep × edp over the stage's
+    # tp × cp × dp, expert-parallel ranks consecutive, at etp 1 each expert whole on its rank
+    # and the tokens dispatched straight from each rank's sequence shard. Planned only.
+    etp: int = 0
 
     def __post_init__(self) -> None:
         # the planned-only choices, which no engine config checks first: a misspelt one
@@ -278,8 +312,13 @@ class Layout:
             raise ConfigError(f"cp={self.cp}: context parallelism must be a positive integer")
         if not isinstance(self.ep, int) or isinstance(self.ep, bool) or self.ep < 1:
             raise ConfigError(f"ep={self.ep!r}: expert parallelism must be a positive integer")
-        if self.dp % self.ep:
-            raise ConfigError(ep_over_dp_refusal(self.ep, self.dp))
+        if not isinstance(self.etp, int) or isinstance(self.etp, bool) or self.etp < 0:
+            raise ConfigError(
+                f"etp={self.etp!r}: the experts' tensor-parallel size (0: unfolded, split as tp)"
+            )
+        refusal = expert_refusal(self.ep, self.etp, self.tp, self.dp, self.cp)
+        if refusal:
+            raise ConfigError(refusal)
         for name, allowed in NAMED_CHOICES:
             value = getattr(self, name)
             if value not in allowed:
@@ -363,6 +402,8 @@ class Layout:
             return (
                 f"ep={self.ep}: expert parallelism needs a mixture of experts ({cfg.name} is dense)"
             )
+        if self.etp and not cfg.moe:
+            return f"etp={self.etp}: the experts' tensor parallelism needs a mixture of experts"
         if cfg.moe and cfg.experts % self.ep:
             return f"ep={self.ep} does not divide the {cfg.experts} experts"
         if cfg.moe and self.recompute == "op":
@@ -380,6 +421,11 @@ class Layout:
             return "param_sync=broadcast (InternLM's) is not planned for a mixture of experts"
         if cfg.moe and self.shard:
             return f"shard={self.shard}: hybrid sharding is not planned for a mixture of experts"
+        if self.ep_comm_overlap and self.pp > 1 and self.schedule != "interleaved-1f1b":
+            return (
+                f"ep_comm_overlap with pp={self.pp} and schedule={self.schedule}: Megatron-Core's "
+                "combined 1F1B pairs micro-batches without a pipeline or under interleaved-1f1b"
+            )
         return ""
 
     @property
@@ -405,10 +451,21 @@ class Layout:
         return self.dp * self.cp
 
     @property
+    def expert_tp(self) -> int:
+        """Ranks each expert is split over: tp unfolded (:attr:`etp` 0), else etp."""
+        return self.etp or self.tp
+
+    @property
+    def folded(self) -> bool:
+        """The experts laid out by Megatron-Core's parallel folding (:attr:`etp` given)."""
+        return self.etp > 0
+
+    @property
     def expert_grad_group(self) -> int:
         """Ranks holding the same experts, over which their gradients are reduced and ZeRO
-        shards their states: dp × cp ÷ ep (the whole gradient group without experts)."""
-        return self.grad_group // self.ep
+        shards their states: the stage's tp × cp × dp ranks ÷ (ep × the experts' tp) — dp × cp
+        ÷ ep unfolded (the whole gradient group without experts)."""
+        return self.tp * self.grad_group // (self.ep * self.expert_tp)
 
     @property
     def shard_group(self) -> int:
@@ -478,7 +535,7 @@ class Layout:
                 f"cp={self.cp}: paracube train does not run context parallelism (it is planned "
                 "to evaluate Megatron-Core runs); plan with cp=1 for a layout it runs"
             )
-        if self.ep > 1:
+        if self.ep > 1 or self.etp:
             raise ConfigError(
                 f"ep={self.ep}: paracube train builds dense models and runs no expert "
                 "parallelism (it is planned to evaluate mixture-of-experts runs)"

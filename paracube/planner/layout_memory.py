@@ -129,6 +129,7 @@ def _layout_terms(cfg: ModelConfig, layout: Layout, precision: str) -> _LayoutTe
                 sequence_parallel=layout.sequence_parallel,
                 recompute=recompute,
                 fp8=precision == "fp8",
+                etp=layout.expert_tp,
             )
         if layout.attention in FUSED_ATTENTION:  # the model's own blocks, op by op
             return shapes.block_saved_bytes(
@@ -138,6 +139,7 @@ def _layout_terms(cfg: ModelConfig, layout: Layout, precision: str) -> _LayoutTe
                 tp=t,
                 sequence_parallel=layout.sequence_parallel,
                 recompute=recompute,
+                etp=layout.expert_tp,
             )
         return activation_bytes_per_layer(
             s,
@@ -168,8 +170,10 @@ def _layout_terms(cfg: ModelConfig, layout: Layout, precision: str) -> _LayoutTe
         optimizer=0 if layout.offload else o,  # offloaded: in host memory
         act_recomputed=act_layer(layout.recompute),
         act_kept=act_layer("none"),
-        block_params=shapes.block_params(cfg, tp=t, ep=layout.ep),
-        block_expert_params=shapes.expert_params(cfg, tp=t, ep=layout.ep) if cfg.moe else 0.0,
+        block_params=shapes.block_params(cfg, tp=t, ep=layout.ep, etp=layout.expert_tp),
+        block_expert_params=(
+            shapes.expert_params(cfg, tp=layout.expert_tp, ep=layout.ep) if cfg.moe else 0.0
+        ),
         embed_params=shapes.embed_params(cfg, tp=t),
         head_params=head,
         first=first,

@@ -156,6 +156,10 @@ def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch
         args.append(f"--context-parallel-size {L.cp}")
     if L.ep > 1:
         args.append(f"--expert-model-parallel-size {L.ep}")
+    if L.folded:
+        args.append(f"--expert-tensor-parallel-size {L.etp}")
+    if L.ep_comm_overlap and L.ep > 1:
+        args.append("--overlap-moe-expert-parallel-comm")
     if L.pp > 1 and L.schedule == "interleaved-1f1b":
         args.append(f"--num-virtual-stages-per-pipeline-rank {L.chunks}")
     if L.pp > 1:

@@ -107,6 +107,7 @@ def te_block_bytes(
     sequence_parallel: bool = False,
     recompute: str = "none",
     fp8: bool = False,
+    etp: int | None = None,
 ) -> float:
     """Bytes one block keeps for backward per micro-batch of ``b`` sequences as Megatron-Core
     keeps them with Transformer Engine's modules (``Layout.activations == "megatron"``) —
@@ -148,5 +149,5 @@ def te_block_bytes(
     gate_up = 2 if cfg.activation == "swiglu" else 1
     mlp = 2 * gate_up * n * f / t + linear_in * n * f / t
     if cfg.moe:  # k experts' MLPs for every token, and what the routing keeps
-        mlp = mlp * cfg.experts_per_token + moe_routing_bytes(cfg, n, 2, t, int(ts))
+        mlp = mlp * cfg.experts_per_token + moe_routing_bytes(cfg, n, 2, t, int(ts), etp)
     return norms + norm_outputs + attention + mlp

@@ -240,10 +240,14 @@ Sources:
   8 a token) on 16 GPUs at TP 1 × PP 2 × EP 8 — 25.11: global batch 512, micro-batch 2,
   VP 24, 5,275 tokens/s per GPU; 26.02: 1,024, 1, VP 12, 5,113 — forced-balanced and
   dropless, as the pages say. The 25.09 table's run of the 25.11 layout, token-dropping,
-  10,494 tokens/s, states no precision and is left out. The pages' other H100 mixtures are
-  not planned: Qwen3-235B-A22B runs EP 32 over TP 2 × DP 16 at expert-tensor-parallel size
-  1 (Megatron-Core's parallel folding; ``scripts/performance/configs/qwen/
-  qwen3_workload_base_configs.py``), GPT-OSS 120B's alternate layers attend over a sliding
+  10,494 tokens/s, states no precision and is left out. Qwen3-235B-A22B on 256 GPUs at
+  TP 2 × PP 8 × VP 4, EP 32 folded over TP × DP at expert-tensor-parallel size 1
+  (Megatron-Core's parallel folding; ``scripts/performance/configs/qwen/
+  qwen3_workload_base_configs.py``: ``expert_tensor_parallel_size=1``, global batch 2,048,
+  V2 8,192, ``moe_a2a_overlap`` on H100 in the V2 era; ``qwen3_llm_pretrain.py``: no
+  recomputation), micro-batch 1 — 25.11: 1,575 tokens/s per GPU (the row's global-batch
+  cell is missing; the recipe's 2,048); 26.02: global batch 8,192, 1,633. The pages' other
+  H100 mixtures are not planned: GPT-OSS 120B's alternate layers attend over a sliding
   window, DeepSeek-V3's latent attention has no planner block.
 - NeMo AutoModel, MoE: its ``docs/performance-summary.md`` (versions of October 2025 on):
   Qwen3 MoE 30B on 8 H100s in BF16, FSDP2 over 8 ranks × EP 8, global batch 512 × 4,096
@@ -1099,8 +1103,9 @@ GROK1_TABLE = [
 # distributed optimizer with its gradients synced in bf16 (grad_sync_dtype=bf16), the
 # all-to-all token dispatcher with every expert's input padded to its capacity at factor 1
 # (moe_pad_expert_input_to_capacity: the experts' work balanced), one GEMM per expert
-# (moe_grouped_gemm=False). Its model: Grok-1's blocks with the Llama 3 tokenizer's 128,256
-# tokens, the output not tied to the embedding.
+# (moe_grouped_gemm=False), each expert split over the tensor-parallel ranks (no
+# expert-tensor-parallel size: unfolded, etp=0). Its model: Grok-1's blocks with the Llama 3
+# tokenizer's 128,256 tokens, the output not tied to the embedding.
 _GROK1_SOFTWARE = dict(recompute="none", tp_comm_overlap=False, grad_reduce="compute")
 
 
@@ -1113,7 +1118,7 @@ def _dgxc_grok1() -> list[dict]:
         name = "grok-1" if layers == 64 else f"grok-1 ({layers} blocks)"
         cfg = preset("grok-1", vocab_size=128256, tie_embeddings=False, seq_len=seq,
                      n_layers=layers).replace(name=name)  # fmt: skip
-        fixed = dict(tp=tp, pp=pp, cp=cp, dp=ep * dp, ep=ep, micro_batch=1, zero=1,
+        fixed = dict(tp=tp, pp=pp, cp=cp, dp=ep * dp, ep=ep, etp=0, micro_batch=1, zero=1,
                      sequence_parallel=True, attention="fused", **MEGATRON_CORE,
                      **_GROK1_SOFTWARE)  # fmt: skip
         if vp > 1:
@@ -1126,14 +1131,15 @@ def _dgxc_grok1() -> list[dict]:
 
 
 def _qwen3_moe() -> list[dict]:
-    """Qwen3-30B-A3B, 128 experts of 768 with 8 per token, on H100: the Megatron-Bridge
-    rows whose layout the planner's mixture can hold (expert-tensor-parallel size = tp = 1)
-    and NeMo AutoModel's FSDP2 row; tokens/s per GPU converted with paracube's FLOP count."""
+    """Qwen3-30B-A3B (128 experts of 768, 8 per token) and Qwen3-235B-A22B (128 of 1,536)
+    on H100: Megatron-Bridge's rows (expert-tensor-parallel size 1, the larger one folded
+    over TP × DP) and NeMo AutoModel's FSDP2 row; tokens/s per GPU converted with paracube's
+    FLOP count."""
     cfg = preset("qwen3-30b-a3b")
     # the recipes' common configs: gradients reduced in bf16; FP8 with current scaling (the
     # 25.11 table's "FP8-CS"; the 26.02 table's "FP8" on H100, where the repository's only
     # FP8 recipe is QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS, qwen3_workload_base_configs.py)
-    bridge = dict(tp=1, pp=2, cp=1, dp=8, ep=8, zero=1, attention="fused",
+    bridge = dict(tp=1, pp=2, cp=1, dp=8, ep=8, etp=1, zero=1, attention="fused",
                   schedule="interleaved-1f1b", fp8_scaling="current", grad_reduce="compute",
                   **MEGATRON_CORE)  # fmt: skip
     out = [
@@ -1143,6 +1149,24 @@ def _qwen3_moe() -> list[dict]:
         # container, global batch, micro-batch, virtual stages, tokens/s per GPU
         for container, B, b, vp, tokens in [("25.11", 512, 2, 24, 5275), ("26.02", 1024, 1, 12, 5113)]
     ]  # fmt: skip
+    # Qwen3-235B-A22B on 256 GPUs: TP 2 × PP 8 × VP 4, EP 32 folded over TP × DP at
+    # expert-tensor-parallel size 1, micro-batch 1, no recomputation, 94 blocks split with
+    # the embedding and the loss as a block each (96 over 32 virtual stages); 25.11: global
+    # batch 2,048 (the recipe's; the table's row lost that column), userbuffers' TP overlap
+    # on (its CommOverlapConfig of the time), 1,575 tokens/s per GPU; 26.02: the V2 recipe,
+    # global batch 8,192, TP overlap off and the all-to-alls overlapped (moe_a2a_overlap),
+    # 1,633 tokens/s per GPU
+    big = preset("qwen3-235b-a22b")
+    folded = dict(bridge, tp=2, pp=8, dp=16, ep=32, etp=1, micro_batch=1, recompute="none",
+                  sequence_parallel=True, schedule="interleaved-1f1b", chunks=4,
+                  split="even-ends")  # fmt: skip
+    for container, B, software, tokens in [
+        ("25.11", 2048, dict(tp_comm_overlap=True), 1575),
+        ("26.02", 8192, dict(tp_comm_overlap=False, ep_comm_overlap=True), 1633),
+    ]:
+        out.append(_run(f"Megatron-Bridge {container}, MoE (FP8)", big, "h100", 256, B, "fp8",
+                        dict(folded, **software), "model",
+                        round(tokens * model_flops_per_token(big) / 1e12, 1)))  # fmt: skip
     fsdp = dict(tp=1, pp=1, cp=1, dp=8, ep=8, zero=3, micro_batch=4, attention="fused", **FSDP2)
     out.append(_run("NeMo AutoModel, MoE", cfg, "h100", 8, 512, "bf16", fsdp, "model",
                     round(12040 * model_flops_per_token(cfg) / 1e12, 1)))  # fmt: skip

@@ -57,6 +57,8 @@ def describe(layout) -> str:
         text += f" cp={layout.cp}"
     if getattr(layout, "ep", 1) > 1:
         text += f" ep={layout.ep}"
+    if getattr(layout, "etp", 0):
+        text += f" etp={layout.etp}"
     text += f" b={layout.micro_batch} m={layout.microbatches}"
     if layout.pp > 1:
         text += f" {layout.schedule}" + (f"×{layout.chunks}" if layout.chunks > 1 else "")
@@ -364,19 +366,26 @@ def _context_parallel_reason(best, cfg: ModelConfig) -> str:
 def _experts_reason(best, cfg: ModelConfig) -> str:
     """A mixture of experts: where the experts are, and the all-to-alls that reach them."""
     L, t = best.layout, best.time
-    held = cfg.experts // L.ep
-    return (
-        f"- A mixture of {cfg.experts} experts, {cfg.experts_per_token} per token: "
-        + (
-            f"expert parallel {L.ep} gives each rank {held} of every block's experts "
-            f"({cfg.experts} over {L.ep} of the {L.dp} data-parallel ranks), and every "
-            "token goes to its experts' ranks and back in four all-to-alls per block and "
-            f"micro-batch, waited for: {seconds_text(t.ep_comm)} per step. "
-            if L.ep > 1
-            else "every rank holds all of them (no expert parallelism). "
+    head = f"- A mixture of {cfg.experts} experts, {cfg.experts_per_token} per token: "
+    if L.ep == 1:
+        return head + "every rank holds all of them (no expert parallelism). " + _PLANNED_ONLY
+    if L.folded:  # Megatron-Core's parallel folding
+        split = "each expert whole" if L.etp == 1 else f"each split over {L.etp}"
+        where = (
+            f"folded at etp={L.etp}: over {L.ep} consecutive ranks of the stage's "
+            f"tp × cp × dp = {L.tp * L.cp * L.dp}, {split}"
         )
-        + "Planned only: paracube train builds dense models."
+    else:
+        where = f"{cfg.experts} over {L.ep} of the {L.dp} data-parallel ranks"
+    return (
+        head + f"expert parallel {L.ep} gives each rank {cfg.experts // L.ep} of every block's "
+        f"experts ({where}), and every token goes to its experts' ranks and back in four "
+        f"all-to-alls per block and micro-batch, waited for: {seconds_text(t.ep_comm)} per "
+        "step. " + _PLANNED_ONLY
     )
+
+
+_PLANNED_ONLY = "Planned only: paracube train builds dense models."
 
 
 def _pipeline_reason(best, cfg: ModelConfig) -> str:

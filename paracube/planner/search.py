@@ -18,7 +18,7 @@ from paracube.config import ZERO3_WITH_PIPELINE, ModelConfig, compression_with_z
 from paracube.errors import ConfigError
 from paracube.pipeline.schedules import SCHEDULES
 from paracube.planner.hardware import GPU
-from paracube.planner.layout import Layout, ep_over_dp_refusal
+from paracube.planner.layout import Layout, expert_refusal
 from paracube.planner.layout_memory import StageMemory, peak_memory
 from paracube.planner.stages import can_cut, layout_shares
 from paracube.planner.time_model import Cluster, StepEstimate, estimate
@@ -27,7 +27,7 @@ from paracube.planner.time_model import Cluster, StepEstimate, estimate
 # is taken from the fixed choices as given, else left at the layout's default (paracube's).
 ENUMERATED = {
     "dp", "tp", "pp", "cp", "micro_batch", "microbatches", "schedule", "chunks", "zero",
-    "recompute", "recompute_blocks", "sequence_parallel", "ep",
+    "recompute", "recompute_blocks", "sequence_parallel", "ep", "etp",
 }  # fmt: skip
 TAKEN_AS_FIXED = {f.name for f in fields(Layout)} - ENUMERATED
 
@@ -266,15 +266,8 @@ def _layouts_of_shape(
     if global_batch % dp:
         reject("global batch not divisible by dp")
         return
-    # expert parallelism: out of the data-parallel ranks, dividing the experts
-    eps = [e for e in divisors(dp) if cfg.experts % e == 0] if cfg.moe else [1]
-    if "ep" in fixed and fixed["ep"] not in eps:
-        ep = fixed["ep"]
-        reject(
-            ep_over_dp_refusal(ep, dp, brief=True)
-            if cfg.moe and cfg.experts % ep == 0
-            else Layout(ep=ep, dp=ep).model_refusal(cfg)
-        )
+    experts = _expert_layouts(cfg, tp, dp, cp, fixed, reject)
+    if not experts:
         return
     if fixed.get("zero", 0) and dp * cp == 1:
         # nothing to shard over: the search tries ZeRO 0 alone here, so say why the
@@ -293,11 +286,9 @@ def _layouts_of_shape(
     for b in sizes:
         m = global_batch // (dp * b)
         schedules = _schedules(pp, m, layers, fixed.get("chunks"), reject, fixed.get("schedule"))
-        for (schedule, v), zero, recompute, ep in itertools.product(
-            schedules, ZERO_STAGES if dp * cp > 1 else (0,), recomputes, eps
+        for (schedule, v), zero, recompute, (ep, etp) in itertools.product(
+            schedules, ZERO_STAGES if dp * cp > 1 else (0,), recomputes, experts
         ):
-            if fixed.get("ep", ep) != ep:
-                continue
             if fixed.get("zero", zero) != zero:
                 continue  # another stage than the one asked for: not a candidate
             if zero == 3 and pp > 1 and fixed.get("zero3_pipeline", "none") == "none":
@@ -335,6 +326,7 @@ def _layouts_of_shape(
                 recompute_blocks=(fixed.get("recompute_blocks") if recompute == "full" else None),
                 cp=cp,
                 ep=ep,
+                etp=etp,
                 **software(fixed | {"split": tried[0]}),
             )
             refusal = layout.model_refusal(cfg)
@@ -344,6 +336,37 @@ def _layouts_of_shape(
             for made in _split_layouts(cfg, layout, tried, reject):
                 if all(getattr(made, k) == val for k, val in fixed.items()):
                     yield made
+
+
+def _expert_layouts(
+    cfg: ModelConfig, tp: int, dp: int, cp: int, fixed: dict, reject: Reject
+) -> list[tuple[int, int]]:
+    """The (ep, etp) pairs a shape's mixture is tried at: unfolded (etp 0) and, under tensor
+    parallelism, folded at etp 1 (Megatron-Core's parallel folding) — every ep dividing the
+    experts that :func:`~paracube.planner.layout.expert_refusal` lets the shape hold — or
+    the fixed ones, refused by name where the shape or the model cannot take them. A dense
+    model: (1, 0)."""
+    pairs = [(1, 0)]
+    if cfg.moe:
+        # folded at etp 1 where it differs from unfolded (tp > 1); at tp too if asked for
+        etps = dict.fromkeys((0, 1, tp) if "etp" in fixed else (0, 1) if tp > 1 else (0,))
+        pairs = [
+            (e, etp)
+            for etp in etps
+            for e in divisors(tp * cp * dp)
+            if cfg.experts % e == 0 and not expert_refusal(e, etp, tp, dp, cp)
+        ]
+    wanted = [
+        (ep, etp) for ep, etp in pairs if fixed.get("ep", ep) == ep and fixed.get("etp", etp) == etp
+    ]
+    if wanted or not {"ep", "etp"} & fixed.keys():
+        return wanted
+    ep, etp = fixed.get("ep", 1), fixed.get("etp", 0)
+    if not cfg.moe or cfg.experts % ep:  # the model refuses them whatever the shape
+        reject(Layout(ep=ep, etp=etp, dp=ep, tp=max(etp, 1)).model_refusal(cfg))
+    else:
+        reject(expert_refusal(ep, etp, tp, dp, cp, brief=True))
+    return []
 
 
 def check_fixed(fixed: dict) -> None:
@@ -362,6 +385,9 @@ def check_fixed(fixed: dict) -> None:
         # dp is the search's to choose: whether ep divides it is asked of each layout, not
         # of the default dp = 1 (which would refuse every ep > 1 fixed alone)
         probe["dp"] = ep
+    etp = probe.get("etp")
+    if "tp" not in probe and isinstance(etp, int) and not isinstance(etp, bool) and etp > 1:
+        probe["tp"] = etp  # the same for tp, which etp must equal when above 1
     Layout(**probe)
 
 

@@ -284,7 +284,7 @@ def layer_time(
     (:func:`fp8_cast_bytes`); the attention core and everything else stay 16-bit."""
     b, s, t = layout.micro_batch, cfg.seq_len, layout.tp
     M = b * s
-    gemms = shapes.block_gemms(cfg, M, t, layout.ep)
+    gemms = shapes.block_gemms(cfg, M, t, layout.ep, layout.expert_tp)
     fwd, bwd = block_gemm_time(cfg, layout, g, elem, fp8)
     if fp8:
         cast_fwd, cast_bwd = fp8_cast_bytes(gemms, current=layout.fp8_scaling == "current")
@@ -314,7 +314,12 @@ def elementwise_forward(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2)
     acts: float
     if layout.attention in FUSED_ATTENTION:
         acts = shapes.block_saved_bytes(
-            cfg, b, elem=elem, tp=t, sequence_parallel=layout.sequence_parallel
+            cfg,
+            b,
+            elem=elem,
+            tp=t,
+            sequence_parallel=layout.sequence_parallel,
+            etp=layout.expert_tp,
         )
     else:
         acts = activation_bytes_per_layer(  # the s×s passes are the core's (attention_core)
@@ -358,7 +363,7 @@ def replay_saving(
     tokens = layout.micro_batch * cfg.seq_len
     return sum(
         _gemm(m, n, k, linear, linear_elem)
-        for m, n, k in shapes.down_gemms(cfg, tokens, layout.tp, layout.ep)
+        for m, n, k in shapes.down_gemms(cfg, tokens, layout.tp, layout.ep, layout.expert_tp)
     )
 
 
@@ -391,7 +396,8 @@ def block_gemm_time(
     overlapped tensor-parallel collectives can hide behind (:func:`overlapped_tp_comm`)."""
     linear, linear_elem = _linear_units(g, elem, fp8)
     fwd = bwd = 0.0
-    for shape in shapes.block_gemms(cfg, layout.micro_batch * cfg.seq_len, layout.tp, layout.ep):
+    tokens = layout.micro_batch * cfg.seq_len
+    for shape in shapes.block_gemms(cfg, tokens, layout.tp, layout.ep, layout.expert_tp):
         f, b = _gemm_fwd_bwd(*shape, linear, linear_elem)
         fwd, bwd = fwd + f, bwd + b
     return fwd, bwd
@@ -408,7 +414,7 @@ def block_weight_grad_time(
     rows = layout.micro_batch * cfg.seq_len
     return sum(
         _gemm(k, n, m, linear, linear_elem)
-        for m, n, k in shapes.block_gemms(cfg, rows, layout.tp, layout.ep)
+        for m, n, k in shapes.block_gemms(cfg, rows, layout.tp, layout.ep, layout.expert_tp)
     )
 
 
@@ -732,7 +738,7 @@ def _rank_step(
     blocks = len(share.blocks)
     redone = recomputed_blocks(share, layout)
     per_mb = blocks * block + (head_time(cfg, layout, g, elem) if share.head else 0.0)
-    block_params = shapes.block_params(cfg, tp=t, ep=layout.ep)
+    block_params = shapes.block_params(cfg, tp=t, ep=layout.ep, etp=layout.expert_tp)
     params = blocks * block_params
     if share.embedding:
         params += shapes.embed_params(cfg, tp=t)
@@ -743,8 +749,9 @@ def _rank_step(
     ring_redone = redone * ring[0] if layout.recompute == "full" else 0.0
     embedding = shapes.embed_params(cfg, tp=t) if share.embedding else 0.0
     root = params - blocks * block_params  # embedding, final norm, head
-    experts = blocks * shapes.expert_params(cfg, t, layout.ep) if cfg.moe else 0.0
+    experts = blocks * shapes.expert_params(cfg, layout.expert_tp, layout.ep) if cfg.moe else 0.0
     ep_redone = redone * to_experts / 2 if layout.recompute == "full" else 0.0
+    waited = overlapped_ep_comm(to_experts, block, layout) if layout.ep_comm_overlap else to_experts
     return _RankTime(
         # the blocks' and the head's work, ZeRO-3's copy-outs (FSDP2) and bringing their
         # gradients into the buffer
@@ -762,14 +769,23 @@ def _rank_step(
             elem,
             root,
         ),
-        # sharded, the experts' states are over their own, ep times smaller, group: counted
-        # ep times among the params optimizer_time divides by the whole group
+        # sharded, the experts' states are over their own group (ep times smaller unfolded):
+        # counted as many times over among the params optimizer_time divides by the whole one
         optimizer=optimizer_time(
-            layout, g, params + (experts * (layout.ep - 1) if layout.zero else 0.0), elem
+            layout,
+            g,
+            params + (experts * (expert_share(layout) - 1) if layout.zero else 0.0),
+            elem,
         ),
         cp_comm=m * (blocks * sum(ring) + ring_redone),
-        ep_comm=m * (blocks * to_experts + ep_redone),
+        ep_comm=m * (blocks * waited + ep_redone),
     )
+
+
+def expert_share(layout: Layout) -> float:
+    """How many times smaller the experts' gradient group is than the whole one: ep
+    unfolded; ep × etp ÷ tp folded (:attr:`Layout.expert_grad_group`)."""
+    return layout.grad_group / layout.expert_grad_group
 
 
 def reduced_params(layout: Layout, params: float, experts: float) -> float:
@@ -800,13 +816,15 @@ def ep_comm_time(cfg: ModelConfig, layout: Layout, cluster: Cluster) -> float:
     through its own network port (an all-to-all's bytes do not spread over the node's
     rails as a ring's do) — and pays a latency step per peer. Under tensor parallelism the
     dispatcher sends every token's 1/t slice of the hidden vector (its hidden-parallel
-    layout, :func:`moe_tp_rings`): each of the t ranks 1/t of the bytes."""
+    layout, :func:`moe_tp_rings`): each of the t ranks 1/t of the bytes. Folded
+    (:attr:`Layout.folded`), each rank sends its own N/t tokens whole — the same bytes — to
+    expert-parallel ranks etp apart (Megatron-Core's expert order etp-ep-edp-pp)."""
     ep = layout.ep
     if not cfg.moe or ep <= 1:
         return 0.0
     n = layout.micro_batch * cfg.seq_len
     per_peer = cfg.experts_per_token * n * cfg.hidden * 2 / (layout.tp * ep)
-    stride = layout.tp * layout.cp
+    stride = layout.expert_tp if layout.folded else layout.tp * layout.cp
     here = min(ep, max(1, cluster.gpus_per_node // stride))  # members on this rank's node
     local = (here - 1) * per_peer / cluster.intra.bandwidth
     if here == ep:
@@ -815,6 +833,24 @@ def ep_comm_time(cfg: ModelConfig, layout: Layout, cluster: Cluster) -> float:
         remote = (ep - here) * per_peer / cluster.inter.bandwidth
         one = max(local, remote) + (ep - 1) * cluster.inter.latency
     return 4 * one
+
+
+def overlapped_ep_comm(comm: float, block: float, layout: Layout) -> float:
+    """Seconds of one block's all-to-alls (``comm``, forward and backward, per micro-batch)
+    left on the step under ``Layout.ep_comm_overlap``: Megatron-Core's combined 1F1B runs
+    micro-batch i + 1's forward beside micro-batch i's backward layer by layer, each one's
+    dispatch and combine on a stream of their own beside the other's attention and experts
+    (DeepSeek-V3's pairing, Liu et al. 2024 §3.2.1) — what ``block`` seconds of a pair's
+    compute cannot cover waits, and the covered rest slows the compute it runs beside by
+    :data:`~paracube.planner.collectives.OVERLAP_SLOWDOWN` of its seconds. Micro-batches
+    without a partner — the pipeline's warm-up forwards and cool-down backwards on its first
+    rank (2(p − 1) + (v − 1)p of the m·v chunks under interleaving; the first forward and the
+    last backward without a pipeline) — wait for theirs."""
+    m, v = layout.microbatches, layout.chunks
+    unpaired = 1 if layout.pp == 1 else min(2 * (layout.pp - 1) + (v - 1) * layout.pp, m * v)
+    share = unpaired / (m * (1 if layout.pp == 1 else v))
+    hidden = min(comm, block)
+    return share * comm + (1 - share) * (comm - hidden + OVERLAP_SLOWDOWN * hidden)
 
 
 def _recomputed_share(cfg: ModelConfig, layout: Layout) -> float:
@@ -871,7 +907,7 @@ def block_tp_comm(
     # gathers before the first matmuls are redone — charged as full's, an upper bound)
     full = layout.recompute in ("full", "op")
     if cfg.moe:  # the MLP's collectives are the token dispatcher's: moe_tp_rings
-        rings = moe_tp_rings(cfg, t, full)
+        rings = moe_tp_rings(cfg, t, full, layout.expert_tp)
     else:
         rings = 4 * (1.5 if full else 1.0)
         if layout.sequence_parallel:  # pairs of half rings, and the two re-gathers: one ring
@@ -884,7 +920,7 @@ def block_tp_comm(
     return comm
 
 
-def moe_tp_rings(cfg: ModelConfig, t: int, full: bool) -> float:
+def moe_tp_rings(cfg: ModelConfig, t: int, full: bool, etp: int | None = None) -> float:
     """A mixture-of-experts block's tensor-parallel collectives per micro-batch, in rings of
     b·s·h values (all-gather + reduce-scatter pairs: sequence parallelism, which
     Megatron-Core requires of a mixture under tensor parallelism). The attention's as a
@@ -896,8 +932,10 @@ def moe_tp_rings(cfg: ModelConfig, t: int, full: bool) -> float:
     the experts (k half rings) — the experts' first linear keeps them, none re-gathered in
     backward — and mirrors it all after the experts (a reduce-scatter of k·N rows, the
     all-to-all back); its backward, the same again. A fully recomputed block's forward
-    once more."""
-    mlp = cfg.experts_per_token + 1 / t  # the rings the dispatcher's collectives make
+    once more. Folded at ``etp`` 1 (None: t), the experts take each rank's sequence shard
+    whole: the MLP has no tensor-parallel collective."""
+    # the rings the dispatcher's collectives make
+    mlp = cfg.experts_per_token + 1 / t if (etp is None or etp == t) else 0.0
     forward = 1 + mlp
     return forward * (2 if full else 1) + forward + 0.5
 
