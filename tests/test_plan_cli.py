@@ -1254,7 +1254,9 @@ def test_explained_times_never_print_in_exponent_notation(capsys):
                 "--global-batch", "64", "--precision", "fp32", "--explain", "--top", "2")  # fmt: skip
     for out in (slow, fast):
         assert not re.search(r"\de[+-]\d", out), out
-    assert re.search(r"of (a|its) \d,\d{3} s step", slow) and re.search(r"optimizer \([\d.]+ ms\)", fast)
+    assert re.search(r"of (a|its) \d,\d{3} s step", slow) and re.search(
+        r"optimizer \([\d.]+ ms\)", fast
+    )
 
 
 def test_fewer_micro_batches_than_stages_are_planned_with_gpipe_and_explained(capsys):

@@ -280,6 +280,13 @@ def test_a_fixed_ep_alone_leaves_dp_to_the_search_and_an_ep_above_dp_is_folded(c
     assert "ep=32 does not divide dp=16" in err and "etp=1" in err
     assert main([*common, "--layout", "tp=4,pp=8,dp=8,ep=2,etp=1"]) == 2
     assert "ep=2 × etp=1 is below tp=4" in capsys.readouterr().err
+    # etp fixed alone leaves ep to the search, as ep alone leaves dp
+    argv = ["plan", "--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100",
+            "--global-batch", "64", "--layout", "tp=2,etp=1", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    candidates = json.loads(capsys.readouterr().out)["candidates"]
+    assert candidates and all(c["layout"]["etp"] == 1 for c in candidates)
+    assert all(c["layout"]["ep"] >= 2 for c in candidates)
 
 
 def test_folded_experts_do_the_same_work_in_other_groups():
@@ -331,7 +338,7 @@ def test_overlapped_all_to_alls_wait_only_for_what_compute_cannot_cover():
     )
     cfg = preset("qwen3-235b-a22b")
     assert base.model_refusal(cfg) == ""
-    assert "interleaved-1f1b" in base.replace(schedule="1f1b", chunks=1).model_refusal(cfg)
+    assert "interleaved-1f1b only" in base.replace(schedule="1f1b", chunks=1).model_refusal(cfg)
 
 
 def test_a_plans_track_record_is_of_its_own_kind_of_model(capsys):

@@ -423,8 +423,8 @@ class Layout:
             return f"shard={self.shard}: hybrid sharding is not planned for a mixture of experts"
         if self.ep_comm_overlap and self.pp > 1 and self.schedule != "interleaved-1f1b":
             return (
-                f"ep_comm_overlap with pp={self.pp} and schedule={self.schedule}: Megatron-Core's "
-                "combined 1F1B pairs micro-batches without a pipeline or under interleaved-1f1b"
+                "ep_comm_overlap under a pipeline: Megatron-Core's combined 1F1B pairs "
+                "micro-batches without one or under interleaved-1f1b only"
             )
         return ""
 

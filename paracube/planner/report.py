@@ -380,8 +380,14 @@ def _experts_reason(best, cfg: ModelConfig) -> str:
     return (
         head + f"expert parallel {L.ep} gives each rank {cfg.experts // L.ep} of every block's "
         f"experts ({where}), and every token goes to its experts' ranks and back in four "
-        f"all-to-alls per block and micro-batch, waited for: {seconds_text(t.ep_comm)} per "
-        "step. " + _PLANNED_ONLY
+        "all-to-alls per block and micro-batch, "
+        + (
+            "beside another micro-batch's compute (combined 1F1B), what it cannot cover"
+            if L.ep_comm_overlap
+            else "waited for"
+        )
+        + f": {seconds_text(t.ep_comm)} per step. "
+        + _PLANNED_ONLY
     )
 
 

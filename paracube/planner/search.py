@@ -386,8 +386,12 @@ def check_fixed(fixed: dict) -> None:
         # of the default dp = 1 (which would refuse every ep > 1 fixed alone)
         probe["dp"] = ep
     etp = probe.get("etp")
-    if "tp" not in probe and isinstance(etp, int) and not isinstance(etp, bool) and etp > 1:
-        probe["tp"] = etp  # the same for tp, which etp must equal when above 1
+    if isinstance(etp, int) and not isinstance(etp, bool) and etp > 0:
+        if "tp" not in probe and etp > 1:
+            probe["tp"] = etp  # the same for tp, which etp must equal when above 1
+        if "ep" not in probe:  # ep too is the search's: one that folds over tp
+            probe["ep"] = probe.get("tp", 1)
+            probe.setdefault("dp", 1)
     Layout(**probe)
 
 
