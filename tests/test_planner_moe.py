@@ -366,3 +366,22 @@ def test_a_plans_track_record_is_of_its_own_kind_of_model(capsys):
     line = next(x for x in capsys.readouterr().out.splitlines() if "Track record" in x)
     assert "1 published run of fsdp's software on H100 SXM in bf16 of mixtures of experts" in line
     assert "(NeMo AutoModel, MoE)" in line
+
+
+def test_under_fp8_the_experts_keep_their_inputs_as_fp8_copies():
+    """Megatron-Core's blocks under FP8 keep every linear layer's input as the FP8 copy its
+    weight gradient uses (Transformer Engine's saved input, 1 byte): the experts' first
+    linear too. Beside the dense MLP's own saving, the routed k·n rows of the mixture's
+    expert inputs drop from 2 bytes to 1 (n: the micro-batch's tokens; tp 1 here)."""
+    from paracube.planner.memory import te_block_bytes
+
+    moe = preset("qwen3-30b-a3b")
+    dense = dataclasses.replace(moe, experts=0, experts_per_token=0)
+    n = moe.seq_len
+
+    def saving(cfg: ModelConfig) -> float:
+        return te_block_bytes(cfg, 1) - te_block_bytes(cfg, 1, fp8=True)
+
+    k, f = moe.experts_per_token, moe.ffn_hidden
+    mlp_inputs = n * f  # the down projection's input, one byte fewer per value
+    assert saving(moe) - k * mlp_inputs - (saving(dense) - mlp_inputs) == k * n * moe.hidden

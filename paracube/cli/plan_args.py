@@ -91,7 +91,8 @@ def add_parser(sub) -> None:
         "--layout",
         default=None,
         help="evaluate one layout: dp=,tp=,pp= (and cp=, context parallelism as Megatron-Core "
-        "runs it, and ep=, a mixture of experts' expert parallelism out of the dp ranks: "
+        "runs it, ep=, a mixture of experts' expert parallelism out of the dp ranks, and "
+        "etp=1, its experts folded over tp × cp × dp as Megatron-Core's parallel folding: "
         "planned, not run by paracube train)",
     )
     t.add_argument("--micro-batch", type=int, default=None)

@@ -374,7 +374,13 @@ def block_saved_bytes(
 
 
 def moe_routing_bytes(
-    cfg: ModelConfig, n: int, elem: int, tp: int = 1, ts: int = 1, etp: int | None = None
+    cfg: ModelConfig,
+    n: int,
+    elem: int,
+    tp: int = 1,
+    ts: int = 1,
+    etp: int | None = None,
+    input_elem: int | None = None,
 ) -> int:
     """What a mixture's routing keeps for backward for n tokens of a rank, beside its
     experts' activations (k × a dense MLP's: every routed token one MLP's rows). Derived for
@@ -388,10 +394,13 @@ def moe_routing_bytes(
     _region): the k·n rows the experts' up projections keep; on the way back the combine
     weighs the k·n slices it receives (1/tp of each vector) by their fp32 probabilities,
     keeping both. Folded at ``etp`` 1 (None: tp), the rank's sequence shard is dispatched
-    whole: the experts keep its k·n/tp rows, and the combine weighs as many whole vectors."""
+    whole: the experts keep its k·n/tp rows, and the combine weighs as many whole vectors.
+    The experts' first linear keeps its input in ``input_elem`` bytes (None: ``elem``; 1
+    under FP8, Transformer Engine's saved FP8 copy, as a dense linear's)."""
     k, e, h = cfg.experts_per_token, cfg.experts, cfg.hidden
     router = (n * e * 4 + n * e) // ts
-    inputs = k * n * h * elem * (tp if etp is None else etp) // tp
+    kept = elem if input_elem is None else input_elem
+    inputs = k * n * h * kept * (tp if etp is None else etp) // tp
     return router + inputs + k * n * h * elem // tp + 4 * k * n
 
 

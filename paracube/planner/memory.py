@@ -149,5 +149,5 @@ def te_block_bytes(
     gate_up = 2 if cfg.activation == "swiglu" else 1
     mlp = 2 * gate_up * n * f / t + linear_in * n * f / t
     if cfg.moe:  # k experts' MLPs for every token, and what the routing keeps
-        mlp = mlp * cfg.experts_per_token + moe_routing_bytes(cfg, n, 2, t, int(ts), etp)
+        mlp = mlp * cfg.experts_per_token + moe_routing_bytes(cfg, n, 2, t, int(ts), etp, linear_in)
     return norms + norm_outputs + attention + mlp
