@@ -404,6 +404,8 @@ CASES: list[tuple[str, list[str], str]] = [
      "mixtral-8x7b is a mixture of experts on a mixed cluster: expert parallelism is not planned over device types"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--layout", "ep=2"],
      "--layout ep=2: expert parallelism spreads a mixture of experts, and gpt3-1.3b is dense"),
+    ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--layout", "etp=1"],
+     "--layout etp=1: expert parallelism spreads a mixture of experts, and gpt3-1.3b is dense"),
     ("plan", ["plan", "--model", "mixtral-8x7b", "--seq", "4096", "--gpus", "64", "--global-batch", "256",
               "--emit", "torchrun"],
      "mixtral-8x7b is a mixture of experts (8 experts) with --emit torchrun"),

@@ -99,10 +99,14 @@ def cmd_plan(args) -> int:
 
     at_precision(cluster, args.precision)  # units the GPU lacks: refused before the search
     fixed = plan_fixed(args, args.gpus)
-    if fixed.get("ep", 1) > 1 and not (isinstance(cfg, ModelConfig) and cfg.moe):
+    # ep above 1, or any etp: the experts' layout, which a dense model has none of
+    experts = [f"{k}={v}" for k, v, none in (("ep", fixed.get("ep", 1), 1),
+                                            ("etp", fixed.get("etp", 0), 0)) if v != none]  # fmt: skip
+    if experts and not (isinstance(cfg, ModelConfig) and cfg.moe):
+        what = ",".join(experts)
         raise ParacubeError(
-            f"--layout ep={fixed['ep']}: expert parallelism spreads a mixture of experts, and "
-            f"{cfg.name} is dense; drop ep, or plan a mixture (--experts, a preset such as "
+            f"--layout {what}: expert parallelism spreads a mixture of experts, and "
+            f"{cfg.name} is dense; drop {what}, or plan a mixture (--experts, a preset such as "
             "mixtral-8x7b)"
         )
     result = _search(args, cfg, cluster, fixed)
