@@ -214,7 +214,7 @@ class Layout:
     # a mixture's all-to-alls overlapped with another micro-batch's compute (Megatron-Core's
     # --overlap-moe-expert-parallel-comm: its combined 1F1B pairs micro-batch i + 1's forward
     # with micro-batch i's backward layer by layer, each one's dispatch and combine beside the
-    # other's attention and experts — DeepSeek-V3's overlap, Liu et al. 2024 §3.2.1), hosted
+    # other's attention and experts — DeepSeek-V3's overlap, its technical report §3.2.1), hosted
     # without a pipeline or by the interleaved schedule; paracube plans its mixtures' all-to-
     # alls waited for (False). :func:`paracube.planner.time_model.overlapped_ep_comm`
     ep_comm_overlap: bool = False

@@ -840,8 +840,9 @@ def overlapped_ep_comm(comm: float, block: float, layout: Layout) -> float:
     left on the step under ``Layout.ep_comm_overlap``: Megatron-Core's combined 1F1B runs
     micro-batch i + 1's forward beside micro-batch i's backward layer by layer, each one's
     dispatch and combine on a stream of their own beside the other's attention and experts
-    (DeepSeek-V3's pairing, Liu et al. 2024 §3.2.1) — what ``block`` seconds of a pair's
-    compute cannot cover waits, and the covered rest slows the compute it runs beside by
+    (DeepSeek-V3's pairing: DeepSeek-AI 2024, its technical report §3.2.1) — what
+    ``block`` seconds of a pair's compute cannot cover waits, and the covered rest slows
+    the compute it runs beside by
     :data:`~paracube.planner.collectives.OVERLAP_SLOWDOWN` of its seconds. Micro-batches
     without a partner — the pipeline's warm-up forwards and cool-down backwards on its first
     rank (2(p − 1) + (v − 1)p of the m·v chunks under interleaving; the first forward and the
