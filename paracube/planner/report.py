@@ -363,12 +363,17 @@ def _context_parallel_reason(best, cfg: ModelConfig) -> str:
     )
 
 
+_MIXTURE_PLANNED_ONLY = "Planned only: paracube train builds dense models."
+
+
 def _experts_reason(best, cfg: ModelConfig) -> str:
     """A mixture of experts: where the experts are, and the all-to-alls that reach them."""
     L, t = best.layout, best.time
     head = f"- A mixture of {cfg.experts} experts, {cfg.experts_per_token} per token: "
     if L.ep == 1:
-        return head + "every rank holds all of them (no expert parallelism). " + _PLANNED_ONLY
+        return (
+            head + "every rank holds all of them (no expert parallelism). " + _MIXTURE_PLANNED_ONLY
+        )
     if L.folded:  # Megatron-Core's parallel folding
         split = "each expert whole" if L.etp == 1 else f"each split over {L.etp}"
         where = (
@@ -387,11 +392,8 @@ def _experts_reason(best, cfg: ModelConfig) -> str:
             else "waited for"
         )
         + f": {seconds_text(t.ep_comm)} per step. "
-        + _PLANNED_ONLY
+        + _MIXTURE_PLANNED_ONLY
     )
-
-
-_PLANNED_ONLY = "Planned only: paracube train builds dense models."
 
 
 def _pipeline_reason(best, cfg: ModelConfig) -> str:
