@@ -100,8 +100,9 @@ def cmd_plan(args) -> int:
     at_precision(cluster, args.precision)  # units the GPU lacks: refused before the search
     fixed = plan_fixed(args, args.gpus)
     # ep above 1, or any etp: the experts' layout, which a dense model has none of
-    experts = [f"{k}={v}" for k, v, none in (("ep", fixed.get("ep", 1), 1),
-                                            ("etp", fixed.get("etp", 0), 0)) if v != none]  # fmt: skip
+    experts = [f"ep={fixed['ep']}"] if fixed.get("ep", 1) > 1 else []
+    if fixed.get("etp"):
+        experts.append(f"etp={fixed['etp']}")
     if experts and not (isinstance(cfg, ModelConfig) and cfg.moe):
         what = ",".join(experts)
         raise ParacubeError(
