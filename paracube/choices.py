@@ -104,6 +104,21 @@ GRAD_BUCKETS = ("ddp", "megatron", "internlm")
 # no gradient sync nor reshard until the last backward, torch/distributed/pipelining/
 # stage.py backward_maybe_with_nosync)
 ZERO3_PIPELINE = ("none", "per-step")
+# planner: how a mixture's token dispatcher sends a rank's tokens to the experts' ranks — a
+# row for each token and each of its k experts (alltoall: Megatron-Core's
+# MoEAlltoAllTokenDispatcher, --moe-token-dispatcher-type alltoall, paracube's default), or
+# each token once to every rank holding any of its experts, which copies it to them there
+# (deepep: DeepEP's dispatch — deep_ep/buffer.py, get_dispatch_layout's
+# is_token_in_rank[tokens, ranks] —, Megatron-Core's flex dispatcher, NeMo AutoModel's
+# "TE + DeepEP"); the combine mirrors it
+EP_DISPATCH = ("alltoall", "deepep")
+# planner: which experts a token's router picks, as far as the dispatch's traffic is
+# concerned: its top k, counted as k of the E experts drawn at random — balanced on average,
+# as an auxiliary loss keeps them (top-k; Megatron-Core's --moe-router-force-load-balancing
+# draws them at random) — or experts i·k … i·k + k − 1 mod E for the i-th token (round-robin:
+# NeMo AutoModel's FakeBalancedGate, nemo_automodel/components/moe/layers.py, which its
+# benchmarks run: fake_balanced_gate true)
+ROUTERS = ("top-k", "round-robin")
 # planner: the AdamW step's kernels over fp32 weights, gradients, m and v — one fused kernel
 # (fused: paracube's, apex's and Transformer Engine's FusedAdam, torch's fused=True) or an
 # op per pass over the states (multi-op: torch.optim.AdamW's default multi-tensor path,

@@ -148,6 +148,63 @@ def test_the_dispatcher_sends_each_token_to_its_experts_and_back_four_times():
     assert ep_comm_time(preset("gpt3-1.3b"), Layout(dp=8), H100) == 0.0
 
 
+def test_deepep_sends_a_token_once_to_each_rank_holding_its_experts():
+    """DeepEP's dispatch sends a token once to every rank holding any of its experts, where
+    the all-to-all dispatcher sends a row per expert: each all-to-all carries, to a peer,
+    the tokens that reach it. Counted here by enumeration — every choice of a token's k
+    experts (the router's top k, at random) and every token of the round-robin gate's cycle
+    — and the all-to-alls' seconds scale by it (latency set to zero to compare the bytes)."""
+    from itertools import combinations
+    from math import comb
+
+    from paracube.planner.time_model import dispatched_rows
+
+    def reach(cfg, ep, picks):
+        """How often each token's picks include an expert of rank 1 (any peer: all alike)."""
+        held = cfg.experts // ep
+        return sum(any(e // held == 1 for e in p) for p in picks) / len(picks)
+
+    for cfg, ep in [(preset("mixtral-8x7b", seq_len=4096), 4), (preset("qwen3-30b-a3b"), 8)]:
+        E, k = cfg.experts, cfg.experts_per_token
+        random = combinations(range(E), k) if comb(E, k) < 10**6 else None
+        if random is not None:  # Mixtral: 28 pairs of 8 experts
+            expected = reach(cfg, ep, list(random))
+        else:  # Qwen3-30B-A3B: 1.4 × 10^12 choices — their count, in closed form
+            expected = 1 - comb(E - E // ep, k) / comb(E, k)
+        deepep = Layout(dp=ep, ep=ep, ep_dispatch="deepep")
+        assert dispatched_rows(cfg, deepep) == pytest.approx(expected)
+        assert dispatched_rows(cfg, Layout(dp=ep, ep=ep)) == pytest.approx(k / ep)
+        cycle = [[(i * k + j) % E for j in range(k)] for i in range(E)]
+        robin = Layout(dp=ep, ep=ep, ep_dispatch="deepep", router="round-robin")
+        assert dispatched_rows(cfg, robin) == pytest.approx(reach(cfg, ep, cycle))
+        # the bytes on the links: the all-to-alls' seconds in proportion
+        still = dataclasses.replace(H100.intra, latency=0.0)
+        cluster = Cluster(H100.gpu, 8, still, dataclasses.replace(H100.inter, latency=0.0))
+        plain = ep_comm_time(cfg, Layout(dp=ep, ep=ep), cluster)
+        assert ep_comm_time(cfg, deepep, cluster) == pytest.approx(plain * expected / (k / ep))
+    # NeMo AutoModel's benchmark gate on Qwen3-30B-A3B over 8 ranks of 16 experts: a token's
+    # 8 consecutive experts start at a multiple of 8, so they sit on one rank — 1/k the rows
+    assert dispatched_rows(cfg, robin) == pytest.approx(1 / ep)
+
+
+def test_deepeps_dispatch_is_emitted_for_megatron_and_explained(capsys):
+    """--ep-dispatch deepep is Megatron-Core's flex dispatcher with DeepEP's backend in the
+    emitted command (the all-to-all dispatcher's flag otherwise), and --explain says what
+    share of the per-expert rows its all-to-alls carry (dispatched_rows ÷ k/ep)."""
+    from paracube.planner.time_model import dispatched_rows
+
+    common = ["plan", "--model", "qwen3-30b-a3b", "--gpus", "8", "--gpu", "h100",
+              "--global-batch", "512", "--layout", "dp=8,ep=8", "--micro-batch", "2"]  # fmt: skip
+    for dispatch, flags in [("alltoall", "--moe-token-dispatcher-type alltoall"),
+                            ("deepep", "--moe-token-dispatcher-type flex "
+                                       "--moe-flex-dispatcher-backend deepep")]:  # fmt: skip
+        assert main([*common, "--ep-dispatch", dispatch, "--emit", "megatron"]) == 0
+        assert flags in capsys.readouterr().out
+    assert main([*common, "--ep-dispatch", "deepep", "--explain"]) == 0
+    share = dispatched_rows(preset("qwen3-30b-a3b"), Layout(dp=8, ep=8, ep_dispatch="deepep"))
+    assert f"{share / (8 / 8):.0%} of the rows a copy per expert sends" in capsys.readouterr().out
+
+
 def test_a_mixtures_tensor_parallel_collectives_are_the_dispatchers():
     """The attention's pair forward and backward and its input re-gathered (2.5 rings of
     b·s·h); the dispatcher's gather and scatter of the k·N rows (k half rings each way) and

@@ -103,12 +103,23 @@ def cmd_plan(args) -> int:
     experts = [f"ep={fixed['ep']}"] if fixed.get("ep", 1) > 1 else []
     if fixed.get("etp"):
         experts.append(f"etp={fixed['etp']}")
-    if experts and not (isinstance(cfg, ModelConfig) and cfg.moe):
+    dense = not (isinstance(cfg, ModelConfig) and cfg.moe)
+    if experts and dense:
         what = ",".join(experts)
         raise ParacubeError(
             f"--layout {what}: expert parallelism spreads a mixture of experts, and "
             f"{cfg.name} is dense; drop {what}, or plan a mixture (--experts, a preset such as "
             "mixtral-8x7b)"
+        )
+    # the token dispatch's facts, stated for a model with no tokens to dispatch
+    dispatch = [
+        f"--{k.replace('_', '-')} {fixed[k]}" for k in ("ep_dispatch", "router") if k in fixed
+    ]
+    if dispatch and dense:
+        what = " ".join(dispatch)
+        raise ParacubeError(
+            f"{what}: how a mixture of experts dispatches its tokens, and {cfg.name} is dense; "
+            "drop it, or plan a mixture (--experts, a preset such as mixtral-8x7b)"
         )
     result = _search(args, cfg, cluster, fixed)
     if not result.ranked:

@@ -281,6 +281,20 @@ def add_parser(sub) -> None:
         "pipeline or under interleaved-1f1b); default off, the all-to-alls waited for",
     )
     t.add_argument(
+        "--ep-dispatch",
+        default=None,
+        help="how a mixture's tokens reach the experts' ranks: a row per token and expert "
+        "(alltoall: Megatron-Core's all-to-all dispatcher; default) or a token once per rank "
+        "holding any of its experts (deepep: DeepEP, Megatron-Core's flex dispatcher)",
+    )
+    t.add_argument(
+        "--router",
+        default=None,
+        help="which experts a token goes to, for the dispatch's traffic: its router's top k, "
+        "counted as k experts at random (top-k; default) or k consecutive ones in turn "
+        "(round-robin: NeMo AutoModel's fake balanced gate)",
+    )
+    t.add_argument(
         "--fp8-scaling",
         default=None,
         help="under --precision fp8: delayed (scales from the amax history, Transformer "

@@ -431,6 +431,7 @@ def _check_emit(args) -> None:
             ("--compress", "compress", args.compress),
             ("--pipeline-split", "split", args.split),
             ("--grad-bucket", "grad_bucket", args.grad_bucket),
+            ("--router", "router", args.router),
         ]
         for flag, field, value in megatron_stated:
             words = None if value is None else unrun_choice(field, value)

@@ -18,6 +18,7 @@ from paracube.choices import (
     ACTIVATION_MEMORY,
     ATTENTION,
     CLIP_SCALING,
+    EP_DISPATCH,
     FP8_SCALING,
     FUSED_ATTENTION,
     GRAD_ACCUMULATION,
@@ -33,6 +34,7 @@ from paracube.choices import (
     RECOMPUTE,
     RECOMPUTE_REPLAY,
     RECOMPUTE_SCOPES,
+    ROUTERS,
     ZERO3_PIPELINE,
     ZERO_STAGES,
 )
@@ -54,6 +56,8 @@ OTHER_SOFTWARE = (
     "activations",
     "tp_comm_overlap",
     "ep_comm_overlap",
+    "ep_dispatch",
+    "router",
     "grad_accumulation",
     "param_gather",
     "param_sync",
@@ -90,6 +94,8 @@ NAMED_CHOICES: tuple[tuple[str, tuple | dict], ...] = (
     ("grad_bucket", GRAD_BUCKETS),
     ("zero3_pipeline", ZERO3_PIPELINE),
     ("loss", LOSS_BACKWARD),
+    ("ep_dispatch", EP_DISPATCH),
+    ("router", ROUTERS),
 )
 
 
@@ -218,6 +224,13 @@ class Layout:
     # without a pipeline or by the interleaved schedule; paracube plans its mixtures' all-to-
     # alls waited for (False). :func:`paracube.planner.time_model.overlapped_ep_comm`
     ep_comm_overlap: bool = False
+    # how the token dispatcher sends tokens to the experts' ranks (choices.EP_DISPATCH): a row
+    # per token and expert (alltoall: Megatron-Core's, paracube's default) or a token once per
+    # rank (deepep: DeepEP, Megatron-Core's flex dispatcher) — with which experts a token's
+    # router picks (choices.ROUTERS), the bytes each all-to-all sends a peer:
+    # :func:`paracube.planner.time_model.dispatched_rows`
+    ep_dispatch: str = "alltoall"
+    router: str = "top-k"
     # under --precision fp8, how each tensor's scale is found (choices.FP8_SCALING): from the
     # amax history (delayed, Transformer Engine's DelayedScaling) or from the tensor itself
     # (current: Megatron-Bridge's FP8-CS, torchao's dynamic float8) — one more pass over it
@@ -404,6 +417,10 @@ class Layout:
             )
         if self.etp and not cfg.moe:
             return f"etp={self.etp}: the experts' tensor parallelism needs a mixture of experts"
+        for name in ("ep_dispatch", "router"):
+            value = getattr(self, name)
+            if value != _DEFAULTS[name] and not cfg.moe:
+                return f"{name}={value}: the token dispatch needs a mixture of experts"
         if cfg.moe and cfg.experts % self.ep:
             return f"ep={self.ep} does not divide the {cfg.experts} experts"
         if cfg.moe and self.recompute == "op":
@@ -596,6 +613,7 @@ class Layout:
 
 
 _FIELD_NAMES = frozenset(f.name for f in fields(Layout))
+_DEFAULTS = {f.name: f.default for f in fields(Layout)}
 
 
 def rank_sequence(cfg: ModelConfig, layout: Layout) -> ModelConfig:

@@ -52,6 +52,8 @@ MEGATRON_RUNS: dict[str, tuple[tuple, str]] = {
     "compress": (("none",), "whole gradients"),
     "shard": ((0,), "ZeRO over the whole data-parallel group"),
     "grad_bucket": (("megatron",), "its own buckets, max(40M, 1M × dp) gradient elements"),
+    "router": (("top-k",), "its router's top k (at random under "
+               "--moe-router-force-load-balancing)"),
 }  # fmt: skip
 # the fields whose choice matters only under a pipeline
 PIPELINE_FIELDS = ("schedule", "split")
@@ -71,6 +73,11 @@ SPLIT_FLAGS = {
         "--account-for-embedding-in-pipeline-split",
         "--account-for-loss-in-pipeline-split",
     ],
+}
+# Megatron-Core's token dispatchers by how the planner dispatches (Layout.ep_dispatch)
+DISPATCHERS = {
+    "alltoall": "--moe-token-dispatcher-type alltoall",
+    "deepep": "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep",
 }
 # Transformer Engine's FP8 recipes by how the planner scales (Layout.fp8_scaling)
 FP8_RECIPES = {"delayed": "delayed", "current": "tensorwise"}
@@ -147,7 +154,7 @@ def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch
     if cfg.moe:
         args.append(
             f"--num-experts {cfg.experts} --moe-router-topk {cfg.experts_per_token} "
-            "--moe-token-dispatcher-type alltoall"
+            + DISPATCHERS[L.ep_dispatch]
         )
     args.append("--attention-dropout 0 --hidden-dropout 0")  # the planned model has none
     # the layout

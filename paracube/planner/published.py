@@ -239,7 +239,9 @@ Sources:
 - Megatron-Bridge, MoE (FP8): the same pages, DGX-H100: Qwen3-30B-A3B (128 experts of 768,
   8 a token) on 16 GPUs at TP 1 × PP 2 × EP 8 — 25.11: global batch 512, micro-batch 2,
   VP 24, 5,275 tokens/s per GPU; 26.02: 1,024, 1, VP 12, 5,113 — forced-balanced and
-  dropless, as the pages say. The 25.09 table's run of the 25.11 layout, token-dropping,
+  dropless, as the pages say; no recomputation and the flex dispatcher, DeepEP's dispatch
+  (``scripts/performance/configs/qwen/qwen3_llm_pretrain.py``: ``set_qwen3_common_configs``,
+  ``qwen3_30b_a3b_pretrain_config_h100``). The 25.09 table's run of the 25.11 layout, token-dropping,
   10,494 tokens/s, states no precision and is left out. Qwen3-235B-A22B on 256 GPUs at
   TP 2 × PP 8 × VP 4, EP 32 folded over TP × DP at expert-tensor-parallel size 1
   (Megatron-Core's parallel folding; ``scripts/performance/configs/qwen/
@@ -251,7 +253,13 @@ Sources:
   window, DeepSeek-V3's latent attention has no planner block.
 - NeMo AutoModel, MoE: its ``docs/performance-summary.md`` (versions of October 2025 on):
   Qwen3 MoE 30B on 8 H100s in BF16, FSDP2 over 8 ranks × EP 8, global batch 512 × 4,096
-  tokens, micro-batch 4, 16 accumulation steps, 12,040 tokens/s per GPU.
+  tokens, micro-batch 4, 16 accumulation steps, 12,040 tokens/s per GPU; its recipe
+  (``examples/benchmark/configs/qwen3_moe_30b_te_deepep.yaml``) checkpoints every block whole
+  (``activation_checkpointing: true``, which ``nemo_automodel/components/moe/
+  parallelizer.py``, ``apply_ac``, turns into torch's ``checkpoint_wrapper`` around each
+  block), dispatches with DeepEP (``enable_deepep: true``) and routes with the fake balanced
+  gate (``fake_balanced_gate: true``: ``FakeBalancedGate`` in ``nemo_automodel/components/
+  moe/layers.py``, token i to experts 8i … 8i + 7 mod 128 — one rank of the 8 each).
 - InternLM: InternLM/InternLM, ``doc/en/train_performance.md`` (InternLM-7B's scaling tests,
   2023): A100 80GB nodes of 8 over "4 * 100Gb RoCE" (``roce-4x100``), sequence 2,048, from
   8 to 1,024 GPUs. Both FLOPS tables (packed samples, tp 1, ZeRO-1 within each node —
@@ -1142,9 +1150,15 @@ def _qwen3_moe() -> list[dict]:
     bridge = dict(tp=1, pp=2, cp=1, dp=8, ep=8, etp=1, zero=1, attention="fused",
                   schedule="interleaved-1f1b", fp8_scaling="current", grad_reduce="compute",
                   **MEGATRON_CORE)  # fmt: skip
+    # Qwen3-30B-A3B's H100 recipe dispatches with the flex dispatcher (qwen3_llm_pretrain.py,
+    # qwen3_30b_a3b_pretrain_config_h100: moe_token_dispatcher_type "flex", DeepEP or its
+    # HybridEP branch as the base config names): each token once to each rank it reaches;
+    # Qwen3-235B-A22B's H100 recipe keeps the all-to-all dispatcher. Neither recomputes
+    # (set_qwen3_common_configs: recompute_granularity None)
+    small = dict(bridge, ep_dispatch="deepep", recompute="none")
     out = [
         _run(f"Megatron-Bridge {container}, MoE (FP8)", cfg, "h100", 16, B, "fp8",
-             dict(bridge, micro_batch=b, chunks=vp), "model",
+             dict(small, micro_batch=b, chunks=vp), "model",
              round(tokens * model_flops_per_token(cfg) / 1e12, 1))
         # container, global batch, micro-batch, virtual stages, tokens/s per GPU
         for container, B, b, vp, tokens in [("25.11", 512, 2, 24, 5275), ("26.02", 1024, 1, 12, 5113)]
@@ -1167,7 +1181,14 @@ def _qwen3_moe() -> list[dict]:
         out.append(_run(f"Megatron-Bridge {container}, MoE (FP8)", big, "h100", 256, B, "fp8",
                         dict(folded, **software), "model",
                         round(tokens * model_flops_per_token(big) / 1e12, 1)))  # fmt: skip
-    fsdp = dict(tp=1, pp=1, cp=1, dp=8, ep=8, zero=3, micro_batch=4, attention="fused", **FSDP2)
+    # AutoModel's recipe (examples/benchmark/configs/qwen3_moe_30b_te_deepep.yaml):
+    # activation_checkpointing true — its MoE parallelizer wraps every block whole in
+    # torch's checkpoint_wrapper (nemo_automodel/components/moe/parallelizer.py, apply_ac) —,
+    # DeepEP's dispatch (enable_deepep true) and the fake balanced gate (fake_balanced_gate
+    # true: token i to experts 8i … 8i + 7 mod 128, all on one rank of the 8)
+    fsdp = dict(tp=1, pp=1, cp=1, dp=8, ep=8, zero=3, micro_batch=4, recompute="full",
+                ep_dispatch="deepep", router="round-robin", attention="fused",
+                **FSDP2)  # fmt: skip
     out.append(_run("NeMo AutoModel, MoE", cfg, "h100", 8, 512, "bf16", fsdp, "model",
                     round(12040 * model_flops_per_token(cfg) / 1e12, 1)))  # fmt: skip
     return out

@@ -385,7 +385,9 @@ def _experts_reason(best, cfg: ModelConfig) -> str:
     return (
         head + f"expert parallel {L.ep} gives each rank {cfg.experts // L.ep} of every block's "
         f"experts ({where}), and every token goes to its experts' ranks and back in four "
-        "all-to-alls per block and micro-batch, "
+        "all-to-alls per block and micro-batch"
+        + _dispatch_words(cfg, L)
+        + ", "
         + (
             "beside another micro-batch's compute (combined 1F1B), what it cannot cover"
             if L.ep_comm_overlap
@@ -393,6 +395,21 @@ def _experts_reason(best, cfg: ModelConfig) -> str:
         )
         + f": {seconds_text(t.ep_comm)} per step. "
         + _MIXTURE_PLANNED_ONLY
+    )
+
+
+def _dispatch_words(cfg: ModelConfig, layout) -> str:
+    """How the dispatcher's all-to-alls carry a token: under DeepEP once to each rank, the
+    share of the all-to-all dispatcher's rows that leaves (time_model.dispatched_rows)."""
+    if layout.ep_dispatch == "alltoall":
+        return ""
+    from paracube.planner.time_model import dispatched_rows
+
+    share = dispatched_rows(cfg, layout) / (cfg.experts_per_token / layout.ep)
+    gate = " from the round-robin gate" if layout.router == "round-robin" else ""
+    return (
+        f" (DeepEP's: a token once to each rank holding any of its experts{gate}, "
+        f"{share:.0%} of the rows a copy per expert sends)"
     )
 
 

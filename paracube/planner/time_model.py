@@ -818,12 +818,14 @@ def ep_comm_time(cfg: ModelConfig, layout: Layout, cluster: Cluster) -> float:
     dispatcher sends every token's 1/t slice of the hidden vector (its hidden-parallel
     layout, :func:`moe_tp_rings`): each of the t ranks 1/t of the bytes. Folded
     (:attr:`Layout.folded`), each rank sends its own N/t tokens whole — the same bytes — to
-    expert-parallel ranks etp apart (Megatron-Core's expert order etp-ep-edp-pp)."""
+    expert-parallel ranks etp apart (Megatron-Core's expert order etp-ep-edp-pp). DeepEP's
+    dispatch (``Layout.ep_dispatch``) sends a token once to each rank it reaches, not once per
+    expert: :func:`dispatched_rows` rows a token to each peer."""
     ep = layout.ep
     if not cfg.moe or ep <= 1:
         return 0.0
     n = layout.micro_batch * cfg.seq_len
-    per_peer = cfg.experts_per_token * n * cfg.hidden * 2 / (layout.tp * ep)
+    per_peer = dispatched_rows(cfg, layout) * n * cfg.hidden * 2 / layout.tp
     stride = layout.expert_tp if layout.folded else layout.tp * layout.cp
     here = min(ep, max(1, cluster.gpus_per_node // stride))  # members on this rank's node
     local = (here - 1) * per_peer / cluster.intra.bandwidth
@@ -833,6 +835,35 @@ def ep_comm_time(cfg: ModelConfig, layout: Layout, cluster: Cluster) -> float:
         remote = (ep - here) * per_peer / cluster.inter.bandwidth
         one = max(local, remote) + (ep - 1) * cluster.inter.latency
     return 4 * one
+
+
+def dispatched_rows(cfg: ModelConfig, layout: Layout) -> float:
+    """Copies of a token's hidden vector its rank's dispatcher sends one other member of the
+    expert-parallel group, on average (E experts, k a token, E/ep on each rank, in order).
+
+    Megatron-Core's all-to-all sends a row per token and expert (``alltoall``): k/ep. DeepEP
+    sends a token once to each rank that holds any of its experts (``deepep``), which copies
+    it to them there: the chance that a given rank holds one of them — for k of the E experts
+    drawn at random (``top-k``), 1 − C(E − E/ep, k)/C(E, k); for the round-robin gate's k
+    consecutive experts, the ranks they span, averaged over tokens, ÷ ep.
+
+    >>> from paracube.models.presets import preset
+    >>> qwen3 = preset("qwen3-30b-a3b")  # 128 experts, 8 a token
+    >>> round(dispatched_rows(qwen3, Layout(dp=8, ep=8)), 3)
+    1.0
+    >>> round(dispatched_rows(qwen3, Layout(dp=8, ep=8, ep_dispatch="deepep")), 3)
+    0.667
+    >>> dispatched_rows(qwen3, Layout(dp=8, ep=8, ep_dispatch="deepep", router="round-robin"))
+    0.125
+    """
+    k, experts, ep = cfg.experts_per_token, cfg.experts, layout.ep
+    if layout.ep_dispatch == "alltoall":
+        return k / ep
+    held = experts // ep  # each rank's experts
+    if layout.router == "round-robin":  # token i: experts i·k … i·k + k − 1 (mod E)
+        spans = [len({(i * k + j) % experts // held for j in range(k)}) for i in range(experts)]
+        return sum(spans) / len(spans) / ep
+    return 1 - math.comb(experts - held, k) / math.comb(experts, k)
 
 
 def overlapped_ep_comm(comm: float, block: float, layout: Layout) -> float:
