@@ -638,9 +638,9 @@ def test_a_steps_parts_add_up_to_its_step_time():
 
     cluster = Cluster(hw.gpu("h100"), 8, hw.interconnect("nvlink4"), hw.interconnect("ib-ndr"))
     for name, gpus, batch in [
-        ("gpt3-13b", 64, 512),
-        ("llama3-70b", 128, 256),
-        ("mixtral-8x7b", 64, 256),
+        ("gpt3-13b", 16, 512),
+        ("llama3-70b", 32, 256),
+        ("mixtral-8x7b", 16, 256),
     ]:
         ranked = search(preset(name), cluster, gpus, batch).ranked
         assert len(ranked) >= 20, name

@@ -287,8 +287,8 @@ def test_pipeline_first_stage_activations_equal_the_planners_count(pools, schedu
 
 def test_bf16_tracks_the_fp32_loss_curve(pools):
     """bf16 compute with fp32 master weights follows the fp32 run: every step's loss
-    within 2 % over 20 steps (bf16 keeps 8 mantissa bits: ~0.4 % per rounding)."""
-    fp32 = pools(2).run(run_engine, zcfg(1, dp=2, steps=20))[0][0]
+    within 2 % over 12 steps (bf16 keeps 8 mantissa bits: ~0.4 % per rounding)."""
+    fp32 = pools(2).run(run_engine, zcfg(1, dp=2, steps=12))[0][0]
     variants = [
         dict(zero=1, precision="bf16"),
         dict(zero=1, precision="fp16"),
@@ -296,7 +296,7 @@ def test_bf16_tracks_the_fp32_loss_curve(pools):
         dict(zero=3, precision="bf16"),
     ]
     for kw in variants:
-        low = pools(2).run(run_engine, zcfg(dp=2, steps=20, **kw))[0][0]
+        low = pools(2).run(run_engine, zcfg(dp=2, steps=12, **kw))[0][0]
         for step, (a, b) in enumerate(zip(low, fp32)):
             assert abs(a - b) <= 0.02 * b, (kw, step, a, b)
 

@@ -67,7 +67,7 @@ def stage_memory(cfg: ModelConfig, layout: Layout, precision: str = "bf16") -> l
     p = layout.pp
     shares = layout_shares(cfg, layout)
     local = rank_sequence(cfg, layout)  # under context parallelism a rank keeps s/cp tokens
-    terms = _layout_terms(local, layout, precision)
+    terms = _layout_terms(local, _TermsKey.of(layout), precision)
     in_flight = get_schedule(layout.schedule).in_flight
     states: dict[tuple[int, bool, bool], float] = {}  # the middle ranks' are mostly alike
     memories = []
@@ -113,8 +113,43 @@ class _LayoutTerms(NamedTuple):
     last: float
 
 
-@functools.lru_cache(maxsize=1 << 12)  # every rank of a layout, and its search twins
-def _layout_terms(cfg: ModelConfig, layout: Layout, precision: str) -> _LayoutTerms:
+class _TermsKey(NamedTuple):
+    """The fields of a layout its ranks' shared terms depend on (:func:`_layout_terms` reads
+    no other; typed so, the checker holds it to them): the search's layouts that differ
+    elsewhere — ZeRO stage, schedule, micro-batch count, recomputed blocks, the software's
+    overlaps — share one computation."""
+
+    tp: int
+    pp: int
+    micro_batch: int
+    sequence_parallel: bool
+    recompute: str
+    attention: str
+    activations: str
+    grad_reduce: str
+    offload: bool
+    ep: int
+    expert_tp: int
+
+    @classmethod
+    def of(cls, layout: Layout) -> _TermsKey:
+        return cls(
+            layout.tp,
+            layout.pp,
+            layout.micro_batch,
+            layout.sequence_parallel,
+            layout.recompute,
+            layout.attention,
+            layout.activations,
+            layout.grad_reduce,
+            layout.offload,
+            layout.ep,
+            layout.expert_tp,
+        )
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _layout_terms(cfg: ModelConfig, layout: _TermsKey, precision: str) -> _LayoutTerms:
     h, s, V, t, p = cfg.hidden, cfg.seq_len, cfg.vocab_size, layout.tp, layout.pp
     w, g, o = state_bytes_per_parameter(precision, layout.grad_reduce)
 
@@ -193,7 +228,7 @@ def stage_bytes(
     """Memory per GPU of pipeline stage ``index`` holding ``blocks`` transformer blocks (the
     first stage also the embedding, the last the final norm and head), ``redone`` of them
     recomputed (default: all of them under recomputation)."""
-    terms = _layout_terms(cfg, layout, precision)
+    terms = _layout_terms(cfg, _TermsKey.of(layout), precision)
     p = layout.pp
     # --recompute-blocks: the stage's recomputed blocks keep their input only, the rest all
     if redone is None:
