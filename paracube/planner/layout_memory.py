@@ -245,6 +245,27 @@ def _states_bytes(
 ) -> float:
     """The model states of a pipeline rank holding ``blocks`` blocks (and the embedding if
     ``first``, the final norm and head if ``last``)."""
+    # ZeRO-3 kept gathered through a pipelined step holds, while the step runs, what ZeRO-1
+    # holds: the whole stage's weights and (accumulated) gradients, the optimizer states and
+    # main weights sharded
+    zero = 1 if layout.zero3_per_step else layout.zero
+    # ZeRO shards over dp × cp (a hybrid shard group of it), the experts over the ranks that
+    # hold them
+    return _sharded_states(
+        terms, zero, layout.shard_group, layout.expert_grad_group, blocks, first, last
+    )
+
+
+@functools.lru_cache(maxsize=1 << 14)  # a search's layouts share a few groups and stages
+def _sharded_states(
+    terms: _LayoutTerms,
+    zero: int,
+    group: int,
+    expert_group: int,
+    blocks: int,
+    first: bool,
+    last: bool,
+) -> float:
     params = blocks * terms.block_params
     if first:
         params += terms.embed_params
@@ -254,19 +275,13 @@ def _states_bytes(
     return sum(
         model_state_bytes(
             count,
-            # ZeRO-3 kept gathered through a pipelined step holds, while the step runs, what
-            # ZeRO-1 holds: the whole stage's weights and (accumulated) gradients, the
-            # optimizer states and main weights sharded
-            1 if layout.zero3_per_step else layout.zero,
-            group,  # ZeRO shards over dp × cp (a hybrid shard group of it), experts ÷ ep
+            zero,
+            shards,
             weight_bytes=terms.weight,
             grad_bytes=terms.gradient,
             optimizer_bytes=terms.optimizer,
         ).total
-        for count, group in (
-            (params - experts, layout.shard_group),
-            (experts, layout.expert_grad_group),
-        )
+        for count, shards in ((params - experts, group), (experts, expert_group))
         if count
     )
 
