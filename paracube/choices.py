@@ -104,6 +104,15 @@ GRAD_BUCKETS = ("ddp", "megatron", "internlm")
 # no gradient sync nor reshard until the last backward, torch/distributed/pipelining/
 # stage.py backward_maybe_with_nosync)
 ZERO3_PIPELINE = ("none", "per-step")
+# planner: where the fp32 main weights of mixed-precision training live — in the optimizer,
+# beside 16-bit parameters (optimizer: paracube's engine, Megatron's and DeepSpeed's mixed
+# precision, ZeRO's 2 + 2 + 12 bytes) or in the fp32 parameters themselves, cast to the
+# compute dtype only when used (parameters: PyTorch FSDP's mixed precision — FSDP1's
+# MixedPrecision(param_dtype), FSDP2's MixedPrecisionPolicy — whose shards are the fp32
+# parameters and whose all-gathers cast them: torch/distributed/fsdp/_fully_shard/
+# _fsdp_param.py). Under ZeRO-3 the latter keeps no 16-bit shard: its 16-bit copy exists only
+# gathered (layout_memory._gathered_bytes)
+MASTER_WEIGHTS = ("optimizer", "parameters")
 # planner: how a mixture's token dispatcher sends a rank's tokens to the experts' ranks — a
 # row for each token and each of its k experts (alltoall: Megatron-Core's
 # MoEAlltoAllTokenDispatcher, --moe-token-dispatcher-type alltoall, paracube's default), or

@@ -58,3 +58,14 @@ def test_a_model_too_big_to_build_whole_starts_from_its_shards(layout):
     # reused, by run); ZeRO-3 391-403 MiB (1,187 before its units were filled slice by slice).
     largest = 50257 * 768 * 4 / 2**20
     assert peak < kept + largest + 150, line
+    if "--zero" in layout:  # the parameters ZeRO-3 holds gathered are what the planner counts
+        from paracube.planner.layout import Layout
+        from paracube.planner.layout_memory import stage_memory
+
+        held = next(x for x in proc.stdout.splitlines() if "memory per rank" in x)
+        weights = float(re.search(r"weights ([\d.]+) MiB", held)[1])
+        params_peak = float(re.search(r"gathered parameters peak ([\d.]+) MiB", held)[1])
+        cfg = preset("gpt3-125m", seq_len=64)
+        planned = stage_memory(cfg, Layout(dp=4, zero=3, micro_batch=1), "fp32")[0]
+        # the root unit (embeddings, final norm, head) and two blocks, in fp32
+        assert params_peak - weights == pytest.approx(planned.gathered / 2**20, rel=0.01), held

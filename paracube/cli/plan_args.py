@@ -295,6 +295,14 @@ def add_parser(sub) -> None:
         "(round-robin: NeMo AutoModel's fake balanced gate)",
     )
     t.add_argument(
+        "--master-weights",
+        default=None,
+        help="where mixed precision's fp32 main weights live: in the optimizer beside 16-bit "
+        "parameters (optimizer: paracube train, Megatron, DeepSpeed; default) or as the fp32 "
+        "parameters themselves, cast as they are gathered (parameters: PyTorch FSDP — under "
+        "ZeRO-3 no 16-bit shard is kept; the fsdp, fsdp1, torchtitan and composer stacks)",
+    )
+    t.add_argument(
         "--fp8-scaling",
         default=None,
         help="under --precision fp8: delayed (scales from the amax history, Transformer "

@@ -25,6 +25,7 @@ from paracube.choices import (
     GRAD_BUCKETS,
     GRAD_SYNC,
     LOSS_BACKWARD,
+    MASTER_WEIGHTS,
     OPTIMIZER_KERNELS,
     PARAM_GATHER,
     PARAM_SYNC,
@@ -58,6 +59,7 @@ OTHER_SOFTWARE = (
     "ep_comm_overlap",
     "ep_dispatch",
     "router",
+    "master_weights",
     "grad_accumulation",
     "param_gather",
     "param_sync",
@@ -96,6 +98,7 @@ NAMED_CHOICES: tuple[tuple[str, tuple | dict], ...] = (
     ("loss", LOSS_BACKWARD),
     ("ep_dispatch", EP_DISPATCH),
     ("router", ROUTERS),
+    ("master_weights", MASTER_WEIGHTS),
 )
 
 
@@ -231,6 +234,10 @@ class Layout:
     # :func:`paracube.planner.time_model.dispatched_rows`
     ep_dispatch: str = "alltoall"
     router: str = "top-k"
+    # where mixed precision's fp32 main weights live (choices.MASTER_WEIGHTS): in the
+    # optimizer beside 16-bit parameters (paracube's, Megatron's) or as the parameters
+    # themselves (PyTorch FSDP), which under ZeRO-3 keeps no 16-bit shard at rest
+    master_weights: str = "optimizer"
     # under --precision fp8, how each tensor's scale is found (choices.FP8_SCALING): from the
     # amax history (delayed, Transformer Engine's DelayedScaling) or from the tensor itself
     # (current: Megatron-Bridge's FP8-CS, torchao's dynamic float8) — one more pass over it

@@ -52,10 +52,13 @@ class StageMemory:
     activations: float
     allowance: float
     transient: float = 0.0  # held only while the loss's backward runs (not saved)
+    gathered: float = 0.0  # ZeRO-3's gathered parameters, beside its shards (_gathered_bytes)
 
     @property
     def total(self) -> float:
-        return self.model_states + self.activations + self.transient + self.allowance
+        return (
+            self.model_states + self.activations + self.transient + self.allowance + self.gathered
+        )
 
 
 def stage_memory(cfg: ModelConfig, layout: Layout, precision: str = "bf16") -> list[StageMemory]:
@@ -249,10 +252,13 @@ def _states_bytes(
     # holds: the whole stage's weights and (accumulated) gradients, the optimizer states and
     # main weights sharded
     zero = 1 if layout.zero3_per_step else layout.zero
+    # PyTorch FSDP's shards are the fp32 parameters, the main weights the optimizer's 12 bytes
+    # count: under ZeRO-3 no 16-bit copy is kept at rest (it is gathered: _gathered_bytes)
+    cast = layout.master_weights == "parameters" and zero == 3 and terms.weight < 4
     # ZeRO shards over dp × cp (a hybrid shard group of it), the experts over the ranks that
     # hold them
     return _sharded_states(
-        terms, zero, layout.shard_group, layout.expert_grad_group, blocks, first, last
+        terms, zero, layout.shard_group, layout.expert_grad_group, blocks, first, last, cast
     )
 
 
@@ -265,6 +271,7 @@ def _sharded_states(
     blocks: int,
     first: bool,
     last: bool,
+    cast: bool = False,
 ) -> float:
     params = blocks * terms.block_params
     if first:
@@ -277,7 +284,7 @@ def _sharded_states(
             count,
             zero,
             shards,
-            weight_bytes=terms.weight,
+            weight_bytes=0 if cast else terms.weight,
             grad_bytes=terms.gradient,
             optimizer_bytes=terms.optimizer,
         ).total
@@ -310,7 +317,22 @@ def _stage(
         if layout.loss == "torch":
             transient = shapes.loss_backward_transient_bytes(cfg, layout.micro_batch, layout.tp)
     allowance = CONTEXT_BYTES + FRAGMENTATION * (states + acts)
-    return StageMemory(name, states, acts, allowance, transient)
+    gathered = _gathered_bytes(terms, layout, index == 0, index == p - 1)
+    return StageMemory(name, states, acts, allowance, transient, gathered)
+
+
+def _gathered_bytes(terms: _LayoutTerms, layout: Layout, first: bool, last: bool) -> float:
+    """What ZeRO-3 holds gathered beside its shards, in the weights' dtype: the root unit —
+    the embedding, the final norm and the head, used at both ends of the step — from the
+    start of forward to the end of backward, and a block's unit with the next one
+    prefetched behind its compute (paracube's ZeRO-3, ``data_parallel/zero3.py``, which
+    reports it as ``params_peak``; FSDP's root is not resharded after forward, and it
+    prefetches a unit ahead). None when a pipelined step keeps its stage gathered: ZeRO-1's
+    memory, counted in the states."""
+    if layout.zero != 3 or layout.zero3_per_step:
+        return 0.0
+    root = (terms.embed_params if first else 0.0) + (terms.head_params if last else 0.0)
+    return (root + 2 * terms.block_params) * terms.weight
 
 
 @functools.lru_cache(maxsize=1 << 16)  # a search asks again for a layout's offloaded and

@@ -465,7 +465,14 @@ def _zero_reason(best, cfg: ModelConfig, cluster: Cluster, precision: str) -> st
     line = (
         f"- ZeRO-{L.zero} shards {SHARDED_STATES[L.zero]} over the {group}"
         + (" ranks" if not L.shard else "")
-        + f": {best.memory.model_states / GB:.1f} GB of model states per GPU, and each "
+        + f": {best.memory.model_states / GB:.1f} GB of model states per GPU"
+        + (
+            f" and {best.memory.gathered / GB:.1f} GB of parameters gathered beside them (the "
+            "embedding and head through the step, a block with the next one prefetched)"
+            if best.memory.gathered
+            else ""
+        )
+        + ", and each "
         f"rank steps 1/{L.shard_group} of the optimizer ({seconds_text(t.optimizer)}); the parameter "
         + (
             f"broadcasts it adds (one from each of its {L.shard_group} ranks that owns "

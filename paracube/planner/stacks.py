@@ -92,7 +92,11 @@ MEGATRON_FP16: dict[str, object] = dict(grad_reduce="compute")
 # DTensors), which rescale every gradient whatever the norm: "multiplying by the clamped coef
 # is redundant when the coef is clamped to 1, but doing so avoids a `if clip_coef < 1:`
 # conditional which can require a CPU <=> device synchronization" (torch/nn/utils/clip_grad.py).
-PYTORCH_FSDP: dict[str, object] = dict(grad_accumulation="side-stream", clip_scale="always")
+# Its mixed precision keeps the fp32 parameters as the main weights, cast to bf16 as they are
+# gathered (MixedPrecision's param_dtype, MixedPrecisionPolicy's), no 16-bit shard at rest.
+PYTORCH_FSDP: dict[str, object] = dict(
+    grad_accumulation="side-stream", clip_scale="always", master_weights="parameters"
+)
 # FSDP2 (fully_shard: torchtitan, NeMo AutoModel, today's PyTorch FSDP) shards each parameter
 # on its own and copies every gathered unit out into its parameters (the planner's
 # per-parameter gather); FSDP1's FlatParameter is a view of what the all-gather wrote
