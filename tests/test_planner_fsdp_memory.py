@@ -39,10 +39,10 @@ def test_zero3_holds_its_root_unit_and_two_blocks_gathered():
 
 def test_pytorch_fsdp_keeps_no_16bit_shard_under_zero3():
     """PyTorch FSDP's shards are the fp32 parameters — the main weights of the optimizer's
-    12 bytes — cast to bf16 only as they are gathered: under ZeRO-3 a rank keeps 2 bytes a
-    parameter less than a stack with 16-bit parameters beside fp32 main weights (2/dp of
-    them each). Under ZeRO-1 and 2 the 16-bit parameters are whole on every rank either way,
-    and in fp32 the parameters are the weights in both."""
+    12 bytes — cast to bf16 only as they are gathered: under ZeRO-3 a rank keeps 2/dp bytes
+    a parameter less than a stack that keeps 16-bit parameters beside fp32 main weights.
+    Under ZeRO-1 and 2 the 16-bit parameters are whole on every rank either way, and in fp32
+    the parameters are the weights in both."""
     cfg = preset("llama3-8b")
     params = shapes.parameter_count(cfg)
 

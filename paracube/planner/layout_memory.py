@@ -271,8 +271,11 @@ def _sharded_states(
     blocks: int,
     first: bool,
     last: bool,
-    cast: bool = False,
+    cast: bool,
 ) -> float:
+    """:func:`_states_bytes` from what it depends on — ZeRO stage, the dense and expert
+    shard groups, the rank's blocks and ends, and whether a 16-bit copy is kept (not
+    ``cast``)."""
     params = blocks * terms.block_params
     if first:
         params += terms.embed_params
