@@ -72,18 +72,15 @@ def stage_memory(cfg: ModelConfig, layout: Layout, precision: str = "bf16") -> l
     local = rank_sequence(cfg, layout)  # under context parallelism a rank keeps s/cp tokens
     terms = _layout_terms(local, _TermsKey.of(layout), precision)
     in_flight = get_schedule(layout.schedule).in_flight
-    states: dict[tuple[int, bool, bool], float] = {}  # the middle ranks' are mostly alike
     memories = []
     for index, share in enumerate(shares):
-        blocks, first, last = len(share.blocks), index == 0, index == p - 1
-        if (blocks, first, last) not in states:
-            states[blocks, first, last] = _states_bytes(terms, layout, blocks, first, last)
+        blocks = len(share.blocks)
         memories.append(
             _stage(
                 local,
                 layout,
                 terms,
-                states[blocks, first, last],
+                _states_bytes(terms, layout, blocks, index == 0, index == p - 1),
                 index,
                 blocks,
                 recomputed_blocks(share, layout),
