@@ -111,8 +111,15 @@ ZERO3_PIPELINE = ("none", "per-step")
 # MixedPrecision(param_dtype), FSDP2's MixedPrecisionPolicy — whose shards are the fp32
 # parameters and whose all-gathers cast them: torch/distributed/fsdp/_fully_shard/
 # _fsdp_param.py). Under ZeRO-3 the latter keeps no 16-bit shard: its 16-bit copy exists only
-# gathered (layout_memory._gathered_bytes)
-MASTER_WEIGHTS = ("optimizer", "parameters")
+# gathered (layout_memory._gathered_bytes). Or nowhere (none): pure 16-bit training — the
+# parameters, their gradients and the optimizer's two moments all in the compute dtype, 2 +
+# 2 + 4 bytes, no fp32 copy at all. NeMo AutoModel's own models are cast to bf16 when their
+# weights are initialised (initialize_weights(dtype=torch.bfloat16) → cast_model_to_dtype,
+# nemo_automodel/components/models/*/model.py) and stepped by torch.optim.Adam, whose moments
+# take the parameter's dtype (torch.zeros_like(p), torch/optim/adam.py); FSDP2 reduces in
+# fp32 (MixedPrecisionPolicy's reduce_dtype) but keeps each sharded gradient in the sharded
+# parameter's dtype
+MASTER_WEIGHTS = ("optimizer", "parameters", "none")
 # planner: how a mixture's token dispatcher sends a rank's tokens to the experts' ranks — a
 # row for each token and each of its k experts (alltoall: Megatron-Core's
 # MoEAlltoAllTokenDispatcher, --moe-token-dispatcher-type alltoall, paracube's default), or
@@ -160,12 +167,21 @@ def gradient_bytes(elem: int, grad_reduce: str = "fp32") -> int:
     return 4 if grad_reduce == "fp32" else elem
 
 
-def state_bytes_per_parameter(precision: str, grad_reduce: str = "fp32") -> tuple[int, int, int]:
+def state_bytes_per_parameter(
+    precision: str, grad_reduce: str = "fp32", master_weights: str = "optimizer"
+) -> tuple[int, int, int]:
     """(weights, gradients, optimizer states) bytes per parameter under Adam.
 
     fp32: 4 + 4 + 8 (the two moments). bf16/fp16: 2 + 4 + 12 — 16-bit weights, fp32
     gradients (:func:`gradient_bytes`; 2 under ``--grad-reduce compute``: ZeRO's 2 + 2 + 12),
-    fp32 master weights and moments (Rajbhandari et al. 2020, ZeRO's K = 12).
+    fp32 master weights and moments (Rajbhandari et al. 2020, ZeRO's K = 12). Pure 16-bit
+    training (``master_weights="none"``, :data:`MASTER_WEIGHTS`): 2 + 2 + 4, every state in
+    the compute dtype, whatever the dtype the gradients are reduced in.
+
+    >>> state_bytes_per_parameter("bf16"), state_bytes_per_parameter("bf16", master_weights="none")
+    ((2, 4, 12), (2, 2, 4))
     """
     elem = ELEMENT_BYTES[precision]
+    if master_weights == "none" and elem < 4:
+        return (elem, elem, 2 * elem)
     return (elem, gradient_bytes(elem, grad_reduce), 8 if elem == 4 else 12)

@@ -415,7 +415,7 @@ CASES: list[tuple[str, list[str], str]] = [
               "--router", "round-robin", "--emit", "megatron"],
      "--router round-robin with --emit megatron: Megatron-LM runs its router's top k"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--master-weights", "fp32"],
-     "unknown --master-weights 'fp32': choose one of optimizer, parameters"),
+     "unknown --master-weights 'fp32': choose one of optimizer, parameters, none"),
     ("plan", ["plan", "--model", "mixtral-8x7b", "--seq", "4096", "--gpus", "64", "--global-batch", "256",
               "--emit", "torchrun"],
      "mixtral-8x7b is a mixture of experts (8 experts) with --emit torchrun"),

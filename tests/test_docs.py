@@ -8,6 +8,7 @@ import pytest
 # Modules whose examples need no process group (the distributed ones are shown in the
 # README and exercised by the parity tests).
 DOCUMENTED = [
+    "paracube.choices",
     "paracube.planner.layout",
     "paracube.planner.search",
     "paracube.planner.report",
@@ -16,6 +17,7 @@ DOCUMENTED = [
     "paracube.planner.time_model",
     "paracube.planner.dp_comm",
     "paracube.planner.stacks",
+    "paracube.planner.stages",
     "paracube.planner.published",
     "paracube.pipeline.schedules",
     "paracube.mesh.layout",

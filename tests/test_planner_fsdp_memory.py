@@ -1,7 +1,7 @@
-"""ZeRO-3's memory as the stacks hold it: the parameters gathered beside the shards, and
+"""ZeRO-3's memory as the stacks hold it: the parameters gathered beside the shards,
 PyTorch FSDP's mixed precision, whose fp32 parameters are the main weights (no 16-bit shard
-kept at rest). The engine's own gathered bytes are checked against the planner's in
-tests/test_materialize.py."""
+kept at rest), and pure 16-bit training, which keeps no fp32 copy at all. The engine's own
+gathered bytes are checked against the planner's in tests/test_materialize.py."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import pytest
 
 from paracube.models import shapes
 from paracube.models.presets import preset
+from paracube.planner import hardware as hw
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import stage_memory
 from paracube.planner.stacks import stack
+from paracube.planner.time_model import OPTIMIZER_BYTES, optimizer_time
 
 
 def test_zero3_holds_its_root_unit_and_two_blocks_gathered():
@@ -59,3 +61,62 @@ def test_pytorch_fsdp_keeps_no_16bit_shard_under_zero3():
     for name in ("fsdp", "fsdp1", "torchtitan", "composer"):
         assert stack(name)["master_weights"] == "parameters", name
     assert "master_weights" not in stack("megatron-core")
+
+
+def test_pure_16bit_training_keeps_every_state_in_the_compute_dtype():
+    """Without fp32 main weights (``master_weights="none"``: NeMo AutoModel's bf16-cast models
+    stepped by torch.optim.Adam) a parameter costs 2 + 2 + 4 bytes — its bf16 value, its
+    gradient held in bf16 though reduced in fp32, and Adam's two bf16 moments — against
+    mixed precision's 2 + 4 + 12; sharded alike under ZeRO-3. fp32 training has no main
+    copy to drop: unchanged."""
+    cfg = preset("llama3-8b")
+    params = shapes.parameter_count(cfg)
+
+    def states(zero: int, precision: str = "bf16", **software) -> float:
+        [rank] = stage_memory(cfg, Layout(dp=8, zero=zero, **software), precision)
+        return rank.model_states
+
+    pure = {"master_weights": "none"}
+    assert states(0, **pure) == pytest.approx(8 * params)
+    assert states(0) == pytest.approx(18 * params)  # 2 + 4 (fp32 gradients) + 12
+    assert states(3, **pure) == pytest.approx(8 * params / 8)
+    assert states(0, grad_reduce="compute", **pure) == states(0, **pure)
+    assert states(3, "fp32", **pure) == states(3, "fp32")
+
+
+def test_the_optimizer_step_moves_what_its_states_hold():
+    """The step's bytes a parameter, with a fused AdamW and no clipping rescale: the norm's
+    read of the gradients, Adam's 7 reads and writes, and — only where the main weights sit
+    in the optimizer beside 16-bit parameters — the main copy read and the bf16 copy
+    written. FSDP's fp32 parameters are the main weights (nothing written back); pure bf16
+    steps 2-byte values throughout."""
+    g = hw.gpu("h100")
+    shard = 1e9
+    base = Layout(optimizer_kernel="fused", clip_scale="when-clipped")
+
+    def seconds(master: str) -> float:
+        return optimizer_time(base.replace(master_weights=master), g, shard, 2)
+
+    adam = OPTIMIZER_BYTES["fused"]
+    assert seconds("optimizer") == pytest.approx((4 + adam + 4 + 2) * shard / g.memory_rate)
+    assert seconds("parameters") == pytest.approx((4 + adam) * shard / g.memory_rate)
+    assert seconds("none") == pytest.approx((2 + adam / 2) * shard / g.memory_rate)
+    # an fp32 model's parameters are its main weights whatever the stack says
+    fp32 = [
+        optimizer_time(base.replace(master_weights=m), g, shard, 4) for m in ("optimizer", "none")
+    ]
+    assert fp32[0] == pytest.approx(fp32[1])
+
+
+def test_nemo_automodels_moe_run_fits_as_it_trained():
+    """NeMo AutoModel's Qwen3-30B-A3B benchmark ran on 8 H100s of 80 GB. Counted in mixed
+    precision its rank needed 105 GB (the experts unsharded under EP 8, 16 bytes a
+    parameter); as it trains, in pure bf16, the layout fits and the row carries no memory
+    note."""
+    from paracube.planner.published import evaluate, runs
+
+    [row] = [r for r in runs() if r["source"] == "NeMo AutoModel, MoE"]
+    assert row["fixed"]["master_weights"] == "none"
+    assert evaluate(row)["note"] == ""
+    mixed = dict(row, fixed=dict(row["fixed"], master_weights="parameters"))
+    assert evaluate(mixed)["note"].startswith("memory model:")

@@ -298,9 +298,11 @@ def add_parser(sub) -> None:
         "--master-weights",
         default=None,
         help="where mixed precision's fp32 main weights live: in the optimizer beside 16-bit "
-        "parameters (optimizer: paracube train, Megatron, DeepSpeed; default) or as the fp32 "
+        "parameters (optimizer: paracube train, Megatron, DeepSpeed; default), as the fp32 "
         "parameters themselves, cast as they are gathered (parameters: PyTorch FSDP — under "
-        "ZeRO-3 no 16-bit shard is kept; the fsdp, fsdp1, torchtitan and composer stacks)",
+        "ZeRO-3 no 16-bit shard is kept; the fsdp, fsdp1, torchtitan and composer stacks), or "
+        "nowhere (none: pure 16-bit training — parameters, gradients and Adam's moments in the "
+        "compute dtype, 2 + 2 + 4 bytes a parameter, as NeMo AutoModel's own models train)",
     )
     t.add_argument(
         "--fp8-scaling",

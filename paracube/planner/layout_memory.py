@@ -130,6 +130,7 @@ class _TermsKey(NamedTuple):
     offload: bool
     ep: int
     expert_tp: int
+    master_weights: str
 
     @classmethod
     def of(cls, layout: Layout) -> _TermsKey:
@@ -145,13 +146,14 @@ class _TermsKey(NamedTuple):
             layout.offload,
             layout.ep,
             layout.expert_tp,
+            layout.master_weights,
         )
 
 
 @functools.lru_cache(maxsize=1 << 12)
 def _layout_terms(cfg: ModelConfig, layout: _TermsKey, precision: str) -> _LayoutTerms:
     h, s, V, t, p = cfg.hidden, cfg.seq_len, cfg.vocab_size, layout.tp, layout.pp
-    w, g, o = state_bytes_per_parameter(precision, layout.grad_reduce)
+    w, g, o = state_bytes_per_parameter(precision, layout.grad_reduce, layout.master_weights)
 
     def act_layer(recompute: str) -> float:
         # torchtitan's op-level policy keeps what PyTorch's own ops made, whatever the blocks

@@ -1185,10 +1185,15 @@ def _qwen3_moe() -> list[dict]:
     # activation_checkpointing true — its MoE parallelizer wraps every block whole in
     # torch's checkpoint_wrapper (nemo_automodel/components/moe/parallelizer.py, apply_ac) —,
     # DeepEP's dispatch (enable_deepep true) and the fake balanced gate (fake_balanced_gate
-    # true: token i to experts 8i … 8i + 7 mod 128, all on one rank of the 8)
-    fsdp = dict(tp=1, pp=1, cp=1, dp=8, ep=8, zero=3, micro_batch=4, recompute="full",
+    # true: token i to experts 8i … 8i + 7 mod 128, all on one rank of the 8) — and pure bf16
+    # training: built from its config, the model is cast to bf16 as its weights are
+    # initialised (Checkpointer.initialize_model_weights → Qwen3MoeForCausalLM.
+    # initialize_weights, dtype bfloat16 by default → cast_model_to_dtype) and stepped by the
+    # yaml's torch.optim.Adam, whose moments take the parameters' dtype: no fp32 copy
+    # (choices.MASTER_WEIGHTS "none")
+    fsdp = dict(FSDP2, tp=1, pp=1, cp=1, dp=8, ep=8, zero=3, micro_batch=4, recompute="full",
                 ep_dispatch="deepep", router="round-robin", attention="fused",
-                **FSDP2)  # fmt: skip
+                master_weights="none")  # fmt: skip
     out.append(_run("NeMo AutoModel, MoE", cfg, "h100", 8, 512, "bf16", fsdp, "model",
                     round(12040 * model_flops_per_token(cfg) / 1e12, 1)))  # fmt: skip
     return out

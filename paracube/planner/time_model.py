@@ -560,17 +560,22 @@ def optimizer_time(layout: Layout, g: GPU, shard: float, elem: int) -> float:
     multiply by the clamped coefficient to spare a host sync; ``clip_scale="always"``), only
     when the norm is over the limit under paracube's and Megatron's (not counted: late in
     training it rarely is); AdamW moves :data:`OPTIMIZER_BYTES` (``layout.optimizer_kernel``);
-    a 16-bit model then gets its new weights — the main copy read, the compute copy written
-    (4 + elem bytes; an fp32 model's main parameters *are* its weights). On a GPU's HBM; or
-    offloaded: in host memory, the host's own fused step, after the gradient slice crossed
-    PCIe to the host and before the new values cross back (paracube copies after the
-    reduction: exposed)."""
+    a 16-bit model whose main weights sit in the optimizer then gets its new weights — the
+    main copy read, the compute copy written (4 + elem bytes). No copy is written where the
+    parameters are the main weights (an fp32 model's; PyTorch FSDP's fp32 parameters, cast
+    only as they are gathered: ``master_weights="parameters"``), and pure 16-bit training
+    (``"none"``) steps 16-bit gradients, moments and weights: every pass at elem bytes. On a
+    GPU's HBM; or offloaded: in host memory, the host's own fused step, after the gradient
+    slice crossed PCIe to the host and before the new values cross back (paracube copies
+    after the reduction: exposed)."""
     stepped = shard / (layout.shard_group if layout.zero >= 1 else 1)
     if not layout.offload:
-        write_back = 4 + elem if elem != 4 else 0
-        rescale = 2 * 4 if layout.clip_scale == "always" else 0
-        adam = OPTIMIZER_BYTES[layout.optimizer_kernel]
-        return (4 + rescale + adam + write_back) * stepped / g.memory_rate
+        state = elem if layout.master_weights == "none" else 4  # bytes of each stepped value
+        cast = elem != 4 and layout.master_weights == "optimizer"
+        write_back = 4 + elem if cast else 0
+        rescale = 2 * state if layout.clip_scale == "always" else 0
+        adam = OPTIMIZER_BYTES[layout.optimizer_kernel] * state / 4
+        return (state + rescale + adam + write_back) * stepped / g.memory_rate
     if not (g.host_link_bandwidth and g.host_memory_bandwidth):
         raise ConfigError(f"--offload: no host link or host memory figures for {g.name}")
     host = (4 + OPTIMIZER_BYTES["fused"]) * stepped / g.host_memory_bandwidth
