@@ -1189,11 +1189,11 @@ def _qwen3_moe() -> list[dict]:
     # training: built from its config, the model is cast to bf16 as its weights are
     # initialised (Checkpointer.initialize_model_weights → Qwen3MoeForCausalLM.
     # initialize_weights, dtype bfloat16 by default → cast_model_to_dtype) and stepped by the
-    # yaml's torch.optim.Adam, whose moments take the parameters' dtype: no fp32 copy
-    # (choices.MASTER_WEIGHTS "none")
+    # yaml's torch.optim.Adam — its default multi-tensor path, an op per pass —, whose moments
+    # take the parameters' dtype: no fp32 copy (choices.MASTER_WEIGHTS "none")
     fsdp = dict(FSDP2, tp=1, pp=1, cp=1, dp=8, ep=8, zero=3, micro_batch=4, recompute="full",
                 ep_dispatch="deepep", router="round-robin", attention="fused",
-                master_weights="none")  # fmt: skip
+                master_weights="none", optimizer_kernel="multi-op")  # fmt: skip
     out.append(_run("NeMo AutoModel, MoE", cfg, "h100", 8, 512, "bf16", fsdp, "model",
                     round(12040 * model_flops_per_token(cfg) / 1e12, 1)))  # fmt: skip
     return out
