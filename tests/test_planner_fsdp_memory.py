@@ -120,3 +120,21 @@ def test_nemo_automodels_moe_run_fits_as_it_trained():
     assert evaluate(row)["note"] == ""
     mixed = dict(row, fixed=dict(row["fixed"], master_weights="parameters"))
     assert evaluate(mixed)["note"].startswith("memory model:")
+
+
+def test_explain_says_where_the_main_weights_are(capsys):
+    """--explain's ZeRO line gives the bytes a parameter the states take when the main
+    weights are not the optimizer's: pure bf16's 2 + 2 + 4, FSDP's fp32 parameters' 4 + 4 + 8
+    (the stack's gradients reduced in fp32); Megatron's placement needs no word."""
+    from paracube.cli import main
+
+    common = ["plan", "--model", "llama3-8b", "--gpus", "8", "--gpu", "h100",
+              "--global-batch", "64", "--layout", "dp=8,tp=1,pp=1", "--zero", "3", "--explain"]  # fmt: skip
+
+    def zero_line(*extra: str) -> str:
+        assert main([*common, *extra]) == 0
+        return next(x for x in capsys.readouterr().out.splitlines() if "- ZeRO-3 shards" in x)
+
+    assert "2 + 2 + 4 bytes a parameter, no fp32 copy" in zero_line("--master-weights", "none")
+    assert "4 + 4 + 8 bytes a parameter, no 16-bit shard" in zero_line("--stack", "fsdp")
+    assert "bytes a parameter" not in zero_line()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from paracube.choices import FUSED_ATTENTION
+from paracube.choices import ELEMENT_BYTES, FUSED_ATTENTION, state_bytes_per_parameter
 from paracube.config import ModelConfig
 from paracube.pipeline.schedules import get_schedule
 from paracube.planner import hardware as hw
@@ -447,6 +447,26 @@ def _undominated_story(L: Layout) -> str:
     )
 
 
+def _main_weights_words(L: Layout, precision: str) -> str:
+    """Where a 16-bit run's main weights are, when not beside 16-bit parameters in the
+    optimizer (choices.MASTER_WEIGHTS): the bytes a parameter the states then take."""
+    elem = ELEMENT_BYTES[precision]
+    if elem == 4 or L.master_weights == "optimizer":
+        return ""
+    w, g, o = state_bytes_per_parameter(precision, L.grad_reduce, L.master_weights)
+    if L.master_weights == "none":
+        return (
+            f" (pure {precision}: parameters, gradients and Adam's two moments all {8 * elem}-bit, "
+            f"{w} + {g} + {o} bytes a parameter, no fp32 copy)"
+        )
+    if L.zero != 3:
+        return ""
+    return (
+        f" (the fp32 parameters are the main weights, cast as they are gathered: 4 + {g} + "
+        f"{o - 4} bytes a parameter, no {8 * elem}-bit shard)"
+    )
+
+
 def _zero_reason(best, cfg: ModelConfig, cluster: Cluster, precision: str) -> str:
     """A ZeRO stage: what it shards over which ranks, the collectives it adds, and the
     replicated twin's fit and step."""
@@ -466,6 +486,7 @@ def _zero_reason(best, cfg: ModelConfig, cluster: Cluster, precision: str) -> st
         f"- ZeRO-{L.zero} shards {SHARDED_STATES[L.zero]} over the {group}"
         + (" ranks" if not L.shard else "")
         + f": {best.memory.model_states / GB:.1f} GB of model states per GPU"
+        + _main_weights_words(L, precision)
         + (
             f" and {best.memory.gathered / GB:.1f} GB of parameters gathered beside them (the "
             "embedding and head through the step, a block with the next one prefetched)"
