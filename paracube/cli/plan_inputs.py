@@ -432,6 +432,7 @@ def _check_emit(args) -> None:
             ("--pipeline-split", "split", args.split),
             ("--grad-bucket", "grad_bucket", args.grad_bucket),
             ("--router", "router", args.router),
+            ("--master-weights", "master_weights", args.master_weights),
         ]
         for flag, field, value in megatron_stated:
             words = None if value is None else unrun_choice(field, value)

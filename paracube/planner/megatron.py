@@ -54,6 +54,10 @@ MEGATRON_RUNS: dict[str, tuple[tuple, str]] = {
     "grad_bucket": (("megatron",), "its own buckets, max(40M, 1M × dp) gradient elements"),
     "router": (("top-k",), "its router's top k (at random under "
                "--moe-router-force-load-balancing)"),
+    # its optimizer keeps fp32 main parameters beside the 16-bit ones (under its FSDP2 too);
+    # its precision-aware optimizer's --main-params-dtype takes fp32 or fp16, never bf16
+    "master_weights": (("optimizer",), "fp32 main weights in its optimizer beside 16-bit "
+                       "parameters"),
 }  # fmt: skip
 # the fields whose choice matters only under a pipeline
 PIPELINE_FIELDS = ("schedule", "split")
