@@ -16,6 +16,12 @@ from paracube.planner.stacks import stack
 from paracube.planner.time_model import OPTIMIZER_BYTES, optimizer_time
 
 
+def states(zero: int, precision: str = "bf16", **software) -> float:
+    """A rank's model states for Llama 3 8B over 8 data-parallel ranks."""
+    [rank] = stage_memory(preset("llama3-8b"), Layout(dp=8, zero=zero, **software), precision)
+    return rank.model_states
+
+
 def test_zero3_holds_its_root_unit_and_two_blocks_gathered():
     """Beside its shards, ZeRO-3 holds the root unit (embedding, final norm, head) through
     the step and a block with the next one prefetched, in the compute dtype: on one
@@ -45,13 +51,7 @@ def test_pytorch_fsdp_keeps_no_16bit_shard_under_zero3():
     a parameter less than a stack that keeps 16-bit parameters beside fp32 main weights.
     Under ZeRO-1 and 2 the 16-bit parameters are whole on every rank either way, and in fp32
     the parameters are the weights in both."""
-    cfg = preset("llama3-8b")
-    params = shapes.parameter_count(cfg)
-
-    def states(zero: int, precision: str = "bf16", **software) -> float:
-        [rank] = stage_memory(cfg, Layout(dp=8, zero=zero, **software), precision)
-        return rank.model_states
-
+    params = shapes.parameter_count(preset("llama3-8b"))
     fsdp = {"master_weights": "parameters"}
     assert states(3) - states(3, **fsdp) == pytest.approx(2 * params / 8)
     for zero in (0, 1, 2):
@@ -69,13 +69,7 @@ def test_pure_16bit_training_keeps_every_state_in_the_compute_dtype():
     gradient held in bf16 though reduced in fp32, and Adam's two bf16 moments — against
     mixed precision's 2 + 4 + 12; sharded alike under ZeRO-3. fp32 training has no main
     copy to drop: unchanged."""
-    cfg = preset("llama3-8b")
-    params = shapes.parameter_count(cfg)
-
-    def states(zero: int, precision: str = "bf16", **software) -> float:
-        [rank] = stage_memory(cfg, Layout(dp=8, zero=zero, **software), precision)
-        return rank.model_states
-
+    params = shapes.parameter_count(preset("llama3-8b"))
     pure = {"master_weights": "none"}
     assert states(0, **pure) == pytest.approx(8 * params)
     assert states(0) == pytest.approx(18 * params)  # 2 + 4 (fp32 gradients) + 12
