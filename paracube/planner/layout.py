@@ -12,6 +12,7 @@ engine accumulates gradients over the m micro-batches whether or not it pipeline
 from __future__ import annotations
 
 import functools
+from collections.abc import Collection
 from dataclasses import dataclass, fields
 
 from paracube.choices import (
@@ -326,24 +327,31 @@ class Layout:
     etp: int = 0
 
     def __post_init__(self) -> None:
+        self._check_fields(_FIELD_NAMES)
+
+    def _check_fields(self, names: Collection[str]) -> None:
+        """Each of the fields ``names`` checked alone, then every combination (a twin made by
+        :meth:`replace` checks only the fields it changed: the others were checked already)."""
         # the planned-only choices, which no engine config checks first: a misspelt one
         # would otherwise fall back to the default count silently
-        if self.cp < 1:
+        if "cp" in names and self.cp < 1:
             raise ConfigError(f"cp={self.cp}: context parallelism must be a positive integer")
-        if not isinstance(self.ep, int) or isinstance(self.ep, bool) or self.ep < 1:
+        if "ep" in names and (
+            not isinstance(self.ep, int) or isinstance(self.ep, bool) or self.ep < 1
+        ):
             raise ConfigError(f"ep={self.ep!r}: expert parallelism must be a positive integer")
-        if not isinstance(self.etp, int) or isinstance(self.etp, bool) or self.etp < 0:
+        if "etp" in names and (
+            not isinstance(self.etp, int) or isinstance(self.etp, bool) or self.etp < 0
+        ):
             raise ConfigError(
                 f"etp={self.etp!r}: the experts' tensor-parallel size (0: unfolded, split as tp)"
             )
-        refusal = expert_refusal(self.ep, self.etp, self.tp, self.dp, self.cp)
-        if refusal:
-            raise ConfigError(refusal)
-        for name, allowed in NAMED_CHOICES:
-            value = getattr(self, name)
-            if value not in allowed:
+        for name in names:
+            allowed = _CHOICES.get(name)
+            if allowed is not None and getattr(self, name) not in allowed:
+                value = getattr(self, name)
                 raise ConfigError(f"{name}={value!r}: choose {choices_text(allowed)}")
-        if (
+        if "logit_metrics" in names and (
             not isinstance(self.logit_metrics, int)
             or isinstance(self.logit_metrics, bool)
             or self.logit_metrics < 0
@@ -351,17 +359,25 @@ class Layout:
             raise ConfigError(
                 f"logit_metrics={self.logit_metrics!r}: a count of cross-entropy metrics (0: none)"
             )
-        if not isinstance(self.shard, int) or isinstance(self.shard, bool) or self.shard < 0:
+        if "shard" in names and (
+            not isinstance(self.shard, int) or isinstance(self.shard, bool) or self.shard < 0
+        ):
             raise ConfigError(f"shard={self.shard!r}: a shard group of ranks (0: all of them)")
-        if isinstance(self.bucket_mb, bool) or not (
-            isinstance(self.bucket_mb, (int, float)) and self.bucket_mb > 0
+        if "bucket_mb" in names and (
+            isinstance(self.bucket_mb, bool)
+            or not (isinstance(self.bucket_mb, (int, float)) and self.bucket_mb > 0)
         ):
             raise ConfigError(f"bucket_mb={self.bucket_mb!r}: a bucket size in MiB, > 0")
         # the engine's counts too, for layouts made in the API rather than from a job
-        for name in ("dp", "tp", "pp", "micro_batch", "microbatches", "chunks"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name}={value!r}: must be a positive integer")
+        for name in _COUNTS:
+            if name in names:
+                value = getattr(self, name)
+                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                    raise ConfigError(f"{name}={value!r}: must be a positive integer")
+        if any(name in names for name in _EXPERT_SHAPE):
+            refusal = expert_refusal(self.ep, self.etp, self.tp, self.dp, self.cp)
+            if refusal:
+                raise ConfigError(refusal)
         self._check_combinations()
 
     def _check_combinations(self) -> None:
@@ -405,10 +421,9 @@ class Layout:
         if unknown:
             raise TypeError(f"Layout has no field {', '.join(sorted(unknown))}")
         twin = object.__new__(type(self))
-        # the fields alone (nothing cached beside them carries over); frozen: set once, here
-        fields_now = {k: v for k, v in self.__dict__.items() if k in _FIELD_NAMES}
-        twin.__dict__.update(fields_now, **changes)
-        twin.__post_init__()
+        # a layout holds its fields alone (frozen: set once, here), so its dict is the twin's
+        twin.__dict__.update(self.__dict__, **changes)
+        twin._check_fields(changes.keys())
         return twin
 
     def model_refusal(self, cfg: ModelConfig) -> str:
@@ -620,6 +635,10 @@ class Layout:
 
 
 _FIELD_NAMES = frozenset(f.name for f in fields(Layout))
+_CHOICES: dict[str, tuple | dict] = dict(NAMED_CHOICES)
+_COUNTS = ("dp", "tp", "pp", "micro_batch", "microbatches", "chunks")
+# the fields expert parallelism's ranks are formed from (expert_refusal)
+_EXPERT_SHAPE = frozenset(("ep", "etp", "tp", "dp", "cp"))
 _DEFAULTS = {f.name: f.default for f in fields(Layout)}
 
 
