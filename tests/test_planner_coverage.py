@@ -486,3 +486,27 @@ def test_within_the_models_resolution_a_layout_with_room_comes_before_one_at_the
     assert shuffled[0] is best
     text = explain(result, cfg, cluster, 64)
     assert "ranked lower for being at the memory edge" in text
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"zero": 5}, {"ep": 3}, {"ep": 4, "dp": 2}, {"bucket_mb": -1}, {"tp": 0}, {"cp": 0},
+        {"etp": -1}, {"logit_metrics": -1}, {"master_weights": "fp32"},
+        {"shard": 2, "zero": 2}, {"recompute": "op", "attention": "unfused"},
+    ],
+)  # fmt: skip
+def test_a_twin_refuses_what_the_same_layout_built_whole_refuses(change):
+    """Layout.replace checks only the fields it changes (and every combination): each bad
+    change is refused with the very message the layout built whole from its fields gets."""
+    from dataclasses import asdict
+
+    from paracube.errors import ConfigError
+    from paracube.planner.layout import Layout
+
+    parent = Layout(dp=8)
+    with pytest.raises(ConfigError) as whole:
+        Layout(**{**asdict(parent), **change})
+    with pytest.raises(ConfigError) as twin:
+        parent.replace(**change)
+    assert str(twin.value) == str(whole.value)

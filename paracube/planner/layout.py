@@ -348,8 +348,7 @@ class Layout:
             )
         for name in names:
             allowed = _CHOICES.get(name)
-            if allowed is not None and getattr(self, name) not in allowed:
-                value = getattr(self, name)
+            if allowed is not None and (value := getattr(self, name)) not in allowed:
                 raise ConfigError(f"{name}={value!r}: choose {choices_text(allowed)}")
         if "logit_metrics" in names and (
             not isinstance(self.logit_metrics, int)
