@@ -187,6 +187,31 @@ def test_deepep_sends_a_token_once_to_each_rank_holding_its_experts():
     assert dispatched_rows(cfg, robin) == pytest.approx(1 / ep)
 
 
+def test_deepep_sends_a_token_across_the_network_once_per_node_it_reaches():
+    """Across nodes DeepEP's normal kernels send a token once to each node holding any of its
+    experts and copy it to that node's ranks over NVLink; the all-to-all dispatcher sends a
+    row to every expert. Mixtral's 8 experts over ep = 8 on two nodes of 4 (top 2): counted
+    over the 28 pairs, the network carries the share of pairs that reach the other node, of
+    the all-to-all's 4 · 2/8 rows a token — its seconds in proportion where the network is
+    the slower link (latency zero to compare the bytes)."""
+    from itertools import combinations
+
+    from paracube.planner.time_model import dispatched_rows
+
+    cfg = preset("mixtral-8x7b", seq_len=4096)
+    pairs = list(combinations(range(cfg.experts), cfg.experts_per_token))
+    other_node = sum(any(e >= 4 for e in p) for p in pairs) / len(pairs)  # ranks 4–7 there
+    deepep = Layout(dp=8, ep=8, ep_dispatch="deepep")
+    assert dispatched_rows(cfg, deepep, 4) == pytest.approx(other_node)
+    assert dispatched_rows(cfg, Layout(dp=8, ep=8), 4) == pytest.approx(4 * 2 / 8)
+    # four GPUs a node, NVLink far faster than the network: the seconds are the network's
+    fast = dataclasses.replace(H100.intra, latency=0.0, bandwidth=1e15)
+    cluster = Cluster(H100.gpu, 4, fast, dataclasses.replace(H100.inter, latency=0.0))
+    plain = ep_comm_time(cfg, Layout(dp=8, ep=8), cluster)
+    assert ep_comm_time(cfg, deepep, cluster) == pytest.approx(plain * other_node / (4 * 2 / 8))
+    assert other_node < 4 * 2 / 8  # 22 of 28 pairs against a row an expert: 0.79 ≤ 1
+
+
 def test_deepeps_dispatch_is_emitted_for_megatron_and_explained(capsys):
     """--ep-dispatch deepep is Megatron-Core's flex dispatcher with DeepEP's backend in the
     emitted command (the all-to-all dispatcher's flag otherwise), and --explain says what

@@ -260,6 +260,14 @@ Sources:
   block), dispatches with DeepEP (``enable_deepep: true``) and routes with the fake balanced
   gate (``fake_balanced_gate: true``: ``FakeBalancedGate`` in ``nemo_automodel/components/
   moe/layers.py``, token i to experts 8i … 8i + 7 mod 128 — one rank of the 8 each).
+- Megatron-MoE-ModelZoo (Megatron-Core's MoE team): yanring/Megatron-MoE-ModelZoo,
+  ``best_practice/Qwen3/readme.md``: Qwen3-235B-A22B on 256 H100s (InfiniBand 8 × 50 GB/s a
+  node) in BF16, sequence 4,096, global batch 2,048, micro-batch 1, every row of its main
+  table that the planner has the parts for (:data:`MOE_MODEL_ZOO_QWEN3`): expert
+  parallelism over 4 nodes with DeepEP, with and without the 1F1B pairing of all-to-alls,
+  and within each node with the all-to-all dispatcher (TP 2 × PP 32 × VP 3) or DeepEP
+  (TP 4 × PP 8 × VP 4); the software from its ``model_configs/benchmarking/
+  Qwen3-235B-A22B.yaml`` and ``runtime_configs/benchmarking/runtime.conf``.
 - InternLM: InternLM/InternLM, ``doc/en/train_performance.md`` (InternLM-7B's scaling tests,
   2023): A100 80GB nodes of 8 over "4 * 100Gb RoCE" (``roce-4x100``), sequence 2,048, from
   8 to 1,024 GPUs. Both FLOPS tables (packed samples, tp 1, ZeRO-1 within each node —
@@ -346,6 +354,7 @@ def runs() -> list[dict]:
         + _dgxc()
         + _dgxc_grok1()
         + _qwen3_moe()
+        + _moe_model_zoo()
         + _megatron_bridge_fp8()
         + _nemo_long_sequence()
         + _internlm()
@@ -403,6 +412,7 @@ STACKS = {
     "Megatron-Bridge 25.11, MoE (FP8)": "Megatron-Core MoE via NeMo, FP8 (H100)",
     "Megatron-Bridge 26.02, MoE (FP8)": "Megatron-Core MoE via NeMo, FP8 (H100)",
     "NeMo AutoModel, MoE": "FSDP2 + expert parallel (H100)",
+    "Megatron-MoE-ModelZoo": "Megatron-Core MoE, BF16 (H100)",
     "InternLM": "ZeRO-1: InternLM (A100)",
 }
 
@@ -436,6 +446,7 @@ PLANNED_AS = {
     "megatron-core": (
         "Megatron-Core (H100)",
         "NVIDIA production (H100)",
+        "Megatron-Core MoE, BF16 (H100)",
         "Megatron-Core via NeMo, FP8 (H100)",
         "Megatron-Core via NeMo, BF16 (H100)",
         "Megatron-Core MoE via NeMo, BF16 (H100)",
@@ -1198,6 +1209,42 @@ def _qwen3_moe() -> list[dict]:
                     round(12040 * model_flops_per_token(cfg) / 1e12, 1)))  # fmt: skip
     return out
 
+
+
+# Megatron-Core's MoE team's Qwen3-235B-A22B runs on 256 H100s in BF16 (yanring/Megatron-MoE-
+# ModelZoo, best_practice/Qwen3/readme.md: "NVLink 4th Generation, InfiniBand 8x50 GB/s",
+# sequence 4,096, global batch 2,048, micro-batch 1, step seconds): (label, layout, DeepEP's
+# dispatch, the 1F1B pairing of one micro-batch's all-to-alls with another's compute, the
+# table's recomputation, step seconds). Its model config (model_configs/benchmarking/
+# Qwen3-235B-A22B.yaml): the distributed optimizer with the gradient reduce and the parameter
+# gather overlapped, sequence parallelism, expert-tensor-parallel size 1, the embedding and
+# the loss counted in the pipeline split, bf16 (Megatron's gradients reduced in fp32), no
+# userbuffers overlap. "norm, act" recomputes the norms and the experts' activation only —
+# element-wise work the planner does not model as a recomputation: planned as none. Left
+# out: the intra-node row under Megatron-FSDP (its own sharding of the expert data-parallel
+# group), and Qwen3-Next-80B-A3B (its gated DeltaNet blocks have no planner block).
+MOE_MODEL_ZOO_QWEN3 = [
+    ("cross-node EP", dict(tp=2, pp=8, dp=16, ep=32, chunks=4), True, False, "none", 19.7),
+    ("cross-node EP, 1F1B overlap", dict(tp=2, pp=8, dp=16, ep=32, chunks=4), True, True, "none", 17.6),
+    ("intra-node EP, all-to-all", dict(tp=2, pp=32, dp=4, ep=8, chunks=3), False, False, "none", 24.2),
+    ("intra-node EP, tp 4", dict(tp=4, pp=8, dp=8, ep=8, chunks=4), True, False, "none", 29.0),
+]
+
+
+def _moe_model_zoo() -> list[dict]:
+    """Qwen3-235B-A22B on 256 H100s in BF16, as Megatron-Core's MoE model zoo ran it: step
+    seconds converted to model TFLOP/s per GPU with paracube's FLOP count."""
+    cfg = preset("qwen3-235b-a22b")
+    out = []
+    for _label, layout, deepep, overlap, recompute, step in MOE_MODEL_ZOO_QWEN3:
+        fixed = dict(cp=1, etp=1, zero=1, micro_batch=1, sequence_parallel=True,
+                     attention="fused", schedule="interleaved-1f1b", recompute=recompute,
+                     ep_dispatch="deepep" if deepep else "alltoall", ep_comm_overlap=overlap,
+                     **{**MEGATRON_CORE, "split": "even-ends"}, **layout)  # fmt: skip
+        published = round(2048 * cfg.seq_len * model_flops_per_token(cfg) / step / 256 / 1e12, 1)
+        out.append(_run("Megatron-MoE-ModelZoo", cfg, "h100", 256, 2048, "bf16", fixed,
+                         "model", published))  # fmt: skip
+    return out
 
 def _nemo_long_sequence() -> list[dict]:
     """NeMo 24.03's long-sequence table: Llama 2 7B on DGX-H100 in FP8, 4K–1M tokens."""

@@ -825,32 +825,43 @@ def ep_comm_time(cfg: ModelConfig, layout: Layout, cluster: Cluster) -> float:
     (:attr:`Layout.folded`), each rank sends its own N/t tokens whole — the same bytes — to
     expert-parallel ranks etp apart (Megatron-Core's expert order etp-ep-edp-pp). DeepEP's
     dispatch (``Layout.ep_dispatch``) sends a token once to each rank it reaches, not once per
-    expert: :func:`dispatched_rows` rows a token to each peer."""
+    expert — and to another node once, whatever number of its ranks the token reaches
+    there: DeepEP's normal kernels forward between the RDMA and the NVLink domain
+    (deepseek-ai/DeepEP, README, "Normal kernels with NVLink and RDMA forwarding";
+    ``Buffer.get_dispatch_layout`` counts ``num_tokens_per_rdma_rank``, a token once per
+    node, and each row sent over RDMA carries the bits of the ranks on that node it is then
+    copied to, ``SourceMeta.is_token_in_nvl_rank_bits`` in csrc/kernels/internode.cu).
+    :func:`dispatched_rows` counts the rows a token sends to a peer, or to a peer node."""
     ep = layout.ep
     if not cfg.moe or ep <= 1:
         return 0.0
     n = layout.micro_batch * cfg.seq_len
-    per_peer = dispatched_rows(cfg, layout) * n * cfg.hidden * 2 / layout.tp
+    row = n * cfg.hidden * 2 / layout.tp  # bytes of a row for each of the rank's tokens
     stride = layout.expert_tp if layout.folded else layout.tp * layout.cp
     here = min(ep, max(1, cluster.gpus_per_node // stride))  # members on this rank's node
-    local = (here - 1) * per_peer / cluster.intra.bandwidth
+    local = (here - 1) * dispatched_rows(cfg, layout) * row / cluster.intra.bandwidth
     if here == ep:
         one = local + (ep - 1) * cluster.intra.latency
     else:
-        remote = (ep - here) * per_peer / cluster.inter.bandwidth
+        # to each of the (ep − here)/here other nodes of the group, through this rank's port:
+        # a row per member reached (all-to-all) or one per node reached (DeepEP)
+        nodes = (ep - here) / here
+        remote = nodes * dispatched_rows(cfg, layout, here) * row / cluster.inter.bandwidth
         one = max(local, remote) + (ep - 1) * cluster.inter.latency
     return 4 * one
 
 
-def dispatched_rows(cfg: ModelConfig, layout: Layout) -> float:
-    """Copies of a token's hidden vector its rank's dispatcher sends one other member of the
-    expert-parallel group, on average (E experts, k a token, E/ep on each rank, in order).
+def dispatched_rows(cfg: ModelConfig, layout: Layout, members: int = 1) -> float:
+    """Copies of a token's hidden vector its rank's dispatcher sends to ``members``
+    consecutive other members of the expert-parallel group (one rank, or a node's), on
+    average (E experts, k a token, E/ep on each rank, in order).
 
-    Megatron-Core's all-to-all sends a row per token and expert (``alltoall``): k/ep. DeepEP
-    sends a token once to each rank that holds any of its experts (``deepep``), which copies
-    it to them there: the chance that a given rank holds one of them — for k of the E experts
-    drawn at random (``top-k``), 1 − C(E − E/ep, k)/C(E, k); for the round-robin gate's k
-    consecutive experts, the ranks they span, averaged over tokens, ÷ ep.
+    Megatron-Core's all-to-all sends a row per token and expert (``alltoall``):
+    members · k/ep. DeepEP sends a token once to each rank — or node — that holds any of its
+    experts (``deepep``), which copies it to them there: the chance that the members hold
+    one of them — for k of the E experts drawn at random (``top-k``), with H = members · E/ep
+    of them held there, 1 − C(E − H, k)/C(E, k); for the round-robin gate's k consecutive
+    experts, the groups of H they span, averaged over tokens, ÷ (ep/members).
 
     >>> from paracube.models.presets import preset
     >>> qwen3 = preset("qwen3-30b-a3b")  # 128 experts, 8 a token
@@ -860,14 +871,17 @@ def dispatched_rows(cfg: ModelConfig, layout: Layout) -> float:
     0.667
     >>> dispatched_rows(qwen3, Layout(dp=8, ep=8, ep_dispatch="deepep", router="round-robin"))
     0.125
+    >>> big = Layout(dp=32, ep=32, ep_dispatch="deepep")  # 4 nodes of 8 members, 4 experts each
+    >>> round(dispatched_rows(qwen3, big), 3), round(dispatched_rows(qwen3, big, 8), 3)
+    (0.23, 0.907)
     """
     k, experts, ep = cfg.experts_per_token, cfg.experts, layout.ep
     if layout.ep_dispatch == "alltoall":
-        return k / ep
-    held = experts // ep  # each rank's experts
+        return members * k / ep
+    held = members * experts // ep  # the members' experts
     if layout.router == "round-robin":  # token i: experts i·k … i·k + k − 1 (mod E)
         spans = [len({(i * k + j) % experts // held for j in range(k)}) for i in range(experts)]
-        return sum(spans) / len(spans) / ep
+        return sum(spans) / len(spans) / (ep // members)
     return 1 - math.comb(experts - held, k) / math.comb(experts, k)
 
 
