@@ -409,7 +409,8 @@ def _dispatch_words(cfg: ModelConfig, layout) -> str:
     gate = " from the round-robin gate" if layout.router == "round-robin" else ""
     return (
         f" (DeepEP's: a token once to each rank holding any of its experts{gate}, "
-        f"{share:.0%} of the rows a copy per expert sends)"
+        f"{share:.0%} of the rows a copy per expert sends; across nodes once to each node, "
+        "which copies it to its ranks over NVLink)"
     )
 
 
