@@ -175,7 +175,8 @@ class Trainer:
 
     def memory_metrics(self, gradients: int | None = None) -> dict[str, int]:
         """Per-step memory record: model states, saved activations (peak over the step),
-        ZeRO-3's peak of gathered parameters, and the CUDA allocator's peak on GPU."""
+        ZeRO-3's peak of gathered parameters, ZeRO-2/3's peak of full gradient buffers, and
+        the CUDA allocator's peak on GPU."""
         record = self.model_state_bytes(gradients)
         if self._activations_counted is not None:
             record["activations_counted_step"], record["activations_peak"] = (
@@ -183,8 +184,10 @@ class Trainer:
             )
         if self.ps_worker is not None and self.ps_worker.server is not None:
             record["ps_server"] = self.ps_worker.server.memory_bytes()  # a thread of this rank
-        if "params_peak" in (held := self.grad_sync.memory_bytes()):
-            record["params_peak"] = held["params_peak"]
+        held = self.grad_sync.memory_bytes()
+        for key in ("params_peak", "grad_buffers_peak"):  # ZeRO-3's gathers; ZeRO-2/3's buffers
+            if key in held:
+                record[key] = held[key]
         if self.mesh.device.type == "cuda":
             record["cuda_max_allocated"] = torch.cuda.max_memory_allocated(self.mesh.device)
         return record

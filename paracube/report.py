@@ -108,6 +108,11 @@ def summary(history: list[StepMetrics], first_val: float | None, wall: float) ->
                 if "params_peak" in mib
                 else ""
             )
+            + (
+                f", full gradient buffers peak {mib['grad_buffers_peak']:.2f} MiB"
+                if "grad_buffers_peak" in mib
+                else ""
+            )
             + (f", parameter server {mib['ps_server']:.2f} MiB" if "ps_server" in mib else "")
         )
         if "cuda_max_allocated" in mem:
@@ -244,12 +249,20 @@ def _gpu_peak_memory(cfg: TrainConfig, layout, mem: dict[str, int]) -> str:
 
 def allocator_gap(mem: dict[str, int]) -> str:
     """The CUDA allocator's peak beside what paracube counts (model states, the saved
-    activations' peak, ZeRO-3's gathered parameters): the rest is the transient tensors
+    activations' peak, ZeRO-3's gathered parameters, ZeRO-2/3's full gradient buffers): the
+    rest is the transient tensors
     nothing keeps — backward's gradients of activations in flight, the fp32 logits and
     their gradient, kernels' workspaces — which counting does not see."""
     counted = sum(
         mem.get(k, 0)
-        for k in ("weights", "gradients", "optimizer", "activations_peak", "params_peak")
+        for k in (
+            "weights",
+            "gradients",
+            "optimizer",
+            "activations_peak",
+            "params_peak",
+            "grad_buffers_peak",
+        )
     )
     peak = mem["cuda_max_allocated"]
     return (

@@ -212,6 +212,36 @@ def test_zero3_peak_parameters_are_a_shard_plus_gathered_units(pools):
         assert peak < full  # never the whole model at once
 
 
+def probe_units(cfg):
+    """Train; return the full gradient buffers' peak and each unit's buffer bytes."""
+    from paracube.engine import Trainer
+    from paracube.mesh.mesh import ProcessMesh
+
+    trainer = Trainer(cfg, ProcessMesh(cfg.parallel), small_corpus())
+    metrics = [trainer.train_step() for _ in range(cfg.steps)]
+    sizes = [u.numel * u.buffer.element_size() for u in trainer.grad_sync.units]
+    return metrics[-1].memory["grad_buffers_peak"], sizes
+
+
+def test_sharded_gradients_are_never_whole_during_backward(pools):
+    """ZeRO-2/3 free a unit's full gradient buffer when its reduce-scatter is waited for;
+    one reduction stays in flight beside the next unit's backward, so a backward holds at
+    most the unit being filled and the one being reduced — under ZeRO-3 beside the root
+    unit (embedding, final norm, head), which fills from the head's backward to the
+    embedding's: root + 2 blocks, as FSDP does. (Waited for only at the end of backward,
+    every unit's buffer was alive at once: the whole model's gradients.)"""
+    model = preset("nano", seq_len=SEQ, n_layers=8)
+    for peak, sizes in pools(2).run(probe_units, zcfg(3, steps=2, model=model)):
+        *blocks, root = sizes  # launch order: the last block first, the root last
+        assert len(blocks) == model.n_layers and len(set(blocks)) == 1
+        assert peak == root + 2 * blocks[0]
+        assert peak < sum(sizes) / 3
+    for peak, sizes in pools(2).run(probe_units, zcfg(2, steps=2, model=model)):
+        # ZeRO-2's units are gradient buckets: the one just filled, the one in flight, and
+        # at most one more that has begun to fill as its parameters' gradients arrive
+        assert len(sizes) > 8 and peak <= 3 * max(sizes) < sum(sizes) / 3
+
+
 def test_zero3_collectives_per_step_are_the_planners(pools):
     """The planner charges ZeRO-3 one ring latency per collective (time_model.
     zero3_collectives: per micro-batch a forward gather per block and one for the root, a

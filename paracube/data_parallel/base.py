@@ -116,6 +116,7 @@ class FlatDataParallel(nn.Module):
         self._callback_queued = False
         self._next_launch = 0
         self._inflight: list[Waitable] = []
+        self.peak_grad_buffer_bytes = 0  # the most full gradient buffers held at once
 
     def _attach(self, units: Sequence[FlatUnit], hooks: bool) -> None:
         """Take ``units`` as the launch order; with ``hooks``, absorb and launch during
@@ -186,11 +187,17 @@ class FlatDataParallel(nn.Module):
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes this wrapper holds now: ``weights`` (this rank's parameters) and
-        ``gradients`` (buffers and gradient slices)."""
+        ``gradients`` (buffers and gradient slices); under a sharded reduction (ZeRO-2/3)
+        also ``grad_buffers_peak``, the most full gradient buffers a backward held at once
+        (the buffers are freed as their reductions are retired, so ``gradients`` after
+        the step counts the slices only)."""
         grads = sum(u.nbytes + storage_bytes(u.grad_shard) for u in self.units)
         in_flight = getattr(self.reducer, "state_bytes", None)  # stale:S's copies in flight
         grads += in_flight() if in_flight is not None else 0
-        return {"weights": self._weight_bytes(), "gradients": grads}
+        held = {"weights": self._weight_bytes(), "gradients": grads}
+        if self.reducer.sharded:
+            held["grad_buffers_peak"] = self.peak_grad_buffer_bytes
+        return held
 
     @contextlib.contextmanager
     def gathered_parameters(self) -> Iterator[None]:
@@ -239,10 +246,34 @@ class FlatDataParallel(nn.Module):
                 unit.buffer.div_(self.world)
             self._inflight.append(self.reducer(unit, self.group, self.ledger))
             self._next_launch += 1
+            if self.reducer.sharded:
+                self._note_grad_buffers()
+                self._retire_reductions(keep=self.SHARDED_IN_FLIGHT)
+
+    # A sharded reduction frees its unit's full gradient buffer when it is waited for; left
+    # until the end of backward, every unit's buffer would be alive at once — the whole
+    # model's gradients, which ZeRO-2/3 exist to avoid. So one reduction stays in flight
+    # beside the next unit's backward and the one before it is retired as that one is
+    # launched: at most the unit being filled and the one being reduced hold full
+    # gradients (with the root unit of ZeRO-3, filled from the head's backward to the
+    # embedding's) — FSDP's bound as well (Zhao et al. 2023, "PyTorch FSDP", §3.3.2: the
+    # reduce-scatter of one unit overlaps the backward of the next).
+    SHARDED_IN_FLIGHT = 1
+
+    def _retire_reductions(self, keep: int) -> None:
+        """Wait for the oldest launched reductions until ``keep`` remain in flight."""
+        while len(self._inflight) > keep:
+            self._inflight.pop(0).wait()
+
+    def _note_grad_buffers(self) -> None:
+        """Record the full gradient buffers allocated now into their peak."""
+        held = sum(u.nbytes for u in self.units)
+        self.peak_grad_buffer_bytes = max(self.peak_grad_buffer_bytes, held)
 
     @torch.no_grad()
     def _finish_backward(self) -> None:
         self._launch_ready(force=True)
+        self._note_grad_buffers()
         for handle in self._inflight:
             handle.wait()
         self._inflight.clear()
