@@ -1210,24 +1210,24 @@ def _qwen3_moe() -> list[dict]:
     return out
 
 
-
 # Megatron-Core's MoE team's Qwen3-235B-A22B runs on 256 H100s in BF16 (yanring/Megatron-MoE-
 # ModelZoo, best_practice/Qwen3/readme.md: "NVLink 4th Generation, InfiniBand 8x50 GB/s",
 # sequence 4,096, global batch 2,048, micro-batch 1, step seconds): (label, layout, DeepEP's
-# dispatch, the 1F1B pairing of one micro-batch's all-to-alls with another's compute, the
-# table's recomputation, step seconds). Its model config (model_configs/benchmarking/
+# dispatch, the 1F1B pairing of one micro-batch's all-to-alls with another's compute, step
+# seconds). Its model config (model_configs/benchmarking/
 # Qwen3-235B-A22B.yaml): the distributed optimizer with the gradient reduce and the parameter
 # gather overlapped, sequence parallelism, expert-tensor-parallel size 1, the embedding and
 # the loss counted in the pipeline split, bf16 (Megatron's gradients reduced in fp32), no
 # userbuffers overlap. "norm, act" recomputes the norms and the experts' activation only —
-# element-wise work the planner does not model as a recomputation: planned as none. Left
+# element-wise work the planner does not model as a recomputation: every row is planned
+# without recomputation (the table's other rows state none). Left
 # out: the intra-node row under Megatron-FSDP (its own sharding of the expert data-parallel
 # group), and Qwen3-Next-80B-A3B (its gated DeltaNet blocks have no planner block).
 MOE_MODEL_ZOO_QWEN3 = [
-    ("cross-node EP", dict(tp=2, pp=8, dp=16, ep=32, chunks=4), True, False, "none", 19.7),
-    ("cross-node EP, 1F1B overlap", dict(tp=2, pp=8, dp=16, ep=32, chunks=4), True, True, "none", 17.6),
-    ("intra-node EP, all-to-all", dict(tp=2, pp=32, dp=4, ep=8, chunks=3), False, False, "none", 24.2),
-    ("intra-node EP, tp 4", dict(tp=4, pp=8, dp=8, ep=8, chunks=4), True, False, "none", 29.0),
+    ("cross-node EP", dict(tp=2, pp=8, dp=16, ep=32, chunks=4), True, False, 19.7),
+    ("cross-node EP, 1F1B overlap", dict(tp=2, pp=8, dp=16, ep=32, chunks=4), True, True, 17.6),
+    ("intra-node EP, all-to-all", dict(tp=2, pp=32, dp=4, ep=8, chunks=3), False, False, 24.2),
+    ("intra-node EP, tp 4", dict(tp=4, pp=8, dp=8, ep=8, chunks=4), True, False, 29.0),
 ]
 
 
@@ -1236,15 +1236,16 @@ def _moe_model_zoo() -> list[dict]:
     seconds converted to model TFLOP/s per GPU with paracube's FLOP count."""
     cfg = preset("qwen3-235b-a22b")
     out = []
-    for _label, layout, deepep, overlap, recompute, step in MOE_MODEL_ZOO_QWEN3:
+    for _label, layout, deepep, overlap, step in MOE_MODEL_ZOO_QWEN3:
         fixed = dict(cp=1, etp=1, zero=1, micro_batch=1, sequence_parallel=True,
-                     attention="fused", schedule="interleaved-1f1b", recompute=recompute,
+                     attention="fused", schedule="interleaved-1f1b", recompute="none",
                      ep_dispatch="deepep" if deepep else "alltoall", ep_comm_overlap=overlap,
                      **{**MEGATRON_CORE, "split": "even-ends"}, **layout)  # fmt: skip
         published = round(2048 * cfg.seq_len * model_flops_per_token(cfg) / step / 256 / 1e12, 1)
         out.append(_run("Megatron-MoE-ModelZoo", cfg, "h100", 256, 2048, "bf16", fixed,
                          "model", published))  # fmt: skip
     return out
+
 
 def _nemo_long_sequence() -> list[dict]:
     """NeMo 24.03's long-sequence table: Llama 2 7B on DGX-H100 in FP8, 4K–1M tokens."""
