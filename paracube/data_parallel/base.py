@@ -256,8 +256,8 @@ class FlatDataParallel(nn.Module):
     # beside the next unit's backward and the one before it is retired as that one is
     # launched: at most the unit being filled and the one being reduced hold full
     # gradients (with the root unit of ZeRO-3, filled from the head's backward to the
-    # embedding's) — FSDP's bound as well (Zhao et al. 2023, "PyTorch FSDP", §3.3.2: the
-    # reduce-scatter of one unit overlaps the backward of the next).
+    # embedding's). FSDP overlaps them the same way: one unit's reduce-scatter beside the
+    # next unit's backward (Zhao et al. 2023, "PyTorch FSDP").
     SHARDED_IN_FLIGHT = 1
 
     def _retire_reductions(self, keep: int) -> None:
@@ -273,7 +273,8 @@ class FlatDataParallel(nn.Module):
     @torch.no_grad()
     def _finish_backward(self) -> None:
         self._launch_ready(force=True)
-        self._note_grad_buffers()
+        if self.reducer.sharded:
+            self._note_grad_buffers()
         for handle in self._inflight:
             handle.wait()
         self._inflight.clear()
