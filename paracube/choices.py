@@ -42,9 +42,11 @@ FUSED_ATTENTION = ("fused", "fused-v1", "fused-triton")  # kernels that never st
 # fp8 (planner): each tensor's scale from the amax history (Transformer Engine's delayed
 # scaling) or from its own amax, read just before the cast (current scaling)
 FP8_SCALING = ("delayed", "current")
-# planner: what a block keeps for backward — paracube's own blocks, or Megatron-Core's with
-# Transformer Engine (planner.memory.te_block_bytes)
-ACTIVATION_MEMORY = ("paracube", "megatron")
+# planner: what a block keeps for backward — paracube's own blocks, Megatron-Core's with
+# Transformer Engine (planner.memory.te_block_bytes), or paracube's blocks under
+# torch.compile (models.shapes.block_saved_bytes, compiled: torchtitan's and OLMo-core's
+# compiled blocks)
+ACTIVATION_MEMORY = ("paracube", "megatron", "compiled")
 # planner: how the blocks are cut into pipeline stages — paracube train's cut by --balance
 # (engine), or the same count of blocks per virtual stage, the embedding and the head on
 # top of the first's and the last's (even: Megatron-Core's default, Megatron-DeepSpeed's

@@ -102,7 +102,7 @@ def test_context_parallelism_is_planned_only_where_asked_and_never_emitted():
     # the planned-only choices are checked where the layout is made, not defaulted silently
     for bad, match in [
         (dict(cp=0), "cp=0: context parallelism must be a positive integer"),
-        (dict(activations="te"), "activations='te': choose paracube or megatron"),
+        (dict(activations="te"), "activations='te': choose one of paracube, megatron, compiled"),
         (dict(fp8_scaling="tensorwise"), "fp8_scaling='tensorwise': choose delayed or current"),
     ]:
         with pytest.raises(ConfigError, match=match):

@@ -910,3 +910,19 @@ def test_layout_activations_are_the_engines_count(name, recompute):
     for precision, elem in (("bf16", 2), ("fp32", 4)):
         planned = stage_memory(cfg, layout, precision)[0].activations
         assert planned == model_saved_bytes(cfg, 2, elem=elem, recompute=recompute)
+
+
+def test_olmo_core_runs_fit_as_the_compiled_blocks_they_ran():
+    """OLMo-core trains Llama 8B and OLMo 2 13B on one H100 node without activation
+    checkpointing, its blocks torch.compile'd: counted as compiled blocks keep
+    (shapes.block_saved_bytes, compiled — measured on paracube's block in
+    test_saved_activations) the runs fit 80 GiB; counted as eager blocks they would not,
+    and the rows would be planned as a layout the planner thinks cannot run."""
+    from paracube.planner.published import evaluate, runs
+
+    rows = [r for r in runs() if r["source"].startswith("OLMo-core")]
+    assert len(rows) == 4 and all(r["fixed"]["activations"] == "compiled" for r in rows)
+    for row in rows:
+        assert evaluate(row)["note"] == ""
+        eager = evaluate(row | {"fixed": row["fixed"] | {"activations": "paracube"}})
+        assert eager["note"].startswith("memory model:")

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from paracube.config import ModelConfig
+from paracube.errors import ConfigError
 from paracube.memory.activations import ActivationCounter
 from paracube.models.gpt import GPT, Block, apply_recompute, lm_loss
 from paracube.models.shapes import block_saved_bytes, model_saved_bytes
@@ -67,3 +68,61 @@ def test_peak_counts_storages_once_and_tracks_release():
     assert counter.live == 400 + 400 + 400  # a, sin(a), cos(a)
     y.sum().backward()
     assert counter.live == 0 and counter.peak == 1200
+
+
+# torch.compile with inductor's decompositions and its min-cut partitioner, without
+# inductor's code generation (torch/_dynamo/backends/debugging.py): what a compiled block
+# keeps for backward is the partitioner's choice, counted here on this machine
+INDUCTOR_PARTITION = "aot_eager_decomp_partition"
+COMPILED = {
+    **VARIANTS,
+    # learned positions with grouped-query attention: no rotated copy to keep
+    "gqa-learned-positions": {**LLAMA_MHA, "n_kv_heads": 2, "position": "learned"},
+}
+
+
+@pytest.mark.parametrize("variant", list(COMPILED))
+def test_compiled_block_keeps_what_the_formula_counts(variant):
+    torch.manual_seed(0)
+    # b·s (2 × 24 = 48 tokens) unlike any width, so no two terms can stand in for each other
+    cfg = ModelConfig(**{**BASE, "seq_len": 24}, **COMPILED[variant])
+    dtype = torch.float32 if variant == "gpt" else torch.bfloat16
+    elem = torch.finfo(dtype).bits // 8
+    compiled = torch.compile(Block(cfg).to(dtype), backend=INDUCTOR_PARTITION, fullgraph=True)
+    x = torch.randn(B, cfg.seq_len, cfg.hidden, dtype=dtype, requires_grad=True) * 1.0
+    with ActivationCounter() as counter:
+        y = compiled(x)
+    kept = counter.live
+    y.float().sum().backward()
+    torch._dynamo.reset()
+    assert kept == block_saved_bytes(cfg, B, elem=elem, compiled=True)
+    if COMPILED[variant].get("norm") == "rmsnorm":  # what compiling saves: never more
+        assert kept < block_saved_bytes(cfg, B, elem=elem)
+    assert counter.live == 0
+
+
+def test_compiled_full_recomputation_keeps_the_input_and_constants():
+    """A compiled, fully recomputed block keeps its input — the formula's — and beside it
+    the rotary tables and the CPU random-number state its checkpoint restores, bytes that
+    do not grow with the tokens."""
+    torch.manual_seed(0)
+    kept = {}
+    for b in (2, 4):
+        cfg = ModelConfig(**BASE, **VARIANTS["llama-gqa"])
+        block = Block(cfg).to(torch.bfloat16)
+        apply_recompute(torch.nn.Sequential(block), "full")
+        compiled = torch.compile(block, backend=INDUCTOR_PARTITION)
+        x = torch.randn(b, cfg.seq_len, cfg.hidden, dtype=torch.bfloat16, requires_grad=True)
+        with ActivationCounter() as counter:
+            y = compiled(x * 1.0)
+        kept[b] = counter.live - block_saved_bytes(cfg, b, elem=2, recompute="full", compiled=True)
+        y.float().sum().backward()
+        torch._dynamo.reset()
+    tables = 2 * cfg.seq_len * (cfg.head_dim // 2) * 2  # cos and sin, bf16
+    assert kept[2] == kept[4] == tables + torch.get_rng_state().numel()
+
+
+def test_compiled_counting_refuses_what_it_did_not_count():
+    cfg = ModelConfig(**BASE, **LLAMA_MHA)
+    with pytest.raises(ConfigError, match="recompute='selective' under torch.compile"):
+        block_saved_bytes(cfg, B, recompute="selective", compiled=True)

@@ -39,8 +39,11 @@ class _Saved:
             counter._acquire(self.key, storage.nbytes())
 
     def __del__(self) -> None:
-        if self.key is not None:
-            self.counter._release(self.key)
+        # torch.compile's tracing of a checkpointed region builds copies of the hooks'
+        # results without __init__ (nothing was acquired for them)
+        key = getattr(self, "key", None)
+        if key is not None:
+            self.counter._release(key)
 
 
 class ActivationCounter:

@@ -16,6 +16,7 @@ from functools import cache, lru_cache
 from typing import NamedTuple
 
 from paracube.config import ModelConfig
+from paracube.errors import ConfigError
 
 
 class Linear(NamedTuple):
@@ -326,6 +327,26 @@ def end_saved_bytes(
 # 32·s·b·h bytes at E = 2 against Korthikanti et al.'s 34·s·b·h for Megatron's layer
 # (dropout masks, unfused attention). Selective recomputation re-runs the core from q, k, v (its
 # log-sum-exp is not kept); full recomputation keeps only the block's input, N·h·E/t_s.
+#
+# Under torch.compile (``compiled``: the block traced by AOTAutograd and cut into forward
+# and backward by its min-cut partitioner, torch/_functorch/partitioners.py
+# min_cut_rematerialization_partition — inductor's partition): an op whose output only a
+# fusible element-wise backward reads is recomputed there rather than kept, while one a
+# matmul or the attention kernel reads in backward is kept (is_materialized_backwards bans
+# its recomputation). Counted on paracube's block, that changes three rows:
+#
+#   RMSNorm                                        its input and fp32 rstd: N·h·E + 4·N
+#                                                  (the fp32 copies are recomputed)
+#   activation (SwiGLU)                            gate|up and the product: 3·N·F·E/t
+#                                                  (silu(gate) is recomputed)
+#   grouped-query / rotary copies                  N·q·E/t with rotary positions, none
+#                                                  without (in place of both rows above)
+#
+# LayerNorm and GELU keep what they keep eager; Qwen3's per-head q and k norms, by the RMSNorm
+# row, their fp32 rstd alone (their input is the q|k|v output, kept already; not counted on
+# paracube's block, which has none). A fully recomputed block keeps its input,
+# as eager, and per block the rotary tables and the random-number state its checkpoint
+# restores — bytes that do not grow with the tokens.
 
 
 @lru_cache(maxsize=4096)  # the planner's search asks for a few shapes often
@@ -339,10 +360,12 @@ def block_saved_bytes(
     recompute: str = "none",
     seq: int | None = None,
     etp: int | None = None,
+    compiled: bool = False,
 ) -> int:
     """Bytes one block keeps for backward per micro-batch of ``b`` sequences of ``seq``
     (default ``cfg.seq_len``) tokens (a mixture's experts split over ``etp`` ranks; None:
-    tp)."""
+    tp); ``compiled``: the block under torch.compile, kept whole or fully recomputed (the
+    table above)."""
     s = seq or cfg.seq_len
     n = b * s
     h, d, a, q = cfg.hidden, cfg.head_dim, cfg.n_heads, cfg.q_dim
@@ -350,14 +373,21 @@ def block_saved_bytes(
     ts = tp if sequence_parallel else 1
     if recompute == "full":
         return n * h * elem // ts
+    if compiled and recompute != "none":
+        raise ConfigError(
+            f"recompute={recompute!r} under torch.compile is not counted: a compiled block is "
+            "counted kept whole (none) or fully recomputed (full)"
+        )
     if recompute == "op":  # torchtitan's op-level policy (op_checkpoint_linears)
         return op_checkpoint_saved_bytes(cfg, n, elem, tp, ts)
-    norms = 2 * _norm_bytes(cfg, n, elem) // ts
+    norms = 2 * _norm_bytes(cfg, n, elem, compiled) // ts
     norm_outputs = 2 * n * h * elem // ts  # kept by qkv_proj and up_proj (their shards under SP)
     attention = n * (q + 2 * kv) * elem // tp + n * q * elem // tp
     if recompute != "selective":
         attention += 4 * n * a // tp  # the fused kernel's fp32 log-sum-exp
-        if kv < q:  # grouped-query: the kernel keeps k and v expanded to every query head
+        if compiled:  # one tensor of the queries' width beside the rotated q and k
+            attention += n * q * elem // tp if cfg.position == "rope" else 0
+        elif kv < q:  # grouped-query: the kernel keeps k and v expanded to every query head
             attention += 2 * n * (q - kv) * elem // tp
         elif cfg.position == "rope":  # contiguous rotated q, k beside a strided v: v is copied
             attention += n * kv * elem // tp
@@ -365,9 +395,11 @@ def block_saved_bytes(
         attention += n * (q + kv) * elem // tp + cfg.seq_len * d * elem
     if cfg.qk_norm:  # as an RMSNorm (_norm_bytes) over the q and k heads, a rstd per head
         width = (q + kv) // tp
-        attention += 2 * n * width * elem + (4 * n * width if elem < 4 else 0)
+        if not compiled:  # compiled, its input is the q|k|v output already kept: rstd alone
+            attention += 2 * n * width * elem + (4 * n * width if elem < 4 else 0)
         attention += 4 * n * (a + cfg.n_kv_heads) // tp
-    mlp = (4 if cfg.activation == "swiglu" else 2) * n * cfg.ffn_hidden * elem // tp
+    kept = 2 if cfg.activation != "swiglu" else 3 if compiled else 4  # widths of F (above)
+    mlp = kept * n * cfg.ffn_hidden * elem // tp
     if cfg.moe:
         mlp = mlp * cfg.experts_per_token + moe_routing_bytes(cfg, n, elem, tp, ts, etp)
     return norms + norm_outputs + attention + mlp
@@ -459,11 +491,14 @@ def loss_backward_transient_bytes(cfg: ModelConfig, b: int, tp: int = 1) -> int:
     return 2 * b * cfg.seq_len * shard * 4
 
 
-def _norm_bytes(cfg: ModelConfig, n: int, elem: int) -> int:
+def _norm_bytes(cfg: ModelConfig, n: int, elem: int, compiled: bool = False) -> int:
     """What one norm over n tokens keeps: LayerNorm its input and mean/rstd (input dtype);
     RMSNorm, composed of elementary ops, its input, the normalised x before the scale, an
-    fp32 rstd and, below fp32, the fp32 copy of its input it computes in."""
+    fp32 rstd and, below fp32, the fp32 copy of its input it computes in — compiled, its
+    input and the rstd alone (the rest is recomputed in backward)."""
     h = cfg.hidden
     if cfg.norm == "layernorm":
         return n * h * elem + 2 * n * elem
+    if compiled:
+        return n * h * elem + 4 * n
     return 2 * n * h * elem + 4 * n + (n * h * 4 if elem < 4 else 0)

@@ -213,9 +213,12 @@ class Layout:
     # ``paracube train`` does not run it (:meth:`to_args` refuses).
     cp: int = 1
     # what a block keeps for backward, in the memory model: "paracube" (the engine's own
-    # blocks, op by op: shapes.block_saved_bytes) or "megatron" (Megatron-Core with
+    # blocks, op by op: shapes.block_saved_bytes), "megatron" (Megatron-Core with
     # Transformer Engine: memory.te_block_bytes — inputs sharded under sequence parallelism,
-    # FP8 copies under fp8); published Megatron-Core runs are planned with the latter
+    # FP8 copies under fp8; published Megatron-Core runs are planned with it) or "compiled"
+    # (the engine's blocks under torch.compile, whose partitioner recomputes the norms' and
+    # the activation's element-wise intermediates in backward: torchtitan's and OLMo-core's
+    # compiled blocks)
     activations: str = "paracube"
     # tensor-parallel collectives overlapped with the matmuls they feed (Megatron-Core's
     # --tp-comm-overlap, NeMo's ub_tp_comm_overlap: Transformer Engine's userbuffers);

@@ -177,6 +177,9 @@ def _layout_terms(cfg: ModelConfig, layout: _TermsKey, precision: str) -> _Layou
                 sequence_parallel=layout.sequence_parallel,
                 recompute=recompute,
                 etp=layout.expert_tp,
+                # compiled blocks counted kept or recomputed whole; torchtitan's op-level
+                # policy and the attention core's recomputation as their eager blocks keep
+                compiled=layout.activations == "compiled" and recompute in ("none", "full"),
             )
         return activation_bytes_per_layer(
             s,
