@@ -15,6 +15,11 @@ ACTIVATIONS = ("gelu", "swiglu")
 POSITIONS = ("learned", "rope")
 ZERO_STAGES = (0, 1, 2, 3)
 RECOMPUTE = ("none", "selective", "full")
+# paracube train --compile: the blocks run eager (none), torch.compile'd with inductor, or
+# with inductor's decompositions and partitioner but no code generation (partition: what a
+# compiled block keeps for backward, at eager speed — torch's aot_eager_decomp_partition)
+COMPILE = ("none", "inductor", "partition")
+COMPILE_BACKENDS = {"inductor": "inductor", "partition": "aot_eager_decomp_partition"}
 # planner: torchtitan's op-level selective checkpointing (its activation_checkpoint
 # selective_ac_option "op"): every matmul's and the attention kernel's output kept but every
 # second matmul's, the rest of the block recomputed — planned for the stacks that run it,

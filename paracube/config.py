@@ -18,6 +18,7 @@ from paracube.choices import (
     ACTIVATIONS,
     AXES,
     BALANCE,
+    COMPILE,
     DP_MODES,
     GRAD_REDUCE,
     METRICS_MODES,
@@ -33,6 +34,30 @@ from paracube.errors import ConfigError
 from paracube.options import CheckpointConfig
 from paracube.pipeline.schedules import SCHEDULES
 from paracube.values import MAX_SEED, check_loss_scale, compression, number, positive
+
+
+def compile_refusal(
+    mode: str, *, tp: int, zero: int, recompute: str, model_source: str | None = None
+) -> str | None:
+    """What keeps ``paracube train --compile`` from a layout, None if nothing: it traces
+    paracube's own blocks as they run whole on one rank — tensor parallelism's collectives
+    run inside them and ZeRO-3's gathers swap their parameters around each call, and the
+    attention core's checkpoint (selective) is not what the memory model counts compiled
+    (models.shapes.block_saved_bytes). The planner refuses to emit such a command with it."""
+    if mode == "none":
+        return None
+    if model_source is not None:
+        return "a Hugging Face or factory model (--compile compiles paracube's GPT blocks)"
+    if tp > 1:
+        return f"--tp {tp} (its collectives run inside the blocks)"
+    if zero == 3:
+        return "--zero 3 (its gathers swap the blocks' parameters around each call)"
+    if recompute == "selective":
+        return (
+            "--recompute selective (the attention core's checkpoint inside a compiled block; "
+            "use none or full)"
+        )
+    return None
 
 
 def compression_with_zero(kind: str, zero: int) -> str | None:
@@ -253,6 +278,7 @@ class TrainConfig:
     recompute_blocks: int | None = (
         None  # the first N blocks (of each pipeline stage's model); None: all
     )
+    compile: str = "none"  # torch.compile the GPT's blocks (paracube.choices.COMPILE)
     precision: str = "fp32"
     offload: str = "none"  # "optimizer": master weights and optimizer states on the host
     grad_reduce: str = "fp32"  # dtype of gradient accumulation and reduction under bf16/fp16
@@ -396,6 +422,21 @@ class TrainConfig:
                 "--no-error-feedback applies to --compress topk:RATIO or powersgd:RANK (nothing else keeps a residual)"
             )
 
+    def _check_compile(self) -> None:
+        if self.compile not in COMPILE:
+            raise ConfigError(
+                f"unknown --compile {self.compile!r}: choose one of {', '.join(COMPILE)}"
+            )
+        refusal = compile_refusal(
+            self.compile,
+            tp=self.parallel.tp,
+            zero=self.zero,
+            recompute=self.recompute,
+            model_source=self.model_source,
+        )
+        if refusal:
+            raise ConfigError(f"--compile {self.compile} with {refusal}: drop --compile or that")
+
     def _check_memory_options(self) -> None:
         """ZeRO stage, recomputation and precision: values and supported combinations."""
         if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
@@ -420,6 +461,7 @@ class TrainConfig:
                 raise ConfigError(
                     f"--recompute-blocks {self.recompute_blocks} is more than the model's {self.model.n_layers} blocks"
                 )
+        self._check_compile()
         if self.precision not in PRECISIONS:
             raise ConfigError(
                 f"unknown --precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}"

@@ -6,6 +6,7 @@
                                 whole model), or a Hugging Face / factory model built whole
       → tensor parallel         the declarative plan keeps this rank's slices (Megatron §3)
       → recomputation           full blocks or the attention core (Korthikanti et al. 2022)
+      → compilation             torch.compile each block (--compile), traced at its first call
       → pipeline split          this rank's chunks of the chain, and the schedule's actions
       → materialize + cast      values for this rank's shards only (the serial model's, from
                                 the seed), then the bf16/fp16 compute dtype
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from paracube.choices import MEASURED_BALANCE
+from paracube.choices import COMPILE_BACKENDS, MEASURED_BALANCE
 from paracube.comm import ops
 from paracube.config import TrainConfig
 from paracube.data.batches import RankBatches
@@ -96,6 +97,7 @@ def parallelize(
     tied = spec.tied_groups()  # by identity: before anything replaces a parameter
     tensor_parallel(spec, TPContext(mesh.group("tp"), mesh.ledger, cfg.parallel.sequence_parallel))
     recompute(spec, cfg.recompute, cfg.recompute_blocks)
+    compile_blocks(spec, cfg.compile)
     if mesh.size("pp") > 1:
         return _pipelined(spec, tied, cfg, mesh, objective, batches, memory)
     model = spec.module
@@ -137,6 +139,16 @@ def recompute(spec: ModelSpec, mode: str, blocks: int | None) -> None:
     chosen = spec.units if blocks is None else spec.units[:blocks]
     for unit in chosen if mode == "full" else []:
         (spec.recompute_unit or checkpoint_forward)(unit)
+
+
+def compile_blocks(spec: ModelSpec, mode: str) -> None:
+    """torch.compile each block in place (``Module.compile``: traced at its first call, so
+    after materialization and the data-parallel wrapper) — the blocks only: the embedding,
+    head and loss stay eager, as torchtitan compiles its blocks one by one."""
+    if mode == "none":
+        return
+    for unit in spec.units:
+        unit.compile(backend=COMPILE_BACKENDS[mode])
 
 
 def _compute_dtype(cfg: TrainConfig) -> torch.dtype | None:

@@ -335,7 +335,7 @@ def add_parser(sub) -> None:
         "parallel inputs kept sharded, grouped-query keys and values unexpanded, FP8 inputs "
         "under --precision fp8) or compiled (its blocks under torch.compile, as torchtitan "
         "and OLMo-core run them: the norms' and SwiGLU's element-wise intermediates "
-        "recomputed in backward)",
+        "recomputed in backward; emitted as paracube train --compile inductor)",
     )
     t.add_argument(
         "--pipeline-split",

@@ -67,6 +67,7 @@ def config_from_args(args) -> TrainConfig:
         zero=_zero_stage(args.zero),
         recompute=args.recompute,
         recompute_blocks=args.recompute_blocks,
+        compile=args.compile,
         offload=args.offload,
         compress=args.compress,
         error_feedback=not args.no_error_feedback,

@@ -139,6 +139,13 @@ def add_arguments(p) -> None:
         help="recompute only the first N blocks (default: all)",
     )
     z.add_argument(
+        "--compile",
+        default="none",
+        help="torch.compile the GPT's blocks: none (default), inductor, or partition "
+        "(inductor's decompositions and partitioner without code generation: what a compiled "
+        "block keeps, at eager speed); with --tp 1, ZeRO 0-2, --recompute none or full",
+    )
+    z.add_argument(
         "--compress",
         default="none",
         help="gradient compression for the data-parallel reduction: none (default), fp16, bf16 "

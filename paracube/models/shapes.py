@@ -273,15 +273,15 @@ def chain_train_flops(cfg: ModelConfig, b: int) -> list[float]:
     return [3 * n * h, *([block] * cfg.n_layers), 3 * 5 * n * h, 3 * 2 * n * h * cfg.vocab_size]
 
 
-def chain_saved_bytes(cfg: ModelConfig, b: int, elem: int = 4) -> list[int]:
-    """Activation bytes each chain layer keeps per micro-batch (no recomputation); their
-    sum is :func:`model_saved_bytes`."""
+def chain_saved_bytes(cfg: ModelConfig, b: int, elem: int = 4, compiled: bool = False) -> list[int]:
+    """Activation bytes each chain layer keeps per micro-batch (no recomputation; the
+    blocks ``compiled`` or eager, the ends eager); their sum is :func:`model_saved_bytes`."""
     n = b * cfg.seq_len
     embed, _ = end_saved_bytes(cfg, b, elem=elem)
     head = n * cfg.hidden * elem + _loss_bytes(cfg, n, elem)
     return [
         embed,
-        *([block_saved_bytes(cfg, b, elem=elem)] * cfg.n_layers),
+        *([block_saved_bytes(cfg, b, elem=elem, compiled=compiled)] * cfg.n_layers),
         _norm_bytes(cfg, n, elem),
         head,
     ]
@@ -368,7 +368,7 @@ def block_saved_bytes(
     table above)."""
     s = seq or cfg.seq_len
     n = b * s
-    h, d, a, q = cfg.hidden, cfg.head_dim, cfg.n_heads, cfg.q_dim
+    h, a, q = cfg.hidden, cfg.n_heads, cfg.q_dim
     kv = kv_dim(cfg)
     ts = tp if sequence_parallel else 1
     if recompute == "full":
@@ -392,7 +392,7 @@ def block_saved_bytes(
         elif cfg.position == "rope":  # contiguous rotated q, k beside a strided v: v is copied
             attention += n * kv * elem // tp
     if cfg.position == "rope":
-        attention += n * (q + kv) * elem // tp + cfg.seq_len * d * elem
+        attention += n * (q + kv) * elem // tp + rotary_table_bytes(cfg, elem)
     if cfg.qk_norm:  # as an RMSNorm (_norm_bytes) over the q and k heads, a rstd per head
         width = (q + kv) // tp
         if not compiled:  # compiled, its input is the q|k|v output already kept: rstd alone
@@ -403,6 +403,13 @@ def block_saved_bytes(
     if cfg.moe:
         mlp = mlp * cfg.experts_per_token + moe_routing_bytes(cfg, n, elem, tp, ts, etp)
     return norms + norm_outputs + attention + mlp
+
+
+def rotary_table_bytes(cfg: ModelConfig, elem: int) -> int:
+    """The cos and sin tables (each s × d/2) a rotary block keeps for backward: its own
+    buffers, so one storage however many micro-batches the block holds at once (0 without
+    rotary positions)."""
+    return cfg.seq_len * cfg.head_dim * elem if cfg.position == "rope" else 0
 
 
 def moe_routing_bytes(
@@ -457,13 +464,14 @@ def model_saved_bytes(
     elem: int = 4,
     recompute: str = "none",
     recompute_blocks: int | None = None,
+    compiled: bool = False,
 ) -> int:
     """The whole single-stage, tp = 1 model per micro-batch: the blocks (the first
-    ``recompute_blocks`` of them recomputed), token indices (int64), the final norm and
-    the head's input, and what the loss keeps."""
+    ``recompute_blocks`` of them recomputed; ``compiled``: torch.compile'd), token indices
+    (int64), the final norm and the head's input, and what the loss keeps."""
     chosen = cfg.n_layers if recompute_blocks is None else recompute_blocks
-    chain = chain_saved_bytes(cfg, b, elem)
-    recomputed = block_saved_bytes(cfg, b, elem=elem, recompute=recompute)
+    chain = chain_saved_bytes(cfg, b, elem, compiled)
+    recomputed = block_saved_bytes(cfg, b, elem=elem, recompute=recompute, compiled=compiled)
     return sum(chain) + chosen * (recomputed - chain[1])
 
 

@@ -40,7 +40,7 @@ from paracube.choices import (
     ZERO3_PIPELINE,
     ZERO_STAGES,
 )
-from paracube.config import ModelConfig, ParallelConfig, TrainConfig
+from paracube.config import ModelConfig, ParallelConfig, TrainConfig, compile_refusal
 from paracube.errors import ConfigError
 from paracube.pipeline.schedules import SCHEDULES
 
@@ -73,6 +73,11 @@ OTHER_SOFTWARE = (
     "recompute_replay",
     "recompute_scope",
 )
+
+
+# The software facts above that paracube train also runs, beside its defaults: its blocks
+# under torch.compile (--compile)
+PARACUBE_SOFTWARE = frozenset({("activations", "compiled")})
 
 
 # Each choice a Layout names and the values it takes (paracube.choices owns them), checked
@@ -543,6 +548,7 @@ class Layout:
             zero=cfg.zero,
             recompute=cfg.recompute,
             recompute_blocks=cfg.recompute_blocks,
+            activations="compiled" if cfg.compile != "none" else "paracube",
             grad_reduce=cfg.grad_reduce,
             offload=cfg.offload == "optimizer",
             compress=cfg.compress,
@@ -556,7 +562,9 @@ class Layout:
         others = [
             f"{f.name}={getattr(self, f.name)!r}"
             for f in fields(self)
-            if f.name in OTHER_SOFTWARE and getattr(self, f.name) != f.default
+            if f.name in OTHER_SOFTWARE
+            and getattr(self, f.name) != f.default
+            and (f.name, getattr(self, f.name)) not in PARACUBE_SOFTWARE
         ]
         if others:
             raise ConfigError(
@@ -600,6 +608,15 @@ class Layout:
                 "it runs"
             )
         self.check_paracube_software()
+        compiled = self.activations == "compiled"
+        refusal = compile_refusal(
+            "inductor" if compiled else "none", tp=self.tp, zero=self.zero, recompute=self.recompute
+        )
+        if refusal:
+            raise ConfigError(
+                f"activations=compiled with {refusal}: paracube train does not compile that "
+                "layout; plan without --activations compiled for it"
+            )
         args = [
             f"--dp {self.dp}",
             f"--tp {self.tp}",
@@ -623,6 +640,8 @@ class Layout:
             args.append(f"--recompute {self.recompute}")
         if self.recompute != "none" and self.recompute_blocks is not None:
             args.append(f"--recompute-blocks {self.recompute_blocks}")
+        if compiled:
+            args.append("--compile inductor")
         if self.offload:
             args.append("--offload optimizer")
         if self.compress != "none":

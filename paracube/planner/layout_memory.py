@@ -111,6 +111,9 @@ class _LayoutTerms(NamedTuple):
     head_params: float
     first: float
     last: float
+    # of act_kept, the block's own buffers it keeps (the rotary tables): once per block,
+    # not once per micro-batch in flight
+    block_buffers: float = 0.0
 
 
 class _TermsKey(NamedTuple):
@@ -218,6 +221,11 @@ def _layout_terms(cfg: ModelConfig, layout: _TermsKey, precision: str) -> _Layou
         head_params=head,
         first=first,
         last=last,
+        block_buffers=(
+            shapes.rotary_table_bytes(cfg, w)
+            if layout.attention in FUSED_ATTENTION and layout.activations != "megatron"
+            else 0.0
+        ),
     )
 
 
@@ -314,6 +322,8 @@ def _stage(
     its peak, its ends' and the loss's, and the allowance."""
     p = layout.pp
     acts = (terms.act_recomputed * redone + terms.act_kept * (blocks - redone)) * in_flight
+    # a kept block's buffers are one storage for all its micro-batches in flight
+    acts -= terms.block_buffers * (blocks - redone) * max(in_flight - 1, 0)
     if index == 0:
         acts += terms.first * in_flight
     transient = 0.0

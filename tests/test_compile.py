@@ -1,0 +1,117 @@
+"""``paracube train --compile``: the GPT's blocks under torch.compile train as the eager
+blocks do, and keep for backward what the planner counts for compiled blocks
+(``--activations compiled``: models.shapes.block_saved_bytes, compiled)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from paracube.config import ParallelConfig, TrainConfig
+from paracube.errors import ConfigError
+from paracube.models.presets import preset
+from paracube.models.shapes import rotary_table_bytes
+from paracube.pipeline.schedules import get_schedule
+from paracube.planner.layout import Layout
+from paracube.planner.layout_memory import stage_memory
+from tests.helpers import assert_losses_close
+from tests.test_cli import error_line
+from tests.test_zero import run_engine, zcfg
+
+# Llama's block at nano's size — RMSNorm, SwiGLU, rotary positions, grouped-query attention:
+# the shape whose compiled block keeps less than its eager one
+LLAMA = replace(
+    preset("nano", seq_len=16, n_layers=4),
+    norm="rmsnorm",
+    activation="swiglu",
+    position="rope",
+    bias=False,
+    ffn_hidden=96,
+    n_kv_heads=2,
+)
+
+
+def _train(pools, cfg: TrainConfig):
+    """Per-step losses and the first rank's last metrics record."""
+    ranks = cfg.parallel.dp * cfg.parallel.pp
+    losses, _, metrics = pools(ranks).run(run_engine, cfg)[0]
+    return losses, metrics[-1]
+
+
+def _planned(cfg: TrainConfig) -> float:
+    """The planner's first-stage activations for the layout ``cfg`` runs, + 8·b per
+    micro-batch in flight: the token ids are a view of the sampler's (b, T + 1) window, one
+    column wider (as test_zero's single-stage and pipeline counts)."""
+    par = cfg.parallel
+    in_flight = get_schedule(par.schedule).in_flight(par.pp, cfg.grad_accum, 1, stage=0)
+    planned = stage_memory(cfg.model, Layout.from_config(cfg), cfg.precision)[0].activations
+    return planned + 8 * cfg.micro_batch * in_flight
+
+
+@pytest.mark.parametrize(
+    "layout", [dict(dp=2), dict(dp=1, pp=2, accum=4), dict(dp=2, recompute="full")]
+)
+def test_compiled_blocks_train_as_eager_and_keep_what_the_planner_counts(pools, layout):
+    """Inductor's partitioner without code generation (``--compile partition``): the same
+    losses as the eager blocks, and counted activation peaks — the first stage's under a
+    pipeline, whose blocks hold two micro-batches but one copy of their rotary tables —
+    equal to the planner's for the layout each job runs (Layout.from_config: activations
+    "compiled" or "paracube"), the compiled one the lower where nothing is recomputed."""
+    eager = zcfg(0, steps=3, model=LLAMA, **layout)
+    compiled = replace(eager, compile="partition")
+    assert Layout.from_config(compiled).activations == "compiled"
+    want, eager_last = _train(pools, eager)
+    got, last = _train(pools, compiled)
+    assert_losses_close(got, want)
+    eager_peak, peak = eager_last.memory["activations_peak"], last.memory["activations_peak"]
+    assert eager_peak == _planned(eager)
+    if eager.recompute == "full":
+        # each block's input, as eager, and per block constants the formula leaves out —
+        # the rotary tables and the random-number state its checkpoint restores
+        tables = rotary_table_bytes(LLAMA, 4)
+        assert peak == _planned(compiled) + LLAMA.n_layers * (
+            tables + torch.get_rng_state().numel()
+        )
+    else:
+        assert peak == _planned(compiled) < eager_peak
+
+
+def test_inductor_compiled_blocks_train_as_eager(pools):
+    """The real backend, code generated for this CPU: the same losses to float32's
+    tolerance and the same counted peak as the partitioner alone."""
+    eager = zcfg(0, dp=1, accum=1, steps=2, model=LLAMA)
+    want, _ = _train(pools, eager)
+    got, last = _train(pools, replace(eager, compile="inductor"))
+    assert_losses_close(got, want)
+    assert last.memory["activations_peak"] == _planned(replace(eager, compile="inductor"))
+
+
+@pytest.mark.parametrize(
+    ("changes", "refusal"),
+    [
+        (dict(parallel=ParallelConfig(tp=2)), "--compile inductor with --tp 2"),
+        (dict(zero=3), "--compile inductor with --zero 3"),
+        (dict(recompute="selective"), "--compile inductor with --recompute selective"),
+        (dict(model_source="hf:/nowhere"), "--compile inductor with a Hugging Face"),
+        (dict(compile="max-autotune"), "unknown --compile 'max-autotune'"),
+    ],
+)
+def test_what_compile_cannot_run_is_refused_before_anything_runs(changes, refusal):
+    with pytest.raises(ConfigError, match=refusal):
+        TrainConfig(**{"model": LLAMA, "compile": "inductor", **changes})
+
+
+def test_the_planner_emits_compile_only_for_layouts_train_compiles():
+    assert "--compile inductor" in Layout(dp=2, activations="compiled").to_args("fp32")
+    assert "--compile" not in " ".join(Layout(dp=2).to_args("fp32"))
+    with pytest.raises(ConfigError, match="activations=compiled with --tp 2"):
+        Layout(tp=2, activations="compiled").to_args()
+    with pytest.raises(ConfigError, match="another stack's software"):
+        Layout(activations="megatron").to_args()
+
+
+def test_compile_refusal_from_the_command_line(capsys):
+    err = error_line(capsys, ["train", "--model", "nano", "--tp", "2", "--compile", "inductor"])
+    assert "--compile inductor with --tp 2 (its collectives run inside the blocks)" in err
