@@ -115,3 +115,23 @@ def test_the_planner_emits_compile_only_for_layouts_train_compiles():
 def test_compile_refusal_from_the_command_line(capsys):
     err = error_line(capsys, ["train", "--model", "nano", "--tp", "2", "--compile", "inductor"])
     assert "--compile inductor with --tp 2 (its collectives run inside the blocks)" in err
+
+
+def test_the_planner_refuses_what_it_does_not_count_compiled(capsys):
+    """A compiled block is counted kept whole or fully recomputed: the search does not
+    propose the attention core's recomputation beside it, and a fixed one is refused."""
+    from paracube.planner import hardware as hw
+    from paracube.planner.search import search
+    from paracube.planner.time_model import Cluster
+
+    with pytest.raises(ConfigError, match="activations='compiled' with recompute='selective'"):
+        Layout(activations="compiled", recompute="selective")
+    node = Cluster(hw.gpu("h100"), 8, hw.interconnect("nvlink4"), hw.interconnect("ib-ndr"))
+    found = search(preset("llama3-8b"), node, 8, 64, fixed={"activations": "compiled"}, top=500)
+    assert found.ranked and {c.layout.recompute for c in found.ranked} <= {"none", "full"}
+    err = error_line(
+        capsys,
+        ["plan", "--model", "llama3-8b", "--gpus", "8", "--global-batch", "64",
+         "--activations", "compiled", "--recompute", "selective"],
+    )  # fmt: skip
+    assert "activations='compiled' with recompute='selective'" in err

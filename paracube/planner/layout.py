@@ -410,6 +410,12 @@ class Layout:
                 "the gradients over every data-parallel rank (InternLM's zero1 size); plan "
                 "the reduce-scatter over the whole group, without a shard group"
             )
+        if self.activations == "compiled" and self.recompute == "selective":
+            raise ConfigError(
+                "activations='compiled' with recompute='selective': a compiled block is counted "
+                "kept whole or fully recomputed (as paracube train --compile runs it); plan "
+                "recompute none, full or op"
+            )
         if self.recompute == "op" and self.attention not in FUSED_ATTENTION:
             raise ConfigError(
                 "recompute=op keeps the fused attention kernel's output (torchtitan's "

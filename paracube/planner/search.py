@@ -178,6 +178,8 @@ def candidate_layouts(
     asked = op_recompute or fixed.get("recompute") in PLANNED_RECOMPUTE
     if asked and fixed.get("attention", "fused") in FUSED_ATTENTION:
         recomputes = RECOMPUTE + PLANNED_RECOMPUTE
+    if fixed.get("activations") == "compiled":  # counted kept or recomputed whole (Layout)
+        recomputes = tuple(r for r in recomputes if r != "selective")
     total = gpus  # before context parallelism takes its share
     cp = fixed.get("cp", 1)
     if cp > 1:
