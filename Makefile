@@ -44,6 +44,7 @@ bench: $(BENCH)/.installed
 	DS_ACCELERATOR=cpu $(BENCH)/bin/python benchmarks/bench_pipeline.py --out benchmarks/results/pipeline.json
 	DS_ACCELERATOR=cpu $(BENCH)/bin/python benchmarks/bench_zero.py --out benchmarks/results/zero.json
 	$(BENCH)/bin/python benchmarks/bench_recompute.py --out benchmarks/results/recompute.json
+	$(BENCH)/bin/python benchmarks/bench_compile.py --out benchmarks/results/compile.json
 	$(BENCH)/bin/python benchmarks/bench_checkpoint.py --out benchmarks/results/checkpoint.json
 	$(BENCH)/bin/python benchmarks/bench_timing_gather.py --out benchmarks/results/timing_gather.json
 	$(BENCH)/bin/python benchmarks/bench_dp_balance.py --out benchmarks/results/dp_balance.json

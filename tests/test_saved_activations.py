@@ -18,6 +18,10 @@ VARIANTS = {
     "gpt": {},
     "llama-mha": LLAMA_MHA,
     "llama-gqa": {**LLAMA_MHA, "n_kv_heads": 2},
+    # four query heads a key head (Llama 3 8B's): what two cannot tell apart — the kernel
+    # keeps no expanded keys and values
+    "llama-gqa-4": {**LLAMA_MHA, "n_kv_heads": 1},
+    "gqa-4-learned-positions": {**LLAMA_MHA, "n_kv_heads": 1, "position": "learned"},
     # heads of 32 over a hidden size of 64 (4 heads): queries 128 wide, as Qwen3-32B's
     "llama-gqa-wide-heads": {**LLAMA_MHA, "n_kv_heads": 2, "head_size": 32},
 }

@@ -313,8 +313,11 @@ def end_saved_bytes(
 #   qkv_proj (its input: the norm output)          N·h·E (gathered under SP)
 #   attention core (q, k, v views; output; lse)    N·(q + 2·k_v)·E/t + N·q·E/t + 4·N·a/t
 #   rotary positions (rotated q, k; tables)        N·(q + k_v)·E/t + s·d·E
-#   grouped-query (k, v expanded to a heads)       2·N·(q − k_v)·E/t (rotary without GQA:
-#                                                  a contiguous copy of v, N·k_v·E/t)
+#   with rotary positions, one more tensor of      N·q·E/t, grouped-query or not: the
+#   the queries' width                             output projection's input is a copy of
+#                                                  the kernel's output, which follows the
+#                                                  rotated (head-major) q; without them it
+#                                                  is a view (counted: groups of 1–8 heads)
 #   per-head q and k norms (Qwen3's; an RMSNorm    as an RMSNorm over q + k_v values with
 #   over each head's d values)                     a rstd per head: (2·E + 4)·N·(q + k_v)/t
 #                                                  (the 4 below fp32) + 4·N·(a + a_kv)/t
@@ -333,14 +336,12 @@ def end_saved_bytes(
 # min_cut_rematerialization_partition — inductor's partition): an op whose output only a
 # fusible element-wise backward reads is recomputed there rather than kept, while one a
 # matmul or the attention kernel reads in backward is kept (is_materialized_backwards bans
-# its recomputation). Counted on paracube's block, that changes three rows:
+# its recomputation). Counted on paracube's block, that changes two rows:
 #
 #   RMSNorm                                        its input and fp32 rstd: N·h·E + 4·N
 #                                                  (the fp32 copies are recomputed)
 #   activation (SwiGLU)                            gate|up and the product: 3·N·F·E/t
 #                                                  (silu(gate) is recomputed)
-#   grouped-query / rotary copies                  N·q·E/t with rotary positions, none
-#                                                  without (in place of both rows above)
 #
 # LayerNorm and GELU keep what they keep eager; Qwen3's per-head q and k norms, by the RMSNorm
 # row, their fp32 rstd alone (their input is the q|k|v output, kept already; not counted on
@@ -385,12 +386,8 @@ def block_saved_bytes(
     attention = n * (q + 2 * kv) * elem // tp + n * q * elem // tp
     if recompute != "selective":
         attention += 4 * n * a // tp  # the fused kernel's fp32 log-sum-exp
-        if compiled:  # one tensor of the queries' width beside the rotated q and k
-            attention += n * q * elem // tp if cfg.position == "rope" else 0
-        elif kv < q:  # grouped-query: the kernel keeps k and v expanded to every query head
-            attention += 2 * n * (q - kv) * elem // tp
-        elif cfg.position == "rope":  # contiguous rotated q, k beside a strided v: v is copied
-            attention += n * kv * elem // tp
+        if cfg.position == "rope":  # one more tensor of the queries' width (table above)
+            attention += n * q * elem // tp
     if cfg.position == "rope":
         attention += n * (q + kv) * elem // tp + rotary_table_bytes(cfg, elem)
     if cfg.qk_norm:  # as an RMSNorm (_norm_bytes) over the q and k heads, a rstd per head

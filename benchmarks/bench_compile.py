@@ -1,0 +1,143 @@
+"""``paracube train --compile`` vs torch DDP with the same blocks compiled, side by side,
+2 ranks × 1 thread.
+
+A Llama-shaped model at the ``small`` preset's size (4 blocks of 256, RMSNorm, SwiGLU of
+704, rotary positions, 2 key/value heads) trains with AdamW on the same batches. paracube
+runs its engine step with its blocks eager, under inductor's partitioner alone
+(``--compile partition``) and under inductor (``--compile inductor``); the peer is torch
+DDP over the same GPT with each block ``torch.compile``d by inductor, as torchtitan
+compiles its blocks. Reported: the median step, paracube's throughput against each, and
+the counted peak of saved activations per rank beside the planner's count for the layout
+(``paracube plan --activations compiled``; + 8·b bytes: the token ids are a view of the
+sampler's one-column-wider window). Compilation happens in the warm-up, outside the timing.
+
+    python benchmarks/bench_compile.py --out benchmarks/results/compile.json
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from bench_data_parallel import batch_stream, peer_step
+from common import interleaved, parse_and_spawn, print_table, ratio_rows, write_json
+from paracube.config import ParallelConfig, TrainConfig
+from paracube.data.corpus import build_corpus
+from paracube.engine import Trainer, build_optimizer
+from paracube.mesh.mesh import ProcessMesh
+from paracube.models.gpt import GPT
+from paracube.models.presets import preset
+from paracube.planner.layout import Layout
+from paracube.planner.layout_memory import stage_memory
+
+MODES = {
+    "paracube": "inductor",
+    "paracube, eager blocks": "none",
+    "paracube, partition": "partition",
+}
+
+
+def llama_small(name: str):
+    return replace(
+        preset(name),
+        norm="rmsnorm",
+        activation="swiglu",
+        position="rope",
+        bias=False,
+        ffn_hidden=704,
+        n_kv_heads=2,
+    )
+
+
+def worker(rank: int, world: int, args, out: str) -> None:
+    torch.set_num_threads(1)
+    base = TrainConfig(
+        model=llama_small(args.model),
+        parallel=ParallelConfig(dp=world),
+        micro_batch=args.micro_batch,
+        steps=10_000,
+        progress=False,
+        count_activations_every=1,
+    )
+    corpus = build_corpus(None, base.model.seq_len)
+    mesh = ProcessMesh(base.parallel)
+    trainers = {
+        name: Trainer(base.replace(compile=mode), mesh, corpus) for name, mode in MODES.items()
+    }
+    peaks: dict[str, int] = {}
+
+    def runner(name):
+        def step():
+            peaks[name] = trainers[name].train_step().memory["activations_peak"]
+
+        return step
+
+    variants = {name: runner(name) for name in MODES}
+    torch.manual_seed(base.seed)
+    peer = GPT(base.model)
+    for block in peer.blocks:
+        block.compile()
+    model = DDP(peer)
+    variants["torch DDP, compiled blocks"] = peer_step(
+        model, build_optimizer(peer, base), batch_stream(trainers["paracube"]), base
+    )
+    times = interleaved(variants, reps=args.reps, steps=args.steps)
+    if rank != 0:
+        return
+    rows = ratio_rows(times)
+    for row in rows:
+        name = row["variant"]
+        if name in MODES:
+            cfg = base.replace(compile=MODES[name])
+            planned = stage_memory(cfg.model, Layout.from_config(cfg), cfg.precision)[0]
+            row["activations_counted_mib"] = round(peaks[name] / 2**20, 3)
+            row["activations_planned_mib"] = round(
+                (planned.activations + 8 * cfg.micro_batch) / 2**20, 3
+            )
+    med = {r["variant"]: r["median_ms"] for r in rows}
+    payload = {
+        "benchmark": "compile",
+        "model": f"{args.model}, Llama-shaped",
+        "world": world,
+        "threads_per_rank": 1,
+        "micro_batch_per_rank": args.micro_batch,
+        "reps": args.reps,
+        "steps_per_rep": args.steps,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "rows": rows,
+        "throughput_ratio_vs_ddp_compiled": round(
+            med["torch DDP, compiled blocks"] / med["paracube"], 3
+        ),
+        "compiled_vs_eager_blocks": round(med["paracube, eager blocks"] / med["paracube"], 3),
+    }
+    write_json(out, payload)
+    print(
+        f"\nmodel {payload['model']}, {world} ranks × 1 thread, batch {args.micro_batch}/rank, "
+        f"{args.reps}×{args.steps} interleaved steps per variant\n"
+    )
+    print_table(rows)
+    print("\n| variant | saved activations MiB/rank (counted) | (planned) |\n|---|---:|---:|")
+    for r in rows:
+        if "activations_counted_mib" in r:
+            print(
+                f"| {r['variant']} | {r['activations_counted_mib']:.3f} | "
+                f"{r['activations_planned_mib']:.3f} |"
+            )
+
+
+def main() -> None:
+    parse_and_spawn(
+        __doc__, worker, "benchmarks/results/compile.json", reps=6, steps=4, micro_batch=8
+    )
+
+
+if __name__ == "__main__":
+    main()
