@@ -332,7 +332,7 @@ def add_parser(sub) -> None:
         default=None,
         help="what a block keeps for backward, in the memory model: paracube (its own blocks, "
         "op by op; default), megatron (Megatron-Core with Transformer Engine: sequence-"
-        "parallel inputs kept sharded, grouped-query keys and values unexpanded, FP8 inputs "
+        "parallel inputs kept sharded, no output-projection copy, FP8 inputs "
         "under --precision fp8) or compiled (its blocks under torch.compile, as torchtitan "
         "and OLMo-core run them: the norms' and SwiGLU's element-wise intermediates "
         "recomputed in backward; emitted as paracube train --compile inductor)",
