@@ -40,18 +40,18 @@ def compile_refusal(
     mode: str, *, tp: int, zero: int, recompute: str, model_source: str | None = None
 ) -> str | None:
     """What keeps ``paracube train --compile`` from a layout, None if nothing: it traces
-    paracube's own blocks as they run whole on one rank — tensor parallelism's collectives
-    run inside them and ZeRO-3's gathers swap their parameters around each call, and the
-    attention core's checkpoint (selective) is not what the memory model counts compiled
-    (models.shapes.block_saved_bytes). The planner refuses to emit such a command with it."""
+    the forward of paracube's own blocks — the hooks around it (ZeRO-3's gathers) stay
+    eager, but tensor parallelism's collectives run inside it, and the attention core's
+    checkpoint (selective) is not what the memory model counts compiled
+    (models.shapes.block_saved_bytes). The planner refuses to emit such a command with it.
+    ``zero`` is every stage's to take."""
+    del zero  # every ZeRO stage compiles: ZeRO-3 gathers in the hooks around the forward
     if mode == "none":
         return None
     if model_source is not None:
         return "a Hugging Face or factory model (--compile compiles paracube's GPT blocks)"
     if tp > 1:
         return f"--tp {tp} (its collectives run inside the blocks)"
-    if zero == 3:
-        return "--zero 3 (its gathers swap the blocks' parameters around each call)"
     if recompute == "selective":
         return (
             "--recompute selective (the attention core's checkpoint inside a compiled block; "

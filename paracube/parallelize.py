@@ -6,7 +6,7 @@
                                 whole model), or a Hugging Face / factory model built whole
       → tensor parallel         the declarative plan keeps this rank's slices (Megatron §3)
       → recomputation           full blocks or the attention core (Korthikanti et al. 2022)
-      → compilation             torch.compile each block (--compile), traced at its first call
+      → compilation             torch.compile each block's forward (--compile), traced at first call
       → pipeline split          this rank's chunks of the chain, and the schedule's actions
       → materialize + cast      values for this rank's shards only (the serial model's, from
                                 the seed), then the bf16/fp16 compute dtype
@@ -142,13 +142,15 @@ def recompute(spec: ModelSpec, mode: str, blocks: int | None) -> None:
 
 
 def compile_blocks(spec: ModelSpec, mode: str) -> None:
-    """torch.compile each block in place (``Module.compile``: traced at its first call, so
-    after materialization and the data-parallel wrapper) — the blocks only: the embedding,
-    head and loss stay eager, as torchtitan compiles its blocks one by one."""
+    """torch.compile each block's forward (traced at its first call, so after
+    materialization and the data-parallel wrapper) — the blocks only: the embedding, head and
+    loss stay eager, as torchtitan compiles its blocks one by one. The forward, not the
+    module's call: the hooks around it (ZeRO-3's gathers and their collectives) stay eager
+    rather than traced; the parameter names, and so the checkpoints, are unchanged."""
     if mode == "none":
         return
     for unit in spec.units:
-        unit.compile(backend=COMPILE_BACKENDS[mode])
+        unit.forward = torch.compile(unit.forward, backend=COMPILE_BACKENDS[mode])
 
 
 def _compute_dtype(cfg: TrainConfig) -> torch.dtype | None:

@@ -52,15 +52,19 @@ def _planned(cfg: TrainConfig) -> float:
 
 
 @pytest.mark.parametrize(
-    "layout", [dict(dp=2), dict(dp=1, pp=2, accum=4), dict(dp=2, recompute="full")]
+    "layout",
+    [dict(dp=2), dict(dp=1, pp=2, accum=4), dict(dp=2, recompute="full"), dict(dp=2, zero=3)],
+    ids=["dp2", "pp2", "dp2-full-recompute", "dp2-zero3"],
 )
 def test_compiled_blocks_train_as_eager_and_keep_what_the_planner_counts(pools, layout):
     """Inductor's partitioner without code generation (``--compile partition``): the same
-    losses as the eager blocks, and counted activation peaks — the first stage's under a
+    losses as the eager blocks — under ZeRO-3 too, its gathers in the hooks around the
+    compiled forward — and counted activation peaks — the first stage's under a
     pipeline, whose blocks hold two micro-batches but one copy of their rotary tables —
     equal to the planner's for the layout each job runs (Layout.from_config: activations
     "compiled" or "paracube"), the compiled one the lower where nothing is recomputed."""
-    eager = zcfg(0, steps=3, model=LLAMA, **layout)
+    rest = {k: v for k, v in layout.items() if k != "zero"}
+    eager = zcfg(layout.get("zero", 0), steps=3, model=LLAMA, **rest)
     compiled = replace(eager, compile="partition")
     assert Layout.from_config(compiled).activations == "compiled"
     want, eager_last = _train(pools, eager)
@@ -93,7 +97,6 @@ def test_inductor_compiled_blocks_train_as_eager(pools):
     ("changes", "refusal"),
     [
         (dict(parallel=ParallelConfig(tp=2)), "--compile inductor with --tp 2"),
-        (dict(zero=3), "--compile inductor with --zero 3"),
         (dict(recompute="selective"), "--compile inductor with --recompute selective"),
         (dict(model_source="hf:/nowhere"), "--compile inductor with a Hugging Face"),
         (dict(compile="max-autotune"), "unknown --compile 'max-autotune'"),

@@ -143,7 +143,7 @@ def add_arguments(p) -> None:
         default="none",
         help="torch.compile the GPT's blocks: none (default), inductor, or partition "
         "(inductor's decompositions and partitioner without code generation: what a compiled "
-        "block keeps, at eager speed); with --tp 1, ZeRO 0-2, --recompute none or full",
+        "block keeps, at eager speed); with --tp 1, --recompute none or full",
     )
     z.add_argument(
         "--compress",
