@@ -37,15 +37,14 @@ from paracube.values import MAX_SEED, check_loss_scale, compression, number, pos
 
 
 def compile_refusal(
-    mode: str, *, tp: int, zero: int, recompute: str, model_source: str | None = None
+    mode: str, *, tp: int, recompute: str, model_source: str | None = None
 ) -> str | None:
     """What keeps ``paracube train --compile`` from a layout, None if nothing: it traces
     the forward of paracube's own blocks — the hooks around it (ZeRO-3's gathers) stay
-    eager, but tensor parallelism's collectives run inside it, and the attention core's
-    checkpoint (selective) is not what the memory model counts compiled
-    (models.shapes.block_saved_bytes). The planner refuses to emit such a command with it.
-    ``zero`` is every stage's to take."""
-    del zero  # every ZeRO stage compiles: ZeRO-3 gathers in the hooks around the forward
+    eager, so every ZeRO stage compiles, but tensor parallelism's collectives run inside
+    it, and the attention core's checkpoint (selective) is not what the memory model
+    counts compiled (models.shapes.block_saved_bytes). The planner refuses to emit such a
+    command with it."""
     if mode == "none":
         return None
     if model_source is not None:
@@ -430,7 +429,6 @@ class TrainConfig:
         refusal = compile_refusal(
             self.compile,
             tp=self.parallel.tp,
-            zero=self.zero,
             recompute=self.recompute,
             model_source=self.model_source,
         )

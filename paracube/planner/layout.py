@@ -616,7 +616,7 @@ class Layout:
         self.check_paracube_software()
         compiled = self.activations == "compiled"
         refusal = compile_refusal(
-            "inductor" if compiled else "none", tp=self.tp, zero=self.zero, recompute=self.recompute
+            "inductor" if compiled else "none", tp=self.tp, recompute=self.recompute
         )
         if refusal:
             raise ConfigError(

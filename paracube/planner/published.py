@@ -117,7 +117,7 @@ Sources:
   of 2 × 4,096 tokens, 1,024 sequences a step, no activation checkpointing. The GPU count is
   not stated: the scripts' launcher default, one node of 8 (``olmo_core.internal.experiment``,
   ``num_nodes=1``) — 16 to 64 GPUs predict within 0.01 of it; the blocks counted as
-  compiled blocks keep (``activations="compiled"``: 70 GB a GPU; as eager blocks, 94).
+  compiled blocks keep (``activations="compiled"``: 70 GB a GPU; as eager blocks, 93).
   The same table's OLMo 2 13B rows, 4,600 and 5,500 tokens/s: ``OLMo2-13B.py`` (commit
   45d9c18) — ``TransformerConfig.olmo2_13B``, Llama 2 13B's shape with q/k norms and the
   reordered norms, at the same vocabulary; micro-batches of one 4,096-token sequence, 2,048
