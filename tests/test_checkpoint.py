@@ -116,7 +116,12 @@ def resume_and_train(cfg, path, steps):
 
 
 def _resume_matches_serial(pools, tmp_path, a: dict, b: dict):
-    cfg_a, cfg_b = cfg_for(STEPS, **a), cfg_for(STEPS, **b)
+    resume_matches_serial(pools, tmp_path, cfg_for(STEPS, **a), cfg_for(STEPS, **b))
+
+
+def resume_matches_serial(pools, tmp_path, cfg_a, cfg_b):
+    """SPLIT steps under ``cfg_a``, saved, resumed under ``cfg_b`` to STEPS: every loss and
+    the final parameters the serial run's."""
     before = pools(cfg_a.parallel.world_size).run(train_and_save, cfg_a, str(tmp_path), SPLIT)
     path = tmp_path / f"step-{SPLIT:08d}"
     after = pools(cfg_b.parallel.world_size).run(resume_and_train, cfg_b, str(path), STEPS - SPLIT)

@@ -144,25 +144,7 @@ def test_the_planner_refuses_what_it_does_not_count_compiled(capsys):
 def test_a_compiled_runs_checkpoint_resumes_eager_under_another_layout(pools, tmp_path):
     """Compiling changes no parameter name: 3 compiled steps on dp 2, saved, resumed eager
     under ZeRO-3 for 3 more — every loss and the final parameters the serial run's."""
-    from tests.helpers import assert_params_close
-    from tests.test_checkpoint import (
-        SPLIT,
-        STEPS,
-        cfg_for,
-        resume_and_train,
-        serial,
-        train_and_save,
-    )
+    from tests.test_checkpoint import STEPS, cfg_for, resume_matches_serial
 
     compiled = replace(cfg_for(STEPS, dp=2), compile="partition")
-    before = pools(2).run(train_and_save, compiled, str(tmp_path), SPLIT)[0]
-    path = str(tmp_path / f"step-{SPLIT:08d}")
-    after = pools(2).run(resume_and_train, cfg_for(STEPS, dp=2, zero=3), path, STEPS - SPLIT)
-    want_losses, want_params = serial(STEPS)
-    assert_losses_close(before, want_losses[:SPLIT])
-    merged = {}
-    for step, losses, params in after:
-        assert step == STEPS
-        assert_losses_close(losses, want_losses[SPLIT:])
-        merged.update(params)
-    assert_params_close(merged, want_params, tol=1e-5, tensor_tol=3e-4)
+    resume_matches_serial(pools, tmp_path, compiled, cfg_for(STEPS, dp=2, zero=3))
