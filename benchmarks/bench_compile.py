@@ -16,7 +16,6 @@ sampler's one-column-wider window). Compilation happens in the warm-up, outside 
 
 from __future__ import annotations
 
-import platform
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -27,7 +26,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from bench_data_parallel import batch_stream, peer_step
-from common import interleaved, parse_and_spawn, print_table, ratio_rows, write_json
+from common import interleaved, parse_and_spawn, print_table, ratio_rows, run_record, write_json
 from paracube.config import ParallelConfig, TrainConfig
 from paracube.data.corpus import build_corpus
 from paracube.engine import Trainer, build_optimizer
@@ -103,15 +102,7 @@ def worker(rank: int, world: int, args, out: str) -> None:
             )
     med = {r["variant"]: r["median_ms"] for r in rows}
     payload = {
-        "benchmark": "compile",
-        "model": f"{args.model}, Llama-shaped",
-        "world": world,
-        "threads_per_rank": 1,
-        "micro_batch_per_rank": args.micro_batch,
-        "reps": args.reps,
-        "steps_per_rep": args.steps,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
+        **run_record("compile", f"{args.model}, Llama-shaped", world, args),
         "rows": rows,
         "throughput_ratio_vs_ddp_compiled": round(
             med["torch DDP, compiled blocks"] / med["paracube"], 3

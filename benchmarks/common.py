@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import socket
 import statistics
 import time
@@ -105,6 +106,22 @@ def parse_and_spawn(
     p.add_argument("--out", default=out)
     args = p.parse_args()
     spawn_world(getattr(args, "world", 2), worker, args, args.out)
+
+
+def run_record(benchmark: str, model: str, world: int, args) -> dict:
+    """What a side-by-side benchmark's results say of its run: the model, the world of
+    ranks × one thread, the per-rank batch, the repetitions, torch and Python."""
+    return {
+        "benchmark": benchmark,
+        "model": model,
+        "world": world,
+        "threads_per_rank": 1,
+        "micro_batch_per_rank": args.micro_batch,
+        "reps": args.reps,
+        "steps_per_rep": args.steps,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def write_json(path: str, payload: dict) -> None:
