@@ -12,7 +12,6 @@ Also measured: the single-process step (dp=1, batch 8) for dp=2's weak-scaling e
 from __future__ import annotations
 
 import copy
-import platform
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import interleaved, parse_and_spawn, print_table, ratio_rows, write_json
+from common import interleaved, parse_and_spawn, print_table, ratio_rows, run_record, write_json
 from paracube.config import ParallelConfig, TrainConfig
 from paracube.data.corpus import build_corpus
 from paracube.engine import Trainer, build_optimizer
@@ -97,17 +96,9 @@ def worker(rank: int, world: int, args, out: str) -> None:
     base = med["paracube"]
     scaling = med["single process (dp=1)"] / base
     payload = {
-        "benchmark": "data_parallel",
-        "model": args.model,
+        **run_record("data_parallel", args.model, world, args),
         "parameters": sum(p.numel() for p in ours.module.parameters()),
-        "world": world,
-        "threads_per_rank": 1,
-        "micro_batch_per_rank": args.micro_batch,
         "bucket_mb": args.bucket_mb,
-        "reps": args.reps,
-        "steps_per_rep": args.steps,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
         "rows": rows,
         "throughput_ratio_vs_ddp": round(med["torch DDP"] / base, 3),
         "weak_scaling_efficiency_dp2": round(scaling, 3),

@@ -11,15 +11,13 @@ formula for paracube's model (paracube.models.shapes).
 
 from __future__ import annotations
 
-import platform
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch
 
-from common import interleaved, median_ms, parse_and_spawn, write_json
+from common import interleaved, median_ms, parse_and_spawn, run_record, write_json
 from paracube.config import ParallelConfig, TrainConfig
 from paracube.data.corpus import build_corpus
 from paracube.engine import Trainer
@@ -79,18 +77,7 @@ def worker(rank: int, world: int, args, out: str) -> None:
                 "activations_formula_mib": round(formula / 2**20, 2),
             }
         )
-    payload = {
-        "benchmark": "recompute",
-        "model": args.model,
-        "world": world,
-        "threads_per_rank": 1,
-        "micro_batch_per_rank": args.micro_batch,
-        "reps": args.reps,
-        "steps_per_rep": args.steps,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "rows": rows,
-    }
+    payload = {**run_record("recompute", args.model, world, args), "rows": rows}
     write_json(out, payload)
     print(
         f"\nmodel {args.model}, {world} ranks × 1 thread, batch {args.micro_batch}/rank, "

@@ -25,7 +25,6 @@ once, between steps.
 from __future__ import annotations
 
 import os
-import platform
 import sys
 from pathlib import Path
 
@@ -36,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from bench_data_parallel import batch_stream, peer_step
-from common import interleaved, median_ms, parse_and_spawn, write_json
+from common import interleaved, median_ms, parse_and_spawn, run_record, write_json
 from paracube.config import ParallelConfig, TrainConfig
 from paracube.data.corpus import build_corpus
 from paracube.engine import Trainer, build_optimizer
@@ -237,16 +236,8 @@ def worker(rank: int, world: int, args, out: str) -> None:
                 }
             )
     payload = {
-        "benchmark": "zero",
-        "model": args.model,
+        **run_record("zero", args.model, world, args),
         "parameters": sum(p.numel() for p in GPT(base.model).parameters()),
-        "world": world,
-        "threads_per_rank": 1,
-        "micro_batch_per_rank": args.micro_batch,
-        "reps": args.reps,
-        "steps_per_rep": args.steps,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
         "paracube_zero0_ms": round(med["paracube ZeRO-0"], 1),
         "rows": rows,
         "skipped": skipped,
