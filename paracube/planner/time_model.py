@@ -394,13 +394,8 @@ def block_gemm_time(
     """(forward, backward) seconds of one block's matmuls for one micro-batch — on the FP8
     units with 1-byte operands under ``fp8`` — the bulk of :func:`layer_time`, and what
     overlapped tensor-parallel collectives can hide behind (:func:`overlapped_tp_comm`)."""
-    linear, linear_elem = _linear_units(g, elem, fp8)
-    fwd = bwd = 0.0
     tokens = layout.micro_batch * cfg.seq_len
-    for shape in shapes.block_gemms(cfg, tokens, layout.tp, layout.ep, layout.expert_tp):
-        f, b = _gemm_fwd_bwd(*shape, linear, linear_elem)
-        fwd, bwd = fwd + f, bwd + b
-    return fwd, bwd
+    return _block_gemms_timed(cfg, tokens, layout.tp, layout.ep, layout.expert_tp, g, elem, fp8)[:2]
 
 
 def block_weight_grad_time(
@@ -410,12 +405,24 @@ def block_weight_grad_time(
     layer's (k×m)·(m×n), the part of :func:`block_gemm_time`'s backward that a zero-bubble
     schedule defers as its W pass (Qi et al. 2024, §2: "W ... only needs to be performed
     before the optimizer step")."""
+    tokens = layout.micro_batch * cfg.seq_len
+    return _block_gemms_timed(cfg, tokens, layout.tp, layout.ep, layout.expert_tp, g, elem, fp8)[2]
+
+
+# a search times the same block shapes for thousands of layouts, and a fine-grained mixture
+# has a few hundred GEMMs a block (Qwen3-30B-A3B: 128 experts × 3)
+@functools.lru_cache(maxsize=1 << 12)
+def _block_gemms_timed(
+    cfg: ModelConfig, tokens: int, tp: int, ep: int, etp: int, g: GPU, elem: int, fp8: bool
+) -> tuple[float, float, float]:
+    """(forward, backward, weight-gradient part of backward) seconds of one block's matmuls
+    over ``tokens`` rows (:func:`paracube.models.shapes.block_gemms`)."""
     linear, linear_elem = _linear_units(g, elem, fp8)
-    rows = layout.micro_batch * cfg.seq_len
-    return sum(
-        _gemm(k, n, m, linear, linear_elem)
-        for m, n, k in shapes.block_gemms(cfg, rows, layout.tp, layout.ep, layout.expert_tp)
-    )
+    fwd = bwd = weight = 0.0
+    for m, n, k in shapes.block_gemms(cfg, tokens, tp, ep, etp):
+        f, b = _gemm_fwd_bwd(m, n, k, linear, linear_elem)
+        fwd, bwd, weight = fwd + f, bwd + b, weight + _gemm(k, n, m, linear, linear_elem)
+    return fwd, bwd, weight
 
 
 def pass_costs(
