@@ -87,8 +87,8 @@ class ModelConfig:
     ``head_size`` decouples the heads' width from ``hidden / n_heads`` (Qwen3-32B: 64 heads
     of 128 over a hidden size of 5,120 — the query projection h → n_heads·d, the output
     projection back); ``qk_norm`` normalises each head's queries and keys over its d values
-    before the rotary positions (Qwen3's q_norm and k_norm) — planned, and trained from a
-    Hugging Face config; paracube's GPT has no q/k norms.
+    before the rotary positions (Qwen3's q_norm and k_norm, OLMo 2's), RMSNorms as the
+    block's own norms.
     """
 
     n_layers: int
@@ -132,6 +132,11 @@ class ModelConfig:
             raise ConfigError(
                 f"hidden={self.hidden} is not divisible by n_heads={self.n_heads}: "
                 "choose a head count that divides the hidden size"
+            )
+        if self.qk_norm and self.norm != "rmsnorm":
+            raise ConfigError(
+                f"qk_norm with norm={self.norm!r}: the per-head q and k norms are RMSNorms (Qwen3's, "
+                "OLMo 2's), in a block of RMSNorms; use norm='rmsnorm' (--norm rmsnorm)"
             )
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(

@@ -39,12 +39,6 @@ def validate(
             f"{cfg.model.name}: experts={cfg.model.experts} — a mixture of experts is planned "
             "(paracube plan), not trained: paracube train builds dense models; train a dense one"
         )
-    if cfg.model.qk_norm and cfg.model_source is None:
-        raise ConfigError(
-            f"{cfg.model.name}: per-head q/k norms (qk_norm) are planned (paracube plan) and "
-            "trained from a Hugging Face config: paracube's GPT has none; train it as "
-            "--model hf:DIR (a Qwen3 config.json)"
-        )
     if world is not None:
         cfg.parallel.check_world_size(world)
     check_tensor_parallel(cfg.model, cfg.parallel)

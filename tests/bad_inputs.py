@@ -312,12 +312,10 @@ CASES: list[tuple[str, list[str], str]] = [
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "1xh200,24xh800", "--global-batch", "128",
               "--precision", "fp32"],
      "it does not split into whole micro-batches over 25 GPUs by speed"),
-    # Qwen3's per-head q/k norms: planned, trained from the HF config — not by paracube's GPT
-    ("train", ["train", "--model", "qwen3-8b", "--steps", "1"],
-     "train it as --model hf:DIR (a Qwen3 config.json)"),
-    ("plan", ["plan", "--model", "qwen3-8b", "--gpus", "8", "--global-batch", "64", "--emit",
-              "torchrun"],
-     "qwen3-8b has per-head q/k norms with --emit torchrun"),
+    # per-head q/k norms are RMSNorms, in a block of RMSNorms
+    ("plan", ["plan", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "256", "--seq",
+              "64", "--qk-norm", "--gpus", "1", "--global-batch", "1"],
+     "qk_norm with norm='layernorm': the per-head q and k norms are RMSNorms"),
     ("plan", ["plan", "--layers", "4", "--hidden", "64", "--heads", "4", "--head-size", "0",
               "--vocab", "100", "--seq", "16", "--gpus", "1", "--global-batch", "1"],
      "--head-size must be a positive integer, got 0"),

@@ -109,10 +109,11 @@ def test_padded_head_product_is_the_linear_and_its_gradients():
     assert torch.autograd.gradcheck(_PaddedHeadProduct.apply, (x, w))
 
 
-def test_a_decoupled_head_size_and_what_the_gpt_does_not_build():
+def test_a_decoupled_head_size_and_per_head_q_k_norms():
     """``head_size`` frees the heads' width from hidden / n_heads (then any head count
-    goes); it must be positive; the GPT builds wide heads but no per-head q/k norms — a
-    Qwen3 model trains from its Hugging Face config."""
+    goes); it must be positive. With ``qk_norm`` the GPT builds Qwen3's per-head q and k
+    norms (d weights each, counted by the planner's parameter count) and gives each head
+    of q and k unit root-mean-square before the rotary positions."""
     from paracube.config import ModelConfig
     from paracube.errors import ConfigError
 
@@ -122,5 +123,16 @@ def test_a_decoupled_head_size_and_what_the_gpt_does_not_build():
         ModelConfig(n_layers=1, hidden=64, n_heads=4, head_size=0, vocab_size=64, seq_len=8)
     with pytest.raises(ConfigError, match="hidden=60 is not divisible by n_heads=8"):
         ModelConfig(n_layers=1, hidden=60, n_heads=8, vocab_size=64, seq_len=8)
-    with pytest.raises(ConfigError, match="paracube's GPT has none"):
-        GPT(wide.replace(qk_norm=True))
+    qwen = wide.replace(qk_norm=True, norm="rmsnorm", position="rope", n_kv_heads=2)
+    model = GPT(qwen)
+    assert sum(p.numel() for p in model.parameters()) == parameter_count(qwen)
+    attn = model.blocks[0].attn
+    assert attn.q_norm.weight.shape == attn.k_norm.weight.shape == (16,)
+    seen = {}
+    attn.q_norm.register_forward_hook(lambda _m, _a, out: seen.update(q=out))
+    attn.k_norm.register_forward_hook(lambda _m, _a, out: seen.update(k=out))
+    model(torch.randint(0, 64, (2, 8)))
+    assert seen["q"].shape == (2, 8, 8, 16) and seen["k"].shape == (2, 8, 2, 16)
+    for normed in seen.values():  # unit weights at initialisation: each head's RMS is 1 (less eps)
+        rms = normed.pow(2).mean(-1).sqrt()
+        torch.testing.assert_close(rms, torch.ones_like(rms), rtol=2e-3, atol=0)

@@ -24,6 +24,15 @@ VARIANTS = {
     "gqa-4-learned-positions": {**LLAMA_MHA, "n_kv_heads": 1, "position": "learned"},
     # heads of 32 over a hidden size of 64 (4 heads): queries 128 wide, as Qwen3-32B's
     "llama-gqa-wide-heads": {**LLAMA_MHA, "n_kv_heads": 2, "head_size": 32},
+    # Qwen3's block: wide heads and per-head q and k norms
+    "qwen3": {**LLAMA_MHA, "n_kv_heads": 2, "head_size": 32, "qk_norm": True},
+    # q and k norms without rotary positions: the kernel keeps the norms' outputs
+    "qk-norm-learned-positions": {
+        **LLAMA_MHA,
+        "n_kv_heads": 2,
+        "qk_norm": True,
+        "position": "learned",
+    },
 }
 B = 2
 

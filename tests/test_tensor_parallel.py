@@ -216,6 +216,8 @@ CASES = [
     (1, 2, False, preset("nano", seq_len=SEQ, vocab_size=257, tie_embeddings=True)),
     # heads wider than hidden / n_heads (Qwen3-32B's shape in miniature): q is 2·h wide
     (1, 2, True, LLAMA_NANO.replace(head_size=32)),
+    # and per-head q and k norms (Qwen3's block): whole on every rank, gradients summed over tp
+    (1, 2, True, LLAMA_NANO.replace(head_size=32, qk_norm=True)),
 ]
 IDS = [
     "tp2",
@@ -229,6 +231,7 @@ IDS = [
     "tp4-sp-vocab259",
     "tp2-tied-vocab257",
     "tp2-sp-llama-wide-heads",
+    "tp2-sp-qwen3",
 ]
 
 
@@ -250,7 +253,9 @@ def test_training_matches_serial(pools, dp, tp, sp, model):
 
 
 @pytest.mark.parametrize(
-    "dp,tp,sp,model", [CASES[3], CASES[5], CASES[6]], ids=[IDS[3], IDS[5], IDS[6]]
+    "dp,tp,sp,model",
+    [CASES[3], CASES[5], CASES[6], CASES[-1]],
+    ids=[IDS[3], IDS[5], IDS[6], IDS[-1]],
 )
 def test_training_is_exact_in_float64(pools, dp, tp, sp, model):
     """In float64 the tensor-parallel run equals the serial one to ~1e-14: no error in

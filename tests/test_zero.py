@@ -13,6 +13,7 @@ from paracube.config import ParallelConfig, TrainConfig
 from paracube.models.presets import preset
 from paracube.planner.memory import model_state_bytes
 from tests.helpers import (
+    LLAMA_BLOCK,
     SEQ,
     assert_losses_close,
     assert_params_close,
@@ -275,20 +276,31 @@ def test_full_recompute_saves_over_half_the_activations(pools):
     assert results["selective"] < results["none"]
 
 
+# Qwen3's block in miniature: grouped-query heads twice hidden ÷ heads wide, q and k norms
+QWEN3 = DEEP.replace(**LLAMA_BLOCK, head_size=32, qk_norm=True)
+
+
 @pytest.mark.parametrize(
-    ("sp", "recompute"),
-    [(False, "none"), (True, "none"), (True, "selective"), (True, "full")],
-    ids=["tp2", "tp2-sp", "tp2-sp-selective", "tp2-sp-full"],
+    ("sp", "recompute", "model"),
+    [
+        (False, "none", DEEP),
+        (True, "none", DEEP),
+        (True, "selective", DEEP),
+        (True, "full", DEEP),
+        (True, "none", QWEN3),
+    ],
+    ids=["tp2", "tp2-sp", "tp2-sp-selective", "tp2-sp-full", "tp2-sp-qwen3"],
 )
-def test_tensor_parallel_activations_equal_the_planners_count(pools, sp, recompute):
+def test_tensor_parallel_activations_equal_the_planners_count(pools, sp, recompute, model):
     """Under tensor parallelism (with or without sequence parallelism, and recomputing) the
     engine's counted peak of saved activations on a rank is the planner's per-stage figure
     to the byte: the blocks' shards — under sequence parallelism every kept activation 1/tp
-    of the sequence —, the vocabulary-parallel embedding's and loss's per-token masks."""
+    of the sequence —, the vocabulary-parallel embedding's and loss's per-token masks; a
+    Qwen3 block's per-head q and k norms over the rank's own heads."""
     from paracube.planner.layout import Layout
     from paracube.planner.layout_memory import stage_memory
 
-    cfg = zcfg(0, dp=1, tp=2, sp=sp, steps=1, accum=1, model=DEEP, recompute=recompute)
+    cfg = zcfg(0, dp=1, tp=2, sp=sp, steps=1, accum=1, model=model, recompute=recompute)
     peak = pools(2).run(run_engine, cfg)[0][2][-1].memory["activations_peak"]
     planned = stage_memory(cfg.model, Layout.from_config(cfg), cfg.precision)[0].activations
     assert peak == planned

@@ -78,14 +78,6 @@ def cmd_plan(args) -> int:
             f"{cfg.name} is a mixture of experts ({cfg.experts} experts) with --emit torchrun: "
             "paracube train builds dense models (a mixture is planned, not run); drop one"
         )
-    if isinstance(cfg, ModelConfig) and cfg.qk_norm and args.emit == "torchrun":
-        from paracube.models.sources import parse_model
-
-        if args.model is None or parse_model(args.model).kind != "hf":
-            raise ParacubeError(
-                f"{cfg.name} has per-head q/k norms with --emit torchrun: paracube's GPT has "
-                "none; plan its Hugging Face config (--model hf:DIR) for a command that trains it"
-            )
     training_tokens(args, cfg)  # refused before the search, not after its table
     if other is not None and args.global_batch % args.gpus:
         lower = args.global_batch // args.gpus * args.gpus

@@ -71,11 +71,6 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        if cfg.qk_norm:
-            raise ConfigError(
-                f"{cfg.name}: qk_norm — per-head q/k norms are planned (paracube plan) and "
-                "trained from a Hugging Face config (--model hf:DIR, Qwen3); paracube's GPT has none"
-            )
         self.head_dim = cfg.head_dim
         self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.n_kv_heads
         kv_dim = cfg.n_kv_heads * cfg.head_dim
@@ -83,6 +78,11 @@ class CausalSelfAttention(nn.Module):
         # the head size is decoupled from it (cfg.head_size)
         self.qkv_proj = nn.Linear(cfg.hidden, cfg.q_dim + 2 * kv_dim, bias=cfg.bias)
         self.o_proj = nn.Linear(cfg.q_dim, cfg.hidden, bias=cfg.bias)
+        # Qwen3's and OLMo 2's per-head q and k norms: an RMSNorm over each head's d values,
+        # before the rotary positions; a d-wide weight shared by every head (under tensor
+        # parallelism each rank's heads: tensor_parallel.plan.HeadShared)
+        self.q_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
         self.recompute_core = False  # selective activation recomputation (set by apply_recompute)
         self.rotary = cfg.position == "rope"
         if self.rotary:
@@ -101,8 +101,11 @@ class CausalSelfAttention(nn.Module):
         q, k, v = qkv.split(
             [q_heads * self.head_dim, kv_heads * self.head_dim, kv_heads * self.head_dim], dim=-1
         )
-        q = q.view(B, T, q_heads, self.head_dim).transpose(1, 2)  # (B, n, T, d)
-        k = k.view(B, T, kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv, T, d)
+        q = q.view(B, T, q_heads, self.head_dim)  # (B, T, n, d)
+        k = k.view(B, T, kv_heads, self.head_dim)  # (B, T, n_kv, d)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # over each head's d values
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, n, T, d), (B, n_kv, T, d)
         v = v.view(B, T, kv_heads, self.head_dim).transpose(1, 2)
         if self.rotary:
             q, k = (

@@ -318,9 +318,13 @@ def end_saved_bytes(
 #                                                  the kernel's output, which follows the
 #                                                  rotated (head-major) q; without them it
 #                                                  is a view (counted: groups of 1–8 heads)
-#   per-head q and k norms (Qwen3's; an RMSNorm    as an RMSNorm over q + k_v values with
-#   over each head's d values)                     a rstd per head: (2·E + 4)·N·(q + k_v)/t
-#                                                  (the 4 below fp32) + 4·N·(a + a_kv)/t
+#   per-head q and k norms (Qwen3's and OLMo 2's;  the normalised q and k in fp32 and, below
+#   an RMSNorm over each head's d values)          fp32, the fp32 copy of its input (in fp32
+#                                                  the input is the q|k|v output, kept
+#                                                  already): 4·N·(q + k_v)/t, twice below
+#                                                  fp32; and a fp32 rstd a head, 4·N·(a + a_kv)/t;
+#                                                  without rotary positions the kernel keeps
+#                                                  their outputs: N·(q + k_v)·E/t more
 #   mlp_norm, up_proj                              as attn_norm, qkv_proj
 #   activation (GELU: up output; SwiGLU: gate|up,  GELU 2·N·F·E/t; SwiGLU 4·N·F·E/t
 #   silu(gate), product)
@@ -343,9 +347,8 @@ def end_saved_bytes(
 #   activation (SwiGLU)                            gate|up and the product: 3·N·F·E/t
 #                                                  (silu(gate) is recomputed)
 #
-# LayerNorm and GELU keep what they keep eager; Qwen3's per-head q and k norms, by the RMSNorm
-# row, their fp32 rstd alone (their input is the q|k|v output, kept already; not counted on
-# paracube's block, which has none). A fully recomputed block keeps its input,
+# LayerNorm and GELU keep what they keep eager; the per-head q and k norms their fp32 rstd
+# alone (their input is the q|k|v output, kept already). A fully recomputed block keeps its input,
 # as eager, and per block the rotary tables and the random-number state its checkpoint
 # restores — bytes that do not grow with the tokens.
 
@@ -390,11 +393,13 @@ def block_saved_bytes(
             attention += n * q * elem // tp
     if cfg.position == "rope":
         attention += n * (q + kv) * elem // tp + rotary_table_bytes(cfg, elem)
-    if cfg.qk_norm:  # as an RMSNorm (_norm_bytes) over the q and k heads, a rstd per head
+    if cfg.qk_norm:  # an RMSNorm over each q and k head (table above): a rstd per head
         width = (q + kv) // tp
-        if not compiled:  # compiled, its input is the q|k|v output already kept: rstd alone
-            attention += 2 * n * width * elem + (4 * n * width if elem < 4 else 0)
+        if not compiled:  # the normalised values in fp32; below fp32, the input's fp32 copy
+            attention += 4 * n * width * (2 if elem < 4 else 1)
         attention += 4 * n * (a + cfg.n_kv_heads) // tp
+        if cfg.position != "rope":  # the kernel keeps the norms' outputs, not rotated copies
+            attention += n * width * elem
     kept = 2 if cfg.activation != "swiglu" else 3 if compiled else 4  # widths of F (above)
     mlp = kept * n * cfg.ffn_hidden * elem // tp
     if cfg.moe:
@@ -498,9 +503,10 @@ def loss_backward_transient_bytes(cfg: ModelConfig, b: int, tp: int = 1) -> int:
 
 def _norm_bytes(cfg: ModelConfig, n: int, elem: int, compiled: bool = False) -> int:
     """What one norm over n tokens keeps: LayerNorm its input and mean/rstd (input dtype);
-    RMSNorm, composed of elementary ops, its input, the normalised x before the scale, an
-    fp32 rstd and, below fp32, the fp32 copy of its input it computes in — compiled, its
-    input and the rstd alone (the rest is recomputed in backward)."""
+    RMSNorm, composed of elementary ops that compute in fp32, the input it computes from
+    (below fp32 its fp32 copy, not the input), the normalised x before the scale (fp32) and
+    an fp32 rstd — 8·n·h + 4·n bytes in fp32 and below it alike — compiled, its input and
+    the rstd alone (the rest is recomputed in backward)."""
     h = cfg.hidden
     if cfg.norm == "layernorm":
         return n * h * elem + 2 * n * elem

@@ -177,11 +177,18 @@ def gpt_plan(cfg: ModelConfig) -> dict[str, Style | tuple[Style, ...]]:
     and n_kv/tp key/value heads); SwiGLU's fused gate|up likewise."""
     kv = cfg.n_kv_heads * cfg.head_dim
     up_sections = (cfg.ffn_hidden, cfg.ffn_hidden) if cfg.activation == "swiglu" else None
+    # per-head q and k norms run on this rank's heads: whole weights, partial gradients
+    qk_norms: dict[str, Style | tuple[Style, ...]] = (
+        {"blocks.*.attn.q_norm": HeadShared(), "blocks.*.attn.k_norm": HeadShared()}
+        if cfg.qk_norm
+        else {}
+    )
     return {
         "embed": ScatterOutputSP(),
         "embed.tok": VocabEmbedding(),
         "blocks.*.attn_norm": SequenceSharded(),
         "blocks.*.attn.qkv_proj": Colwise(sections=(cfg.q_dim, kv, kv)),
+        **qk_norms,
         "blocks.*.attn.o_proj": Rowwise(),
         "blocks.*.mlp_norm": SequenceSharded(),
         "blocks.*.mlp.up_proj": Colwise(sections=up_sections),
