@@ -32,6 +32,8 @@ LLAMA = replace(
     ffn_hidden=96,
     n_kv_heads=1,
 )
+# Qwen3's block: heads twice hidden ÷ heads wide, and per-head q and k norms
+QWEN3 = replace(LLAMA, head_size=32, qk_norm=True)
 
 
 def _train(pools, cfg: TrainConfig):
@@ -53,8 +55,14 @@ def _planned(cfg: TrainConfig) -> float:
 
 @pytest.mark.parametrize(
     "layout",
-    [dict(dp=2), dict(dp=1, pp=2, accum=4), dict(dp=2, recompute="full"), dict(dp=2, zero=3)],
-    ids=["dp2", "pp2", "dp2-full-recompute", "dp2-zero3"],
+    [
+        dict(dp=2),
+        dict(dp=1, pp=2, accum=4),
+        dict(dp=2, recompute="full"),
+        dict(dp=2, zero=3),
+        dict(dp=2, model=QWEN3),
+    ],
+    ids=["dp2", "pp2", "dp2-full-recompute", "dp2-zero3", "dp2-qwen3"],
 )
 def test_compiled_blocks_train_as_eager_and_keep_what_the_planner_counts(pools, layout):
     """Inductor's partitioner without code generation (``--compile partition``): the same
@@ -62,9 +70,11 @@ def test_compiled_blocks_train_as_eager_and_keep_what_the_planner_counts(pools, 
     compiled forward — and counted activation peaks — the first stage's under a
     pipeline, whose blocks hold two micro-batches but one copy of their rotary tables —
     equal to the planner's for the layout each job runs (Layout.from_config: activations
-    "compiled" or "paracube"), the compiled one the lower where nothing is recomputed."""
-    rest = {k: v for k, v in layout.items() if k != "zero"}
-    eager = zcfg(layout.get("zero", 0), steps=3, model=LLAMA, **rest)
+    "compiled" or "paracube"), the compiled one the lower where nothing is recomputed; a
+    Qwen3 block's q and k norms keep their rstd alone compiled."""
+    rest = {k: v for k, v in layout.items() if k not in ("zero", "model")}
+    model = layout.get("model", LLAMA)
+    eager = zcfg(layout.get("zero", 0), steps=3, model=model, **rest)
     compiled = replace(eager, compile="partition")
     assert Layout.from_config(compiled).activations == "compiled"
     want, eager_last = _train(pools, eager)
@@ -75,8 +85,8 @@ def test_compiled_blocks_train_as_eager_and_keep_what_the_planner_counts(pools, 
     if eager.recompute == "full":
         # each block's input, as eager, and per block constants the formula leaves out —
         # the rotary tables and the random-number state its checkpoint restores
-        tables = rotary_table_bytes(LLAMA, 4)
-        assert peak == _planned(compiled) + LLAMA.n_layers * (
+        tables = rotary_table_bytes(model, 4)
+        assert peak == _planned(compiled) + model.n_layers * (
             tables + torch.get_rng_state().numel()
         )
     else:
