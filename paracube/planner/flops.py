@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from paracube.models import shapes
 
 
@@ -43,6 +45,7 @@ def model_flops_per_token(cfg) -> float:
     return 3 * forward_flops_per_token(cfg)
 
 
+@functools.lru_cache(maxsize=1 << 12)  # the search asks for it for every candidate layout
 def hardware_flops_per_token(
     cfg, recompute: str, share: float = 1.0, replay: str = "whole"
 ) -> float:
@@ -52,28 +55,34 @@ def hardware_flops_per_token(
     "early-stop", choices.RECOMPUTE_REPLAY), the attention core under selective
     recomputation, the matmuls torchtitan's op-level checkpointing does not keep (op);
     ``share`` of the blocks under --recompute-blocks. HFU's numerator."""
-    down = shapes.block_linears(cfg)[-1]  # a token passes k experts' down projections
+    return model_flops_per_token(cfg) + share * RECOMPUTED_FORWARD[recompute](cfg, replay)
+
+
+def _full_replay_flops(cfg, replay: str) -> float:
+    """Every block's forward again — less, per block, the down projection a checkpoint that
+    stops early does not replay (a token passes k experts' down projections)."""
+    down = shapes.block_linears(cfg)[-1]
     unreplayed = (
         2 * down.in_features * down.out_features * shapes.mlp_passes(cfg)
         if replay == "early-stop"
         else 0
     )
-    extra = (
-        share
-        * {
-            "none": 0.0,
-            "full": forward_flops_per_token(cfg, head=False) - cfg.n_layers * unreplayed,
-            "selective": cfg.n_layers * 4 * cfg.seq_len * cfg.n_heads * cfg.head_dim,
-            "op": cfg.n_layers
-            * 2
-            * sum(
-                lin.in_features * lin.out_features
-                for lin, _, redone in shapes.op_checkpoint_linears(cfg)
-                if redone
-            ),
-        }[recompute]
-    )
-    return model_flops_per_token(cfg) + extra
+    return forward_flops_per_token(cfg, head=False) - cfg.n_layers * unreplayed
+
+
+# the forward FLOPs per token each recomputation runs again, (cfg, replay) → FLOPs
+RECOMPUTED_FORWARD = {
+    "none": lambda cfg, replay: 0.0,
+    "full": _full_replay_flops,
+    "selective": lambda cfg, replay: cfg.n_layers * 4 * cfg.seq_len * cfg.n_heads * cfg.head_dim,
+    "op": lambda cfg, replay: cfg.n_layers
+    * 2
+    * sum(
+        lin.in_features * lin.out_features
+        for lin, _, redone in shapes.op_checkpoint_linears(cfg)
+        if redone
+    ),
+}
 
 
 def training_days(tokens: float, params: float, gpus: int, flops_per_gpu: float) -> float:

@@ -56,14 +56,34 @@ class StageMemory:
 
     @property
     def total(self) -> float:
-        return (
-            self.model_states + self.activations + self.transient + self.allowance + self.gathered
+        return _total(
+            self.model_states, self.activations, self.allowance, self.transient, self.gathered
         )
+
+
+# a rank's memory before it is named: (model_states, activations, allowance, transient,
+# gathered), StageMemory's fields after the first — a search weighs every rank of a few
+# hundred thousand layouts and keeps one
+_Parts = tuple[float, float, float, float, float]
+
+
+def _total(
+    model_states: float, activations: float, allowance: float, transient: float, gathered: float
+) -> float:
+    return model_states + activations + transient + allowance + gathered
 
 
 def stage_memory(cfg: ModelConfig, layout: Layout, precision: str = "bf16") -> list[StageMemory]:
     """Memory per GPU of every pipeline rank, first to last, each holding the blocks the
     engine's own split gives it (:mod:`paracube.planner.stages`)."""
+    return [
+        StageMemory(_rank_name(index, layout.pp), *parts)
+        for index, parts in enumerate(_stage_parts(cfg, layout, precision))
+    ]
+
+
+def _stage_parts(cfg: ModelConfig, layout: Layout, precision: str) -> list[_Parts]:
+    """:func:`stage_memory`'s ranks, each as its parts."""
     refusal = layout.model_refusal(cfg)
     if refusal:
         raise ConfigError(refusal)
@@ -72,23 +92,19 @@ def stage_memory(cfg: ModelConfig, layout: Layout, precision: str = "bf16") -> l
     local = rank_sequence(cfg, layout)  # under context parallelism a rank keeps s/cp tokens
     terms = _layout_terms(local, _TermsKey.of(layout), precision)
     in_flight = get_schedule(layout.schedule).in_flight
-    memories = []
-    for index, share in enumerate(shares):
-        blocks = len(share.blocks)
-        memories.append(
-            _stage(
-                local,
-                layout,
-                terms,
-                _states_bytes(terms, layout, blocks, index == 0, index == p - 1),
-                index,
-                blocks,
-                recomputed_blocks(share, layout),
-                in_flight(p, layout.microbatches, layout.chunks, stage=index),
-                _rank_name(index, p),
-            )
+    return [
+        _stage(
+            local,
+            layout,
+            terms,
+            _states_bytes(terms, layout, len(share.blocks), index == 0, index == p - 1),
+            index,
+            len(share.blocks),
+            recomputed_blocks(share, layout),
+            in_flight(p, layout.microbatches, layout.chunks, stage=index),
         )
-    return memories
+        for index, share in enumerate(shares)
+    ]
 
 
 def _rank_name(index: int, p: int) -> str:
@@ -250,7 +266,7 @@ def stage_bytes(
     in_flight = get_schedule(layout.schedule).in_flight(
         p, layout.microbatches, layout.chunks, stage=index
     )
-    return _stage(cfg, layout, terms, states, index, blocks, redone, in_flight, name)
+    return StageMemory(name, *_stage(cfg, layout, terms, states, index, blocks, redone, in_flight))
 
 
 def _states_bytes(
@@ -315,8 +331,7 @@ def _stage(
     blocks: int,
     redone: int,
     in_flight: float,
-    name: str,
-) -> StageMemory:
+) -> _Parts:
     """Rank ``index``'s memory from its model ``states``: what its ``blocks`` keep for
     backward (``redone`` of them recomputed) × the ``in_flight`` micro-batches it holds at
     its peak, its ends' and the loss's, and the allowance."""
@@ -333,7 +348,7 @@ def _stage(
             transient = shapes.loss_backward_transient_bytes(cfg, layout.micro_batch, layout.tp)
     allowance = CONTEXT_BYTES + FRAGMENTATION * (states + acts)
     gathered = _gathered_bytes(terms, layout, index == 0, index == p - 1)
-    return StageMemory(name, states, acts, allowance, transient, gathered)
+    return states, acts, allowance, transient, gathered
 
 
 def _gathered_bytes(terms: _LayoutTerms, layout: Layout, first: bool, last: bool) -> float:
@@ -354,5 +369,8 @@ def _gathered_bytes(terms: _LayoutTerms, layout: Layout, first: bool, last: bool
 def peak_memory(  # recompute-"none" twins, which are candidates of their own
     cfg: ModelConfig, layout: Layout, precision: str = "bf16"
 ) -> StageMemory:
-    """The pipeline rank that needs the most memory (:func:`stage_memory`)."""
-    return max(stage_memory(cfg, layout, precision), key=lambda m: m.total)
+    """The pipeline rank that needs the most memory (:func:`stage_memory`; the first of
+    equals)."""
+    ranks = _stage_parts(cfg, layout, precision)
+    index = max(range(len(ranks)), key=lambda i: _total(*ranks[i]))
+    return StageMemory(_rank_name(index, layout.pp), *ranks[index])
