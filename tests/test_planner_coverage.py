@@ -281,6 +281,21 @@ def test_each_ranks_blocks_are_the_engines_split():
     assert "--recompute-blocks 10" in " ".join(layout.to_args())
 
 
+def test_a_candidates_memory_is_its_fullest_rank():
+    """What the search ranks by (peak_memory, which weighs each rank's parts and names one)
+    is the largest of stage_memory's ranks — the first of equals — for every candidate of a
+    pipelined sweep: interleaved, recomputing some blocks, offloaded, ZeRO-3."""
+    from paracube.planner.layout_memory import peak_memory, stage_memory
+
+    cfg = preset("llama3-70b")
+    ranked = search(cfg, _cluster(), 64, 256, top=40).ranked
+    assert len({c.layout.pp for c in ranked}) > 2 and any(c.layout.chunks > 1 for c in ranked)
+    for candidate in ranked:
+        ranks = stage_memory(cfg, candidate.layout)
+        assert candidate.memory == peak_memory(cfg, candidate.layout)
+        assert candidate.memory == max(ranks, key=lambda m: m.total)
+
+
 def test_search_proposes_the_fewest_recomputed_blocks_that_fit():
     """llama2-7b, one A100 80GB, micro-batch 8: no recomputation does not fit, recomputing
     every block does; the plan recomputes only the first N blocks — the fewest that fit
