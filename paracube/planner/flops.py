@@ -75,12 +75,14 @@ RECOMPUTED_FORWARD = {
     "none": lambda cfg, replay: 0.0,
     "full": _full_replay_flops,
     "selective": lambda cfg, replay: cfg.n_layers * 4 * cfg.seq_len * cfg.n_heads * cfg.head_dim,
-    "op": lambda cfg, replay: cfg.n_layers
-    * 2
-    * sum(
-        lin.in_features * lin.out_features
-        for lin, _, redone in shapes.op_checkpoint_linears(cfg)
-        if redone
+    "op": lambda cfg, replay: (
+        cfg.n_layers
+        * 2
+        * sum(
+            lin.in_features * lin.out_features
+            for lin, _, redone in shapes.op_checkpoint_linears(cfg)
+            if redone
+        )
     ),
 }
 
