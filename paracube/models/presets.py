@@ -14,8 +14,8 @@ Torch-free: the planner reads these shapes as pure math. Sources:
   128 × 1024, sequence 8192; its gated MLP's width ``ffn_size(6144, 8)`` = 32768 in
   ``model.py``, gated GELU — the same three matrices as SwiGLU — and the output tied to
   the embedding).
-- Qwen3 (planned by ``paracube plan``; trained from its Hugging Face config, ``--model
-  hf:DIR``: paracube's GPT has no per-head q/k norms): the Qwen/Qwen3-{4B,8B,14B,32B}
+- Qwen3 (planned by ``paracube plan`` and trained as paracube's GPT, or from its Hugging
+  Face config, ``--model hf:DIR``): the Qwen/Qwen3-{4B,8B,14B,32B}
   config.json files — vocabulary 151,936, 8 key/value heads, heads of 128 (wider than
   hidden ÷ heads in 4B and 32B), per-head q/k norms, the 4B's embedding tied — at the 4,096
   tokens of the Qwen3 technical report's general pre-training stage (Yang et al. 2025,
