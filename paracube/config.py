@@ -114,6 +114,9 @@ class ModelConfig:
     experts_per_token: int = 0
     head_size: int | None = None  # None: hidden // n_heads
     qk_norm: bool = False
+    # the rotary positions' base θ (RoFormer's 10,000; Llama 3's 500,000, Qwen3's 1,000,000):
+    # the angle of pair i at position t is t·θ^(−2i/d)
+    rope_theta: float = 10000.0
 
     def __post_init__(self) -> None:
         for f in ("n_layers", "hidden", "n_heads", "vocab_size", "seq_len"):
@@ -126,6 +129,7 @@ class ModelConfig:
         positive("ffn_hidden", self.ffn_hidden)
         number("norm_eps", self.norm_eps, low=0, high=1, open_low=True)
         number("init_std", self.init_std, low=0, high=1, open_low=True)
+        number("rope_theta", self.rope_theta, low=1)
         if self.head_size is not None:
             positive("head_size", self.head_size)
         elif self.hidden % self.n_heads:

@@ -136,3 +136,33 @@ def test_a_decoupled_head_size_and_per_head_q_k_norms():
     for normed in seen.values():  # unit weights at initialisation: each head's RMS is 1 (less eps)
         rms = normed.pow(2).mean(-1).sqrt()
         torch.testing.assert_close(rms, torch.ones_like(rms), rtol=2e-3, atol=0)
+
+
+def test_the_rotary_base_is_the_models():
+    """The rotary tables turn by the model's θ: RoFormer's 10,000 unless told — Llama 3's
+    500,000 (Dubey et al. 2024, Table 3) and Qwen3's 1,000,000 in their presets, a Hugging
+    Face config's ``rope_parameters`` read as such; a base below 1 is refused."""
+    from paracube.config import ModelConfig
+    from paracube.errors import ConfigError
+    from paracube.models.gpt import rotary_tables
+    from paracube.models.sources import hf_model_config
+
+    llama = preset("nano", **LLAMA_BLOCK)
+    assert llama.rope_theta == 10000.0
+    assert preset("llama3-8b").rope_theta == 500000.0 and preset("qwen3-8b").rope_theta == 1e6
+    slow = llama.replace(rope_theta=500000.0)
+    attn = GPT(slow).blocks[0].attn
+    cos, sin = rotary_tables(slow.seq_len, slow.head_dim, 500000.0)
+    assert torch.equal(attn.cos, cos) and torch.equal(attn.sin, sin)
+    assert not torch.equal(GPT(llama).blocks[0].attn.cos, cos)  # the base changes the angles
+    # the last pair turns by t·θ^(−(d−2)/d): slower the larger θ
+    d = slow.head_dim
+    torch.testing.assert_close(cos[5, -1], torch.tensor(5 * 500000.0 ** (-(d - 2) / d)).cos())
+    config = {
+        "model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+        "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 256,
+        "max_position_embeddings": 64, "rope_parameters": {"rope_theta": 500000.0},
+    }  # fmt: skip
+    assert hf_model_config(config, 64).rope_theta == 500000.0
+    with pytest.raises(ConfigError, match="rope_theta must be a finite number >= 1"):
+        ModelConfig(n_layers=1, hidden=64, n_heads=4, vocab_size=64, seq_len=8, rope_theta=0.5)

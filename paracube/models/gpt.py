@@ -86,7 +86,7 @@ class CausalSelfAttention(nn.Module):
         self.recompute_core = False  # selective activation recomputation (set by apply_recompute)
         self.rotary = cfg.position == "rope"
         if self.rotary:
-            cos, sin = rotary_tables(cfg.seq_len, cfg.head_dim)
+            cos, sin = rotary_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
             self.register_buffer("cos", cos, persistent=False)
             self.register_buffer("sin", sin, persistent=False)
 

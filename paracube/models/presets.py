@@ -67,6 +67,7 @@ def _qwen3(n_layers: int, hidden: int, n_heads: int, ffn_hidden: int, tied: bool
         "head_size": None if hidden == 128 * n_heads else 128,
         "qk_norm": True,
         "tie_embeddings": tied,
+        "rope_theta": 1000000.0,  # the config.json files' rope_theta
     }
 
 
@@ -89,10 +90,10 @@ PRESETS: dict[str, dict] = {
     "llama2-7b": _llama(32, 4096, 32, 32, 11008, 32000, 4096),
     "llama2-13b": _llama(40, 5120, 40, 40, 13824, 32000, 4096),
     "llama2-70b": _llama(80, 8192, 64, 8, 28672, 32000, 4096),
-    # LLaMA-3 / 3.1 (Dubey et al. 2024, Table 3)
-    "llama3-8b": _llama(32, 4096, 32, 8, 14336, 128256, 8192),
-    "llama3-70b": _llama(80, 8192, 64, 8, 28672, 128256, 8192),
-    "llama3-405b": _llama(126, 16384, 128, 8, 53248, 128256, 8192),
+    # LLaMA-3 / 3.1 (Dubey et al. 2024, Table 3: RoPE θ 500,000)
+    "llama3-8b": {**_llama(32, 4096, 32, 8, 14336, 128256, 8192), "rope_theta": 500000.0},
+    "llama3-70b": {**_llama(80, 8192, 64, 8, 28672, 128256, 8192), "rope_theta": 500000.0},
+    "llama3-405b": {**_llama(126, 16384, 128, 8, 53248, 128256, 8192), "rope_theta": 500000.0},
     # Mixtures of experts: 8 experts, 2 per token
     "mixtral-8x7b": {**_llama(32, 4096, 32, 8, 14336, 32000, 32768), **_MOE_8_2},
     "mixtral-8x22b": {**_llama(56, 6144, 48, 8, 16384, 32768, 65536), **_MOE_8_2},

@@ -135,6 +135,13 @@ def hf_context(data: dict) -> int:
     return data.get("max_position_embeddings", 2048)
 
 
+def _rope_theta(get) -> float:
+    """The rotary base a config states: transformers 5 writes it in ``rope_parameters``,
+    earlier releases at the top level; 10,000 (RoFormer's) where neither says."""
+    parameters = get("rope_parameters") or {}
+    return parameters.get("rope_theta") or get("rope_theta") or 10000.0
+
+
 def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = None) -> ModelConfig:
     """The shape of a Hugging Face config as paracube's :class:`ModelConfig`.
 
@@ -167,6 +174,7 @@ def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = No
             bias=bool(get("attention_bias", kind == "qwen2")),
             norm_eps=get("rms_norm_eps", 1e-6), init_std=get("initializer_range", 0.02),
             head_size=None if head_dim * heads == hidden else head_dim, qk_norm=kind == "qwen3",
+            rope_theta=float(_rope_theta(get)),
         )  # fmt: skip
         if kind == "mixtral":
             shape.update(
