@@ -1,17 +1,22 @@
-"""``paracube train --compile`` vs torch DDP with the same blocks compiled, side by side,
-2 ranks × 1 thread.
+"""``paracube train --compile`` vs torch DDP (or DTensor TP) with the same blocks compiled,
+side by side, 2 ranks × 1 thread.
 
 A Llama-shaped model at the ``small`` preset's size (4 blocks of 256, RMSNorm, SwiGLU of
 704, rotary positions, 2 key/value heads) trains with AdamW on the same batches. paracube
 runs its engine step with its blocks eager, under inductor's partitioner alone
 (``--compile partition``) and under inductor (``--compile inductor``); the peer is torch
 DDP over the same GPT with each block ``torch.compile``d by inductor, as torchtitan
-compiles its blocks. Reported: the median step, paracube's throughput against each, and
+compiles its blocks. ``--parallel tp``: tensor parallelism over the 2 ranks instead — paracube's
+compiled regions between its eager collectives, against torch DTensor's
+``parallelize_module`` (torchtitan's plan: q, k, v, gate and up column-wise, o and down
+row-wise, vocabulary-parallel embedding, head and loss) with each block compiled, its
+collectives in the graph as functional ops. Reported: the median step, paracube's throughput against each, and
 the counted peak of saved activations per rank beside the planner's count for the layout
 (``paracube plan --activations compiled``; + 8·b bytes: the token ids are a view of the
 sampler's one-column-wider window). Compilation happens in the warm-up, outside the timing.
 
     python benchmarks/bench_compile.py --out benchmarks/results/compile.json
+    python benchmarks/bench_compile.py --parallel tp --out benchmarks/results/compile_tp.json
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from bench_data_parallel import batch_stream, peer_step
+from bench_tensor_parallel import dtensor_step
 from common import interleaved, parse_and_spawn, print_table, ratio_rows, run_record, write_json
 from paracube.config import ParallelConfig, TrainConfig
 from paracube.data.corpus import build_corpus
@@ -57,9 +63,12 @@ def llama_small(name: str):
 
 def worker(rank: int, world: int, args, out: str) -> None:
     torch.set_num_threads(1)
+    if args.parallel not in ("dp", "tp"):
+        raise SystemExit(f"--parallel {args.parallel!r}: choose dp or tp")
+    tp = args.parallel == "tp"
     base = TrainConfig(
         model=llama_small(args.model),
-        parallel=ParallelConfig(dp=world),
+        parallel=ParallelConfig(tp=world) if tp else ParallelConfig(dp=world),
         micro_batch=args.micro_batch,
         steps=10_000,
         progress=False,
@@ -79,14 +88,18 @@ def worker(rank: int, world: int, args, out: str) -> None:
         return step
 
     variants = {name: runner(name) for name in MODES}
-    torch.manual_seed(base.seed)
-    peer = GPT(base.model)
-    for block in peer.blocks:
-        block.compile()
-    model = DDP(peer)
-    variants["torch DDP, compiled blocks"] = peer_step(
-        model, build_optimizer(peer, base), batch_stream(trainers["paracube"]), base
-    )
+    stream = batch_stream(trainers["paracube"])
+    if tp:
+        peer_name = "torch DTensor TP, compiled blocks"
+        variants[peer_name] = dtensor_step(base, stream, compile_blocks=True)
+    else:
+        peer_name = "torch DDP, compiled blocks"
+        torch.manual_seed(base.seed)
+        peer = GPT(base.model)
+        for block in peer.blocks:
+            block.compile()
+        model = DDP(peer)
+        variants[peer_name] = peer_step(model, build_optimizer(peer, base), stream, base)
     times = interleaved(variants, reps=args.reps, steps=args.steps)
     if rank != 0:
         return
@@ -97,21 +110,22 @@ def worker(rank: int, world: int, args, out: str) -> None:
             cfg = base.replace(compile=MODES[name])
             planned = stage_memory(cfg.model, Layout.from_config(cfg), cfg.precision)[0]
             row["activations_counted_mib"] = round(peaks[name] / 2**20, 3)
-            row["activations_planned_mib"] = round(
-                (planned.activations + 8 * cfg.micro_batch) / 2**20, 3
-            )
+            # + the sampler's wider window, of which the ids are a view (not under tensor
+            # parallelism: the vocabulary-parallel embedding keeps its own shifted ids)
+            window = 0 if tp else 8 * cfg.micro_batch
+            row["activations_planned_mib"] = round((planned.activations + window) / 2**20, 3)
     med = {r["variant"]: r["median_ms"] for r in rows}
     payload = {
         **run_record("compile", f"{args.model}, Llama-shaped", world, args),
+        "parallel": f"{args.parallel} {world}",
         "rows": rows,
-        "throughput_ratio_vs_ddp_compiled": round(
-            med["torch DDP, compiled blocks"] / med["paracube"], 3
-        ),
+        "throughput_ratio_vs_peer_compiled": round(med[peer_name] / med["paracube"], 3),
         "compiled_vs_eager_blocks": round(med["paracube, eager blocks"] / med["paracube"], 3),
     }
     write_json(out, payload)
     print(
-        f"\nmodel {payload['model']}, {world} ranks × 1 thread, batch {args.micro_batch}/rank, "
+        f"\nmodel {payload['model']}, {args.parallel} over {world} ranks × 1 thread, "
+        f"batch {args.micro_batch}/rank, "
         f"{args.reps}×{args.steps} interleaved steps per variant\n"
     )
     print_table(rows)
@@ -126,7 +140,13 @@ def worker(rank: int, world: int, args, out: str) -> None:
 
 def main() -> None:
     parse_and_spawn(
-        __doc__, worker, "benchmarks/results/compile.json", reps=6, steps=4, micro_batch=8
+        __doc__,
+        worker,
+        "benchmarks/results/compile.json",
+        reps=6,
+        steps=4,
+        micro_batch=8,
+        parallel="dp",
     )
 
 

@@ -35,7 +35,7 @@ from paracube.config import ParallelConfig, TrainConfig
 from paracube.data.corpus import build_corpus
 from paracube.engine import Trainer, make_adamw
 from paracube.mesh.mesh import ProcessMesh
-from paracube.models.gpt import GPT, make_norm
+from paracube.models.gpt import GPT, apply_rotary, make_norm, rotary_tables
 from paracube.models.presets import preset
 
 
@@ -55,15 +55,22 @@ def adamw_for(params: list, cfg: TrainConfig):
 
 class SeparateQKVAttention(nn.Module):
     """The same attention with separate q/k/v projections, as torchtitan's Llama writes it,
-    so that ColwiseParallel splits each by heads."""
+    so that ColwiseParallel splits each by heads; rotary positions and grouped key/value
+    heads where the model has them."""
 
     def __init__(self, cfg):
         super().__init__()
         self.head_dim = cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias)
+        self.gqa = cfg.n_kv_heads != cfg.n_heads
+        self.q_proj = nn.Linear(cfg.hidden, cfg.q_dim, bias=cfg.bias)
         self.k_proj = nn.Linear(cfg.hidden, cfg.n_kv_heads * cfg.head_dim, bias=cfg.bias)
         self.v_proj = nn.Linear(cfg.hidden, cfg.n_kv_heads * cfg.head_dim, bias=cfg.bias)
-        self.o_proj = nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias)
+        self.o_proj = nn.Linear(cfg.q_dim, cfg.hidden, bias=cfg.bias)
+        self.rotary = cfg.position == "rope"
+        if self.rotary:
+            cos, sin = rotary_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
+            self.register_buffer("cos", cos, persistent=False)
+            self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, x):
         B, T, _ = x.shape
@@ -71,11 +78,29 @@ class SeparateQKVAttention(nn.Module):
             p(x).view(B, T, -1, self.head_dim).transpose(1, 2)
             for p in (self.q_proj, self.k_proj, self.v_proj)
         )
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.rotary:
+            q, k = (apply_rotary(t, self.cos[:T], self.sin[:T]) for t in (q, k))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.gqa)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
-def dtensor_step(cfg: TrainConfig, stream):
+class SeparateGateUpMLP(nn.Module):
+    """SwiGLU with separate gate and up projections (torchtitan's w1, w3), so that
+    ColwiseParallel splits each by columns."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=cfg.bias)
+        self.up_proj = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=cfg.bias)
+        self.down_proj = nn.Linear(cfg.ffn_hidden, cfg.hidden, bias=cfg.bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def dtensor_step(cfg: TrainConfig, stream, compile_blocks: bool = False):
+    """torchtitan's recipe on the same model; ``compile_blocks``: each block then
+    ``torch.compile``d by inductor, as torchtitan compiles its blocks."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.distributed.tensor.parallel import (
@@ -88,18 +113,30 @@ def dtensor_step(cfg: TrainConfig, stream):
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model)
+    swiglu = cfg.model.activation == "swiglu"
     for block in model.blocks:
         block.attn = SeparateQKVAttention(cfg.model)
+        if swiglu:
+            block.mlp = SeparateGateUpMLP(cfg.model)
+    colwise = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "mlp.up_proj")
+    # Under compiled blocks the vocabulary-parallel embedding fails in backward (torch 2.13,
+    # CPU: its Partial → Replicate redistribution is handed a plain gradient, "'Tensor' object
+    # has no attribute '_local_tensor'"), so the peer then keeps it replicated: one all-reduce
+    # a step fewer than paracube's vocabulary-parallel embedding.
+    embedding = {} if compile_blocks else {"embed.tok": RowwiseParallel(input_layouts=Replicate())}
     plan = {
-        "embed.tok": RowwiseParallel(input_layouts=Replicate()),
+        **embedding,
         "head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False),
     }
     for i in range(cfg.model.n_layers):
-        for name in ("attn.q_proj", "attn.k_proj", "attn.v_proj", "mlp.up_proj"):
+        for name in colwise + (("mlp.gate_proj",) if swiglu else ()):
             plan[f"blocks.{i}.{name}"] = ColwiseParallel()
         for name in ("attn.o_proj", "mlp.down_proj"):
             plan[f"blocks.{i}.{name}"] = RowwiseParallel()
     parallelize_module(model, mesh, plan)
+    if compile_blocks:
+        for block in model.blocks:
+            block.compile(fullgraph=True)
     # Fused AdamW refuses a mix of DTensor and plain tensors: one optimizer for each kind.
     dparams = [p for p in model.parameters() if isinstance(p, DTensor)]
     opts = [

@@ -36,21 +36,18 @@ from paracube.pipeline.schedules import SCHEDULES
 from paracube.values import MAX_SEED, check_loss_scale, compression, number, positive
 
 
-def compile_refusal(
-    mode: str, *, tp: int, recompute: str, model_source: str | None = None
-) -> str | None:
+def compile_refusal(mode: str, *, recompute: str, model_source: str | None = None) -> str | None:
     """What keeps ``paracube train --compile`` from a layout, None if nothing: it traces
     the forward of paracube's own blocks — the hooks around it (ZeRO-3's gathers) stay
-    eager, so every ZeRO stage compiles, but tensor parallelism's collectives run inside
-    it, and the attention core's checkpoint (selective) is not what the memory model
-    counts compiled (models.shapes.block_saved_bytes). The planner refuses to emit such a
-    command with it."""
+    eager, so every ZeRO stage compiles, and tensor parallelism's collectives run eager
+    between the compiled regions (comm.autograd) — but the attention core's checkpoint
+    (selective) is not what the memory model counts compiled
+    (models.shapes.block_saved_bytes). The planner refuses to emit such a command with
+    it."""
     if mode == "none":
         return None
     if model_source is not None:
         return "a Hugging Face or factory model (--compile compiles paracube's GPT blocks)"
-    if tp > 1:
-        return f"--tp {tp} (its collectives run inside the blocks)"
     if recompute == "selective":
         return (
             "--recompute selective (the attention core's checkpoint inside a compiled block; "
@@ -436,10 +433,7 @@ class TrainConfig:
                 f"unknown --compile {self.compile!r}: choose one of {', '.join(COMPILE)}"
             )
         refusal = compile_refusal(
-            self.compile,
-            tp=self.parallel.tp,
-            recompute=self.recompute,
-            model_source=self.model_source,
+            self.compile, recompute=self.recompute, model_source=self.model_source
         )
         if refusal:
             raise ConfigError(f"--compile {self.compile} with {refusal}: drop --compile or that")

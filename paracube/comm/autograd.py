@@ -117,6 +117,13 @@ class _Finishing:
         return self.finish(self.pending.wait())
 
 
+# Under ``paracube train --compile`` a block's forward is traced by dynamo; every collective
+# here runs outside the trace — a graph break either side — with its ledger and timing as
+# eager (torchtitan's compiled TP runs its collectives in the graph as functional ops; ours
+# carry Python bookkeeping, so the compiled regions are the compute between them).
+_eager = torch.compiler.disable
+
+
 class _CopyToTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group, ledger, tag):
@@ -133,8 +140,12 @@ class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group, ledger, tag):
         # Sums the partial products in place (Megatron's _reduce); marked dirty so autograd
-        # refuses it if anything still needed the partial values.
-        if x.is_contiguous():
+        # refuses it if anything still needed the partial values. A view — a compiled
+        # region's output is returned as one — is summed on a copy: autograd forbids
+        # writing into it.
+        if x._base is not None:
+            x = x.clone(memory_format=torch.contiguous_format)
+        elif x.is_contiguous():
             ctx.mark_dirty(x)
         return _all_reduce(x, group, ledger, tag)
 
@@ -198,36 +209,43 @@ class _ReduceScatterToSP(torch.autograd.Function):
         return _gather(grad, 1, *ctx.args), None, None, None
 
 
+@_eager
 def copy_to_tp(x, group, ledger: CommLedger | None = None, tag: str = "tp"):
     """f: identity forward, all-reduce of the gradient backward."""
     return _CopyToTP.apply(x, group, ledger, tag)
 
 
+@_eager
 def reduce_from_tp(x, group, ledger: CommLedger | None = None, tag: str = "tp"):
     """g: all-reduce forward, identity backward."""
     return _ReduceFromTP.apply(x, group, ledger, tag)
 
 
+@_eager
 def scatter_to_tp(x, group, ledger: CommLedger | None = None, tag: str = "tp"):
     """Keep this rank's slice of the last dim; all-gather the gradient backward."""
     return _ScatterToTP.apply(x, group, ledger, tag)
 
 
+@_eager
 def gather_from_tp(x, group, ledger: CommLedger | None = None, tag: str = "tp"):
     """All-gather the last dim; keep this rank's slice of the gradient backward."""
     return _GatherFromTP.apply(x, group, ledger, tag)
 
 
+@_eager
 def scatter_to_sp(x, group, ledger: CommLedger | None = None, tag: str = "tp"):
     """(B, T, H) → (B, T/tp, H), this rank's sequence slice; all-gather backward."""
     return _ScatterToSP.apply(x, group, ledger, tag)
 
 
+@_eager
 def gather_from_sp(x, group, ledger: CommLedger | None = None, tag: str = "tp"):
     """(B, T/tp, H) → (B, T, H); reduce-scatter of the gradient backward."""
     return _GatherFromSP.apply(x, group, ledger, tag)
 
 
+@_eager
 def reduce_scatter_to_sp(x, group, ledger: CommLedger | None = None, tag: str = "tp"):
     """(B, T, H) partial sums → (B, T/tp, H) summed slice; all-gather backward."""
     return _ReduceScatterToSP.apply(x, group, ledger, tag)

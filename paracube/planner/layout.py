@@ -615,9 +615,7 @@ class Layout:
             )
         self.check_paracube_software()
         compiled = self.activations == "compiled"
-        refusal = compile_refusal(
-            "inductor" if compiled else "none", tp=self.tp, recompute=self.recompute
-        )
+        refusal = compile_refusal("inductor" if compiled else "none", recompute=self.recompute)
         if refusal:
             raise ConfigError(
                 f"activations=compiled with {refusal}: paracube train does not compile that "

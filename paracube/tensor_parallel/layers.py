@@ -140,6 +140,11 @@ class _LinearWithInputCollective(torch.autograd.Function):
         return pending.wait(), grad_weight, grad_bias, None, None, None, None
 
 
+@torch.compiler.disable  # its collectives outside a compiled block's trace (comm.autograd)
+def _linear_with_input_collective(x, weight, bias, mode, group, ledger, store):
+    return _LinearWithInputCollective.apply(x, weight, bias, mode, group, ledger, store)
+
+
 class _ParallelLinear(_TPModule, DefersWeightGrad):
     """What the column- and row-parallel linears share: construction from a full layer,
     and a ``weight_grad_store`` through which a zero-bubble pipeline defers their weight
@@ -195,7 +200,7 @@ class ColumnParallelLinear(_ParallelLinear):
         if self.input_mode is None or self.tp_size == 1:
             y = linear(x, self.weight, self.bias, self.weight_grad_store)
         else:
-            y = _LinearWithInputCollective.apply(
+            y = _linear_with_input_collective(
                 x,
                 self.weight,
                 self.bias,
