@@ -36,18 +36,16 @@ from paracube.pipeline.schedules import SCHEDULES
 from paracube.values import MAX_SEED, check_loss_scale, compression, number, positive
 
 
-def compile_refusal(mode: str, *, recompute: str, model_source: str | None = None) -> str | None:
+def compile_refusal(mode: str, *, recompute: str) -> str | None:
     """What keeps ``paracube train --compile`` from a layout, None if nothing: it traces
-    the forward of paracube's own blocks — the hooks around it (ZeRO-3's gathers) stay
-    eager, so every ZeRO stage compiles, and tensor parallelism's collectives run eager
-    between the compiled regions (comm.autograd) — but the attention core's checkpoint
-    (selective) is not what the memory model counts compiled
-    (models.shapes.block_saved_bytes). The planner refuses to emit such a command with
-    it."""
+    the forward of each block — paracube's GPT's, a Hugging Face model's decoder layers, a
+    factory's ``ModelSpec.units`` — while the hooks around it (ZeRO-3's gathers) stay eager,
+    so every ZeRO stage compiles, and tensor parallelism's collectives run eager between the
+    compiled regions (comm.autograd); but the attention core's checkpoint (selective) is
+    not what the memory model counts compiled (models.shapes.block_saved_bytes). The
+    planner refuses to emit such a command with it."""
     if mode == "none":
         return None
-    if model_source is not None:
-        return "a Hugging Face or factory model (--compile compiles paracube's GPT blocks)"
     if recompute == "selective":
         return (
             "--recompute selective (the attention core's checkpoint inside a compiled block; "
@@ -283,7 +281,7 @@ class TrainConfig:
     recompute_blocks: int | None = (
         None  # the first N blocks (of each pipeline stage's model); None: all
     )
-    compile: str = "none"  # torch.compile the GPT's blocks (paracube.choices.COMPILE)
+    compile: str = "none"  # torch.compile the model's blocks (paracube.choices.COMPILE)
     precision: str = "fp32"
     offload: str = "none"  # "optimizer": master weights and optimizer states on the host
     grad_reduce: str = "fp32"  # dtype of gradient accumulation and reduction under bf16/fp16
@@ -432,9 +430,7 @@ class TrainConfig:
             raise ConfigError(
                 f"unknown --compile {self.compile!r}: choose one of {', '.join(COMPILE)}"
             )
-        refusal = compile_refusal(
-            self.compile, recompute=self.recompute, model_source=self.model_source
-        )
+        refusal = compile_refusal(self.compile, recompute=self.recompute)
         if refusal:
             raise ConfigError(f"--compile {self.compile} with {refusal}: drop --compile or that")
 

@@ -143,7 +143,8 @@ def recompute(spec: ModelSpec, mode: str, blocks: int | None) -> None:
 
 def compile_blocks(spec: ModelSpec, mode: str) -> None:
     """torch.compile each block's forward (traced at its first call, so after
-    materialization and the data-parallel wrapper) — the blocks only: the embedding, head and
+    materialization and the data-parallel wrapper) — the spec's units, paracube's GPT blocks
+    or a Hugging Face model's decoder layers or a factory's, and only them: the embedding, head and
     loss stay eager, as torchtitan compiles its blocks one by one. The forward, not the
     module's call: the hooks around it (ZeRO-3's gathers and their collectives) stay eager
     rather than traced; the parameter names, and so the checkpoints, are unchanged."""

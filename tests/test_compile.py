@@ -137,7 +137,6 @@ def test_inductor_compiled_blocks_train_as_eager(pools, layout):
     ("changes", "refusal"),
     [
         (dict(recompute="selective"), "--compile inductor with --recompute selective"),
-        (dict(model_source="hf:/nowhere"), "--compile inductor with a Hugging Face"),
         (dict(compile="max-autotune"), "unknown --compile 'max-autotune'"),
     ],
 )

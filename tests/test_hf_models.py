@@ -149,10 +149,10 @@ def test_hf_model_matches_serial_hf(pools, family, layout):
 PARAM_TOL = {"mistral": (1e-4, 1e-3)}
 
 
-def assert_matches_serial_hf(pools, family: str, cfg: TrainConfig) -> None:
+def assert_matches_serial_hf(pools, family: str, cfg: TrainConfig, run=run_hf) -> None:
     """Every rank's losses are the serial HF run's, and its parameters merged are too."""
     want_losses, want_params = hf_serial(family)
-    results = pools(cfg.parallel.world_size).run(run_hf, cfg)
+    results = pools(cfg.parallel.world_size).run(run, cfg)
     for losses, _ in results:
         assert_losses_close(losses, want_losses)
     tol, tensor_tol = PARAM_TOL.get(family, (3e-5, 3e-4))
@@ -166,6 +166,30 @@ def test_llama_family_models_match_serial_hf(pools, family, layout):
     decoupled head size, its per-head q/k norms replicated with their gradients summed over
     tp) take Llama's plan."""
     assert_matches_serial_hf(pools, family, hf_config(family, **LAYOUTS[layout]))
+
+
+@pytest.mark.parametrize(
+    ("family", "layout"), [("llama", "tp2-sp"), ("gpt2", "dp2-zero3"), ("qwen3", "tp2-sp")]
+)
+def test_compiled_hf_blocks_match_serial_hf(pools, family, layout):
+    """``--compile``: each decoder layer's forward under torch.compile (inductor's
+    partitioner) — the tensor-parallel collectives eager between its compiled regions,
+    ZeRO-3's gathers in the hooks around it — trains as the plain serial HF model."""
+    from dataclasses import replace
+
+    cfg = replace(hf_config(family, **LAYOUTS[layout]), compile="partition")
+    assert_matches_serial_hf(pools, family, cfg, run=run_hf_compiled)
+
+
+def run_hf_compiled(cfg: TrainConfig):
+    """:func:`run_hf`, and the decoder layers were compiled: dynamo's caches emptied first,
+    so each block's graphs are traced afresh and counted."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    result = run_hf(cfg)
+    assert counters["stats"]["unique_graphs"] > 0, "no decoder layer was compiled"
+    return result
 
 
 def test_hf_llama_3d_2x2x2(pools):

@@ -17,7 +17,7 @@ FACTORY = "examples.own_model:build"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def own_config(zero=0, m=2, recompute="none", **parallel) -> TrainConfig:
+def own_config(zero=0, m=2, recompute="none", compile="none", **parallel) -> TrainConfig:
     from examples.own_model import CONFIG
 
     par = ParallelConfig(bucket_mb=0.05, **parallel)
@@ -31,6 +31,7 @@ def own_config(zero=0, m=2, recompute="none", **parallel) -> TrainConfig:
         warmup_steps=2,
         zero=zero,
         recompute=recompute,
+        compile=compile,
         progress=False,
     )
 
@@ -56,8 +57,9 @@ def run_own(cfg: TrainConfig):
         dict(dp=2, zero=3, recompute="full"),
         dict(dp=2, tp=2, pp=2, m=2),
         dict(pp=2, m=4, schedule="interleaved-1f1b", chunks=2),
+        dict(tp=2, compile="partition"),  # its blocks compiled, the TP collectives eager
     ],
-    ids=["dp2-zero3-recompute", "dp2xtp2xpp2", "pp2-interleaved"],
+    ids=["dp2-zero3-recompute", "dp2xtp2xpp2", "pp2-interleaved", "tp2-compiled"],
 )
 def test_own_model_matches_its_serial_run(pools, layout):
     from examples.own_model import build

@@ -141,9 +141,10 @@ def add_arguments(p) -> None:
     z.add_argument(
         "--compile",
         default="none",
-        help="torch.compile the GPT's blocks: none (default), inductor, or partition "
+        help="torch.compile the model's blocks (paracube's GPT's, a Hugging Face model's "
+        "decoder layers, a factory's units): none (default), inductor, or partition "
         "(inductor's decompositions and partitioner without code generation: what a compiled "
-        "block keeps, at eager speed); with --tp 1, --recompute none or full",
+        "block keeps, at eager speed); with --recompute none or full",
     )
     z.add_argument(
         "--compress",
