@@ -223,6 +223,18 @@ CASES: list[tuple[str, list[str], str]] = [
     ("checkpoints", ["export", "{tmp}/nano-step-5", "--out", "{tmp}/emptydir"], "exists: give a new folder"),
     ("checkpoints", ["export", "{tmp}/nano-step-5", "--out", "{tmp}/w.safetensors"],
      "--out {tmp}/w.safetensors exists: choose another path, or remove it first"),
+    ("checkpoints", ["import", "tiny", "--out", "{tmp}/i.safetensors"],
+     "paracube import tiny: give a Hugging Face model directory, hf:DIR"),
+    ("checkpoints", ["import", "hf:{tmp}/hf-llama", "--out", "{tmp}/i.bin"],
+     "--out {tmp}/i.bin: give a .safetensors file name"),
+    ("checkpoints", ["import", "hf:{tmp}/hf-llama", "--out", "{tmp}/w.safetensors"],
+     "--out {tmp}/w.safetensors exists: choose another path, or remove it first"),
+    ("checkpoints", ["import", "hf:{tmp}/hf-llama", "--out", "{tmp}/i.safetensors"],
+     "paracube import: no model.safetensors in {tmp}/hf-llama"),
+    ("checkpoints", ["import", "hf:{tmp}/hf-bad-weights", "--out", "{tmp}/i.safetensors"],
+     "tensor 'model.layers.1.mlp.up_proj.weight' has shape (8, 64) but the config gives (176, 64)"),
+    ("checkpoints", ["import", "hf:{tmp}/hf-qwen2", "--out", "{tmp}/i.safetensors"],
+     "qwen2 cannot be paracube's GPT: its q, k and v projections are biased"),
     # -- diagnosis and injected faults ----------------------------------------------
     ("diagnose", ["diagnose", "{tmp}/no-run.jsonl"], "{tmp}/no-run.jsonl does not exist: give the --metrics file"),
     ("diagnose", ["diagnose", "{tmp}/empty.txt"], "holds no step records"),
@@ -682,6 +694,8 @@ def _hf_models(tmp: Path) -> None:
     for name in ("hf-llama", "hf-bad-weights"):
         (tmp / name).mkdir()
         shutil.copy(llama, tmp / name / "config.json")
+    (tmp / "hf-qwen2").mkdir()
+    (tmp / "hf-qwen2" / "config.json").write_text('{"model_type": "qwen2"}')
     (tmp / "hf-bert").mkdir()
     (tmp / "hf-bert" / "config.json").write_text('{"model_type": "bert", "hidden_size": 64}')
     from transformers import AutoModelForCausalLM

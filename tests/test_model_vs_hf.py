@@ -1,133 +1,169 @@
-"""paracube's own GPT, built from a Hugging Face config's shape (``hf_model_config``), computes
-what ``transformers``' model of that family computes, given the same weights — the rotary
-base, the per-head q and k norms before the rotary positions, grouped-query attention, the
-decoupled head size, SwiGLU's gate and up, the norms' epsilon and a tied embedding are the
-family's, not look-alikes. So a preset written from a model card (``llama3-8b``,
-``qwen3-8b``) trains that model's function, not only its parameter count.
-
-The one difference is the layout of the rotary pairs: paracube rotates (x[2i], x[2i+1]) as
-RoFormer writes it (Su et al. 2021, eq. 34), Hugging Face rotates (x[i], x[i + d/2])
-("rotate_half"). Both turn pair i by position·θ_i, so the same function is the q and k
-projections' rows (and the q/k norms' weights) permuted within each head:
-paracube's dim 2i is HF's dim i, its dim 2i + 1 is HF's dim i + d/2.
+"""paracube's own GPT, built from a Hugging Face config's shape, computes what
+``transformers``' model of that family computes given the same weights — the rotary base,
+the per-head q and k norms before the rotary positions, grouped-query attention, the
+decoupled head size, SwiGLU's gate and up, GPT-2's learned positions, biases and Conv1D
+layout, the norms' epsilon and a tied embedding are the family's, not look-alikes. So a
+preset written from a model card (``llama3-8b``, ``qwen3-8b``) trains that model's function,
+and ``paracube import`` (:mod:`paracube.models.hf_import`) starts paracube's GPT from a
+Hugging Face checkpoint: trained under a layout it gives the HF model's own losses.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from paracube.models.gpt import GPT
-from paracube.models.sources import hf_model_config, read_hf_config
+from paracube.models.hf_import import gpt_weights, imported_config
+from paracube.models.sources import read_hf_config
+from tests.helpers import assert_losses_close
 from tests.test_hf_models import model_dir
 
 pytest.importorskip("transformers")
 
 SEQ = 32
+FAMILIES = ["llama", "qwen3", "mistral", "gpt2"]
 
 
-def rotary_pairs(head_dim: int) -> torch.Tensor:
-    """For each of paracube's dims within a head, the HF dim it holds: 0, d/2, 1, d/2 + 1, …"""
-    half = torch.arange(head_dim // 2)
-    return torch.stack((half, half + head_dim // 2), dim=1).flatten()
-
-
-def per_head(rows: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """A projection's rows (n·d, …) with each head's d rows put in paracube's rotary order."""
-    order = rotary_pairs(head_dim)
-    heads = rows.shape[0] // head_dim
-    return rows.view(heads, head_dim, *rows.shape[1:])[:, order].reshape(rows.shape)
-
-
-def gpt_weights_from_hf(hf_state: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
-    """A Llama-family HF state dict as paracube's GPT's: q|k|v and gate|up fused, the q and k
-    rows (and their norms) in paracube's rotary order."""
-    d = cfg.head_dim
-    out = {
-        "embed.tok.weight": hf_state["model.embed_tokens.weight"],
-        "norm.weight": hf_state["model.norm.weight"],
-        "head.weight": hf_state.get("lm_head.weight", hf_state["model.embed_tokens.weight"]),
-    }
-    for i in range(cfg.n_layers):
-        hf, me = f"model.layers.{i}.", f"blocks.{i}."
-        attn = hf + "self_attn."
-        q, k = (per_head(hf_state[attn + f"{p}_proj.weight"], d) for p in "qk")
-        out[me + "attn.qkv_proj.weight"] = torch.cat((q, k, hf_state[attn + "v_proj.weight"]))
-        if cfg.bias:
-            qb, kb = (per_head(hf_state[attn + f"{p}_proj.bias"], d) for p in "qk")
-            out[me + "attn.qkv_proj.bias"] = torch.cat((qb, kb, hf_state[attn + "v_proj.bias"]))
-        if cfg.qk_norm:
-            for p in "qk":
-                out[me + f"attn.{p}_norm.weight"] = hf_state[attn + f"{p}_norm.weight"][
-                    rotary_pairs(d)
-                ]
-        out[me + "attn.o_proj.weight"] = hf_state[attn + "o_proj.weight"]
-        out[me + "attn_norm.weight"] = hf_state[hf + "input_layernorm.weight"]
-        out[me + "mlp_norm.weight"] = hf_state[hf + "post_attention_layernorm.weight"]
-        mlp = hf + "mlp."
-        out[me + "mlp.up_proj.weight"] = torch.cat(
-            (hf_state[mlp + "gate_proj.weight"], hf_state[mlp + "up_proj.weight"])
-        )
-        out[me + "mlp.down_proj.weight"] = hf_state[mlp + "down_proj.weight"]
-    return out
-
-
-# Qwen2 biases its q, k and v projections only; paracube's GPT has one bias switch, so as
-# Qwen2 it also carries o, gate|up and down biases — zero here, where Qwen2 has none
-ZERO_BIASES = ("attn.o_proj.bias", "mlp.up_proj.bias", "mlp.down_proj.bias")
-
-
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
-def test_paracubes_gpt_computes_the_hf_models_function(family):
-    """Same weights, same tokens, float64: the logits agree to 1e-6 — the rounding of HF's
-    RMSNorm, which computes in float32 whatever the model's dtype (HF's rotary order kept
-    moves them by 6e-3 to 0.3, below; a rotary base 3× off by 2e-3 to 8e-2) — and the converted state fills every
-    parameter of paracube's GPT but Qwen2's extra biases."""
+def _hf_and_gpt(family: str, dtype=torch.float64):
+    """The family's tiny HF model with weights from seed 0, and paracube's GPT (of the
+    imported config's shape) holding the same weights."""
     from transformers import AutoModelForCausalLM
 
     from paracube.models.hf import hf_config_object
 
     directory = model_dir(family)
     torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(hf_config_object(directory), dtype=torch.float64)
-    cfg = hf_model_config(read_hf_config(directory), SEQ)
-    gpt = GPT(cfg).to(torch.float64)
-    missing, unexpected = gpt.load_state_dict(
-        gpt_weights_from_hf(hf.state_dict(), cfg), strict=False
-    )
-    assert not unexpected
-    assert all(name.endswith(ZERO_BIASES) for name in missing) and (bool(missing) == cfg.bias)
-    with torch.no_grad():
-        for name in missing:
-            gpt.get_parameter(name).zero_()
+    hf = AutoModelForCausalLM.from_config(hf_config_object(directory), dtype=dtype)
+    data = read_hf_config(directory)
+    cfg = imported_config(data)
+    gpt = GPT(cfg).to(dtype)
+    weights = gpt_weights(hf.state_dict(), cfg, data["model_type"])
+    return hf, gpt, cfg, weights
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_paracubes_gpt_computes_the_hf_models_function(family):
+    """Same weights, same tokens, float64: the logits agree to 1e-6 — the rounding of HF's
+    RMSNorm, which computes in float32 whatever the model's dtype (HF's rotary order kept
+    moves them by 6e-3 to 0.3, below; a rotary base 3× off by 2e-3 to 8e-2) — and the
+    converted weights fill every parameter of paracube's GPT, a tied head by the embedding."""
+    hf, gpt, cfg, weights = _hf_and_gpt(family)
+    missing, unexpected = gpt.load_state_dict(weights, strict=False)
+    assert not unexpected and set(missing) == ({"head.weight"} if cfg.tie_embeddings else set())
     tokens = torch.randint(0, cfg.vocab_size, (2, SEQ))
     with torch.no_grad():
-        want = hf(input_ids=tokens).logits
-        got = gpt(tokens)
+        want, got = hf(input_ids=tokens).logits, gpt(tokens)
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_the_rotary_order_matters():
-    """The check can fail: Qwen3's weights loaded without the per-head permutation give
-    other logits."""
-    from transformers import AutoModelForCausalLM
-
-    from paracube.models.hf import hf_config_object
-
-    directory = model_dir("qwen3")
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(hf_config_object(directory), dtype=torch.float64)
-    cfg = hf_model_config(read_hf_config(directory), SEQ)
-    state = gpt_weights_from_hf(hf.state_dict(), cfg)
-    for i in range(cfg.n_layers):  # HF's own row order back
-        attn = hf.model.layers[i].self_attn
-        state[f"blocks.{i}.attn.qkv_proj.weight"] = torch.cat(
-            (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
-        ).detach()
+@pytest.mark.parametrize("change", ["hf-rotary-order", "rotary-base"])
+def test_a_wrong_rotary_layout_or_base_is_seen(change):
+    """The check above can fail: Qwen3's q and k rows left in HF's rotary order, or the GPT
+    built with a rotary base 3× the config's, give other logits."""
+    hf, _, cfg, weights = _hf_and_gpt("qwen3")
+    if change == "rotary-base":
+        cfg = dataclasses.replace(cfg, rope_theta=3 * cfg.rope_theta)
+    else:
+        for i in range(cfg.n_layers):
+            attn = hf.model.layers[i].self_attn
+            weights[f"blocks.{i}.attn.qkv_proj.weight"] = torch.cat(
+                (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+            ).detach()
     gpt = GPT(cfg).to(torch.float64)
-    gpt.load_state_dict(state)
+    gpt.load_state_dict(weights)
     tokens = torch.randint(0, cfg.vocab_size, (2, SEQ))
     with torch.no_grad():
         gap = (gpt(tokens) - hf(input_ids=tokens).logits).abs().max()
     assert gap > 1e-3
+
+
+def _saved_hf(family: str, folder) -> str:
+    """The family's tiny HF model, weights from seed 0, saved as from_pretrained loads it."""
+    from transformers import AutoModelForCausalLM
+
+    from paracube.models.hf import hf_config_object
+
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(hf_config_object(model_dir(family)))
+    hf.save_pretrained(str(folder))
+    return str(folder)
+
+
+def _losses(cfg):
+    """One rank's losses; from the imported weights where the job has them (as
+    ``paracube.train`` starts a run with ``--init-from``)."""
+    from paracube.checkpoint.export import init_from, read_exported
+    from paracube.engine import Trainer
+    from paracube.mesh.mesh import ProcessMesh
+    from tests.helpers import small_corpus
+
+    torch.set_num_threads(1)
+    trainer = Trainer(cfg, ProcessMesh(cfg.parallel), small_corpus())
+    if cfg.checkpoint.init_from is not None:
+        init_from(trainer, read_exported(cfg.checkpoint.init_from)[1])
+    return [trainer.train_step().loss for _ in range(cfg.steps)]
+
+
+@pytest.mark.parametrize(
+    ("family", "layout"), [("llama", dict(tp=2, sequence_parallel=True)), ("gpt2", dict(dp=2))]
+)
+def test_an_imported_model_trains_as_the_hf_model(pools, tmp_path, family, layout):
+    """``paracube import`` (the command line for the Llama, the library call for GPT-2) then
+    ``--init-from``: paracube's GPT from the HF checkpoint, under a layout, gives step for
+    step the losses of the HF module itself trained from the same checkpoint
+    (``--model hf:DIR``) under that layout."""
+    from paracube.config import ParallelConfig, TrainConfig
+    from paracube.models.hf_import import import_hf
+    from paracube.models.sources import hf_model_config
+    from paracube.options import CheckpointConfig
+
+    directory = _saved_hf(family, tmp_path / family)
+    out = tmp_path / f"{family}.safetensors"
+    if family == "llama":
+        done = subprocess.run(
+            [sys.executable, "-m", "paracube", "import", f"hf:{directory}", "--out", str(out)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert f"paracube train --init-from {out}" in done.stdout
+    else:
+        import_hf(directory, str(out))
+    par = ParallelConfig(bucket_mb=0.05, **layout)
+    common = dict(parallel=par, steps=4, micro_batch=8 // par.dp, warmup_steps=2, progress=False)
+    as_hf = TrainConfig(
+        model=hf_model_config(read_hf_config(directory), SEQ),
+        model_source=f"hf:{directory}",
+        **common,
+    )
+    imported = TrainConfig(
+        model=imported_config(read_hf_config(directory)).replace(seq_len=SEQ),
+        checkpoint=CheckpointConfig(init_from=str(out)),
+        **common,
+    )
+    want = pools(par.world_size).run(_losses, as_hf)[0]
+    got = pools(par.world_size).run(_losses, imported)[0]
+    assert_losses_close(got, want)
+
+
+def test_init_from_without_a_model_trains_the_files_model(tmp_path):
+    """``paracube train --init-from FILE`` with no ``--model``: the model is the one the
+    file's weights are of (its header), at ``--seq-len``; paracube's own GPT, not the HF
+    module; without either flag the default preset."""
+    from paracube.cli import build_parser, config_from_args
+    from paracube.models.hf_import import import_hf
+
+    directory = _saved_hf("qwen3", tmp_path / "qwen3")
+    out = str(tmp_path / "qwen3.safetensors")
+    import_hf(directory, out)
+    cfg = config_from_args(
+        build_parser().parse_args(["train", "--init-from", out, "--seq-len", "32"])
+    )
+    assert cfg.model == imported_config(read_hf_config(directory)).replace(seq_len=32)
+    assert cfg.model_source is None and cfg.model.qk_norm
+    assert config_from_args(build_parser().parse_args(["train"])).model.name == "tiny"

@@ -98,12 +98,10 @@ def read_exported(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     return ModelConfig(**json.loads(header[MODEL_KEY])), tensors
 
 
-def check_init_from(path: str, cfg: TrainConfig) -> None:
-    """Before any rank starts: ``path`` is an export whose every tensor fits ``cfg``'s
-    model (read from the file's header: no tensor is loaded)."""
+def _header(path: str) -> tuple[dict[str, str], dict[str, tuple[int, ...]]]:
+    """An export's metadata and its tensors' shapes, from the file's header (no tensor is
+    loaded); refused if it is not one."""
     from safetensors import SafetensorError, safe_open
-
-    from paracube.checkpoint.check import check_shapes
 
     where = f"--init-from {path}"
     if not Path(path).is_file():
@@ -116,10 +114,26 @@ def check_init_from(path: str, cfg: TrainConfig) -> None:
         raise ConfigError(f"{where}: not a safetensors file ({e})") from None
     if MODEL_KEY not in header:
         raise ConfigError(
-            f"{where}: no paracube model config in it (export it with paracube export)"
+            f"{where}: no paracube model config in it (write it with paracube export or "
+            "paracube import)"
         )
+    return header, shapes
+
+
+def exported_model(path: str) -> ModelConfig:
+    """The model an export (or an import) holds — ``paracube train --init-from FILE``'s
+    model where ``--model`` is not given."""
+    return ModelConfig(**json.loads(_header(path)[0][MODEL_KEY]))
+
+
+def check_init_from(path: str, cfg: TrainConfig) -> None:
+    """Before any rank starts: ``path`` is an export whose every tensor fits ``cfg``'s
+    model (read from the file's header: no tensor is loaded)."""
+    from paracube.checkpoint.check import check_shapes
+
+    shapes = _header(path)[1]
     hint = "start from weights of this model"
-    check_shapes(shapes, cfg, where, "there", hint, "weights")
+    check_shapes(shapes, cfg, f"--init-from {path}", "there", hint, "weights")
 
 
 def load_into(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:

@@ -1,5 +1,5 @@
 """``paracube`` command line: one module per command — ``train``, ``data``, ``plan``,
-``schedule``, ``calibrate``, ``export``, ``diagnose``, ``scale`` — over the shared :mod:`paracube.report`.
+``schedule``, ``calibrate``, ``export``, ``import``, ``diagnose``, ``scale`` — over the shared :mod:`paracube.report`.
 
 Every configuration error is reported as one line, ``paracube: error: …``, with exit
 status 2, before any process or collective is started. Parsing and validation do not
@@ -11,13 +11,23 @@ from __future__ import annotations
 import argparse
 import sys
 
-from paracube.cli import calibrate, data, diagnose, export, plan, scale, schedule, train
+from paracube.cli import (
+    calibrate,
+    data,
+    diagnose,
+    export,
+    import_hf,
+    plan,
+    scale,
+    schedule,
+    train,
+)
 from paracube.cli.train import config_from_args
 from paracube.errors import ParacubeError
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
-COMMANDS = (train, data, schedule, plan, calibrate, export, diagnose, scale)
+COMMANDS = (train, data, schedule, plan, calibrate, export, import_hf, diagnose, scale)
 
 
 class _Parser(argparse.ArgumentParser):

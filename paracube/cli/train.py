@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from paracube.cli.train_args import add_parser
+from paracube.cli.train_args import DEFAULT_MODEL, add_parser
 from paracube.config import ModelConfig, ParallelConfig, TrainConfig
 from paracube.data.tokenized import is_tokenized, model_vocab, read_index
 from paracube.errors import ParacubeError
@@ -26,8 +26,17 @@ def config_from_args(args) -> TrainConfig:
     """The job the arguments describe; flags that contradict each other or do nothing in
     this layout are refused, each named."""
     _check_flags(args)
-    source = parse_model(args.model)
-    model = _model_config(source, args)
+    if args.model is None and args.init_from is not None and args.resume is None:
+        # the model the weights are of: an export's or an import's (paracube import); with
+        # --resume too, CheckpointConfig refuses the pair first
+        from paracube.checkpoint.export import exported_model
+
+        source = ModelSource("file", args.init_from)
+        model = exported_model(args.init_from)
+        model = model if args.seq_len is None else model.replace(seq_len=args.seq_len)
+    else:
+        source = parse_model(args.model or DEFAULT_MODEL)
+        model = _model_config(source, args)
     pipeline = {
         name: getattr(args, name)
         for name in ("schedule", "chunks", "balance")
@@ -36,7 +45,7 @@ def config_from_args(args) -> TrainConfig:
     steps_per_batch = args.microbatches if args.microbatches is not None else args.grad_accum
     return TrainConfig(
         model=model,
-        model_source=source.spec,
+        model_source=None if source.kind == "file" else source.spec,
         parallel=ParallelConfig(
             dp=args.dp,
             tp=args.tp,

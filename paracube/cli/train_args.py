@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+DEFAULT_MODEL = "tiny"  # --model when neither it nor --init-from is given
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -198,10 +200,11 @@ def add_arguments(p) -> None:
     m = p.add_argument_group("model and data")
     m.add_argument(
         "--model",
-        default="tiny",
-        help="a preset (default tiny; see paracube.models.PRESETS), hf:DIR (a local Hugging Face "
-        "config.json, optional model.safetensors), or a factory package.module:function "
-        "returning a paracube.models.ModelSpec",
+        default=None,
+        help=f"a preset (default {DEFAULT_MODEL}; see paracube.models.PRESETS), hf:DIR (a local "
+        "Hugging Face config.json, optional model.safetensors), or a factory "
+        "package.module:function returning a paracube.models.ModelSpec; with --init-from and "
+        "no --model, the model the file's weights are of",
     )
     m.add_argument(
         "--seq-len",
