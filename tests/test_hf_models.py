@@ -38,6 +38,8 @@ def model_dir(family: str) -> str:
 def _generated(family: str) -> str:
     """Tiny Qwen2 (q/k/v biases, tied embedding), Mistral and Qwen3 (heads of 32 over a
     hidden size of 64: queries twice its width; per-head q/k norms) configs, written once."""
+    import atexit
+    import shutil
     import tempfile
 
     from transformers import MistralConfig, Qwen2Config, Qwen3Config
@@ -48,6 +50,7 @@ def _generated(family: str) -> str:
         "qwen3": (Qwen3Config, dict(head_dim=32)),
     }[family]
     directory = tempfile.mkdtemp(prefix=f"paracube-{family}-")
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)  # the test process's own
     kind(
         vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **extra,
