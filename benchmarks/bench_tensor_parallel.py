@@ -68,7 +68,7 @@ class SeparateQKVAttention(nn.Module):
         self.o_proj = nn.Linear(cfg.q_dim, cfg.hidden, bias=cfg.bias)
         self.rotary = cfg.position == "rope"
         if self.rotary:
-            cos, sin = rotary_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
+            cos, sin = rotary_tables(cfg)
             self.register_buffer("cos", cos, persistent=False)
             self.register_buffer("sin", sin, persistent=False)
 

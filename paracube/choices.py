@@ -13,6 +13,11 @@ AXES = ("pp", "dp", "tp")  # mesh axes, outermost to innermost (docs/ARCHITECTUR
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "swiglu")
 POSITIONS = ("learned", "rope")
+# how rotary frequencies are stretched for a longer context than pre-training's (ModelConfig
+# rope_scaling): none; linear (every frequency ÷ factor, Chen et al. 2023, position
+# interpolation); llama3 (Llama 3.1's: low frequencies ÷ factor, high ones kept, a smooth
+# blend between, by wavelength against the original context)
+ROPE_SCALINGS = ("none", "linear", "llama3")
 ZERO_STAGES = (0, 1, 2, 3)
 RECOMPUTE = ("none", "selective", "full")
 # paracube train --compile: the blocks run eager (none), torch.compile'd with inductor, or

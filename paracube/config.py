@@ -28,6 +28,7 @@ from paracube.choices import (
     POSITIONS,
     PRECISIONS,
     RECOMPUTE,
+    ROPE_SCALINGS,
     ZERO_STAGES,
 )
 from paracube.errors import ConfigError
@@ -112,6 +113,15 @@ class ModelConfig:
     # the rotary positions' base θ (RoFormer's 10,000; Llama 3's 500,000, Qwen3's 1,000,000):
     # the angle of pair i at position t is t·θ^(−2i/d)
     rope_theta: float = 10000.0
+    # rotary frequencies stretched for a long context (paracube.choices.ROPE_SCALINGS):
+    # linear divides each by rope_factor; llama3 (Llama 3.1's 8, 1, 4, 8,192) divides those
+    # whose wavelength exceeds rope_original_context / rope_low_freq_factor, keeps those
+    # under rope_original_context / rope_high_freq_factor, and blends between
+    rope_scaling: str = "none"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_context: int = 8192
 
     def __post_init__(self) -> None:
         for f in ("n_layers", "hidden", "n_heads", "vocab_size", "seq_len"):
@@ -125,6 +135,7 @@ class ModelConfig:
         number("norm_eps", self.norm_eps, low=0, high=1, open_low=True)
         number("init_std", self.init_std, low=0, high=1, open_low=True)
         number("rope_theta", self.rope_theta, low=1)
+        self._check_rope_scaling()
         if self.head_size is not None:
             positive("head_size", self.head_size)
         elif self.hidden % self.n_heads:
@@ -162,6 +173,25 @@ class ModelConfig:
             if getattr(self, f) not in allowed:
                 raise ConfigError(
                     f"unknown {f} {getattr(self, f)!r}: choose one of {', '.join(allowed)}"
+                )
+
+    def _check_rope_scaling(self) -> None:
+        if self.rope_scaling not in ROPE_SCALINGS:
+            raise ConfigError(
+                f"rope_scaling {self.rope_scaling!r} is not built: choose one of "
+                f"{', '.join(ROPE_SCALINGS)} (other stretches train as --model hf:DIR)"
+            )
+        if self.rope_scaling == "none":
+            return
+        number("rope_factor", self.rope_factor, low=1)
+        if self.rope_scaling == "llama3":
+            number("rope_low_freq_factor", self.rope_low_freq_factor, low=0, open_low=True)
+            number("rope_high_freq_factor", self.rope_high_freq_factor, low=0, open_low=True)
+            positive("rope_original_context", self.rope_original_context)
+            if self.rope_high_freq_factor <= self.rope_low_freq_factor:
+                raise ConfigError(
+                    f"rope_high_freq_factor {self.rope_high_freq_factor} must exceed "
+                    f"rope_low_freq_factor {self.rope_low_freq_factor} (Llama 3.1's: 4 and 1)"
                 )
 
     @property

@@ -43,7 +43,7 @@ class Materializer:
                 _replace(p, self.local_value(p), self.holders)
         for m in module.modules():
             if isinstance(m, CausalSelfAttention) and m.rotary and m.cos.is_meta:
-                cos, sin = rotary_tables(self.cfg.seq_len, self.cfg.head_dim)
+                cos, sin = rotary_tables(self.cfg)  # the model's base and scaling
                 m.cos, m.sin = cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
         self._buffer = torch.empty(0)
 

@@ -233,6 +233,8 @@ CASES: list[tuple[str, list[str], str]] = [
      "paracube import: no model.safetensors in {tmp}/hf-llama"),
     ("checkpoints", ["import", "hf:{tmp}/hf-bad-weights", "--out", "{tmp}/i.safetensors"],
      "tensor 'model.layers.1.mlp.up_proj.weight' has shape (8, 64) but the config gives (176, 64)"),
+    ("checkpoints", ["import", "hf:{tmp}/hf-yarn", "--out", "{tmp}/i.safetensors"],
+     "its rotary positions are stretched by 'yarn', which paracube's GPT does not build"),
     ("checkpoints", ["import", "hf:{tmp}/hf-qwen2", "--out", "{tmp}/i.safetensors"],
      "qwen2 cannot be paracube's GPT: its q, k and v projections are biased"),
     # -- diagnosis and injected faults ----------------------------------------------
@@ -694,6 +696,10 @@ def _hf_models(tmp: Path) -> None:
     for name in ("hf-llama", "hf-bad-weights"):
         (tmp / name).mkdir()
         shutil.copy(llama, tmp / name / "config.json")
+    (tmp / "hf-yarn").mkdir()
+    (tmp / "hf-yarn" / "config.json").write_text(
+        '{"model_type": "llama", "rope_parameters": {"rope_type": "yarn", "factor": 4.0}}'
+    )
     (tmp / "hf-qwen2").mkdir()
     (tmp / "hf-qwen2" / "config.json").write_text('{"model_type": "qwen2"}')
     (tmp / "hf-bert").mkdir()

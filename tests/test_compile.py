@@ -66,10 +66,8 @@ def _planned(cfg: TrainConfig) -> float:
         dict(dp=2, zero=3),
         dict(dp=2, model=QWEN3),
         dict(dp=1, tp=2, model=LLAMA_KV2),
-        dict(dp=1, tp=2, sp=True, model=LLAMA_KV2),
         dict(dp=1, tp=2, sp=True, model=QWEN3_KV2),
         dict(dp=1, tp=2, sp=True, recompute="full", model=LLAMA_KV2),
-        dict(dp=1, tp=2, pp=2, sp=True, accum=4, model=LLAMA_KV2),
     ],
     ids=[
         "dp2",
@@ -78,17 +76,15 @@ def _planned(cfg: TrainConfig) -> float:
         "dp2-zero3",
         "dp2-qwen3",
         "tp2",
-        "tp2-sp",
         "tp2-sp-qwen3",
         "tp2-sp-full-recompute",
-        "tp2-pp2-sp",
     ],
 )
 def test_compiled_blocks_train_as_eager_and_keep_what_the_planner_counts(pools, layout):
     """Inductor's partitioner without code generation (``--compile partition``): the same
     losses as the eager blocks — under ZeRO-3 too, its gathers in the hooks around the
-    compiled forward, and under tensor, sequence and pipeline parallelism, their collectives
-    eager between the compiled regions — and counted activation peaks — the first stage's under a
+    compiled forward, and under tensor and sequence parallelism, their collectives eager
+    between the compiled regions — and counted activation peaks — the first stage's under a
     pipeline, whose blocks hold two micro-batches but one copy of their rotary tables —
     equal to the planner's for the layout each job runs (Layout.from_config: activations
     "compiled" or "paracube"), the compiled one the lower where nothing is recomputed; a

@@ -152,7 +152,7 @@ def test_the_rotary_base_is_the_models():
     assert preset("llama3-8b").rope_theta == 500000.0 and preset("qwen3-8b").rope_theta == 1e6
     slow = llama.replace(rope_theta=500000.0)
     attn = GPT(slow).blocks[0].attn
-    cos, sin = rotary_tables(slow.seq_len, slow.head_dim, 500000.0)
+    cos, sin = rotary_tables(slow)
     assert torch.equal(attn.cos, cos) and torch.equal(attn.sin, sin)
     assert not torch.equal(GPT(llama).blocks[0].attn.cos, cos)  # the base changes the angles
     # the last pair turns by t·θ^(−(d−2)/d): slower the larger θ
@@ -166,3 +166,44 @@ def test_the_rotary_base_is_the_models():
     assert hf_model_config(config, 64).rope_theta == 500000.0
     with pytest.raises(ConfigError, match="rope_theta must be a finite number >= 1"):
         ModelConfig(n_layers=1, hidden=64, n_heads=4, vocab_size=64, seq_len=8, rope_theta=0.5)
+
+
+def test_stretched_rotary_frequencies():
+    """Linear interpolation divides every frequency by the factor; Llama 3.1's stretch
+    divides the slow pairs' (wavelength over the original context ÷ low), keeps the fast
+    ones' (under it ÷ high) and blends between — each pair checked against its branch; a
+    stretch paracube does not build, or inverted bounds, is refused."""
+    import math
+
+    from paracube.config import ModelConfig
+    from paracube.errors import ConfigError
+    from paracube.models.gpt import rotary_frequencies
+
+    base = preset("nano", **LLAMA_BLOCK).replace(rope_theta=500000.0)
+    omega = rotary_frequencies(base)
+    linear = base.replace(rope_scaling="linear", rope_factor=4.0)
+    torch.testing.assert_close(rotary_frequencies(linear), omega / 4)
+    llama3 = base.replace(
+        rope_scaling="llama3", rope_factor=8.0, rope_low_freq_factor=1.0,
+        rope_high_freq_factor=4.0, rope_original_context=64,
+    )  # fmt: skip
+    got = rotary_frequencies(llama3)
+    kinds = set()
+    for w, g in zip(omega.tolist(), got.tolist()):
+        wavelength = 2 * math.pi / w
+        if wavelength < 64 / 4:
+            kinds.add("fast")
+            assert g == pytest.approx(w)
+        elif wavelength > 64 / 1:
+            kinds.add("slow")
+            assert g == pytest.approx(w / 8)
+        else:
+            kinds.add("blended")
+            s = (64 / wavelength - 1) / (4 - 1)
+            assert g == pytest.approx((1 - s) * w / 8 + s * w) and w / 8 < g < w
+    assert kinds == {"fast", "slow", "blended"}
+    shape = dict(n_layers=1, hidden=64, n_heads=4, vocab_size=64, seq_len=8)
+    with pytest.raises(ConfigError, match="rope_scaling 'yarn' is not built"):
+        ModelConfig(**shape, rope_scaling="yarn")
+    with pytest.raises(ConfigError, match="rope_high_freq_factor 1.0 must exceed"):
+        ModelConfig(**shape, rope_scaling="llama3", rope_high_freq_factor=1.0)

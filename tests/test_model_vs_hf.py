@@ -11,8 +11,6 @@ Hugging Face checkpoint: trained under a layout it gives the HF model's own loss
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -26,7 +24,7 @@ from tests.test_hf_models import model_dir
 pytest.importorskip("transformers")
 
 SEQ = 32
-FAMILIES = ["llama", "qwen3", "mistral", "gpt2"]
+FAMILIES = ["llama", "qwen3", "mistral", "gpt2", "llama31"]
 
 
 def _hf_and_gpt(family: str, dtype=torch.float64):
@@ -62,13 +60,19 @@ def test_paracubes_gpt_computes_the_hf_models_function(family):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("change", ["hf-rotary-order", "rotary-base"])
-def test_a_wrong_rotary_layout_or_base_is_seen(change):
-    """The check above can fail: Qwen3's q and k rows left in HF's rotary order, or the GPT
-    built with a rotary base 3× the config's, give other logits."""
-    hf, _, cfg, weights = _hf_and_gpt("qwen3")
+@pytest.mark.parametrize(
+    ("family", "change"),
+    [("qwen3", "hf-rotary-order"), ("qwen3", "rotary-base"), ("llama31", "no-stretch")],
+)
+def test_a_wrong_rotary_layout_base_or_stretch_is_seen(family, change):
+    """The check above can fail: Qwen3's q and k rows left in HF's rotary order, the GPT
+    built with a rotary base 3× the config's, or Llama 3.1's without its stretched
+    frequencies, give other logits."""
+    hf, _, cfg, weights = _hf_and_gpt(family)
     if change == "rotary-base":
         cfg = dataclasses.replace(cfg, rope_theta=3 * cfg.rope_theta)
+    elif change == "no-stretch":
+        cfg = dataclasses.replace(cfg, rope_scaling="none")
     else:
         for i in range(cfg.n_layers):
             attn = hf.model.layers[i].self_attn
@@ -111,13 +115,15 @@ def _losses(cfg):
 
 
 @pytest.mark.parametrize(
-    ("family", "layout"), [("llama", dict(tp=2, sequence_parallel=True)), ("gpt2", dict(dp=2))]
+    ("family", "layout"),
+    [("llama31", dict(tp=2, sequence_parallel=True)), ("gpt2", dict(dp=2))],
 )
-def test_an_imported_model_trains_as_the_hf_model(pools, tmp_path, family, layout):
-    """``paracube import`` (the command line for the Llama, the library call for GPT-2) then
-    ``--init-from``: paracube's GPT from the HF checkpoint, under a layout, gives step for
-    step the losses of the HF module itself trained from the same checkpoint
-    (``--model hf:DIR``) under that layout."""
+def test_an_imported_model_trains_as_the_hf_model(pools, tmp_path, capsys, family, layout):
+    """``paracube import`` (the command line for the Llama 3.1, the library call for GPT-2)
+    then ``--init-from``: paracube's GPT from the HF checkpoint, under a layout, gives step
+    for step the losses of the HF module itself trained from the same checkpoint
+    (``--model hf:DIR``) under that layout — the engine's rotary tables (built on the meta
+    device, then materialized) at the model's base and stretch."""
     from paracube.config import ParallelConfig, TrainConfig
     from paracube.models.hf_import import import_hf
     from paracube.models.sources import hf_model_config
@@ -125,13 +131,11 @@ def test_an_imported_model_trains_as_the_hf_model(pools, tmp_path, family, layou
 
     directory = _saved_hf(family, tmp_path / family)
     out = tmp_path / f"{family}.safetensors"
-    if family == "llama":
-        done = subprocess.run(
-            [sys.executable, "-m", "paracube", "import", f"hf:{directory}", "--out", str(out)],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-2000:]
-        assert f"paracube train --init-from {out}" in done.stdout
+    if family == "llama31":
+        from paracube.cli import main
+
+        assert main(["import", f"hf:{directory}", "--out", str(out)]) == 0
+        assert f"paracube train --init-from {out}" in capsys.readouterr().out
     else:
         import_hf(directory, str(out))
     par = ParallelConfig(bucket_mb=0.05, **layout)

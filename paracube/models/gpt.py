@@ -37,13 +37,42 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps, bias=cfg.bias)
 
 
-def rotary_tables(
-    seq_len: int, head_dim: int, base: float = 10000.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables of RoFormer (Su et al. 2021), each (T, d/2)."""
-    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+def rotary_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's cos/sin tables of RoFormer (Su et al. 2021), each (T, d/2): pair i of a
+    head turns by t·ω_i at position t, ω_i = θ^(−2i/d) at the model's base θ, stretched as
+    its ``rope_scaling`` says (:func:`rotary_frequencies`). The one owner of the tables: the
+    GPT builds them, and so does the materializer for a model built on the meta device."""
+    omega = rotary_frequencies(cfg)  # (d/2,)
+    angles = torch.outer(torch.arange(cfg.seq_len, dtype=torch.float32), omega)
     return angles.cos(), angles.sin()
+
+
+def rotary_frequencies(cfg: ModelConfig) -> torch.Tensor:
+    """ω_i = θ^(−2i/d), i < d/2, in float32 (as Meta's and Hugging Face's Llama compute
+    them), then stretched for a long context:
+
+    - ``linear`` (position interpolation, Chen et al. 2023): every ω_i ÷ factor;
+    - ``llama3`` (Llama 3.1, Dubey et al. 2024 §3.1.2's long-context stage; its reference
+      code's ``apply_scaling``): by wavelength λ_i = 2π/ω_i against the original context
+      C — λ_i > C/low (slow pairs) ÷ factor, λ_i < C/high (fast pairs) kept, and between
+      them the blend (1 − s)·ω_i/factor + s·ω_i with s = (C/λ_i − low) / (high − low).
+    """
+    d = cfg.head_dim
+    omega = 1.0 / cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+    if cfg.rope_scaling == "linear":
+        return omega / cfg.rope_factor
+    if cfg.rope_scaling == "llama3":
+        context, low, high = (
+            cfg.rope_original_context,
+            cfg.rope_low_freq_factor,
+            cfg.rope_high_freq_factor,
+        )
+        wavelength = 2 * math.pi / omega
+        blend = (context / wavelength - low) / (high - low)  # 0 at C/low, 1 at C/high
+        stretched = (1 - blend) * omega / cfg.rope_factor + blend * omega
+        slow, fast = wavelength > context / low, wavelength < context / high
+        return torch.where(slow, omega / cfg.rope_factor, torch.where(fast, omega, stretched))
+    return omega
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -86,7 +115,7 @@ class CausalSelfAttention(nn.Module):
         self.recompute_core = False  # selective activation recomputation (set by apply_recompute)
         self.rotary = cfg.position == "rope"
         if self.rotary:
-            cos, sin = rotary_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
+            cos, sin = rotary_tables(cfg)
             self.register_buffer("cos", cos, persistent=False)
             self.register_buffer("sin", sin, persistent=False)
 

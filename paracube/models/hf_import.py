@@ -30,6 +30,7 @@ import os
 
 import torch
 
+from paracube.choices import ROPE_SCALINGS
 from paracube.config import ModelConfig
 from paracube.errors import ConfigError
 from paracube.models.sources import (
@@ -38,6 +39,7 @@ from paracube.models.sources import (
     hf_context,
     hf_model_config,
     read_hf_config,
+    rope_stretch,
 )
 
 # families paracube's GPT cannot be, and what to do instead
@@ -55,6 +57,13 @@ def imported_config(data: dict) -> ModelConfig:
     if kind in NOT_IMPORTED:
         raise ConfigError(
             f"paracube import: {kind} cannot be paracube's GPT: {NOT_IMPORTED[kind]}; train it "
+            "as --model hf:DIR"
+        )
+    stretch = rope_stretch(data)[0]
+    if stretch not in ("default", *ROPE_SCALINGS):
+        raise ConfigError(
+            f"paracube import: its rotary positions are stretched by {stretch!r}, which "
+            f"paracube's GPT does not build ({', '.join(ROPE_SCALINGS[1:])} it does); train it "
             "as --model hf:DIR"
         )
     return hf_model_config(data, hf_context(data))

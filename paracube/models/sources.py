@@ -142,6 +142,26 @@ def _rope_theta(get) -> float:
     return parameters.get("rope_theta") or get("rope_theta") or 10000.0
 
 
+def rope_stretch(data: dict) -> tuple[str, dict]:
+    """How a config stretches its rotary frequencies: the kind ("default" for none) and, for
+    the kinds paracube's GPT builds (paracube.choices.ROPE_SCALINGS), the ModelConfig
+    fields. transformers 5 writes it in ``rope_parameters`` (``rope_type``), earlier
+    releases in ``rope_scaling`` (``rope_type`` or ``type``)."""
+    stated = data.get("rope_parameters") or data.get("rope_scaling") or {}
+    kind = stated.get("rope_type") or stated.get("type") or "default"
+    if kind == "linear":
+        return kind, dict(rope_scaling="linear", rope_factor=float(stated["factor"]))
+    if kind == "llama3":
+        return kind, dict(
+            rope_scaling="llama3",
+            rope_factor=float(stated["factor"]),
+            rope_low_freq_factor=float(stated["low_freq_factor"]),
+            rope_high_freq_factor=float(stated["high_freq_factor"]),
+            rope_original_context=int(stated["original_max_position_embeddings"]),
+        )
+    return kind, {}
+
+
 def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = None) -> ModelConfig:
     """The shape of a Hugging Face config as paracube's :class:`ModelConfig`.
 
@@ -174,7 +194,7 @@ def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = No
             bias=bool(get("attention_bias", kind == "qwen2")),
             norm_eps=get("rms_norm_eps", 1e-6), init_std=get("initializer_range", 0.02),
             head_size=None if head_dim * heads == hidden else head_dim, qk_norm=kind == "qwen3",
-            rope_theta=float(_rope_theta(get)),
+            rope_theta=float(_rope_theta(get)), **rope_stretch(data)[1],
         )  # fmt: skip
         if kind == "mixtral":
             shape.update(
