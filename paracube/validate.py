@@ -16,7 +16,7 @@ from paracube.config import ModelConfig, ParallelConfig, TrainConfig
 from paracube.data.source import BYTE_VOCABULARY, check_source
 from paracube.data.tokenized import check_tokenized, is_tokenized
 from paracube.errors import ConfigError
-from paracube.models.sources import WEIGHTS_FILE, source_of
+from paracube.models.sources import hf_weight_files, source_of
 from paracube.options import RunOptions
 from paracube.pipeline.schedules import check_schedule
 
@@ -69,7 +69,7 @@ def check_model_source(cfg: TrainConfig, weights: bool) -> None:
         )
     source = source_of(cfg.model_source)  # type: ignore[arg-type]
     if source.kind == "hf" and weights:
-        if os.path.isfile(os.path.join(source.where, WEIGHTS_FILE)):
+        if hf_weight_files(source.where):
             from paracube.models.hf import check_weights
 
             check_weights(source.where)

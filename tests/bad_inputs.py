@@ -149,6 +149,8 @@ CASES: list[tuple[str, list[str], str]] = [
      "model_type 'bert' is not a supported architecture: supported are llama, mistral, qwen2, qwen3, gpt2"),
     ("data", ["train", "--model", "hf:{tmp}/hf-bad-weights", "--seq-len", "32"],
      "tensor 'model.layers.1.mlp.up_proj.weight' has shape (8, 64) but the config gives (176, 64)"),
+    ("data", ["train", "--model", "hf:{tmp}/hf-lost-shard", "--seq-len", "32"],
+     "names model-00002-of-00002.safetensors, which is not in {tmp}/hf-lost-shard: copy every shard (2 files)"),
     ("data", ["train", "--model", "hf:{tmp}/hf-llama", "--tp", "4"],
      "key/value heads (n_kv_heads=2) is not divisible by --tp 4"),
     ("data", ["train", "--model", "hf:{tmp}/hf-llama", "--seq-len", "512"],
@@ -230,9 +232,11 @@ CASES: list[tuple[str, list[str], str]] = [
     ("checkpoints", ["import", "hf:{tmp}/hf-llama", "--out", "{tmp}/w.safetensors"],
      "--out {tmp}/w.safetensors exists: choose another path, or remove it first"),
     ("checkpoints", ["import", "hf:{tmp}/hf-llama", "--out", "{tmp}/i.safetensors"],
-     "paracube import: no model.safetensors in {tmp}/hf-llama"),
+     "paracube import: no model.safetensors (or model.safetensors.index.json and its shards) in {tmp}/hf-llama"),
     ("checkpoints", ["import", "hf:{tmp}/hf-bad-weights", "--out", "{tmp}/i.safetensors"],
      "tensor 'model.layers.1.mlp.up_proj.weight' has shape (8, 64) but the config gives (176, 64)"),
+    ("checkpoints", ["import", "hf:{tmp}/hf-lost-shard", "--out", "{tmp}/i.safetensors"],
+     "model.safetensors.index.json names model-00002-of-00002.safetensors, which is not in"),
     ("checkpoints", ["import", "hf:{tmp}/hf-yarn", "--out", "{tmp}/i.safetensors"],
      "its rotary positions are stretched by 'yarn', which paracube's GPT does not build"),
     ("checkpoints", ["import", "hf:{tmp}/hf-qwen2", "--out", "{tmp}/i.safetensors"],
@@ -696,6 +700,14 @@ def _hf_models(tmp: Path) -> None:
     for name in ("hf-llama", "hf-bad-weights"):
         (tmp / name).mkdir()
         shutil.copy(llama, tmp / name / "config.json")
+    (tmp / "hf-lost-shard").mkdir()  # an index whose second shard was not copied
+    shutil.copy(llama, tmp / "hf-lost-shard" / "config.json")
+    shards = {"model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+              "lm_head.weight": "model-00002-of-00002.safetensors"}  # fmt: skip
+    (tmp / "hf-lost-shard" / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": shards})
+    )
+    (tmp / "hf-lost-shard" / "model-00001-of-00002.safetensors").write_bytes(b"")
     (tmp / "hf-yarn").mkdir()
     (tmp / "hf-yarn" / "config.json").write_text(
         '{"model_type": "llama", "rope_parameters": {"rope_type": "yarn", "factor": 4.0}}'

@@ -171,3 +171,34 @@ def test_init_from_without_a_model_trains_the_files_model(tmp_path):
     assert cfg.model == imported_config(read_hf_config(directory)).replace(seq_len=32)
     assert cfg.model_source is None and cfg.model.qk_norm
     assert config_from_args(build_parser().parse_args(["train"])).model.name == "tiny"
+
+
+def test_a_sharded_checkpoint_loads_and_imports_as_its_one_file(tmp_path):
+    """The same weights saved whole (model.safetensors) and in shards (an index and
+    model-0000i-of-0000n.safetensors, as every published multi-billion model is): the
+    HF model paracube builds from each holds the same tensors, and each imports to the
+    same file."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from paracube.models.hf import build_hf, hf_config_object
+    from paracube.models.hf_import import import_hf
+    from paracube.models.sources import WEIGHTS_INDEX, hf_model_config, hf_weight_files
+
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(hf_config_object(model_dir("llama")))
+    whole, sharded = str(tmp_path / "whole"), str(tmp_path / "sharded")
+    hf.save_pretrained(whole)
+    hf.save_pretrained(sharded, max_shard_size="200KB")
+    assert (tmp_path / "sharded" / WEIGHTS_INDEX).is_file() and len(hf_weight_files(sharded)) > 2
+    shape = hf_model_config(read_hf_config(whole), SEQ)
+    built = [dict(build_hf(d, shape).module.named_parameters()) for d in (whole, sharded)]
+    assert built[0].keys() == built[1].keys()
+    for name, p in built[0].items():
+        assert torch.equal(p, built[1][name]), name
+    for name, p in hf.named_parameters():  # the saved values, not the seed's fresh ones
+        assert torch.equal(built[1][name], p), name
+    for d in (whole, sharded):
+        import_hf(d, d + ".safetensors")
+    a, b = load_file(whole + ".safetensors"), load_file(sharded + ".safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -9,7 +9,7 @@ def add_parser(sub) -> None:
         "import",
         help="write a Hugging Face checkpoint (Llama, Mistral, Qwen3, GPT-2) as paracube GPT "
         "weights, for train --init-from",
-        description="Convert a local Hugging Face model (config.json, model.safetensors) into "
+        description="Convert a local Hugging Face model (config.json; model.safetensors or its shards) into "
         "one safetensors file of paracube's GPT: train it with paracube train --init-from FILE "
         "under any layout (the model's shape comes from the file).",
     )

@@ -202,7 +202,7 @@ def add_arguments(p) -> None:
         "--model",
         default=None,
         help=f"a preset (default {DEFAULT_MODEL}; see paracube.models.PRESETS), hf:DIR (a local "
-        "Hugging Face config.json, optional model.safetensors), or a factory "
+        "Hugging Face config.json, optional model.safetensors or shards), or a factory "
         "package.module:function returning a paracube.models.ModelSpec; with --init-from and "
         "no --model, the model the file's weights are of",
     )

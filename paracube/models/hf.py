@@ -36,7 +36,7 @@ from torch.utils.checkpoint import checkpoint
 from paracube.config import ModelConfig
 from paracube.errors import ConfigError
 from paracube.models.gpt import Head, check_tokens
-from paracube.models.sources import HF_DROPOUTS, HF_FAMILIES, WEIGHTS_FILE, read_hf_config
+from paracube.models.sources import HF_DROPOUTS, HF_FAMILIES, hf_weight_files, read_hf_config
 from paracube.models.spec import Borrowed, ModelSpec, tied_groups
 from paracube.tensor_parallel.plan import (
     Colwise,
@@ -250,9 +250,9 @@ def build_hf(directory: str, shape: ModelConfig) -> ModelSpec:
 
     config = hf_config_object(directory)
     hf = AutoModelForCausalLM.from_config(config, dtype=torch.get_default_dtype())
-    weights = os.path.join(directory, WEIGHTS_FILE)
-    if os.path.isfile(weights) and not next(hf.parameters()).is_meta:
-        load_weights(hf, weights)
+    files = hf_weight_files(directory)
+    if files and not next(hf.parameters()).is_meta:
+        load_weights(hf, files)
     hf.train()
     v, t = shape.vocab_size, shape.seq_len
     if HF_FAMILIES[config.model_type] == "gpt2":
@@ -286,20 +286,31 @@ def build_hf(directory: str, shape: ModelConfig) -> ModelSpec:
 
 
 def check_weights(directory: str) -> None:
-    """Before any rank starts: ``model.safetensors`` fits the config — shapes from a meta
-    build and the file's header, no tensor read."""
-    from safetensors import SafetensorError, safe_open
+    """Before any rank starts: the weights (model.safetensors, or every shard its index
+    names) fit the config — shapes from a meta build and the files' headers, no tensor
+    read."""
     from transformers import AutoModelForCausalLM
 
-    path = os.path.join(directory, WEIGHTS_FILE)
+    files = hf_weight_files(directory)
     with torch.device("meta"):
         hf = AutoModelForCausalLM.from_config(hf_config_object(directory))
+    shapes = {name: shape for path in files for name, shape in _header_shapes(path).items()}
+    _check_fits(hf, shapes, _weights_label(files))  # HF's layout (GPT-2's Conv1D unconverted)
+
+
+def _weights_label(files: list[str]) -> str:
+    """How an error names the weights: the one file, or the folder of the shards."""
+    return files[0] if len(files) == 1 else f"{os.path.dirname(files[0])} (its {len(files)} shards)"
+
+
+def _header_shapes(path: str) -> dict[str, tuple[int, ...]]:
+    from safetensors import SafetensorError, safe_open
+
     try:
         with safe_open(path, framework="pt") as f:
-            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     except (OSError, SafetensorError) as e:
         raise ConfigError(f"{path}: not a safetensors file ({e})") from None
-    _check_fits(hf, shapes, path)  # HF's own layout (GPT-2's Conv1D not converted yet)
 
 
 def _check_fits(hf: nn.Module, shapes: dict[str, tuple[int, ...]], path: str) -> None:
@@ -323,12 +334,15 @@ def _check_fits(hf: nn.Module, shapes: dict[str, tuple[int, ...]], path: str) ->
 
 
 @torch.no_grad()
-def load_weights(hf: nn.Module, path: str) -> None:
-    """``model.safetensors`` into the HF model as built (before any conversion)."""
+def load_weights(hf: nn.Module, files: list[str]) -> None:
+    """The weights' files into the HF model as built (before any conversion), one shard
+    in memory at a time; checked whole first, from their headers."""
     from safetensors.torch import load_file
 
-    state = load_file(path)
-    _check_fits(hf, {k: tuple(t.shape) for k, t in state.items()}, path)
-    for name, p in hf.named_parameters():
-        if name in state:
-            p.copy_(state[name])
+    shapes = {name: shape for path in files for name, shape in _header_shapes(path).items()}
+    _check_fits(hf, shapes, _weights_label(files))
+    params = dict(hf.named_parameters())
+    for path in files:
+        for name, tensor in load_file(path).items():
+            if name in params:
+                params[name].copy_(tensor)

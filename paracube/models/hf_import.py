@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 
 import torch
 
@@ -36,8 +35,10 @@ from paracube.errors import ConfigError
 from paracube.models.sources import (
     HF_FAMILIES,
     WEIGHTS_FILE,
+    WEIGHTS_INDEX,
     hf_context,
     hf_model_config,
+    hf_weight_files,
     read_hf_config,
     rope_stretch,
 )
@@ -148,7 +149,7 @@ def _gpt2_weights(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
 
 
 def import_hf(directory: str, out: str) -> ModelConfig:
-    """Write ``directory``'s ``model.safetensors`` as paracube's GPT weights to ``out``
+    """Write ``directory``'s weights (model.safetensors or its shards) as paracube's GPT weights to ``out``
     (every parameter of the GPT the config describes, each at its shape, in fp32)."""
     from safetensors.torch import load_file, save_file
 
@@ -158,14 +159,15 @@ def import_hf(directory: str, out: str) -> ModelConfig:
 
     data = read_hf_config(directory)
     cfg = imported_config(data)
-    path = os.path.join(directory, WEIGHTS_FILE)
-    if not os.path.isfile(path):
+    files = hf_weight_files(directory)
+    if not files:
         raise ConfigError(
-            f"paracube import: no {WEIGHTS_FILE} in {directory}: the weights to import "
-            "(a single-file safetensors checkpoint, as save_pretrained writes a small model)"
+            f"paracube import: no {WEIGHTS_FILE} (or {WEIGHTS_INDEX} and its shards) in "
+            f"{directory}: the weights to import"
         )
     check_weights(directory)  # every tensor the config's HF model has, at its shape
-    weights = gpt_weights(load_file(path), cfg, data["model_type"])
+    state = {name: t for path in files for name, t in load_file(path).items()}
+    weights = gpt_weights(state, cfg, data["model_type"])
     want = parameter_shapes(cfg)
     tied = {"head.weight"} if cfg.tie_embeddings else set()
     for name, shape in want.items():
@@ -173,7 +175,7 @@ def import_hf(directory: str, out: str) -> ModelConfig:
             continue
         if tuple(weights[name].shape) != tuple(shape):
             raise ConfigError(
-                f"paracube import: {name} would be {tuple(weights[name].shape)} from {path}, "
+                f"paracube import: {name} would be {tuple(weights[name].shape)} from {directory}, "
                 f"but the config's model has {tuple(shape)}: the weights are not this config's"
             )
     tensors = {name: t.to(torch.float32).contiguous() for name, t in weights.items()}

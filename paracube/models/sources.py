@@ -35,6 +35,33 @@ HF_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": 
 # from num_local_experts and num_experts_per_tok), not trained — paracube builds dense models
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 WEIGHTS_FILE = "model.safetensors"
+# a checkpoint saved in shards (save_pretrained above its max_shard_size, every published
+# model of a few billion parameters): model-0000i-of-0000n.safetensors, and this index —
+# {"weight_map": {tensor name: shard file}}
+WEIGHTS_INDEX = "model.safetensors.index.json"
+
+
+def hf_weight_files(directory: str) -> list[str]:
+    """The safetensors files of a Hugging Face model's weights: the shards its index names,
+    or its one model.safetensors; none for a config alone (random weights from the seed).
+    A shard the index names but the folder lacks is refused."""
+    index = os.path.join(directory, WEIGHTS_INDEX)
+    if os.path.isfile(index):
+        try:
+            with open(index) as f:
+                weight_map = json.load(f)["weight_map"]
+            shards = sorted(set(weight_map.values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ConfigError(f"{index}: not a safetensors index ({e})") from None
+        missing = [s for s in shards if not os.path.isfile(os.path.join(directory, s))]
+        if missing:
+            raise ConfigError(
+                f"{index} names {missing[0]}, which is not in {directory}: copy every shard "
+                f"({len(shards)} files)"
+            )
+        return [os.path.join(directory, s) for s in shards]
+    single = os.path.join(directory, WEIGHTS_FILE)
+    return [single] if os.path.isfile(single) else []
 
 
 @dataclass(frozen=True)
