@@ -221,7 +221,10 @@ CASES: list[tuple[str, list[str], str]] = [
      "export {tmp}/nothing: no such folder"),
     ("checkpoints", ["export", "{tmp}/emptydir", "--out", "{tmp}/w2.safetensors"], "no checkpoint: no paracube.json"),
     ("checkpoints", ["export", "{tmp}/nano-step-5", "--out", "{tmp}/w.bin"],
-     "was not saved from one (--model hf:DIR): give a .safetensors file"),
+     "{tmp}/nano-step-5: its paracube.json names no model: not a checkpoint"),
+    ("checkpoints", ["export", "{tmp}/odd-shape", "--out", "{tmp}/hf-out"],
+     "--out {tmp}/hf-out is a folder, for a Hugging Face model: paracube's GPT with layernorm, "
+     "swiglu, rope positions, biases and 2 of 2 key heads is no Hugging Face architecture"),
     ("checkpoints", ["export", "{tmp}/nano-step-5", "--out", "{tmp}/emptydir"], "exists: give a new folder"),
     ("checkpoints", ["export", "{tmp}/nano-step-5", "--out", "{tmp}/w.safetensors"],
      "--out {tmp}/w.safetensors exists: choose another path, or remove it first"),
@@ -678,6 +681,9 @@ def prepare(tmp: Path) -> None:
 
     shapes = {n: tuple(p.shape) for n, p in GPT(preset("nano")).named_parameters()}
     _checkpoint(tmp / "nano-step-5", shapes, step=5)
+    odd = dict(n_layers=1, hidden=8, n_heads=2, vocab_size=16, seq_len=8, norm="layernorm",
+               activation="swiglu", position="rope")  # fmt: skip
+    _checkpoint(tmp / "odd-shape", {"embed.tok.weight": (16, 8)}, step=1, model=odd)
     (tmp / "w.safetensors").write_bytes(b"")
     _hf_models(tmp)
     step = {"step": 0, "step_time": 0.1, "tokens_per_s": 1000.0}
@@ -736,8 +742,9 @@ def _tokens(path: Path, train: int, val: int) -> None:
     (path / "val.bin").write_bytes(b"\1\0" * val)
 
 
-def _checkpoint(path: Path, shapes: dict, step: int) -> None:
-    """A DCP checkpoint of zero tensors of ``shapes`` at ``step`` (no process group needed)."""
+def _checkpoint(path: Path, shapes: dict, step: int, model: dict | None = None) -> None:
+    """A DCP checkpoint of zero tensors of ``shapes`` at ``step`` (no process group needed),
+    naming ``model`` (ModelConfig's fields) where given."""
     import warnings
 
     import torch
@@ -747,7 +754,9 @@ def _checkpoint(path: Path, shapes: dict, step: int) -> None:
     with warnings.catch_warnings():  # "assuming the intent is to save in a single process": yes
         warnings.simplefilter("ignore")
         dcp.save(state, checkpoint_id=str(path), no_dist=True)
-    (path / "paracube.json").write_text(json.dumps({"step": step}))
+    (path / "paracube.json").write_text(
+        json.dumps({"step": step, **({"model": model} if model else {})})
+    )
 
 
 def argv_for(argv: list[str], tmp: Path) -> list[str]:

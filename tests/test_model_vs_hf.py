@@ -4,7 +4,7 @@ the per-head q and k norms before the rotary positions, grouped-query attention,
 decoupled head size, SwiGLU's gate and up, GPT-2's learned positions, biases and Conv1D
 layout, the norms' epsilon and a tied embedding are the family's, not look-alikes. So a
 preset written from a model card (``llama3-8b``, ``qwen3-8b``) trains that model's function,
-and ``paracube import`` (:mod:`paracube.models.hf_import`) starts paracube's GPT from a
+and ``paracube import`` (:mod:`paracube.models.hf_convert`) starts paracube's GPT from a
 Hugging Face checkpoint: trained under a layout it gives the HF model's own losses.
 """
 
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from paracube.models.gpt import GPT
-from paracube.models.hf_import import gpt_weights, imported_config
+from paracube.models.hf_convert import gpt_weights, imported_config
 from paracube.models.sources import read_hf_config
 from tests.helpers import assert_losses_close
 from tests.test_hf_models import model_dir
@@ -125,7 +125,7 @@ def test_an_imported_model_trains_as_the_hf_model(pools, tmp_path, capsys, famil
     (``--model hf:DIR``) under that layout — the engine's rotary tables (built on the meta
     device, then materialized) at the model's base and stretch."""
     from paracube.config import ParallelConfig, TrainConfig
-    from paracube.models.hf_import import import_hf
+    from paracube.models.hf_convert import import_hf
     from paracube.models.sources import hf_model_config
     from paracube.options import CheckpointConfig
 
@@ -160,7 +160,7 @@ def test_init_from_without_a_model_trains_the_files_model(tmp_path):
     file's weights are of (its header), at ``--seq-len``; paracube's own GPT, not the HF
     module; without either flag the default preset."""
     from paracube.cli import build_parser, config_from_args
-    from paracube.models.hf_import import import_hf
+    from paracube.models.hf_convert import import_hf
 
     directory = _saved_hf("qwen3", tmp_path / "qwen3")
     out = str(tmp_path / "qwen3.safetensors")
@@ -182,7 +182,7 @@ def test_a_sharded_checkpoint_loads_and_imports_as_its_one_file(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from paracube.models.hf import build_hf, hf_config_object
-    from paracube.models.hf_import import import_hf
+    from paracube.models.hf_convert import import_hf
     from paracube.models.sources import WEIGHTS_INDEX, hf_model_config, hf_weight_files
 
     torch.manual_seed(0)
@@ -202,3 +202,77 @@ def test_a_sharded_checkpoint_loads_and_imports_as_its_one_file(tmp_path):
         import_hf(d, d + ".safetensors")
     a, b = load_file(whole + ".safetensors"), load_file(sharded + ".safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# paracube GPTs of each shape a Hugging Face architecture holds
+LLAMA_SHAPE = dict(norm="rmsnorm", activation="swiglu", position="rope", bias=False,
+                   n_kv_heads=2, ffn_hidden=96)  # fmt: skip
+EXPORTED = {
+    "gpt2": dict(),  # nano itself: LayerNorm, GELU, learned positions, biases
+    "gpt2-tied": dict(tie_embeddings=True),
+    "llama": dict(LLAMA_SHAPE, rope_theta=500000.0),
+    "llama31-biased": dict(
+        LLAMA_SHAPE,
+        bias=True,
+        rope_theta=500000.0,
+        rope_scaling="llama3",
+        rope_factor=8.0,
+        rope_original_context=64,
+    ),  # fmt: skip
+    "qwen3-tied": dict(LLAMA_SHAPE, qk_norm=True, head_size=32, tie_embeddings=True),
+}
+
+
+@pytest.mark.parametrize("shape", list(EXPORTED))
+def test_paracubes_gpt_exports_as_the_hf_model(shape):
+    """paracube's GPT as the Hugging Face model of its shape (``paracube export CKPT --out
+    FOLDER``): transformers' model built from the exported config, holding the exported
+    weights, computes the GPT's logits to 1e-6; and importing them back gives the GPT's
+    weights exactly."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from paracube.models.hf_convert import hf_config_of, hf_weights
+    from paracube.models.presets import preset
+
+    cfg = preset("nano", seq_len=SEQ, **EXPORTED[shape])
+    torch.manual_seed(0)
+    gpt = GPT(cfg).to(torch.float64)
+    ours = {n: p.detach() for n, p in gpt.named_parameters()}
+    data = hf_config_of(cfg)
+    hf_cfg = AutoConfig.for_model(**data)
+    hf = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float64)
+    state = hf_weights(ours, cfg)
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    # a tied head is the embedding's own tensor: none of its own in the state
+    assert not unexpected and set(missing) == ({"lm_head.weight"} if cfg.tie_embeddings else set())
+    tokens = torch.randint(0, cfg.vocab_size, (2, SEQ))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(input_ids=tokens).logits, gpt(tokens), rtol=1e-5, atol=1e-6)
+    back = gpt_weights(state, cfg, data["model_type"])
+    assert back.keys() == ours.keys() and all(torch.equal(back[n], ours[n]) for n in ours)
+
+
+def test_a_trained_gpt_exports_to_a_folder_transformers_loads(tmp_path):
+    """``paracube train --save-dir`` then ``paracube export CKPT --out FOLDER``:
+    ``from_pretrained`` loads the folder and computes the logits of the GPT that the
+    ``.safetensors`` export of the same checkpoint loads into."""
+    from transformers import AutoModelForCausalLM
+
+    from paracube.checkpoint.export import load_into, read_exported
+    from paracube.cli import main
+    from tests.test_cli import run_cli
+
+    ckpt = tmp_path / "ckpt"
+    done = run_cli(
+        "train", "--model", "nano", "--steps", "2", "--save-dir", str(ckpt), "--no-progress"
+    )
+    assert done.returncode == 0, done.stderr
+    assert main(["export", str(ckpt), "--out", str(tmp_path / "w.safetensors")]) == 0
+    assert main(["export", str(ckpt), "--out", str(tmp_path / "hf")]) == 0
+    cfg, tensors = read_exported(str(tmp_path / "w.safetensors"))
+    gpt = GPT(cfg)
+    load_into(gpt, tensors)
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
+    tokens = torch.randint(0, cfg.vocab_size, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(input_ids=tokens).logits, gpt(tokens), rtol=1e-4, atol=1e-5)

@@ -36,22 +36,34 @@ def export(checkpoint: Path, out: str) -> tuple[ModelConfig, int]:
 
 
 def export_hf(checkpoint: Path, out: str) -> tuple[ModelConfig, int]:
-    """Write a Hugging Face model's checkpoint as a folder ``from_pretrained`` loads:
-    its config.json and model.safetensors, in HF's layout (GPT-2's Conv1D weights (in,
-    out) again; a tied head once, as the embedding)."""
+    """Write a checkpoint as a folder ``from_pretrained`` loads: its config.json and
+    model.safetensors, in HF's layout. A Hugging Face model's: its own config, GPT-2's
+    Conv1D weights (in, out) again, a tied head once, as the embedding. paracube's GPT's:
+    the Hugging Face architecture of its shape, Llama, Qwen3 or GPT-2
+    (:func:`paracube.models.hf_convert.hf_family`; refused in one line for another shape),
+    its weights unfused and in HF's rotary order."""
     from safetensors.torch import save_file
-
-    from paracube.models.hf import conv1d_weight_names
 
     data = read_meta(checkpoint).get("hf_config")
     if data is None:
-        raise ConfigError(
-            f"--out {out} is a folder, for a Hugging Face model's checkpoint, but {checkpoint} "
-            "was not saved from one (--model hf:DIR): give a .safetensors file"
-        )
-    meta, tensors = consolidated(checkpoint)
-    transposed = conv1d_weight_names(data)
-    tensors = {k: (t.t() if k in transposed else t).contiguous() for k, t in tensors.items()}
+        from paracube.models.hf_convert import hf_config_of, hf_family, hf_weights
+
+        fields = read_meta(checkpoint).get("model")
+        if fields is None:
+            raise ConfigError(f"{checkpoint}: its paracube.json names no model: not a checkpoint")
+        model = ModelConfig(**fields)
+        try:
+            hf_family(model)
+        except ConfigError as e:
+            raise ConfigError(f"--out {out} is a folder, for a Hugging Face model: {e}") from None
+        meta, tensors = consolidated(checkpoint)
+        data, tensors = hf_config_of(model), hf_weights(tensors, model)
+    else:
+        from paracube.models.hf import conv1d_weight_names
+
+        meta, tensors = consolidated(checkpoint)
+        transposed = conv1d_weight_names(data)
+        tensors = {k: (t.t() if k in transposed else t).contiguous() for k, t in tensors.items()}
     Path(out).mkdir(parents=True)
     with open(Path(out) / "config.json", "w") as f:
         json.dump(data, f, indent=2, sort_keys=True)

@@ -1,5 +1,5 @@
 """``paracube import``: a Hugging Face checkpoint as paracube's GPT weights, for
-``paracube train --init-from`` (:mod:`paracube.models.hf_import`)."""
+``paracube train --init-from`` (:mod:`paracube.models.hf_convert`)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def cmd_import(args) -> int:
     if not args.out.endswith(".safetensors"):
         raise ConfigError(f"--out {args.out}: give a .safetensors file name")
     check_output(args.out, "--out", "new", exists_hint="remove it first")
-    from paracube.models.hf_import import import_hf
+    from paracube.models.hf_convert import import_hf
 
     cfg = import_hf(source.where, args.out)
     print(
