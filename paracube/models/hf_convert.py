@@ -99,6 +99,12 @@ def _per_head(rows: torch.Tensor, head_dim: int) -> torch.Tensor:
     )
 
 
+# a GPT-2 block's modules → paracube's: its Conv1D linears and its LayerNorms
+GPT2_LINEARS = {"attn.c_attn": "attn.qkv_proj", "attn.c_proj": "attn.o_proj",
+                "mlp.c_fc": "mlp.up_proj", "mlp.c_proj": "mlp.down_proj"}  # fmt: skip
+GPT2_NORMS = {"ln_1": "attn_norm", "ln_2": "mlp_norm"}
+
+
 def gpt_weights(
     state: dict[str, torch.Tensor], cfg: ModelConfig, kind: str
 ) -> dict[str, torch.Tensor]:
@@ -151,23 +157,20 @@ def _gpt2_weights(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
     }
     if not cfg.tie_embeddings:
         out["head.weight"] = state["lm_head.weight"]
-    linears = {"attn.c_attn": "attn.qkv_proj", "attn.c_proj": "attn.o_proj",
-               "mlp.c_fc": "mlp.up_proj", "mlp.c_proj": "mlp.down_proj"}  # fmt: skip
-    norms = {"ln_1": "attn_norm", "ln_2": "mlp_norm"}
     for i in range(cfg.n_layers):
         hf, me = f"h.{i}.", f"blocks.{i}."
-        for theirs, ours in linears.items():
+        for theirs, ours in GPT2_LINEARS.items():
             out[me + ours + ".weight"] = get(hf + theirs + ".weight").t().contiguous()  # (in, out)ᵀ
             out[me + ours + ".bias"] = get(hf + theirs + ".bias")
-        for theirs, ours in norms.items():
+        for theirs, ours in GPT2_NORMS.items():
             for p in ("weight", "bias"):
                 out[f"{me}{ours}.{p}"] = get(f"{hf}{theirs}.{p}")
     return out
 
 
 def import_hf(directory: str, out: str) -> ModelConfig:
-    """Write ``directory``'s weights (model.safetensors or its shards) as paracube's GPT weights to ``out``
-    (every parameter of the GPT the config describes, each at its shape, in fp32)."""
+    """Write ``directory``'s weights (model.safetensors or its shards) as paracube's GPT
+    weights to ``out``: every parameter of the GPT the config describes, at its shape, fp32."""
     from safetensors.torch import load_file, save_file
 
     from paracube.checkpoint.export import MODEL_KEY
@@ -333,15 +336,12 @@ def _gpt2_back(w: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.
     }
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = w["head.weight"]
-    linears = {"attn.qkv_proj": "attn.c_attn", "attn.o_proj": "attn.c_proj",
-               "mlp.up_proj": "mlp.c_fc", "mlp.down_proj": "mlp.c_proj"}  # fmt: skip
-    norms = {"attn_norm": "ln_1", "mlp_norm": "ln_2"}
     for i in range(cfg.n_layers):
         me, hf = f"blocks.{i}.", f"transformer.h.{i}."
-        for ours, theirs in linears.items():
+        for theirs, ours in GPT2_LINEARS.items():
             out[f"{hf}{theirs}.weight"] = w[f"{me}{ours}.weight"].t()  # Conv1D: (in, out)
             out[f"{hf}{theirs}.bias"] = w[f"{me}{ours}.bias"]
-        for ours, theirs in norms.items():
+        for theirs, ours in GPT2_NORMS.items():
             for p in ("weight", "bias"):
                 out[f"{hf}{theirs}.{p}"] = w[f"{me}{ours}.{p}"]
     return out
