@@ -151,6 +151,8 @@ CASES: list[tuple[str, list[str], str]] = [
      "tensor 'model.layers.1.mlp.up_proj.weight' has shape (8, 64) but the config gives (176, 64)"),
     ("data", ["train", "--model", "hf:{tmp}/hf-lost-shard", "--seq-len", "32"],
      "names model-00002-of-00002.safetensors, which is not in {tmp}/hf-lost-shard: copy every shard (2 files)"),
+    ("data", ["train", "--model", "hf:{tmp}/hf-partial-stretch"],
+     "config.json: its rotary stretch 'llama3' gives no number for 'low_freq_factor'"),
     ("data", ["train", "--model", "hf:{tmp}/hf-llama", "--tp", "4"],
      "key/value heads (n_kv_heads=2) is not divisible by --tp 4"),
     ("data", ["train", "--model", "hf:{tmp}/hf-llama", "--seq-len", "512"],
@@ -714,6 +716,10 @@ def _hf_models(tmp: Path) -> None:
         json.dumps({"weight_map": shards})
     )
     (tmp / "hf-lost-shard" / "model-00001-of-00002.safetensors").write_bytes(b"")
+    (tmp / "hf-partial-stretch").mkdir()
+    (tmp / "hf-partial-stretch" / "config.json").write_text(
+        '{"model_type": "llama", "rope_parameters": {"rope_type": "llama3", "factor": 8.0}}'
+    )
     (tmp / "hf-yarn").mkdir()
     (tmp / "hf-yarn" / "config.json").write_text(
         '{"model_type": "llama", "rope_parameters": {"rope_type": "yarn", "factor": 4.0}}'

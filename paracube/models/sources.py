@@ -176,17 +176,26 @@ def rope_stretch(data: dict) -> tuple[str, dict]:
     releases in ``rope_scaling`` (``rope_type`` or ``type``)."""
     stated = data.get("rope_parameters") or data.get("rope_scaling") or {}
     kind = stated.get("rope_type") or stated.get("type") or "default"
-    if kind == "linear":
-        return kind, dict(rope_scaling="linear", rope_factor=float(stated["factor"]))
-    if kind == "llama3":
-        return kind, dict(
-            rope_scaling="llama3",
-            rope_factor=float(stated["factor"]),
-            rope_low_freq_factor=float(stated["low_freq_factor"]),
-            rope_high_freq_factor=float(stated["high_freq_factor"]),
-            rope_original_context=int(stated["original_max_position_embeddings"]),
+    fields = {"linear": {"rope_factor": "factor"},
+              "llama3": {"rope_factor": "factor", "rope_low_freq_factor": "low_freq_factor",
+                         "rope_high_freq_factor": "high_freq_factor",
+                         "rope_original_context": "original_max_position_embeddings"}}  # fmt: skip
+    if kind not in fields:
+        return kind, {}
+    missing = [
+        key for key in fields[kind].values() if not isinstance(stated.get(key), (int, float))
+    ]
+    if missing:
+        raise ConfigError(
+            f"config.json: its rotary stretch {kind!r} gives no number for {missing[0]!r}: "
+            "a config transformers wrote has it"
         )
-    return kind, {}
+    out: dict = {"rope_scaling": kind}
+    for ours, theirs in fields[kind].items():
+        out[ours] = (
+            int(stated[theirs]) if ours == "rope_original_context" else float(stated[theirs])
+        )
+    return kind, out
 
 
 def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = None) -> ModelConfig:
