@@ -57,6 +57,11 @@ FP8_SCALING = ("delayed", "current")
 # torch.compile (models.shapes.block_saved_bytes, compiled: torchtitan's and OLMo-core's
 # compiled blocks)
 ACTIVATION_MEMORY = ("paracube", "megatron", "compiled")
+# planner: how a block's element-wise ops (norms, rotary, activation, residual adds) reach
+# HBM — fused (Transformer Engine's and FlashAttention's fused kernels, torch.compile: what
+# the block keeps for backward, read and written) or eager (one PyTorch kernel per op, each
+# reading its inputs and writing its output: models.shapes.eager_elementwise_bytes)
+ELEMENTWISE = ("fused", "eager")
 # planner: how the blocks are cut into pipeline stages — paracube train's cut by --balance
 # (engine), or the same count of blocks per virtual stage, the embedding and the head on
 # top of the first's and the last's (even: Megatron-Core's default, Megatron-DeepSpeed's

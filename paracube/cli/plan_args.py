@@ -338,6 +338,14 @@ def add_parser(sub) -> None:
         "recomputed in backward; emitted as paracube train --compile inductor)",
     )
     t.add_argument(
+        "--elementwise",
+        default=None,
+        help="the blocks' element-wise ops (norms, rotary, activation, residual adds) in the "
+        "time model: fused (fused kernels or torch.compile move what a block keeps for "
+        "backward; default) or eager (one PyTorch kernel per op, each reading its inputs and "
+        "writing its output, counted op by op: torchtitan without torch.compile)",
+    )
+    t.add_argument(
         "--pipeline-split",
         dest="split",
         default=None,

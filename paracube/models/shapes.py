@@ -414,6 +414,95 @@ def rotary_table_bytes(cfg: ModelConfig, elem: int) -> int:
     return cfg.seq_len * cfg.head_dim * elem if cfg.position == "rope" else 0
 
 
+# -- element-wise traffic of a block run as eager PyTorch ops ---------------------------
+#
+# Eager, every op outside the matmuls and the attention kernel is a kernel of its own that
+# reads its inputs from HBM and writes its output back; the bytes below are those reads and
+# writes, op by op, for paracube's block as torch's autograd runs it (per token; E the
+# element size, F the MLP width; /t: a tensor-parallel shard; rows outside the TP region —
+# the norms, the residual adds — are the N/t_s tokens a rank holds under sequence
+# parallelism). Measured against torch's dispatcher in tests/test_eager_traffic.py.
+#
+#   op                        forward                     backward
+#   RMSNorm over w (fp32      w·(28 + 2(E+4)) + 24        w·(96 + 2(E+4)) + 36
+#   compute, composite: the   (fp32: 28·w + 24)           (fp32: 96·w + 36)
+#   upcast, pow, mean, rsqrt,
+#   two muls, the downcast)
+#   LayerNorm (one kernel)    2·E·h + 2·E                 3·E·h + 2·E
+#   rotary over w = q or k_v  9·E·w (4 muls, sub, add,    14·E·w (4 muls, neg, 2 adds,
+#                             the pair stack)             2 slice-backwards, their sum)
+#                             + the cos/sin tables, 2·s·d·E a call, each way
+#   head-major q, k back to   —                           2·E·(q + k_v)  (with rotary;
+#   token-major                                           not a rank's single head)
+#   q|k|v split               —                           2·E·(q + 2·k_v)  (the grads' cat)
+#   residual adds (2)         2 · 3·E·h                   2 · 3·E·h
+#   SwiGLU (silu, product)    5·E·F                       13·E·F (2 muls, silu_backward,
+#                                                         the gate|up cat)
+#   GELU                      2·E·F                       3·E·F
+#   biases (their grads:      —                           E·(q + 2·k_v + F_in + 2·h)
+#   a sum over the tokens)
+#   per-head q, k norms       the RMSNorm rows over d, N·(a + a_kv)/t of them
+#
+# A fused block (Transformer Engine, FlashAttention's fused kernels, torch.compile) reads
+# and writes far less: the time model then charges what the block keeps for backward
+# (time_model.elementwise_times).
+
+
+def _rmsnorm_traffic(rows: int, width: int, elem: int) -> tuple[int, int]:
+    """(forward, backward) bytes of an eager RMSNorm over ``rows`` × ``width`` (table above;
+    the d-wide weight's reads and its gradient's sum are per call, counted too)."""
+    upcast = 2 * (elem + 4) * width if elem < 4 else 0  # the fp32 copy in, the result out
+    forward = rows * (28 * width + upcast + 24) + elem * width
+    backward = rows * (96 * width + upcast + 36) + (2 * elem + 8 if elem < 4 else 8) * width
+    return forward, backward
+
+
+def eager_elementwise_bytes(
+    cfg: ModelConfig, n: int, *, elem: int = 2, tp: int = 1, sequence_parallel: bool = False
+) -> tuple[int, int]:
+    """(forward, backward) HBM bytes one dense block's element-wise ops move for a
+    micro-batch of ``n`` tokens when it runs eager, one kernel per op (the table above)."""
+    if cfg.moe:
+        raise ConfigError(
+            "eager element-wise traffic is counted for dense blocks: a mixture's routing and "
+            "permutation are not; plan it with elementwise='fused'"
+        )
+    E, h, t = elem, cfg.hidden, tp
+    ts = tp if sequence_parallel else 1
+    rows = n // ts  # tokens outside the tensor-parallel region
+    q, kv, F = cfg.q_dim // t, kv_dim(cfg) // t, cfg.ffn_hidden // t
+    fwd = bwd = 0
+    for _ in range(2):  # attn_norm, mlp_norm
+        if cfg.norm == "rmsnorm":
+            f, b = _rmsnorm_traffic(rows, h, E)
+        else:
+            # one kernel each way; its mean and rstd a row; weight and bias read (and in
+            # backward their gradients written) once a call
+            f, b = rows * (2 * E * h + 2 * E) + 2 * E * h, rows * (3 * E * h + 2 * E) + 4 * E * h
+        fwd, bwd = fwd + f, bwd + b
+    fwd, bwd = fwd + 2 * rows * 3 * E * h, bwd + 2 * rows * 3 * E * h  # residual adds
+    if cfg.qk_norm:  # q_norm over the query heads, k_norm over the key heads
+        for width in (q, kv):
+            f, b = _rmsnorm_traffic(n * width // cfg.head_dim, cfg.head_dim, E)
+            fwd, bwd = fwd + f, bwd + b
+    if cfg.position == "rope":
+        tables = 2 * 2 * cfg.seq_len * cfg.head_dim * E  # 4 muls a width, q's and k's
+        fwd += n * 9 * E * (q + kv) + tables
+        bwd += n * 14 * E * (q + kv) + tables
+        # the rotated q and k grads, head-major, copied back to token-major — unless a rank
+        # holds one head of them (Llama 3 70B's 8 key heads at TP 8), whose transpose is a view
+        bwd += n * 2 * E * sum(w for w in (q, kv) if w > cfg.head_dim)
+    bwd += n * 2 * E * (q + 2 * kv)  # the q|k|v split's backward: one cat of the grads
+    if cfg.activation == "swiglu":
+        fwd, bwd = fwd + n * 5 * E * F, bwd + n * 13 * E * F
+    else:
+        fwd, bwd = fwd + n * 2 * E * F, bwd + n * 3 * E * F
+    if cfg.bias:  # each bias's gradient, a sum over the tokens of its output's gradient
+        widths = q + 2 * kv + mlp_in_width(cfg) // t
+        bwd += n * E * widths + rows * E * 2 * h + E * (widths + 2 * h)
+    return fwd, bwd
+
+
 def moe_routing_bytes(
     cfg: ModelConfig,
     n: int,

@@ -219,6 +219,28 @@ GPUS: dict[str, GPU] = {
 GPUS["a800"] = replace(GPUS["a100-80gb"], name="A800 80GB", nvlink_bandwidth=400 * GB)
 GPUS["h800"] = replace(GPUS["h100"], name="H800 SXM", nvlink_bandwidth=400 * GB)
 
+# Meta's Grand Teton H100s, as torchtitan's benchmarks of December 2024 ran them: "96GB HBM2e
+# with 2.4 TB/sec peak memory bandwidth", "the default 500W power limit", and "the actual
+# peak TFLOPs number is between SXM and NVL" (pytorch/torchtitan, benchmarks/
+# llama3_h100_202412_torchtitan.md). Every rate is the H100 SXM's scaled to that power:
+# the datasheets' dense BF16 peaks at their power limits — H100 NVL 835 TFLOP/s at 400 W,
+# H100 SXM 989 at 700 W — interpolated linearly to 500 W, 886 (their FP8 peaks, 1,671 and
+# 1,979, give the same ratio: 1,774); the measured fractions (sustained matmul rate, HBM
+# streaming) the SXM's.
+GRAND_TETON_SCALE = (835 + (989 - 835) * (500 - 400) / (700 - 400)) / 989
+_sxm = GPUS["h100"]
+GPUS["h100-96gb-500w"] = replace(
+    _sxm,
+    name="H100 96GB HBM2e (500 W)",
+    peak_flops=_sxm.peak_flops * GRAND_TETON_SCALE,
+    fp32_flops=_sxm.fp32_flops * GRAND_TETON_SCALE,
+    tf32_flops=_sxm.tf32_flops * GRAND_TETON_SCALE,
+    fp8_flops=_sxm.fp8_flops * GRAND_TETON_SCALE,
+    attention_rate=_sxm.attention_rate * GRAND_TETON_SCALE,
+    memory_bytes=device_memory(96),
+    hbm_bandwidth=2400 * GB,
+)
+
 # One direction per GPU, at the rate NCCL's collectives move data. NVLink: the links' line
 # rate is 25 GB/s each way, but NCCL's kernels carry 128-byte payloads on both directions at
 # once — "the app-level bandwidth is 80% of the peak bandwidth" (NVIDIA/nccl#1054) — and its
@@ -284,6 +306,7 @@ DEFAULT_INTRA = {
     "h100": "nvlink4",
     "h800": "nvlink4-400",
     "h200": "nvlink4",
+    "h100-96gb-500w": "nvlink4",
 }
 DEFAULT_INTER = {
     "v100": "ib-hdr",
@@ -293,6 +316,7 @@ DEFAULT_INTER = {
     "h100": "ib-ndr",
     "h800": "ib-ndr",
     "h200": "ib-ndr",
+    "h100-96gb-500w": "ib-ndr",  # "400 Gb/s per GPU" (the same benchmarks)
 }
 
 

@@ -19,6 +19,7 @@ from paracube.choices import (
     ACTIVATION_MEMORY,
     ATTENTION,
     CLIP_SCALING,
+    ELEMENTWISE,
     EP_DISPATCH,
     FP8_SCALING,
     FUSED_ATTENTION,
@@ -56,6 +57,7 @@ OTHER_SOFTWARE = (
     "backward_prefetch",
     "loss",
     "activations",
+    "elementwise",
     "tp_comm_overlap",
     "ep_comm_overlap",
     "ep_dispatch",
@@ -76,8 +78,8 @@ OTHER_SOFTWARE = (
 
 
 # The software facts above that paracube train also runs, beside its defaults: its blocks
-# under torch.compile (--compile)
-PARACUBE_SOFTWARE = frozenset({("activations", "compiled")})
+# under torch.compile (--compile), and its eager blocks counted op by op
+PARACUBE_SOFTWARE = frozenset({("activations", "compiled"), ("elementwise", "eager")})
 
 
 # Each choice a Layout names and the values it takes (paracube.choices owns them), checked
@@ -89,6 +91,7 @@ NAMED_CHOICES: tuple[tuple[str, tuple | dict], ...] = (
     ("schedule", SCHEDULES),
     ("attention", ATTENTION),
     ("activations", ACTIVATION_MEMORY),
+    ("elementwise", ELEMENTWISE),
     ("fp8_scaling", FP8_SCALING),
     ("split", PIPELINE_SPLIT),
     ("recompute_scope", RECOMPUTE_SCOPES),
@@ -225,6 +228,13 @@ class Layout:
     # the activation's element-wise intermediates in backward: torchtitan's and OLMo-core's
     # compiled blocks)
     activations: str = "paracube"
+    # the blocks' element-wise ops in the time model (choices.ELEMENTWISE): fused kernels
+    # moving what a block keeps for backward, or eager PyTorch ops, one kernel each, counted
+    # op by op (torchtitan without torch.compile). Planned as fused by default, paracube's
+    # own eager blocks too: on a GPU, torch's rms_norm runs one kernel (aten::_fused_rms_norm,
+    # which this CPU build only decomposes) where the eager count has eight, and no GPU
+    # measurement of paracube's blocks says what the rest costs
+    elementwise: str = "fused"
     # tensor-parallel collectives overlapped with the matmuls they feed (Megatron-Core's
     # --tp-comm-overlap, NeMo's ub_tp_comm_overlap: Transformer Engine's userbuffers);
     # paracube's own tensor parallel waits for them (False)
@@ -415,6 +425,11 @@ class Layout:
                 "activations='compiled' with recompute='selective': a compiled block is counted "
                 "kept whole or fully recomputed (as paracube train --compile runs it); plan "
                 "recompute none, full or op"
+            )
+        if self.elementwise == "eager" and self.activations == "compiled":
+            raise ConfigError(
+                "elementwise='eager' with activations='compiled': torch.compile fuses the "
+                "blocks' element-wise ops; plan compiled blocks with elementwise='fused'"
             )
         if self.recompute == "op" and self.attention not in FUSED_ATTENTION:
             raise ConfigError(

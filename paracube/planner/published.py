@@ -75,6 +75,21 @@ Sources:
   10,753 tokens/s per GPU; its command: ``llama3_8b.toml`` (8,192 tokens, op-level selective
   checkpointing), local batch 2, torch.compile, torchao's float8 (tensor-wise dynamic scaling:
   the planner's current scaling) with float8 all-gathers of the FSDP2 parameters.
+- torchtitan on H100 (December 2024): pytorch/torchtitan, ``benchmarks/
+  llama3_h100_202412_torchtitan.md``: Grand Teton hosts of 8 H100s ("96GB HBM2e with 2.4
+  TB/sec", "the default 500W power limit", "400 Gb/s per GPU"; the GPU as
+  ``hardware.GPUS["h100-96gb-500w"]``), tokens/s per GPU read at iteration 90. Its Tables 1
+  and 3: Llama 3.1 8B with FSDP2 on 8 and 128 GPUs, local batch 2, op-level selective
+  checkpointing (``train_configs/llama3_8b.toml``: 8,192 tokens, ``norm_type = "rmsnorm"``,
+  ``compile = false`` — eager blocks, their element-wise ops counted op by op), then with
+  torch.compile, then with torch.compile and torchao's float8; Table 2: the same model on 8
+  GPUs at 32K–256K tokens over FSDP × context parallel 1–8 (local batch 1, every block
+  checkpointed, compiled and float8; the context-parallel rotation then ``allgather``:
+  ``torchtitan/config_manager.py``, ``--experimental.context_parallel_rotate_method``); Table
+  4: Llama 3.1 70B on 256 GPUs, FSDP 32 × TP 8 (sequence parallel: torchtitan's TP plan
+  shards the norms), local batch 16, every block checkpointed, compiled and float8, without
+  and with async TP (the planner's TP overlap). Tables 5 and 6 (405B pipelined) state
+  neither the micro-batch count nor the virtual stages and are left out.
 - IBM FMS FSDP: foundation-model-stack/fms-fsdp, ``README.md``'s throughput table (128
   A100s, tokens/s per GPU; PyTorch blog, "Maximizing training throughput using PyTorch
   FSDP", IBM and Meta, 2024): the two FULL_SHARD rows — its "34b" at batch 8 and Llama 2
@@ -343,6 +358,7 @@ def runs() -> list[dict]:
         + _mosaic()
         + _torchtitan()
         + _torchtitan_h200()
+        + _torchtitan_h100()
         + _fms_fsdp()
         + _llama1()
         + _tinyllama()
@@ -389,6 +405,9 @@ STACKS = {
     "MosaicML (A100 80GB, PURE)": "FSDP-only: Composer (A100)",
     "torchtitan": "FSDP-only: FSDP2 (A100)",
     "torchtitan (H200, FP8)": "FSDP-only: FSDP2, FP8 (H200)",
+    "torchtitan (H100 500 W)": "FSDP-only: FSDP2 (H100)",
+    "torchtitan (H100 500 W), compiled": "FSDP-only: FSDP2 (H100)",
+    "torchtitan (H100 500 W), compiled, FP8": "FSDP-only: FSDP2, FP8 (H100)",
     "IBM FMS FSDP": "FSDP-only: FSDP1 (A100)",
     "LLaMA": "Meta production (A100)",
     "TinyLlama": "FSDP-only: FSDP1 (A100)",
@@ -725,7 +744,8 @@ def _mosaic() -> list[dict]:
 def _torchtitan() -> list[dict]:
     """torchtitan's FSDP2 runs on 64 A100-80GB: tokens/s per GPU (WPS) × model FLOPs per
     token; "selective layer" checkpointing recomputes every other block (half of them),
-    "selective op" is the planner's recompute "op"."""
+    "selective op" is the planner's recompute "op"; eager blocks, their element-wise ops
+    counted op by op."""
     out = []
     # preset, local batch, checkpointing, tokens/s per GPU
     for name, b, ac, wps in [
@@ -740,8 +760,10 @@ def _torchtitan() -> list[dict]:
     ]:
         cfg = preset(name)
         recompute = {"none": "none", "op": "op"}.get(ac, "full")
+        # eager blocks (its configs' compile = false), norm_type "rmsnorm": torch's
+        # composite RMSNorm, op by op
         fixed = dict(dp=64, tp=1, pp=1, zero=3, micro_batch=b, attention="fused", **FSDP2,
-                     recompute=recompute)
+                     recompute=recompute, elementwise="eager")
         if ac == "layer":
             fixed["recompute_blocks"] = cfg.n_layers // 2
         published = round(wps * model_flops_per_token(cfg) / 1e12, 1)
@@ -764,6 +786,51 @@ def _torchtitan_h200() -> list[dict]:
              round(tokens * model_flops_per_token(cfg) / 1e12, 1))
         for n, tokens in [(32, 10938), (64, 10753)]
     ]
+
+
+def _torchtitan_h100() -> list[dict]:
+    """torchtitan's benchmarks of December 2024 on Grand Teton H100s (96 GB HBM2e, 500 W):
+    tokens/s per GPU × model FLOPs per token. Llama 3.1 8B with FSDP2 on 8 and 128 GPUs
+    (local batch 2, 8,192 tokens, op-level selective checkpointing — its llama3_8b.toml)
+    eager, with torch.compile, and with torch.compile and torchao's float8; Llama 3.1 70B on
+    256 GPUs, FSDP 32 × TP 8 (sequence parallel, as torchtitan's plan shards the norms),
+    local batch 16, every block checkpointed, compiled and float8, without and with
+    asynchronous TP (the planner's TP overlap); and its context-parallel table (Table 2).
+    Its 405B tables (5, 6) are left out: their micro-batch count and virtual stages are not
+    stated."""
+    llama8 = replace(preset("llama3-8b"), seq_len=8192, name="Llama 3.1 8B")
+    llama70 = replace(preset("llama3-70b"), seq_len=8192, name="Llama 3.1 70B")
+    gpu = "h100-96gb-500w"
+    # compiled as the H200 run above: compiled blocks and loss; float8 scaled per tensor
+    compiled = dict(activations="compiled", loss="fused")
+    float8 = dict(compiled, fp8_scaling="current")
+    out = []
+    for n, eager_tps, compiled_tps, float8_tps in [(8, 5762, 6667, 8532), (128, 5605, 6514, 8380)]:
+        fsdp = dict(dp=n, tp=1, pp=1, zero=3, micro_batch=2, recompute="op", attention="fused",
+                    **FSDP2)
+        for label, precision, software, tps in [
+            ("torchtitan (H100 500 W)", "bf16", dict(elementwise="eager"), eager_tps),
+            ("torchtitan (H100 500 W), compiled", "bf16", compiled, compiled_tps),
+            ("torchtitan (H100 500 W), compiled, FP8", "fp8", float8, float8_tps),
+        ]:
+            out.append(_run(label, llama8, gpu, n, 2 * n, precision, fsdp | software, "model",
+                            round(tps * model_flops_per_token(llama8) / 1e12, 1)))
+    # Table 2: Llama 3.1 8B on 8 GPUs, local batch 1, every block checkpointed, compiled
+    # and float8, 32K–256K tokens over FSDP × CP (context parallel 1–8; its default rotation
+    # then, "allgather": each rank gathers every key and value shard, config_manager.py)
+    for dp, cp, tps in [(8, 1, 3890), (4, 2, 2540), (2, 4, 1071), (1, 8, 548)]:
+        cfg = replace(llama8, seq_len=32768 * cp, name=f"Llama 3.1 8B ({32 * cp}K)")
+        fixed = dict(dp=dp, cp=cp, tp=1, pp=1, zero=3, micro_batch=1, recompute="full",
+                     attention="fused", **FSDP2, **float8)
+        out.append(_run("torchtitan (H100 500 W), compiled, FP8", cfg, gpu, 8, dp, "fp8", fixed,
+                        "model", round(tps * model_flops_per_token(cfg) / 1e12, 1)))
+    two_d = dict(dp=32, tp=8, pp=1, zero=3, micro_batch=16, recompute="full",
+                 sequence_parallel=True, attention="fused", **FSDP2, **float8)
+    for tp_overlap, tps in [(False, 829), (True, 876)]:
+        out.append(_run("torchtitan (H100 500 W), compiled, FP8", llama70, gpu, 256, 512, "fp8",
+                        two_d | {"tp_comm_overlap": tp_overlap}, "model",
+                        round(tps * model_flops_per_token(llama70) / 1e12, 1)))
+    return out
 
 
 def _fms_fsdp() -> list[dict]:

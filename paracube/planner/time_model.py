@@ -14,7 +14,9 @@ fitted to a published result:
   (:func:`kernel_head_dim`); the
   element-wise work (norms, activation function, rotary, residuals) moves what the layer
   keeps for backward twice through HBM (read + write: the model's own count, or
-  Korthikanti's per-layer bytes for Megatron's unfused layer); every memory-bound byte
+  Korthikanti's per-layer bytes for Megatron's unfused layer) — eager blocks, one PyTorch
+  kernel per op, every op's reads and writes (``Layout.elementwise``,
+  :func:`paracube.models.shapes.eager_elementwise_bytes`); every memory-bound byte
   at the HBM rate a streaming kernel was measured to reach (``GPU.memory_rate``), the
   loss's softmax and any metric the trainer computes over the logits among them
   (:func:`logit_metric_bytes`). Backward is twice the forward. The resulting FLOP rate,
@@ -292,24 +294,44 @@ def layer_time(
     flops = sum(2 * m * n * k for m, n, k in gemms)
     core_time, core_flops = attention_core(cfg, layout, g, elem)
     # element-wise work outside the matmuls (norms, the activation function, rotary
-    # positions, residuals): read and write what the block keeps for backward in forward;
-    # backward reads it and the incoming gradient and writes one: twice that. What it keeps:
-    # the model's own blocks op by op (models/shapes.py — RMSNorm's fp32 copies, SwiGLU's
-    # gate and product, rotated q and k), or Megatron's 2021 layer (Korthikanti's 34·s·b·h,
-    # /t under sequence parallelism) when attention is unfused
-    elementwise = elementwise_forward(cfg, layout, g, elem)
+    # positions, residuals): elementwise_times
+    elementwise, elementwise_bwd = elementwise_times(cfg, layout, g, elem)
     core_bwd = attention_core_backward(layout, core_time, g)
     if (
         all(g.activation_rates) and cfg.activation != "swiglu"
     ):  # a compute-bound GELU (calibrated CPU)
         elements = M * cfg.ffn_hidden / t * shapes.mlp_passes(cfg)
         fwd, bwd = fwd + elements / g.activation_rates[0], bwd + elements / g.activation_rates[1]
-    return fwd + core_time + elementwise, bwd + core_bwd + 2 * elementwise, flops + core_flops
+    return fwd + core_time + elementwise, bwd + core_bwd + elementwise_bwd, flops + core_flops
+
+
+def elementwise_times(
+    cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2
+) -> tuple[float, float]:
+    """(forward, backward) seconds of one block's element-wise work for one micro-batch.
+    Fused (``layout.elementwise``): the forward reads and writes what the block keeps for
+    backward (:func:`elementwise_forward`); backward reads it and the incoming gradient and
+    writes one — twice that. Eager: every op's reads and writes, op by op
+    (:func:`paracube.models.shapes.eager_elementwise_bytes`)."""
+    if layout.elementwise == "eager":
+        forward, backward = shapes.eager_elementwise_bytes(
+            cfg,
+            layout.micro_batch * cfg.seq_len,
+            elem=elem,
+            tp=layout.tp,
+            sequence_parallel=layout.sequence_parallel,
+        )
+        return forward / g.memory_rate, backward / g.memory_rate
+    forward_time = elementwise_forward(cfg, layout, g, elem)
+    return forward_time, 2 * forward_time
 
 
 def elementwise_forward(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> float:
-    """Seconds of one block's element-wise forward for one micro-batch (its backward: twice
-    this): what the block keeps for backward, read and written (:func:`layer_time`)."""
+    """Seconds of a fused block's element-wise forward for one micro-batch: what the block
+    keeps for backward, read and written. What it keeps: the model's own blocks op by op
+    (models/shapes.py — RMSNorm's fp32 copies, SwiGLU's gate and product, rotated q and k),
+    or Megatron's 2021 layer (Korthikanti's 34·s·b·h, /t under sequence parallelism) when
+    attention is unfused."""
     b, s, h, t = layout.micro_batch, cfg.seq_len, cfg.hidden, layout.tp
     acts: float
     if layout.attention in FUSED_ATTENTION:
@@ -385,7 +407,7 @@ def op_recompute_time(
         for lin, _, redone in shapes.op_checkpoint_linears(cfg)
         if redone
     )
-    return matmuls + elementwise_forward(cfg, layout, g, elem)
+    return matmuls + elementwise_times(cfg, layout, g, elem)[0]
 
 
 def block_gemm_time(
