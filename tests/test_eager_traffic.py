@@ -120,3 +120,23 @@ def test_eager_blocks_cost_more_than_fused_and_mixtures_are_refused():
         fused.replace(elementwise="eager", activations="compiled")
     with pytest.raises(ConfigError, match="dense blocks"):
         shapes.eager_elementwise_bytes(preset("qwen3-30b-a3b"), 16)
+
+
+def test_the_torchtitan_stack_plans_eager_blocks_unless_compiled(capsys):
+    """``--stack torchtitan`` plans its blocks eager (its configs' compile = false): slower
+    than the same layout compiled, which ``--activations compiled`` plans with fused kernels
+    — not refused for the stack's eager default."""
+    import json
+
+    from paracube.cli import main
+
+    def step(*extra: str) -> float:
+        argv = ["plan", "--model", "llama3-8b", "--gpus", "8", "--gpu", "h100",
+                "--global-batch", "16", "--layout", "dp=8,tp=1,pp=1", "--micro-batch", "2",
+                "--recompute", "full", "--stack", "torchtitan", "--json", *extra]  # fmt: skip
+        assert main(argv) == 0
+        return json.loads(capsys.readouterr().out)["candidates"][0]["time"]["step_time"]
+
+    eager, compiled = step(), step("--activations", "compiled")
+    assert step("--elementwise", "eager") == eager
+    assert compiled < eager

@@ -212,6 +212,8 @@ def plan_fixed(args, gpus: int, mixed: bool = False) -> dict:
     ):
         if getattr(args, name) is not None:
             fixed[name] = getattr(args, name)
+    if fixed.get("activations") == "compiled" and args.elementwise is None:
+        fixed["elementwise"] = "fused"  # a stack's eager blocks, compiled, run fused kernels
     if args.recompute_blocks is not None:
         fixed.update(recompute="full", recompute_blocks=args.recompute_blocks)
     if args.offload is not None:

@@ -106,8 +106,12 @@ FSDP2: dict[str, object] = dict(param_gather="per-parameter", **PYTORCH_FSDP)
 # per-microbatch all-gathers", torchtitan/models/llama3/infra/parallelize.py), and PyTorch's
 # schedules keep each stage unsharded with no gradient sync until its last backward
 # (torch/distributed/pipelining/stage.py, backward_maybe_with_nosync): gathered once a step;
-# its stages are cut by its own split (stages.torchtitan_shares)
-TORCHTITAN: dict[str, object] = dict(zero3_pipeline="per-step", split="torchtitan", **FSDP2)
+# its stages are cut by its own split (stages.torchtitan_shares); its blocks run eager unless
+# compiled (its train configs' compile = false; norm_type "rmsnorm", torch's composite), their
+# element-wise ops counted op by op — under --activations compiled, fused
+TORCHTITAN: dict[str, object] = dict(
+    zero3_pipeline="per-step", split="torchtitan", elementwise="eager", **FSDP2
+)
 # llm-foundry's yamls step Composer's DecoupledAdamW (optimizer name decoupled_adamw:
 # composer/optim/decoupled_weight_decay.py, a loop over the parameters, op by op). Composer's
 # trainer updates the model's training metrics after every micro-batch's backward
