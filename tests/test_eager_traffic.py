@@ -140,3 +140,7 @@ def test_the_torchtitan_stack_plans_eager_blocks_unless_compiled(capsys):
     eager, compiled = step(), step("--activations", "compiled")
     assert step("--elementwise", "eager") == eager
     assert compiled < eager
+    argv = ["plan", "--model", "llama3-8b", "--gpus", "8", "--gpu", "h100", "--global-batch",
+            "16", "--stack", "torchtitan", "--explain"]  # fmt: skip
+    assert main(argv) == 0
+    assert "element-wise work (as eager PyTorch ops" in capsys.readouterr().out

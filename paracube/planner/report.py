@@ -606,10 +606,17 @@ def _predicted(best, cluster: Cluster, precision: str = "bf16") -> str:
         f"{UNITS.get(precision, 'the tensor cores')} at "
         f"{sustained(at_precision(cluster, precision).gpu)}, each matmul's "
         f"roofline with tile and wave quantization over {cluster.gpu.sms or 'no'} SMs, and the "
-        "memory-bound element-wise work and the passes that bring each micro-batch's gradients "
-        "into the buffer they are reduced from (paracube.planner.time_model)." + metrics + fp8
+        f"memory-bound element-wise work ({ELEMENTWISE_WORDS[L.elementwise]}) and the passes that "
+        "bring each micro-batch's gradients into the buffer they are reduced from "
+        "(paracube.planner.time_model)." + metrics + fp8
     )
 
+
+# How the blocks' element-wise ops reach HBM, in words (Layout.elementwise)
+ELEMENTWISE_WORDS = {
+    "fused": "as fused kernels: what each block keeps for backward, read and written",
+    "eager": "as eager PyTorch ops: every op's reads and writes, op by op",
+}
 
 # The units a precision's matmuls run on, in words (hardware.GPU.rate); 16-bit and fp8: the
 # tensor cores
