@@ -179,9 +179,16 @@ def test_train_pipeline_matches_serial(tmp_path, extra):
     assert_losses_close([r["loss"] for r in records], want)
 
 
+def torchrun_logs(tmp_path) -> tuple[str, str]:
+    """torchrun's agent files in the test's own folder: by default torchrun makes a
+    /tmp/torchelastic_* folder per run and never removes it."""
+    return ("--log-dir", str(tmp_path / "torchrun"))
+
+
 def test_runs_unchanged_under_torchrun(tmp_path):
     metrics = tmp_path / "m.jsonl"
     proc = run_cli(
+        *torchrun_logs(tmp_path),
         "--standalone",
         "--nproc-per-node",
         "2",
@@ -205,9 +212,10 @@ def test_runs_unchanged_under_torchrun(tmp_path):
     assert proc.stdout.count("paracube diagnose:") == 1  # rank 0 diagnoses the run it wrote
 
 
-def test_readme_example_matches_serial():
+def test_readme_example_matches_serial(tmp_path):
     """examples/data_parallel_any_module.py under torchrun prints the serial run's losses."""
     proc = run_cli(
+        *torchrun_logs(tmp_path),
         "--standalone",
         "--nproc-per-node",
         "2",
@@ -239,9 +247,10 @@ def test_readme_example_matches_serial():
     assert_losses_close(got, want, tol=1e-5 + 5e-6 / min(want))  # printed with 5 decimals
 
 
-def test_zero3_example_matches_serial():
+def test_zero3_example_matches_serial(tmp_path):
     """examples/zero3_any_module.py prints its ZeRO-3 losses beside a single process's."""
     proc = run_cli(
+        *torchrun_logs(tmp_path),
         "--standalone",
         "--nproc-per-node",
         "2",
@@ -263,8 +272,9 @@ def test_zero3_example_matches_serial():
     )  # half of each unit (padded)
 
 
-def test_readme_tensor_parallel_example():
+def test_readme_tensor_parallel_example(tmp_path):
     proc = run_cli(
+        *torchrun_logs(tmp_path),
         "--standalone",
         "--nproc-per-node",
         "2",
