@@ -303,6 +303,8 @@ def test_a_kill_while_writing_a_checkpoint_leaves_the_previous_one_loadable(tmp_
         writing = _wait_for_a_write(job, ck, after_step=2)
         os.killpg(job.proc.pid, signal.SIGKILL)
         job.finish(limit=30)
+        for name in _paracube_temp() - job.temp_before:  # a SIGKILLed launcher cannot
+            shutil.rmtree(Path(tempfile.gettempdir()) / name, ignore_errors=True)  # tidy up
         if writing.exists():  # killed mid-write, not after the commit
             break
     else:
