@@ -193,12 +193,21 @@ def state_bytes_per_parameter(
     gradients (:func:`gradient_bytes`; 2 under ``--grad-reduce compute``: ZeRO's 2 + 2 + 12),
     fp32 master weights and moments (Rajbhandari et al. 2020, ZeRO's K = 12). Pure 16-bit
     training (``master_weights="none"``, :data:`MASTER_WEIGHTS`): 2 + 2 + 4, every state in
-    the compute dtype, whatever the dtype the gradients are reduced in.
+    the compute dtype, whatever the dtype the gradients are reduced in. PyTorch FSDP's fp32
+    parameters as the main weights (``master_weights="parameters"``): fp32 gradients whatever
+    the dtype they are reduced in, since FSDP casts each reduced gradient to its sharded
+    parameter's dtype before accumulating it (FSDP1: ``_cast_grad_to_param_dtype`` in
+    torch/distributed/fsdp/_runtime_utils.py; FSDP2: ``foreach_reduce``'s
+    ``_to_dtype_if_needed(reduce_output, orig_dtype)`` in _fsdp_collectives.py).
 
     >>> state_bytes_per_parameter("bf16"), state_bytes_per_parameter("bf16", master_weights="none")
     ((2, 4, 12), (2, 2, 4))
+    >>> state_bytes_per_parameter("bf16", "compute", "parameters")
+    (2, 4, 12)
     """
     elem = ELEMENT_BYTES[precision]
     if master_weights == "none" and elem < 4:
         return (elem, elem, 2 * elem)
+    if master_weights == "parameters":
+        return (elem, 4, 8 if elem == 4 else 12)
     return (elem, gradient_bytes(elem, grad_reduce), 8 if elem == 4 else 12)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from paracube.choices import state_bytes_per_parameter
 from paracube.models import shapes
 from paracube.models.presets import preset
 from paracube.planner import hardware as hw
@@ -61,6 +62,47 @@ def test_pytorch_fsdp_keeps_no_16bit_shard_under_zero3():
     for name in ("fsdp", "fsdp1", "torchtitan", "composer"):
         assert stack(name)["master_weights"] == "parameters", name
     assert "master_weights" not in stack("megatron-core")
+
+
+def _fsdp2_gradient_shard_bytes(reduce_in_bf16: bool) -> tuple[int, int]:
+    """On a rank: (bytes, elements) of the gradient shards FSDP2 keeps after two accumulated
+    micro-batches of a bf16-cast model, its gradients reduced in bf16 or in fp32."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 16))
+    policy = MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16,
+        reduce_dtype=torch.bfloat16 if reduce_in_bf16 else torch.float32,
+    )
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+    for layer in model:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    for _ in range(2):
+        model(torch.randn(4, 16)).float().square().mean().backward()
+    shards = [p.grad.to_local() for p in model.parameters()]
+    return sum(g.numel() * g.element_size() for g in shards), sum(g.numel() for g in shards)
+
+
+@pytest.mark.parametrize("grad_reduce", ["compute", "fp32"])
+def test_pytorch_fsdp_accumulates_fp32_gradients_whatever_it_reduces_in(pools, grad_reduce):
+    """PyTorch FSDP reduces in its policy's dtype but casts each reduced gradient to the
+    sharded parameter's — fp32, the main weights — before accumulating it: FSDP2 run on two
+    ranks keeps 4 bytes a gradient element under a bf16 reduce as under an fp32 one, the
+    bytes the planner counts for its stacks (``master_weights="parameters"``), where a stack
+    with 16-bit parameters beside the optimizer's main weights keeps the reduce dtype."""
+    measured = pools(2).run(_fsdp2_gradient_shard_bytes, grad_reduce == "compute")
+    _, gradient, _ = state_bytes_per_parameter("bf16", grad_reduce, "parameters")
+    assert all(nbytes == gradient * elements for nbytes, elements in measured)
+    assert gradient == 4
+    assert state_bytes_per_parameter("bf16", "compute", "optimizer")[1] == 2
+    params = shapes.parameter_count(preset("llama3-8b"))
+    fsdp = {"master_weights": "parameters"}
+    assert states(3, grad_reduce="compute", **fsdp) == states(3, **fsdp)
+    assert states(3, grad_reduce="compute") == pytest.approx(states(3) - 2 * params / 8)
 
 
 def test_pure_16bit_training_keeps_every_state_in_the_compute_dtype():
