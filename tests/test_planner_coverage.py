@@ -5,8 +5,11 @@ cannot run is refused with its reason."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from paracube.errors import ConfigError
 from paracube.models.presets import preset
 from paracube.planner import hardware as hw
 from paracube.planner.search import chunk_counts, micro_batches, search
@@ -244,6 +247,38 @@ def test_ethernet_is_shared_by_the_gpus_of_a_node():
         ).inter.bandwidth
         == 25e9
     )
+
+
+def test_a_nodes_network_given_as_its_ports_and_their_rate(capsys):
+    """--inter PORTSxGBPS: a network the catalog does not name, a node's ports shared by its
+    GPUs — 4x100 (AWS p4d's 400 Gb/s of EFA) is the catalog's four-port RoCE node, its
+    per-GPU share 6.25 GB/s on 8 GPUs and 12.5 on 4; 32x100 (p5) gives each of 8 GPUs
+    InfiniBand NDR's 50 GB/s. A plan over it equals the plan over the named link; a slower
+    network slows a data-parallel layout's step; a malformed one, or one given as --intra,
+    is refused naming the form."""
+    from paracube.cli import main
+
+    p4d = hw.interconnect("4x100", network=True)
+    assert p4d.bandwidth == hw.interconnect("roce-4x100").bandwidth == 50e9
+    assert p4d.latency == hw.interconnect("roce-4x100").latency
+    for per_node, share in ((8, 6.25e9), (4, 12.5e9)):
+        cluster = Cluster(hw.gpu("a100-40gb"), per_node, hw.interconnect("nvlink3"), p4d)
+        assert cluster.inter.bandwidth == pytest.approx(share)
+    p5 = Cluster(hw.gpu("h100"), 8, hw.interconnect("nvlink4"), hw.interconnect("32x100", True))
+    assert p5.inter.bandwidth == pytest.approx(hw.interconnect("ib-ndr").bandwidth)
+
+    def step(inter: str) -> float:
+        argv = ["plan", "--model", "llama3-8b", "--gpus", "64", "--gpu", "a100-40gb",
+                "--global-batch", "256", "--layout", "dp=64,tp=1,pp=1", "--zero", "3",
+                "--inter", inter, "--json"]  # fmt: skip
+        assert main(argv) == 0
+        return json.loads(capsys.readouterr().out)["candidates"][0]["time"]["step_time"]
+
+    assert step("4x100") == step("roce-4x100")
+    assert step("1x100") > step("4x100") > step("ib-hdr")
+    for bad, flag in (("4x", "--inter"), ("0x100", "--inter"), ("4x100", "--intra")):
+        with pytest.raises(ConfigError, match="PORTSxGBPS"):
+            hw.interconnect(bad, network=flag == "--inter")
 
 
 # -- --recompute-blocks: recomputation in as few blocks as fit --------------------------

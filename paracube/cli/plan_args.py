@@ -72,11 +72,17 @@ def add_parser(sub) -> None:
     c.add_argument(
         "--gpu",
         default="a100-80gb",
-        help="v100, a100-40gb, a100-80gb, a800, h100, h800, h200, or calibrated (this machine's GPU, "
-        "as `paracube calibrate` measured it)",
+        help="v100, a100-40gb, a100-80gb, a800, h100, h800, h200, h100-96gb-500w (Grand Teton's "
+        "H100s), or calibrated (this machine's GPU, as `paracube calibrate` measured it)",
     )
     c.add_argument("--intra", default=None, help="intra-node link (default: the GPU's NVLink)")
-    c.add_argument("--inter", default=None, help="inter-node link (default: InfiniBand HDR/NDR)")
+    c.add_argument(
+        "--inter",
+        default=None,
+        help="inter-node link (default: InfiniBand HDR/NDR, a 200/400 Gb/s port a GPU), or a "
+        "node's network as PORTSxGBPS: 4x100 (four 100 Gb/s ports its GPUs share: AWS p4d's "
+        "400 Gb/s EFA), 32x100 (p5's 3,200 Gb/s)",
+    )
     t = p.add_argument_group("training and fixed choices")
     t.add_argument("--global-batch", type=int, default=None, help="sequences per step")
     t.add_argument(

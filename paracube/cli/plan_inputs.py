@@ -508,7 +508,7 @@ def cluster_of(args):
         gpu,
         min(args.gpus_per_node, args.gpus),
         hw.interconnect(args.intra or hw.DEFAULT_INTRA[key]),
-        hw.interconnect(args.inter or hw.DEFAULT_INTER[key]),
+        hw.interconnect(args.inter or hw.DEFAULT_INTER[key], network=True),
     )
 
 

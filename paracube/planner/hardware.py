@@ -7,6 +7,7 @@ direction (HDR 200 Gb/s, NDR 400 Gb/s), and a DGX-class node has 8 compute ports
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from paracube.errors import ConfigError
@@ -262,6 +263,10 @@ GPUS["h100-96gb-500w"] = replace(
 # of eight A100s as InternLM's scaling tests ran ("Inter-machine bandwidth: 4 * 100Gb RoCE",
 # InternLM/InternLM, doc/en/train_performance.md): the same shape and latency — NCCL's
 # tuning model has one network class for InfiniBand and RoCE alike (NCCL_HW_NET).
+# NCCL's per-step latencies (above): a ring step over NVLink, and over an RDMA network
+# (NCCL_HW_NET: InfiniBand, RoCE, Omni-Path and the networks of --inter PORTSxGBPS alike)
+NVLINK_LATENCY = 3.4e-6
+NETWORK_LATENCY = 14e-6
 # NCCL's effective bandwidth of one NVLink, one direction (src/graph/topo.h; above)
 NVLINK_EFFECTIVE = {"volta": 20.0 * GB, "ampere": 20.0 * GB, "hopper": 20.6 * GB}
 # Hopper's NVSwitch reduces in the switch: "allreduce uses NVLink SHARP by default ... On 8
@@ -270,31 +275,33 @@ NVLINK_EFFECTIVE = {"volta": 20.0 * GB, "ampere": 20.0 * GB, "hopper": 20.6 * GB
 # reduce-scatters. The H800's 8 links: the same per link, 480 × 8/18.
 NVLS_ALLREDUCE_PER_LINK = 480 * GB / 18
 INTERCONNECTS: dict[str, Interconnect] = {
-    "nvlink2": Interconnect("NVLink 2 (V100)", 6 * NVLINK_EFFECTIVE["volta"], 3.4e-6),
-    "nvlink3": Interconnect("NVLink 3 (A100)", 12 * NVLINK_EFFECTIVE["ampere"], 3.4e-6),
+    "nvlink2": Interconnect("NVLink 2 (V100)", 6 * NVLINK_EFFECTIVE["volta"], NVLINK_LATENCY),
+    "nvlink3": Interconnect("NVLink 3 (A100)", 12 * NVLINK_EFFECTIVE["ampere"], NVLINK_LATENCY),
     "nvlink4": Interconnect(
         "NVLink 4 (H100/H200)",
         18 * NVLINK_EFFECTIVE["hopper"],
-        3.4e-6,
+        NVLINK_LATENCY,
         allreduce_bandwidth=18 * NVLS_ALLREDUCE_PER_LINK,
     ),
-    "nvlink-400": Interconnect("NVLink 3, 400 GB/s (A800)", 8 * NVLINK_EFFECTIVE["ampere"], 3.4e-6),
+    "nvlink-400": Interconnect(
+        "NVLink 3, 400 GB/s (A800)", 8 * NVLINK_EFFECTIVE["ampere"], NVLINK_LATENCY
+    ),
     "nvlink4-400": Interconnect(
         "NVLink 4, 400 GB/s (H800)",
         8 * NVLINK_EFFECTIVE["hopper"],
-        3.4e-6,
+        NVLINK_LATENCY,
         allreduce_bandwidth=8 * NVLS_ALLREDUCE_PER_LINK,
     ),
-    "ib-hdr": Interconnect("InfiniBand HDR 200 Gb/s per GPU", 25 * GB, 14e-6),
-    "ib-ndr": Interconnect("InfiniBand NDR 400 Gb/s per GPU", 50 * GB, 14e-6),
+    "ib-hdr": Interconnect("InfiniBand HDR 200 Gb/s per GPU", 25 * GB, NETWORK_LATENCY),
+    "ib-ndr": Interconnect("InfiniBand NDR 400 Gb/s per GPU", 50 * GB, NETWORK_LATENCY),
     "ethernet-100g": Interconnect(
         "Ethernet 100 Gb/s per node", 12.5 * GB, 20e-6, shared_by_node=True
     ),
     "opa-4x100": Interconnect(
-        "Omni-Path 4 × 100 Gb/s per node", 4 * 12.5 * GB, 14e-6, shared_by_node=True
+        "Omni-Path 4 × 100 Gb/s per node", 4 * 12.5 * GB, NETWORK_LATENCY, shared_by_node=True
     ),
     "roce-4x100": Interconnect(
-        "RoCE 4 × 100 Gb/s per node", 4 * 12.5 * GB, 14e-6, shared_by_node=True
+        "RoCE 4 × 100 Gb/s per node", 4 * 12.5 * GB, NETWORK_LATENCY, shared_by_node=True
     ),
 }
 
@@ -345,10 +352,39 @@ def gpu(name: str) -> GPU:
     return GPUS[key]
 
 
-def interconnect(name: str) -> Interconnect:
+# A node's network the catalog does not name, as its ports and their rate in Gb/s: "4x100"
+# is four 100 Gb/s ports shared by the node's GPUs — AWS p4d's and p4de's 400 Gb/s of EFA —,
+# "32x100" p5's 3,200 Gb/s, "8x400" eight NDR ports, one a GPU (ib-ndr's rate); an RDMA
+# network at NCCL's network latency, whose ports the GPUs share (each gets its node's
+# ports × rate over its GPUs, :class:`~paracube.planner.time_model.Cluster`)
+NETWORK_SPEC = re.compile(r"(\d+)x(\d+(?:\.\d+)?)")
+
+
+def interconnect(name: str, network: bool = False) -> Interconnect:
+    """A link of the catalog by name; for a ``network`` between nodes, also a node's ports
+    and their rate (:data:`NETWORK_SPEC`).
+
+    >>> interconnect("4x100", network=True).bandwidth == interconnect("roce-4x100").bandwidth
+    True
+    """
     key = name.lower()
-    if key not in INTERCONNECTS:
-        raise ConfigError(
-            f"unknown interconnect {name!r}: choose one of {', '.join(INTERCONNECTS)}"
+    if key in INTERCONNECTS:
+        return INTERCONNECTS[key]
+    spec = NETWORK_SPEC.fullmatch(key) if network else None
+    if spec and int(spec[1]) >= 1 and float(spec[2]) > 0:
+        ports, gbps = int(spec[1]), float(spec[2])
+        return Interconnect(
+            f"{ports} × {gbps:g} Gb/s per node",
+            ports * gbps / 8 * GB,
+            NETWORK_LATENCY,
+            shared_by_node=True,
         )
-    return INTERCONNECTS[key]
+    if network:
+        spec_words = ", or a node's ports × Gb/s each as PORTSxGBPS (4x100: four 100 Gb/s ports)"
+    elif NETWORK_SPEC.fullmatch(key):
+        spec_words = " (PORTSxGBPS is a network between nodes: give it to --inter)"
+    else:
+        spec_words = ""
+    raise ConfigError(
+        f"unknown interconnect {name!r}: choose one of {', '.join(INTERCONNECTS)}{spec_words}"
+    )

@@ -77,17 +77,17 @@ def parse_pools(
             )
     # between pools (and between nodes of a pool) the slowest of their default links
     slowest = min((inter or hw.DEFAULT_INTER[p.key] for p in pools), key=_bandwidth)
-    link = hw.interconnect(slowest)
+    link = hw.interconnect(slowest, network=True)
     return [replace(p, cluster=replace(p.cluster, inter=link)) for p in pools]
 
 
 def _bandwidth(name: str) -> float:
-    return hw.interconnect(name).bandwidth
+    return hw.interconnect(name, network=True).bandwidth
 
 
 def _cluster(key: str, count: int, gpus_per_node: int, intra: str | None) -> Cluster:
     link = hw.interconnect(intra or hw.DEFAULT_INTRA[key])
-    inter = hw.interconnect(hw.DEFAULT_INTER[key])
+    inter = hw.interconnect(hw.DEFAULT_INTER[key], network=True)
     return Cluster(hw.gpu(key), min(gpus_per_node, count), link, inter)
 
 
