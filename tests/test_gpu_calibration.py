@@ -112,7 +112,7 @@ def test_the_report_sets_each_shape_beside_both_models():
 def _catalog_h200_measured() -> dict:
     """A calibration whose GPU measured exactly the catalog's H200: every figure the
     planner reads equals the datasheet entry's."""
-    from paracube.planner.hardware import FLASH2_HOPPER
+    from paracube.planner.hardware import FLASH2_HOPPER, FLASH2_HOPPER_BACKWARD
 
     h200 = GPUS["h200"]
     data = _section()
@@ -124,7 +124,7 @@ def _catalog_h200_measured() -> dict:
         "tf32": h200.tf32_flops,
     }
     gpu["attention"].update(
-        flops=FLASH2_HOPPER, forward_flops=FLASH2_HOPPER, backward_flops=FLASH2_HOPPER
+        flops=FLASH2_HOPPER, forward_flops=FLASH2_HOPPER, backward_flops=FLASH2_HOPPER_BACKWARD
     )
     # what a copy moves on the catalog's H200: the datasheet's bandwidth at the measured fraction
     gpu["memory_bandwidth"], gpu["memory_bytes"] = h200.memory_rate, h200.memory_bytes
@@ -244,6 +244,26 @@ def test_a_measured_attention_backward_rate_times_the_backward():
     core_forward = attention_core(cfg, layout, gpu)[0]
     assert f_slow == f_same
     assert b_slow - b_same == pytest.approx(2.5 * core_forward)
+
+
+def test_hoppers_flashattention2_backward_runs_at_its_published_share_of_the_forward():
+    """The catalog's Hopper entries run FlashAttention-2's backward at 318/370 of its forward
+    rate (FlashAttention-3's H100 benchmarks of it at 8K tokens): the core's backward,
+    2.5× the forward's work, takes 370/318 × 2.5 × its forward — on the 500 W variant too,
+    scaled alike; Ampere's one rate covers both passes (2.5× exactly)."""
+    from paracube.models.presets import preset
+    from paracube.planner import hardware as hw
+    from paracube.planner.layout import Layout
+    from paracube.planner.time_model import attention_core, attention_core_backward
+
+    cfg, layout = preset("llama3-8b"), Layout(micro_batch=1)
+    for key, share in (("h100", 318 / 370), ("h200", 318 / 370), ("h800", 318 / 370),
+                       ("h100-96gb-500w", 318 / 370), ("a100-80gb", 1.0)):  # fmt: skip
+        gpu = hw.gpu(key)
+        forward = attention_core(cfg, layout, gpu)[0]
+        backward = attention_core_backward(layout, forward, gpu)
+        assert backward == pytest.approx(2.5 * forward / share), key
+    assert hw.gpu("h100").attention_backward_rate == pytest.approx(0.35 * 989e12 * 318 / 370)
 
 
 def test_the_catalog_moves_memory_at_the_measured_hbm_rate():

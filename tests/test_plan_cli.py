@@ -447,7 +447,8 @@ def test_every_candidate_shows_its_speed_up_and_the_explanation_states_it(capsys
 def test_the_speed_up_baseline_runs_the_same_software(capsys):
     """A fixed attention kernel describes the software, not the layout: the one-GPU
     baseline runs it too, so a slower kernel does not show as lost scaling (gpt3-1.3b on
-    8 H100s, data parallel: the same speed-up with FlashAttention-2 or in Triton)."""
+    8 H100s, data parallel: the same speed-up with FlashAttention-2 or in Triton, within 1 %
+    — if anything higher in Triton, whose slower compute hides the same communication)."""
     import re
 
     def speedup(*extra: str) -> float:
@@ -456,7 +457,8 @@ def test_the_speed_up_baseline_runs_the_same_software(capsys):
         row = next(line for line in out.splitlines() if line.startswith("| 1 |"))
         return float(re.search(r"\| ([\d.]+)× \(\d+%\) \|$", row).group(1))
 
-    assert speedup("--attention", "fused-triton") == pytest.approx(speedup(), abs=0.02)
+    flash2, triton = speedup(), speedup("--attention", "fused-triton")
+    assert flash2 <= triton == pytest.approx(flash2, rel=0.01)
 
 
 def test_a_model_too_large_for_one_gpu_is_measured_against_one_node(capsys):
