@@ -253,7 +253,7 @@ def test_the_layout_carries_the_jobs_gradient_dtype():
 
 def test_hopper_runs_at_its_measured_sustained_rates():
     """H100/H200: matmuls at the sustained rate measured at the power limit with the whole
-    node busy (698.6 of 989 TFLOP/s), FlashAttention-2 at its published 35 % of peak; the
+    node busy (698.6 of 989 TFLOP/s), FlashAttention-2's forward at its published 35 % of peak; the
     A100 keeps the base-clock fraction and FlashAttention-2's 50 %."""
     h100, a100 = hw.gpu("h100"), hw.gpu("a100-80gb")
     assert h100.sustained_fraction == pytest.approx(698.6 / 989)

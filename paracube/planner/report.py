@@ -631,6 +631,8 @@ def sustained(g: GPU) -> str:
         if g.attention_rate
         else "the attention's matmuls at that rate too"
     )
+    if g.attention_rate and g.attention_backward_rate not in (0.0, g.attention_rate):
+        attention += f", its backward at {g.attention_backward_rate / g.peak_flops:.0%}"
     if g.measured_sustained:
         return (
             f"the rate measured at the power limit with the whole node busy "
