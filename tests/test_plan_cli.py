@@ -448,7 +448,7 @@ def test_the_speed_up_baseline_runs_the_same_software(capsys):
     """A fixed attention kernel describes the software, not the layout: the one-GPU
     baseline runs it too, so a slower kernel does not show as lost scaling (gpt3-1.3b on
     8 H100s, data parallel: the same speed-up with FlashAttention-2 or in Triton, within
-    0.03 — if anything higher in Triton, whose slower compute hides the same communication)."""
+    0.02 — if anything higher in Triton, whose slower compute hides the same communication)."""
     import re
 
     def speedup(*extra: str) -> float:
@@ -458,7 +458,7 @@ def test_the_speed_up_baseline_runs_the_same_software(capsys):
         return float(re.search(r"\| ([\d.]+)× \(\d+%\) \|$", row).group(1))
 
     flash2, triton = speedup(), speedup("--attention", "fused-triton")
-    assert 0.0 <= triton - flash2 <= 0.03
+    assert 0.0 <= triton - flash2 <= 0.02 + 1e-9  # the printed speed-ups' two decimals
 
 
 def test_a_model_too_large_for_one_gpu_is_measured_against_one_node(capsys):
