@@ -151,6 +151,12 @@ CASES: list[tuple[str, list[str], str]] = [
      "tensor 'model.layers.1.mlp.up_proj.weight' has shape (8, 64) but the config gives (176, 64)"),
     ("data", ["train", "--model", "hf:{tmp}/hf-lost-shard", "--seq-len", "32"],
      "names model-00002-of-00002.safetensors, which is not in {tmp}/hf-lost-shard: copy every shard (2 files)"),
+    ("data", ["train", "--model", "hf:{tmp}/hf-qwen3-moe", "--seq-len", "32"],
+     "hf:qwen3_moe: experts=4 — a mixture of experts is planned (paracube plan), not trained"),
+    ("data", ["plan", "--model", "hf:{tmp}/hf-qwen3-moe-dense-first", "--seq", "32", "--gpus", "8",
+              "--global-batch", "8"],
+     "qwen3_moe config: of its 2 blocks, block 0 has a dense MLP (mlp_only_layers [0], "
+     "decoder_sparse_step 1), and the planner plans a model whose blocks are alike"),
     ("data", ["train", "--model", "hf:{tmp}/hf-partial-stretch"],
      "config.json: its rotary stretch 'llama3' gives no number for 'low_freq_factor'"),
     ("data", ["train", "--model", "hf:{tmp}/hf-llama", "--tp", "4"],
@@ -738,6 +744,13 @@ def _hf_models(tmp: Path) -> None:
     (tmp / "hf-yarn" / "config.json").write_text(
         '{"model_type": "llama", "rope_parameters": {"rope_type": "yarn", "factor": 4.0}}'
     )
+    qwen3_moe = {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                 "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2,
+                 "vocab_size": 256, "max_position_embeddings": 128}  # fmt: skip
+    for name, dense in (("hf-qwen3-moe", []), ("hf-qwen3-moe-dense-first", [0])):
+        (tmp / name).mkdir()
+        (tmp / name / "config.json").write_text(json.dumps({**qwen3_moe, "mlp_only_layers": dense}))
     (tmp / "hf-qwen2").mkdir()
     (tmp / "hf-qwen2" / "config.json").write_text('{"model_type": "qwen2"}')
     (tmp / "hf-bert").mkdir()

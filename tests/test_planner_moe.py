@@ -337,6 +337,53 @@ def test_a_hugging_face_mixtral_config_is_planned_with_its_experts(tmp_path):
         build_hf(str(tmp_path), cfg)
 
 
+# Qwen/Qwen3-30B-A3B's config.json, the keys that shape the model
+QWEN3_30B_A3B_CONFIG = {
+    "model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+    "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+    "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
+    "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936,
+    "max_position_embeddings": 40960, "hidden_act": "silu", "attention_bias": False,
+    "tie_word_embeddings": False, "rope_theta": 1000000.0, "rope_scaling": None,
+    "rms_norm_eps": 1e-06, "sliding_window": None, "use_sliding_window": False,
+}  # fmt: skip
+
+
+def test_a_hugging_face_qwen3_moe_config_is_planned_as_its_preset(tmp_path, capsys):
+    """A Qwen3-MoE config.json (model_type qwen3_moe: Qwen3's decoder — heads of head_dim,
+    per-head q/k norms — with num_experts experts of moe_intermediate_size, top
+    num_experts_per_tok) is read as the mixture its preset plans: Qwen3-30B-A3B's gives the
+    preset's shape and its model card's 30.5B parameters, and plans with expert
+    parallelism. Training and import refuse it as a mixture; a config that leaves some
+    blocks dense (mlp_only_layers, decoder_sparse_step) is refused, not planned as if every
+    block were sparse."""
+    from paracube.models.hf import build_hf
+    from paracube.models.hf_convert import imported_config
+    from paracube.models.sources import hf_model_config, read_hf_config
+
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_30B_A3B_CONFIG))
+    cfg = hf_model_config(read_hf_config(str(tmp_path)), 4096)
+    same = dataclasses.replace(cfg, name="qwen3-30b-a3b", norm_eps=1e-5)
+    assert same == preset("qwen3-30b-a3b")
+    assert round(shapes.parameter_count(cfg) / 1e9, 1) == 30.5
+    with pytest.raises(ConfigError, match="paracube train builds dense models"):
+        build_hf(str(tmp_path), cfg)
+    with pytest.raises(ConfigError, match="qwen3_moe cannot be paracube's GPT"):
+        imported_config(QWEN3_30B_A3B_CONFIG)
+    argv = ["plan", "--model", f"hf:{tmp_path}", "--seq", "4096", "--gpus", "16", "--gpu",
+            "h100", "--global-batch", "64", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    best = json.loads(capsys.readouterr().out)["candidates"][0]["layout"]
+    assert best["ep"] > 1
+    for dense in ({"mlp_only_layers": [0]}, {"decoder_sparse_step": 2}):
+        (tmp_path / "config.json").write_text(json.dumps({**QWEN3_30B_A3B_CONFIG, **dense}))
+        with pytest.raises(
+            ConfigError,
+            match=r"of its 48 blocks, (block 0 has|24 blocks \(0, 2, 4, 6 …\) have) a dense MLP",
+        ):
+            hf_model_config(read_hf_config(str(tmp_path)), 4096)
+
+
 def test_a_fixed_ep_alone_leaves_dp_to_the_search_and_an_ep_above_dp_is_folded(capsys):
     """``--layout ep=8`` fixes the expert-parallel size and leaves dp to the search, which
     keeps the layouts whose dp it divides (it was refused as "ep=8 does not divide dp=1", the
