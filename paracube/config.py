@@ -108,6 +108,12 @@ class ModelConfig:
     # Grok-1: 8 and 2). 0 and 0: the dense MLP.
     experts: int = 0
     experts_per_token: int = 0
+    # A mixture's shared experts: an MLP of this width (SwiGLU or GELU as the experts) that
+    # every token passes beside its k routed ones — DeepSeek-V2/V3's n_shared_experts ×
+    # moe_intermediate_size, Qwen2-MoE's shared_expert_intermediate_size; Megatron-Core's
+    # SharedExpertMLP, split by tensor parallelism, replicated over the expert-parallel
+    # ranks (--moe-shared-expert-intermediate-size). 0: none.
+    shared_expert_ffn: int = 0
     head_size: int | None = None  # None: hidden // n_heads
     qk_norm: bool = False
     # the rotary positions' base θ (RoFormer's 10,000; Llama 3's 500,000, Qwen3's 1,000,000):
@@ -166,6 +172,18 @@ class ModelConfig:
                 raise ConfigError(
                     f"experts_per_token={self.experts_per_token!r}: each token goes to 1 to "
                     f"experts={self.experts} of them (Mixtral and Grok-1: 2)"
+                )
+        if self.shared_expert_ffn:
+            if not (isinstance(self.shared_expert_ffn, int) and self.shared_expert_ffn > 0):
+                raise ConfigError(
+                    f"shared_expert_ffn={self.shared_expert_ffn!r}: the shared experts' MLP "
+                    "width is a positive integer (0: none)"
+                )
+            if not self.moe:
+                raise ConfigError(
+                    f"shared_expert_ffn={self.shared_expert_ffn} without experts: shared experts "
+                    "sit beside a mixture's routed ones; give experts and experts_per_token, or "
+                    "widen the dense MLP (ffn_hidden) instead"
                 )
         if self.position == "rope" and self.head_dim % 2:
             raise ConfigError(f"rotary positions need an even head size, got {self.head_dim}")

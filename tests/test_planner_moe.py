@@ -37,7 +37,8 @@ def test_a_mixture_holds_every_expert_and_a_token_passes_k_of_them():
     """Mixtral 8x7B: "47B parameters, but only uses 13B active parameters during inference"
     (Jiang et al. 2024, abstract) — Mistral's announcement gives 46.7B and 12.9B; Mixtral
     8x22B "39B active parameters out of 141B" (Mistral's announcement). Grok-1: "314B
-    parameter Mixture-of-Experts" (xai-org/grok-1 README). Qwen3's model cards: 30.5B with
+    parameter Mixture-of-Experts" (xai-org/grok-1 README). Qwen2-57B-A14B's model card: 57B
+    with 14B activated — its shared expert passed by every token. Qwen3's model cards: 30.5B with
     3.3B activated (Qwen3-30B-A3B), 235B with 22B activated (Qwen3-235B-A22B)."""
     for name, total, active, places in [
         ("mixtral-8x7b", 46.7, 12.9, 1),
@@ -45,6 +46,7 @@ def test_a_mixture_holds_every_expert_and_a_token_passes_k_of_them():
         ("grok-1", 316, 84, 0),
         ("qwen3-30b-a3b", 30.5, 3.4, 1),  # 3.35B: the card rounds it down
         ("qwen3-235b-a22b", 235, 22, 0),
+        ("qwen2-57b-a14b", 57, 14, 0),  # its model card: 57B, 14B activated (a shared expert)
     ]:
         cfg = preset(name)
         assert round(shapes.parameter_count(cfg) / 1e9, places) == total
@@ -337,6 +339,81 @@ def test_a_hugging_face_mixtral_config_is_planned_with_its_experts(tmp_path):
         build_hf(str(tmp_path), cfg)
 
 
+def test_a_shared_expert_is_a_dense_mlp_beside_the_routed_ones():
+    """Shared experts (ModelConfig.shared_expert_ffn; DeepSeek's, Qwen2-MoE's) as
+    Megatron-Core's SharedExpertMLP runs them: a dense MLP of that width every token passes —
+    its weights split by tp and held by every expert-parallel rank (not divided by ep, and
+    reduced with the attention's, outside the experts' parameters), its two GEMMs over all of
+    a rank's tokens after the routed experts', its activations a dense MLP's, its
+    tensor-parallel collectives a dense MLP's (a pair each way, the input re-gathered, its
+    forward again under full recomputation) — and nothing of the routing changes."""
+    base = preset("mixtral-8x7b", seq_len=4096)
+    f = 2048
+    shared = dataclasses.replace(base, shared_expert_ffn=f)
+    mlp = dataclasses.replace(base, experts=0, experts_per_token=0, ffn_hidden=f)
+    dense_mlp = shapes.expert_params(mlp, tp=2)  # a dense block's MLP on a rank of tp 2
+    for ep in (1, 2, 8):
+        added = shapes.block_params(shared, tp=2, ep=ep) - shapes.block_params(base, tp=2, ep=ep)
+        assert added == dense_mlp
+        assert shapes.expert_params(shared, tp=2, ep=ep) == shapes.expert_params(base, tp=2, ep=ep)
+    h = base.hidden
+    assert (shapes.block_active_matrix_params(shared) - shapes.block_active_matrix_params(base)
+            == 3 * h * f)  # fmt: skip
+    tokens = 8192
+    gemms = shapes.block_gemms(shared, tokens, tp=2, ep=8)
+    assert gemms[:-2] == shapes.block_gemms(base, tokens, tp=2, ep=8)
+    assert gemms[-2:] == [(tokens, 2 * f / 2, h), (tokens, h, f / 2)]
+    assert shapes.down_gemms(shared, tokens, 2, 8)[-1] == gemms[-1]
+    for recompute in ("none", "selective"):
+        kept = dict(tp=2, sequence_parallel=True, recompute=recompute)
+        grown = shapes.block_saved_bytes(shared, 2, **kept) - shapes.block_saved_bytes(
+            base, 2, **kept
+        )
+        routed_width = shapes.block_saved_bytes(mlp, 2, **kept) - shapes.block_saved_bytes(
+            dataclasses.replace(mlp, ffn_hidden=1), 2, **kept
+        )  # a dense block's bytes per unit of MLP width, times f − 1
+        assert grown * (f - 1) == routed_width * f
+    for full in (False, True):
+        dense = 4 * (1.5 if full else 1.0) + 1  # a dense block's rings under SP: its MLP's half
+        assert moe_tp_rings(shared, 2, full) - moe_tp_rings(base, 2, full) == dense / 2
+    with pytest.raises(ConfigError, match="shared_expert_ffn=512 without experts"):
+        dataclasses.replace(mlp, shared_expert_ffn=512)
+    with pytest.raises(ConfigError, match="shared_expert_ffn=-1"):
+        dataclasses.replace(base, shared_expert_ffn=-1)
+
+
+def test_a_shared_expert_is_planned_and_emitted_for_megatron(capsys):
+    """Qwen2-57B-A14B (64 experts of 2,560, 8 a token, a shared expert of 20,480): its step
+    costs more than the same mixture's without the shared expert, `--explain` names it and
+    the Megatron command carries --moe-shared-expert-intermediate-size; a custom shape takes
+    --shared-expert-ffn."""
+    cfg = preset("qwen2-57b-a14b")
+    layout = Layout(dp=8, tp=2, ep=8, micro_batch=1, microbatches=8, sequence_parallel=True,
+                    zero=1)  # fmt: skip
+    with_shared = estimate(cfg, layout, H100)
+    without = estimate(dataclasses.replace(cfg, shared_expert_ffn=0), layout, H100)
+    assert with_shared.step_time > without.step_time
+    assert (
+        model_flops_per_token(cfg)
+        - model_flops_per_token(dataclasses.replace(cfg, shared_expert_ffn=0))
+        == cfg.n_layers * 6 * 3 * cfg.hidden * cfg.shared_expert_ffn
+    )
+    common = ["plan", "--model", "qwen2-57b-a14b", "--gpus", "16", "--gpu", "h100",
+              "--global-batch", "64", "--layout", "tp=2,ep=8"]  # fmt: skip
+    assert main([*common, "--emit", "megatron"]) == 0
+    out = capsys.readouterr().out
+    assert "--num-experts 64 --moe-router-topk 8" in out
+    assert "--moe-shared-expert-intermediate-size 20480" in out
+    assert main([*common, "--explain"]) == 0
+    assert "a shared expert of 20,480 every token passes" in capsys.readouterr().out
+    custom = ["plan", "--layers", "4", "--hidden", "512", "--heads", "8", "--vocab", "1000",
+              "--seq", "512", "--experts", "8", "--experts-per-token", "2",
+              "--shared-expert-ffn", "1024", "--gpus", "8", "--gpu", "h100",
+              "--global-batch", "16", "--json"]  # fmt: skip
+    assert main(custom) == 0
+    assert json.loads(capsys.readouterr().out)["candidates"]
+
+
 # Qwen/Qwen3-30B-A3B's config.json, the keys that shape the model
 QWEN3_30B_A3B_CONFIG = {
     "model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
@@ -382,6 +459,32 @@ def test_a_hugging_face_qwen3_moe_config_is_planned_as_its_preset(tmp_path, caps
             match=r"of its 48 blocks, (block 0 has|24 blocks \(0, 2, 4, 6 …\) have) a dense MLP",
         ):
             hf_model_config(read_hf_config(str(tmp_path)), 4096)
+
+
+def test_a_hugging_face_qwen2_moe_config_is_planned_with_its_shared_expert(tmp_path):
+    """A Qwen2-MoE config.json (model_type qwen2_moe: Qwen2's decoder, num_experts of
+    moe_intermediate_size, top num_experts_per_tok, and a shared expert of
+    shared_expert_intermediate_size) is read as its preset: Qwen2-57B-A14B's. Import
+    refuses it as a mixture."""
+    from paracube.models.hf_convert import imported_config
+    from paracube.models.sources import hf_model_config, read_hf_config
+
+    config = {
+        "model_type": "qwen2_moe", "hidden_size": 3584, "intermediate_size": 18944,
+        "moe_intermediate_size": 2560, "shared_expert_intermediate_size": 20480,
+        "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+        "num_experts": 64, "num_experts_per_tok": 8, "decoder_sparse_step": 1,
+        "mlp_only_layers": [], "vocab_size": 151936, "max_position_embeddings": 32768,
+        "hidden_act": "silu", "tie_word_embeddings": False, "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-06, "use_sliding_window": False,
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    cfg = hf_model_config(read_hf_config(str(tmp_path)), 4096)
+    assert dataclasses.replace(cfg, name="qwen2-57b-a14b", norm_eps=1e-5) == preset(
+        "qwen2-57b-a14b"
+    )
+    with pytest.raises(ConfigError, match="qwen2_moe cannot be paracube's GPT"):
+        imported_config(config)
 
 
 def test_a_fixed_ep_alone_leaves_dp_to_the_search_and_an_ep_above_dp_is_folded(capsys):

@@ -49,6 +49,13 @@ def add_parser(sub) -> None:
         help="the experts each token is routed to (Mixtral, Grok-1: 2)",
     )
     m.add_argument(
+        "--shared-expert-ffn",
+        type=int,
+        default=None,
+        help="a mixture's shared experts: the width of the MLP every token passes beside its "
+        "routed experts (DeepSeek-V3: 2048, Qwen2-57B-A14B: 20480)",
+    )
+    m.add_argument(
         "--head-size",
         type=int,
         default=None,

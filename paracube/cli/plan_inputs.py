@@ -29,6 +29,7 @@ BLOCK = (
     "no_bias",
     "experts",
     "experts_per_token",
+    "shared_expert_ffn",
     "head_size",
     "qk_norm",
 )

@@ -114,6 +114,42 @@ def _mlp_matrix_params(cfg: ModelConfig) -> int:
     return sum(lin.in_features * lin.out_features for lin in block_linears(cfg)[2:])
 
 
+# A mixture's shared experts (ModelConfig.shared_expert_ffn): one MLP every token passes
+# beside its k routed experts — Megatron-Core's SharedExpertMLP, split by tensor parallelism
+# as a dense MLP (its own all-gather and reduce-scatter under sequence parallelism),
+# replicated over the expert-parallel ranks and reduced over the whole data-parallel group
+# with the attention's weights; no dispatch. Qwen2-MoE's sigmoid gate on it (h weights) is
+# not counted.
+
+
+def shared_linears(cfg: ModelConfig) -> list[Linear]:
+    """The shared experts' up and down projections (of the experts' activation: SwiGLU's
+    fused gate | up, or one), none without shared experts."""
+    if not cfg.shared_expert_ffn:
+        return []
+    f = cfg.shared_expert_ffn
+    width = (2 if cfg.activation == "swiglu" else 1) * f
+    return [
+        Linear("mlp.shared.up_proj", cfg.hidden, width, "column"),
+        Linear("mlp.shared.down_proj", f, cfg.hidden, "row"),
+    ]
+
+
+def _shared_matrix_params(cfg: ModelConfig) -> int:
+    return sum(lin.in_features * lin.out_features for lin in shared_linears(cfg))
+
+
+def shared_expert_params(cfg: ModelConfig, tp: int = 1) -> float:
+    """The shared experts' parameters on one tensor-parallel rank: matrices and the column
+    bias split, the row bias replicated (0 without shared experts)."""
+    linears = shared_linears(cfg)
+    if not linears:
+        return 0.0
+    bias = 1 if cfg.bias else 0
+    up, down = linears
+    return (_shared_matrix_params(cfg) + bias * up.out_features) / tp + bias * down.out_features
+
+
 def block_matrix_dims(cfg: ModelConfig, tp: int = 1) -> list[tuple[int, int]]:
     """(out, in) of each linear of a block as one tensor-parallel rank holds it: a
     column-parallel layer's outputs and a row-parallel layer's inputs divided by tp."""
@@ -139,16 +175,19 @@ def norm_params(cfg: ModelConfig) -> int:
 
 def block_matrix_params(cfg: ModelConfig) -> int:
     """Weights of one block's matrices: the attention's, every expert's MLP (the one MLP of
-    a dense block) and the router's."""
+    a dense block), the shared experts' and the router's."""
     attention = sum(lin.in_features * lin.out_features for lin in block_linears(cfg)[:2])
-    return attention + mlp_copies(cfg) * _mlp_matrix_params(cfg) + router_params(cfg)
+    mlps = mlp_copies(cfg) * _mlp_matrix_params(cfg) + _shared_matrix_params(cfg)
+    return attention + mlps + router_params(cfg)
 
 
 def block_active_matrix_params(cfg: ModelConfig) -> int:
     """The matrix weights a token passes in one block — each does 2 FLOPs per token forward:
-    the attention's, the router's and k experts' MLPs (a dense block: all of its matrices)."""
+    the attention's, the router's, k experts' MLPs and the shared experts' (a dense block:
+    all of its matrices)."""
     attention = sum(lin.in_features * lin.out_features for lin in block_linears(cfg)[:2])
-    return attention + mlp_passes(cfg) * _mlp_matrix_params(cfg) + router_params(cfg)
+    mlps = mlp_passes(cfg) * _mlp_matrix_params(cfg) + _shared_matrix_params(cfg)
+    return attention + mlps + router_params(cfg)
 
 
 @cache  # the planners ask it for every candidate layout
@@ -156,9 +195,11 @@ def block_params(cfg: ModelConfig, tp: int = 1, ep: int = 1, etp: int | None = N
     """Parameters of one block held by one tensor-parallel rank: matrices and column
     biases split by tp, the two norms and the row-parallel biases replicated; of a mixture
     of experts the E/ep experts the rank holds under expert parallelism ``ep``, each split
-    over ``etp`` ranks (None: tp), and the router, replicated."""
+    over ``etp`` ranks (None: tp), the shared experts split by tp, and the router,
+    replicated."""
     experts = expert_params(cfg, tp if etp is None else etp, ep)
-    return _attention_params(cfg, tp) + experts + router_params(cfg)
+    shared = shared_expert_params(cfg, tp)
+    return _attention_params(cfg, tp) + experts + shared + router_params(cfg)
 
 
 def _attention_params(cfg: ModelConfig, tp: int) -> float:
@@ -211,7 +252,8 @@ def block_gemms(
     each of the E/ep experts the rank holds, over ep·k·tokens/E rows each (the tokens the
     ep ranks send it, balanced over the experts), one GEMM per expert as Megatron-Core's
     SequentialMLP runs them — split over ``etp`` ranks (None: tp), ep·etp·k·tokens/(tp·E)
-    rows each when folded. The last GEMM is always a down projection."""
+    rows each when folded —, then the shared experts' up and down projections over every
+    token, split by tp. The last GEMM is always a down projection."""
     etp = tp if etp is None else etp
 
     def gemm(lin: Linear, rows: float, ranks: int = tp) -> tuple[float, float, float]:
@@ -227,15 +269,16 @@ def block_gemms(
     gemms.append((tokens, cfg.experts, cfg.hidden))  # the router
     for _ in range(cfg.experts // ep):
         gemms += [gemm(lin, rows, etp) for lin in linears[2:]]
-    return gemms
+    return gemms + [gemm(lin, tokens) for lin in shared_linears(cfg)]
 
 
 def down_gemms(
     cfg: ModelConfig, tokens: int, tp: int = 1, ep: int = 1, etp: int | None = None
 ) -> list[tuple[float, float, float]]:
     """The MLP's down projections among :func:`block_gemms`: the block's last matmul, once
-    per expert the rank holds — what a checkpoint that stops early does not replay."""
-    count = cfg.experts // ep if cfg.moe else 1
+    per expert the rank holds and the shared experts' — what a checkpoint that stops early
+    does not replay."""
+    count = cfg.experts // ep + len(shared_linears(cfg)) // 2 if cfg.moe else 1
     return block_gemms(cfg, tokens, tp, ep, etp)[-2 * count + 1 :: 2]
 
 
@@ -402,8 +445,9 @@ def block_saved_bytes(
             attention += n * width * elem
     kept = 2 if cfg.activation != "swiglu" else 3 if compiled else 4  # widths of F (above)
     mlp = kept * n * cfg.ffn_hidden * elem // tp
-    if cfg.moe:
+    if cfg.moe:  # k experts' rows, the routing's, and the shared experts' as a dense MLP's
         mlp = mlp * cfg.experts_per_token + moe_routing_bytes(cfg, n, elem, tp, ts, etp)
+        mlp += kept * n * cfg.shared_expert_ffn * elem // tp
     return norms + norm_outputs + attention + mlp
 
 

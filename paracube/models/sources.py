@@ -30,13 +30,16 @@ from paracube.errors import ConfigError
 # size of its own — head_dim — and per-head q/k norms, replicated with their gradients
 # summed over tp).
 HF_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama",
-               "gpt2": "gpt2", "mixtral": "llama", "qwen3_moe": "llama"}  # fmt: skip
+               "gpt2": "gpt2", "mixtral": "llama", "qwen3_moe": "llama",
+               "qwen2_moe": "llama"}  # fmt: skip
 # Mixtral is Mistral's decoder with a mixture of experts for its MLP: planned (its experts
 # from num_local_experts and num_experts_per_tok), not trained — paracube builds dense models.
 # Qwen3-MoE is Qwen3's decoder with one (num_experts of moe_intermediate_size, top
-# num_experts_per_tok; Qwen3-30B-A3B, Qwen3-235B-A22B): planned likewise, when every block is
-# a mixture — the planner's blocks are alike, and a config can make some blocks dense
-# (mlp_only_layers, decoder_sparse_step: transformers' Qwen3MoeDecoderLayer)
+# num_experts_per_tok; Qwen3-30B-A3B, Qwen3-235B-A22B), Qwen2-MoE Qwen2's with one and a
+# shared expert (shared_expert_intermediate_size; Qwen2-57B-A14B): planned likewise, when
+# every block is a mixture — the planner's blocks are alike, and a config can make some
+# blocks dense (mlp_only_layers, decoder_sparse_step: transformers' Qwen3MoeDecoderLayer
+# and Qwen2MoeDecoderLayer)
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 WEIGHTS_FILE = "model.safetensors"
 # a checkpoint saved in shards (save_pretrained above its max_shard_size, every published
@@ -202,33 +205,37 @@ def rope_stretch(data: dict) -> tuple[str, dict]:
     return kind, out
 
 
-def _qwen3_moe_experts(data: dict) -> dict:
-    """A Qwen3-MoE config's mixture, as :class:`ModelConfig` fields (transformers'
-    Qwen3MoeConfig defaults where a key is absent: 128 experts of 768, 8 a token, every block
-    sparse). A block is a mixture where its index is not in ``mlp_only_layers`` and
-    (index + 1) is a multiple of ``decoder_sparse_step``; a config that leaves some blocks
-    dense is refused: the planner's blocks are all alike."""
-    get = data.get
+# transformers' defaults where a Qwen MoE config omits a key: (experts, per token, expert
+# width, shared expert width) of Qwen3MoeConfig and Qwen2MoeConfig
+QWEN_MOE_DEFAULTS = {"qwen3_moe": (128, 8, 768, 0), "qwen2_moe": (60, 4, 1408, 5632)}
+
+
+def _qwen_moe_experts(data: dict) -> dict:
+    """A Qwen MoE config's mixture, as :class:`ModelConfig` fields (transformers' defaults
+    where a key is absent, :data:`QWEN_MOE_DEFAULTS`). A block is a mixture where its index
+    is not in ``mlp_only_layers`` and (index + 1) is a multiple of ``decoder_sparse_step``;
+    a config that leaves some blocks dense is refused: the planner's blocks are all alike."""
+    kind, get = data["model_type"], data.get
+    experts, per_token, width, shared = QWEN_MOE_DEFAULTS[kind]
     layers = get("num_hidden_layers", 48)
     dense_only, step = get("mlp_only_layers") or [], get("decoder_sparse_step", 1)
     if not isinstance(step, int) or step < 1:
-        raise ConfigError(
-            f"qwen3_moe config: decoder_sparse_step {step!r} must be a positive integer"
-        )
+        raise ConfigError(f"{kind} config: decoder_sparse_step {step!r} must be a positive integer")
     dense = sorted({*dense_only, *(i for i in range(layers) if (i + 1) % step)})
     if dense:
         shown = ", ".join(map(str, dense[:4])) + (" …" if len(dense) > 4 else "")
         which = f"block {shown} has" if len(dense) == 1 else f"{len(dense)} blocks ({shown}) have"
         raise ConfigError(
-            f"qwen3_moe config: of its {layers} blocks, {which} a dense MLP "
+            f"{kind} config: of its {layers} blocks, {which} a dense MLP "
             f"(mlp_only_layers {dense_only}, decoder_sparse_step {step}), and the planner plans "
             "a model whose blocks are alike: every block a mixture (mlp_only_layers [], "
             "decoder_sparse_step 1)"
         )
     return dict(
-        ffn_hidden=get("moe_intermediate_size", 768),
-        experts=get("num_experts", 128),
-        experts_per_token=get("num_experts_per_tok", 8),
+        ffn_hidden=get("moe_intermediate_size", width),
+        experts=get("num_experts", experts),
+        experts_per_token=get("num_experts_per_tok", per_token),
+        shared_expert_ffn=get("shared_expert_intermediate_size", shared),
     )
 
 
@@ -271,8 +278,8 @@ def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = No
             shape.update(
                 experts=get("num_local_experts", 8), experts_per_token=get("num_experts_per_tok", 2)
             )
-        if kind == "qwen3_moe":
-            shape.update(_qwen3_moe_experts(data))
+        if kind in QWEN_MOE_DEFAULTS:
+            shape.update(_qwen_moe_experts(data))
     context = hf_context(data)
     seq = seq_len if seq_len is not None else min(context, 1024)
     if seq > context:

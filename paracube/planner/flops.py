@@ -60,10 +60,13 @@ def hardware_flops_per_token(
 
 def _full_replay_flops(cfg, replay: str) -> float:
     """Every block's forward again — less, per block, the down projection a checkpoint that
-    stops early does not replay (a token passes k experts' down projections)."""
+    stops early does not replay (a token passes k experts' down projections, and the shared
+    experts')."""
     down = shapes.block_linears(cfg)[-1]
+    shared_down = shapes.shared_linears(cfg)[1:]
     unreplayed = (
         2 * down.in_features * down.out_features * shapes.mlp_passes(cfg)
+        + sum(2 * lin.in_features * lin.out_features for lin in shared_down)
         if replay == "early-stop"
         else 0
     )

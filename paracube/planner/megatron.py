@@ -160,6 +160,8 @@ def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch
             f"--num-experts {cfg.experts} --moe-router-topk {cfg.experts_per_token} "
             + DISPATCHERS[L.ep_dispatch]
         )
+        if cfg.shared_expert_ffn:
+            args.append(f"--moe-shared-expert-intermediate-size {cfg.shared_expert_ffn}")
     args.append("--attention-dropout 0 --hidden-dropout 0")  # the planned model has none
     # the layout
     args.append(f"--tensor-model-parallel-size {L.tp} --pipeline-model-parallel-size {L.pp}")

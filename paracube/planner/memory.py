@@ -148,6 +148,10 @@ def te_block_bytes(
         attention += n * h / t  # the output projection's FP8 input beside the kernel's output
     gate_up = 2 if cfg.activation == "swiglu" else 1
     mlp = 2 * gate_up * n * f / t + linear_in * n * f / t
-    if cfg.moe:  # k experts' MLPs for every token, and what the routing keeps
+    if cfg.moe:  # k experts' MLPs for every token, what the routing keeps, the shared experts
+        shared = (
+            2 * gate_up * n * cfg.shared_expert_ffn / t + linear_in * n * cfg.shared_expert_ffn / t
+        )
         mlp = mlp * cfg.experts_per_token + moe_routing_bytes(cfg, n, 2, t, int(ts), etp, linear_in)
+        mlp += shared
     return norms + norm_outputs + attention + mlp

@@ -369,7 +369,13 @@ _MIXTURE_PLANNED_ONLY = "Planned only: paracube train builds dense models."
 def _experts_reason(best, cfg: ModelConfig) -> str:
     """A mixture of experts: where the experts are, and the all-to-alls that reach them."""
     L, t = best.layout, best.time
-    head = f"- A mixture of {cfg.experts} experts, {cfg.experts_per_token} per token: "
+    shared = (
+        f" and a shared expert of {cfg.shared_expert_ffn:,} every token passes (split by tp, "
+        "its own collectives, reduced with the attention's weights)"
+        if cfg.shared_expert_ffn
+        else ""
+    )
+    head = f"- A mixture of {cfg.experts} experts, {cfg.experts_per_token} per token{shared}: "
     if L.ep == 1:
         return (
             head + "every rank holds all of them (no expert parallelism). " + _MIXTURE_PLANNED_ONLY

@@ -300,7 +300,7 @@ def layer_time(
     if (
         all(g.activation_rates) and cfg.activation != "swiglu"
     ):  # a compute-bound GELU (calibrated CPU)
-        elements = M * cfg.ffn_hidden / t * shapes.mlp_passes(cfg)
+        elements = M * (cfg.ffn_hidden * shapes.mlp_passes(cfg) + cfg.shared_expert_ffn) / t
         fwd, bwd = fwd + elements / g.activation_rates[0], bwd + elements / g.activation_rates[1]
     return fwd + core_time + elementwise, bwd + core_bwd + elementwise_bwd, flops + core_flops
 
@@ -1013,11 +1013,15 @@ def moe_tp_rings(cfg: ModelConfig, t: int, full: bool, etp: int | None = None) -
     backward — and mirrors it all after the experts (a reduce-scatter of k·N rows, the
     all-to-all back); its backward, the same again. A fully recomputed block's forward
     once more. Folded at ``etp`` 1 (None: t), the experts take each rank's sequence shard
-    whole: the MLP has no tensor-parallel collective."""
+    whole: the MLP has no tensor-parallel collective. Shared experts are a dense MLP over
+    the tensor-parallel group whatever ``etp``: a pair of their own each way, and their
+    input re-gathered for backward (Megatron-Core's SharedExpertMLP, without
+    --moe-shared-expert-overlap)."""
     # the rings the dispatcher's collectives make
     mlp = cfg.experts_per_token + 1 / t if (etp is None or etp == t) else 0.0
-    forward = 1 + mlp
-    return forward * (2 if full else 1) + forward + 0.5
+    shared = 1.0 if cfg.shared_expert_ffn else 0.0
+    forward = 1 + shared + mlp
+    return forward * (2 if full else 1) + forward + 0.5 * (1 + shared)
 
 
 def overlapped_tp_comm(comm: float, gemms: float, t: int) -> float:
