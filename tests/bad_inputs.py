@@ -145,6 +145,9 @@ CASES: list[tuple[str, list[str], str]] = [
     # -- model and data --------------------------------------------------------------
     ("data", ["train", "--model", "gpt5"], "unknown --model 'gpt5': give a preset"),
     ("data", ["train", "--model", "hf:{tmp}/emptydir"], "no config.json at"),
+    ("data", ["plan", "--model", "hf:{tmp}/hf-deepseek-v3", "--gpus", "8", "--global-batch", "8"],
+     "model_type 'deepseek_v3' is not a supported architecture (not modelled: multi-head latent "
+     "attention, dense first blocks, multi-token prediction)"),
     ("data", ["train", "--model", "hf:{tmp}/hf-bert"],
      "model_type 'bert' is not a supported architecture: supported are llama, mistral, qwen2, qwen3, gpt2"),
     ("data", ["train", "--model", "hf:{tmp}/hf-bad-weights", "--seq-len", "32"],
@@ -760,6 +763,8 @@ def _hf_models(tmp: Path) -> None:
         (tmp / name / "config.json").write_text(json.dumps({**qwen3_moe, "mlp_only_layers": dense}))
     (tmp / "hf-qwen2").mkdir()
     (tmp / "hf-qwen2" / "config.json").write_text('{"model_type": "qwen2"}')
+    (tmp / "hf-deepseek-v3").mkdir()
+    (tmp / "hf-deepseek-v3" / "config.json").write_text('{"model_type": "deepseek_v3"}')
     (tmp / "hf-bert").mkdir()
     (tmp / "hf-bert" / "config.json").write_text('{"model_type": "bert", "hidden_size": 64}')
     from transformers import AutoModelForCausalLM

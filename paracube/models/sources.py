@@ -135,11 +135,28 @@ def read_hf_config(directory: str) -> dict:
         raise ConfigError(f"--model hf:{directory}: {path} is not a JSON object")
     kind = data.get("model_type")
     if kind not in HF_FAMILIES:
+        why = f" (not modelled: {NOT_MODELLED[kind]})" if kind in NOT_MODELLED else ""
         raise ConfigError(
-            f"--model hf:{directory}: model_type {kind!r} is not a supported architecture: "
+            f"--model hf:{directory}: model_type {kind!r} is not a supported architecture{why}: "
             f"supported are {', '.join(HF_FAMILIES)} (or write a factory returning a ModelSpec)"
         )
     return data
+
+
+# Architectures users ask for that neither paracube's GPT nor the planner has the parts of:
+# what is missing, named in the refusal (transformers' model_type → the parts)
+NOT_MODELLED = {
+    "deepseek_v2": "multi-head latent attention, dense first blocks",
+    "deepseek_v3": "multi-head latent attention, dense first blocks, multi-token prediction",
+    "kimi_k2": "multi-head latent attention, a dense first block",
+    "glm4_moe": "dense first blocks before the mixture ones",
+    "gpt_oss": "sliding-window attention in alternate blocks, attention sinks",
+    "gemma2": "sliding-window attention in alternate blocks, logit soft-capping",
+    "gemma3": "sliding-window attention in five blocks of six",
+    "gemma3_text": "sliding-window attention in five blocks of six",
+    "llama4": "chunked attention, dense blocks between the mixture ones",
+    "llama4_text": "chunked attention, dense blocks between the mixture ones",
+}
 
 
 # the dropout probabilities of the supported configs: paracube trains without dropout
