@@ -412,6 +412,10 @@ def test_a_shared_expert_is_planned_and_emitted_for_megatron(capsys):
               "--global-batch", "16", "--json"]  # fmt: skip
     assert main(custom) == 0
     assert json.loads(capsys.readouterr().out)["candidates"]
+    # split by tp as a dense MLP: a width tp does not divide is refused, as the MLP's is
+    odd = [a if a != "1024" else "1001" for a in custom]
+    assert main([*odd, "--layout", "tp=2"]) == 2
+    assert "heads or MLP size not divisible by tp" in capsys.readouterr().err
 
 
 # Qwen/Qwen3-30B-A3B's config.json, the keys that shape the model
