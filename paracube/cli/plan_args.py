@@ -53,7 +53,7 @@ def add_parser(sub) -> None:
         type=int,
         default=None,
         help="a mixture's shared experts: the width of the MLP every token passes beside its "
-        "routed experts (DeepSeek-V3: 2048, Qwen2-57B-A14B: 20480)",
+        "routed experts (Qwen1.5-MoE-A2.7B: 5632, Qwen2-57B-A14B: 20480)",
     )
     m.add_argument(
         "--head-size",
