@@ -369,10 +369,10 @@ def test_a_shared_expert_is_a_dense_mlp_beside_the_routed_ones():
         grown = shapes.block_saved_bytes(shared, 2, **kept) - shapes.block_saved_bytes(
             base, 2, **kept
         )
-        routed_width = shapes.block_saved_bytes(mlp, 2, **kept) - shapes.block_saved_bytes(
+        dense_width = shapes.block_saved_bytes(mlp, 2, **kept) - shapes.block_saved_bytes(
             dataclasses.replace(mlp, ffn_hidden=1), 2, **kept
         )  # a dense block's bytes per unit of MLP width, times f − 1
-        assert grown * (f - 1) == routed_width * f
+        assert grown * (f - 1) == dense_width * f
     for full in (False, True):
         dense = 4 * (1.5 if full else 1.0) + 1  # a dense block's rings under SP: its MLP's half
         assert moe_tp_rings(shared, 2, full) - moe_tp_rings(base, 2, full) == dense / 2
