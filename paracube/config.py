@@ -12,6 +12,8 @@ planner reuses these classes as pure math.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from paracube.choices import (
@@ -114,6 +116,14 @@ class ModelConfig:
     # SharedExpertMLP, split by tensor parallelism, replicated over the expert-parallel
     # ranks (--moe-shared-expert-intermediate-size). 0: none.
     shared_expert_ffn: int = 0
+    # A mixture's dense blocks: the indices of the blocks whose MLP is one dense MLP of
+    # ``dense_ffn`` width (0: ffn_hidden) instead of the experts — DeepSeek-V3's and
+    # GLM-4.5's first three (first_k_dense_replace), Qwen-MoE's mlp_only_layers, the zeros
+    # of Megatron-Core's --moe-layer-freq pattern. The blocks are then of two kinds, each a
+    # uniform model of its own (:meth:`block_kind`): the planner sums per kind. (): every
+    # block a mixture.
+    dense_layers: tuple[int, ...] = ()
+    dense_ffn: int = 0
     head_size: int | None = None  # None: hidden // n_heads
     qk_norm: bool = False
     # the rotary positions' base θ (RoFormer's 10,000; Llama 3's 500,000, Qwen3's 1,000,000):
@@ -185,6 +195,7 @@ class ModelConfig:
                     "sit beside a mixture's routed ones; give experts and experts_per_token, or "
                     "widen the dense MLP (ffn_hidden) instead"
                 )
+        self._check_dense_layers()
         if self.position == "rope" and self.head_dim % 2:
             raise ConfigError(f"rotary positions need an even head size, got {self.head_dim}")
         for f, allowed in (("norm", NORMS), ("activation", ACTIVATIONS), ("position", POSITIONS)):
@@ -192,6 +203,87 @@ class ModelConfig:
                 raise ConfigError(
                     f"unknown {f} {getattr(self, f)!r}: choose one of {', '.join(allowed)}"
                 )
+
+    def _check_dense_layers(self) -> None:
+        if not (self.dense_layers or self.dense_ffn):
+            return
+        if not self.moe:
+            raise ConfigError(
+                "dense_layers without experts: dense blocks sit among a mixture's; give "
+                "experts and experts_per_token, or leave every block dense (no dense_layers)"
+            )
+        layers = self.dense_layers
+        if not (
+            isinstance(layers, tuple)
+            and all(isinstance(i, int) and 0 <= i < self.n_layers for i in layers)
+            and list(layers) == sorted(set(layers))
+        ):
+            raise ConfigError(
+                f"dense_layers={layers!r}: give the dense blocks' indices in increasing order, "
+                f"each once, from 0 to n_layers - 1 = {self.n_layers - 1}"
+            )
+        if len(layers) == self.n_layers:
+            raise ConfigError(
+                f"dense_layers names all {self.n_layers} blocks: that is a dense model; drop "
+                "the experts instead"
+            )
+        if not (isinstance(self.dense_ffn, int) and self.dense_ffn >= 0):
+            raise ConfigError(
+                f"dense_ffn={self.dense_ffn!r}: the dense blocks' MLP width is a positive "
+                "integer (0: ffn_hidden, the experts' width)"
+            )
+        if self.dense_ffn and not layers:
+            raise ConfigError(
+                f"dense_ffn={self.dense_ffn} without dense_layers: name the dense blocks "
+                "(--first-dense-blocks K for the first K)"
+            )
+
+    @property
+    def uniform(self) -> bool:
+        """Whether every block is alike (no dense blocks among a mixture's)."""
+        return not self.dense_layers
+
+    def block_kind(self, index: int) -> ModelConfig:
+        """Block ``index``'s kind as a uniform model (every other field the same): the
+        mixture's, or a dense block's — its MLP one of ``dense_ffn`` width, no experts."""
+        if index in self.dense_layers:
+            return self.dense_kind
+        return self.mixture_kind
+
+    @functools.cached_property  # a search asks for the kinds of a few models many times
+    def mixture_kind(self) -> ModelConfig:
+        """The model as if every block were one of its mixture's."""
+        return self if self.uniform else self.replace(dense_layers=(), dense_ffn=0)
+
+    @functools.cached_property
+    def dense_kind(self) -> ModelConfig:
+        """The model as if every block were one of its dense blocks."""
+        return self.replace(
+            dense_layers=(),
+            dense_ffn=0,
+            experts=0,
+            experts_per_token=0,
+            shared_expert_ffn=0,
+            ffn_hidden=self.dense_ffn or self.ffn_hidden,
+        )
+
+    def kind_counts(self, blocks: Iterable[int] | None = None) -> list[tuple[ModelConfig, int]]:
+        """(kind, how many) of the given block indices (all the model's by default), each
+        kind once, the mixture's first; a uniform model's one kind is the model itself.
+
+        >>> cfg = ModelConfig(n_layers=6, hidden=64, n_heads=4, vocab_size=100, seq_len=32,
+        ...                   experts=8, experts_per_token=2, dense_layers=(0, 1))
+        >>> [(kind.moe, n) for kind, n in cfg.kind_counts()]
+        [(True, 4), (False, 2)]
+        >>> [(kind.moe, n) for kind, n in cfg.kind_counts([4, 5])]
+        [(True, 2)]
+        """
+        indices = range(self.n_layers) if blocks is None else list(blocks)
+        if self.uniform:
+            return [(self, len(indices))]
+        dense = sum(1 for i in indices if i in self.dense_layers)
+        pairs = [(self.mixture_kind, len(indices) - dense), (self.dense_kind, dense)]
+        return [(kind, n) for kind, n in pairs if n]
 
     def _check_rope_scaling(self) -> None:
         if self.rope_scaling not in ROPE_SCALINGS:

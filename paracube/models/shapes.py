@@ -39,7 +39,22 @@ def mlp_in_width(cfg: ModelConfig) -> int:
     return (2 if cfg.activation == "swiglu" else 1) * cfg.ffn_hidden
 
 
+def one_kind(cfg: ModelConfig) -> ModelConfig:
+    """``cfg``, whose blocks must all be alike: a model with dense blocks among its
+    mixture's (``dense_layers``) is asked per kind (:meth:`ModelConfig.kind_counts`) —
+    every per-block formula here refuses it, so that no caller counts the mixture's block
+    L times by mistake."""
+    if not cfg.uniform:
+        raise ConfigError(
+            f"{cfg.name}: its blocks are of two kinds (dense blocks {list(cfg.dense_layers)} "
+            "among the mixture's): a per-block figure is asked per kind "
+            "(ModelConfig.kind_counts)"
+        )
+    return cfg
+
+
 def block_linears(cfg: ModelConfig) -> list[Linear]:
+    one_kind(cfg)
     h, q = cfg.hidden, cfg.q_dim  # q = h unless the head size is decoupled
     return [
         Linear("attn.qkv_proj", h, q + 2 * kv_dim(cfg), "column"),  # fused q | k | v
@@ -60,7 +75,7 @@ def op_checkpoint_linears(cfg: ModelConfig) -> list[tuple[Linear, bool, bool]]:
     block's last matmul, whose output only enters the residual sum, is never redone (a GELU
     MLP's second). tests/test_planner_op_checkpoint.py runs the policy on torch's ops and
     watches what the forward keeps and which matmuls the backward redoes."""
-    h, q, kv, f = cfg.hidden, cfg.q_dim, kv_dim(cfg), cfg.ffn_hidden
+    h, q, kv, f = one_kind(cfg).hidden, cfg.q_dim, kv_dim(cfg), cfg.ffn_hidden
     calls = [
         Linear("attn.wq", h, q, "column"),
         Linear("attn.wk", h, kv, "column"),
@@ -237,9 +252,11 @@ def head_params(cfg: ModelConfig, tp: int = 1) -> float:
 
 def parameter_count(cfg: ModelConfig) -> int:
     """Exact parameter count of :class:`paracube.models.gpt.GPT` built from ``cfg`` (tested
-    against the module's ``numel``); a tied head adds nothing."""
+    against the module's ``numel``); a tied head adds nothing. A model with dense blocks
+    among its mixture's (planned, not built): each kind's blocks at their own count."""
     head = 0 if cfg.tie_embeddings else head_params(cfg)
-    return int(cfg.n_layers * block_params(cfg) + embed_params(cfg) + norm_params(cfg) + head)
+    blocks = sum(n * block_params(kind) for kind, n in cfg.kind_counts())
+    return int(blocks + embed_params(cfg) + norm_params(cfg) + head)
 
 
 def block_gemms(
@@ -302,7 +319,7 @@ def chain_params(cfg: ModelConfig) -> list[float]:
     """Parameters of each chain layer (the head counted even when tied: its stage holds a copy)."""
     return [
         embed_params(cfg),
-        *([block_params(cfg)] * cfg.n_layers),
+        *(block_params(cfg.block_kind(i)) for i in range(cfg.n_layers)),
         norm_params(cfg),
         head_params(cfg),
     ]
@@ -312,8 +329,8 @@ def chain_train_flops(cfg: ModelConfig, b: int) -> list[float]:
     """Forward + backward FLOPs of each chain layer per micro-batch of b sequences (3× the
     forward): embedding and norm as their element-wise work, the head 2·h·V per token."""
     n, h = b * cfg.seq_len, cfg.hidden
-    block = 3 * n * block_forward_flops_per_token(cfg)
-    return [3 * n * h, *([block] * cfg.n_layers), 3 * 5 * n * h, 3 * 2 * n * h * cfg.vocab_size]
+    blocks = (3 * n * block_forward_flops_per_token(cfg.block_kind(i)) for i in range(cfg.n_layers))
+    return [3 * n * h, *blocks, 3 * 5 * n * h, 3 * 2 * n * h * cfg.vocab_size]
 
 
 def chain_saved_bytes(cfg: ModelConfig, b: int, elem: int = 4, compiled: bool = False) -> list[int]:
@@ -324,7 +341,10 @@ def chain_saved_bytes(cfg: ModelConfig, b: int, elem: int = 4, compiled: bool = 
     head = n * cfg.hidden * elem + _loss_bytes(cfg, n, elem)
     return [
         embed,
-        *([block_saved_bytes(cfg, b, elem=elem, compiled=compiled)] * cfg.n_layers),
+        *(
+            block_saved_bytes(cfg.block_kind(i), b, elem=elem, compiled=compiled)
+            for i in range(cfg.n_layers)
+        ),
         _norm_bytes(cfg, n, elem),
         head,
     ]
@@ -413,7 +433,7 @@ def block_saved_bytes(
     (default ``cfg.seq_len``) tokens (a mixture's experts split over ``etp`` ranks; None:
     tp); ``compiled``: the block under torch.compile, kept whole or fully recomputed (the
     table above)."""
-    s = seq or cfg.seq_len
+    s = seq or one_kind(cfg).seq_len
     n = b * s
     h, a, q = cfg.hidden, cfg.n_heads, cfg.q_dim
     kv = kv_dim(cfg)
@@ -506,7 +526,7 @@ def eager_elementwise_bytes(
 ) -> tuple[int, int]:
     """(forward, backward) HBM bytes one dense block's element-wise ops move for a
     micro-batch of ``n`` tokens when it runs eager, one kernel per op (the table above)."""
-    if cfg.moe:
+    if one_kind(cfg).moe:
         raise ConfigError(
             "eager element-wise traffic is counted for dense blocks: a mixture's routing and "
             "permutation are not; plan it with elementwise='fused'"

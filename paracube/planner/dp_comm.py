@@ -123,7 +123,7 @@ def dp_exposed_time(
     gathers of every micro-batch less what hides behind its compute — and, for what does
     hide, the compute it slows down (:data:`~paracube.planner.collectives.OVERLAP_SLOWDOWN`)."""
     if layout.zero == 3 and layout.shard and layout.replicas > 1:
-        return hybrid_exposed_time(layout, cluster, params, per_mb, cfg, layers, elem)
+        return hybrid_exposed_time(layout, cluster, params, per_mb, cfg, layers, elem, root)
     if layout.zero3_per_step:
         return per_step_exposed_time(layout, cluster, params, per_mb, layers, elem)
     g, dp, m = cluster.gpu, layout.grad_group, layout.microbatches
@@ -324,6 +324,7 @@ def hybrid_exposed_time(
     cfg: ModelConfig | None = None,
     layers: int = 0,
     elem: int = 2,
+    root: float | None = None,
 ) -> float:
     """The step time hybrid sharding's communication costs (``Layout.shard``): ZeRO-3 within
     each shard group — its gathers and reduce-scatters on that group's link, as
@@ -338,7 +339,7 @@ def hybrid_exposed_time(
     reduce-scatter hides it (slowing that compute by :data:`~paracube.planner.collectives.OVERLAP_SLOWDOWN` of its
     seconds), the rest is exposed — every micro-batch."""
     view = layout.replace(dp=layout.shard, cp=1, shard=0)  # one shard group, FULL_SHARD
-    exposed = dp_exposed_time(view, cluster, params, per_mb, cfg, layers, elem)
+    exposed = dp_exposed_time(view, cluster, params, per_mb, cfg, layers, elem, root)
     g, m, n = cluster.gpu, layout.microbatches, layout.replicas
     link = group_link(cluster, n, layout.tp * layout.shard)
     grads = params / layout.shard * gradient_bytes(elem, layout.grad_reduce)

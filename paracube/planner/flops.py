@@ -33,11 +33,16 @@ def forward_flops_per_token(cfg, *, layers: bool = True, head: bool = True) -> f
     """Forward matmul FLOPs per token for a model's actual shapes: 2·(block matrices) per
     layer, the attention core 4·s·(a·d) per layer (QKᵀ and scores·V, counted over the full
     s×s as the published formulas do), the head 2·h·V. For GPT shapes (4h MLP, MHA) three
-    times this is Korthikanti's Eq. 7 per token exactly (tested)."""
-    per_layer = shapes.block_forward_flops_per_token(cfg)
-    return (cfg.n_layers * per_layer if layers else 0.0) + (
-        2 * cfg.hidden * cfg.vocab_size if head else 0.0
-    )
+    times this is Korthikanti's Eq. 7 per token exactly (tested). A model with dense blocks
+    among its mixture's: each kind's blocks at their own count."""
+    blocks = per_block(cfg, shapes.block_forward_flops_per_token)
+    return (blocks if layers else 0.0) + (2 * cfg.hidden * cfg.vocab_size if head else 0.0)
+
+
+def per_block(cfg, figure) -> float:
+    """``figure`` (a function of a uniform model: one block's) summed over the model's
+    blocks, each at its own kind (:meth:`~paracube.config.ModelConfig.kind_counts`)."""
+    return sum(n * figure(kind) for kind, n in cfg.kind_counts())
 
 
 def model_flops_per_token(cfg) -> float:
@@ -62,15 +67,16 @@ def _full_replay_flops(cfg, replay: str) -> float:
     """Every block's forward again — less, per block, the down projection a checkpoint that
     stops early does not replay (a token passes k experts' down projections, and the shared
     experts')."""
-    down = shapes.block_linears(cfg)[-1]
-    shared_down = shapes.shared_linears(cfg)[1:]
-    unreplayed = (
-        2 * down.in_features * down.out_features * shapes.mlp_passes(cfg)
-        + sum(2 * lin.in_features * lin.out_features for lin in shared_down)
-        if replay == "early-stop"
-        else 0
-    )
-    return forward_flops_per_token(cfg, head=False) - cfg.n_layers * unreplayed
+
+    def unreplayed(kind) -> float:
+        down = shapes.block_linears(kind)[-1]
+        shared_down = shapes.shared_linears(kind)[1:]
+        return 2 * down.in_features * down.out_features * shapes.mlp_passes(kind) + sum(
+            2 * lin.in_features * lin.out_features for lin in shared_down
+        )
+
+    skipped = per_block(cfg, unreplayed) if replay == "early-stop" else 0.0
+    return forward_flops_per_token(cfg, head=False) - skipped
 
 
 # the forward FLOPs per token each recomputation runs again, (cfg, replay) → FLOPs
@@ -78,14 +84,14 @@ RECOMPUTED_FORWARD = {
     "none": lambda cfg, replay: 0.0,
     "full": _full_replay_flops,
     "selective": lambda cfg, replay: cfg.n_layers * 4 * cfg.seq_len * cfg.n_heads * cfg.head_dim,
-    "op": lambda cfg, replay: (
-        cfg.n_layers
-        * 2
+    "op": lambda cfg, replay: per_block(
+        cfg,
+        lambda kind: 2
         * sum(
             lin.in_features * lin.out_features
-            for lin, _, redone in shapes.op_checkpoint_linears(cfg)
+            for lin, _, redone in shapes.op_checkpoint_linears(kind)
             if redone
-        )
+        ),
     ),
 }
 

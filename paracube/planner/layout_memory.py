@@ -39,7 +39,7 @@ from paracube.models import shapes
 from paracube.pipeline.schedules import get_schedule
 from paracube.planner.layout import Layout, rank_sequence
 from paracube.planner.memory import activation_bytes_per_layer, model_state_bytes, te_block_bytes
-from paracube.planner.stages import layout_shares, recomputed_blocks
+from paracube.planner.stages import layout_shares, recomputed_indices
 
 CONTEXT_BYTES = 1e9
 FRAGMENTATION = 0.10
@@ -90,21 +90,24 @@ def _stage_parts(cfg: ModelConfig, layout: Layout, precision: str) -> list[_Part
     p = layout.pp
     shares = layout_shares(cfg, layout)
     local = rank_sequence(cfg, layout)  # under context parallelism a rank keeps s/cp tokens
-    terms = _layout_terms(local, _TermsKey.of(layout), precision)
+    key = _TermsKey.of(layout)
+    # each kind of block's terms (a mixture's, its dense blocks'); the ends' are alike in all
+    kinds = {kind: _layout_terms(kind, key, precision) for kind, _ in local.kind_counts()}
+    terms = kinds[local.mixture_kind]
+    largest = max(kinds.values(), key=lambda k: k.block_params)  # ZeRO-3's gathered unit
     in_flight = get_schedule(layout.schedule).in_flight
-    return [
-        _stage(
-            local,
-            layout,
-            terms,
-            _states_bytes(terms, layout, len(share.blocks), index == 0, index == p - 1),
-            index,
-            len(share.blocks),
-            recomputed_blocks(share, layout),
-            in_flight(p, layout.microbatches, layout.chunks, stage=index),
+    parts = []
+    for index, share in enumerate(shares):
+        redone = dict(local.kind_counts(recomputed_indices(share, layout)))
+        held = tuple(
+            (kinds[kind], n, redone.get(kind, 0)) for kind, n in local.kind_counts(share.blocks)
         )
-        for index, share in enumerate(shares)
-    ]
+        states = _states_bytes(
+            terms, layout, tuple((k, n) for k, n, _ in held), index == 0, index == p - 1
+        )
+        flight = in_flight(p, layout.microbatches, layout.chunks, stage=index)
+        parts.append(_stage(local, layout, terms, states, index, held, flight, largest))
+    return parts
 
 
 def _rank_name(index: int, p: int) -> str:
@@ -256,24 +259,30 @@ def stage_bytes(
 ) -> StageMemory:
     """Memory per GPU of pipeline stage ``index`` holding ``blocks`` transformer blocks (the
     first stage also the embedding, the last the final norm and head), ``redone`` of them
-    recomputed (default: all of them under recomputation)."""
-    terms = _layout_terms(cfg, _TermsKey.of(layout), precision)
+    recomputed (default: all of them under recomputation); ``cfg``'s blocks all alike."""
+    terms = _layout_terms(shapes.one_kind(cfg), _TermsKey.of(layout), precision)
     p = layout.pp
     # --recompute-blocks: the stage's recomputed blocks keep their input only, the rest all
     if redone is None:
         redone = 0 if layout.recompute == "none" else blocks
-    states = _states_bytes(terms, layout, blocks, index == 0, index == p - 1)
+    states = _states_bytes(terms, layout, ((terms, blocks),), index == 0, index == p - 1)
     in_flight = get_schedule(layout.schedule).in_flight(
         p, layout.microbatches, layout.chunks, stage=index
     )
-    return StageMemory(name, *_stage(cfg, layout, terms, states, index, blocks, redone, in_flight))
+    held = ((terms, blocks, redone),)
+    return StageMemory(name, *_stage(cfg, layout, terms, states, index, held, in_flight, terms))
+
+
+# a rank's blocks, each kind's terms with how many of them it holds
+_Held = tuple[tuple["_LayoutTerms", int], ...]
 
 
 def _states_bytes(
-    terms: _LayoutTerms, layout: Layout, blocks: int, first: bool, last: bool
+    terms: _LayoutTerms, layout: Layout, blocks: _Held, first: bool, last: bool
 ) -> float:
-    """The model states of a pipeline rank holding ``blocks`` blocks (and the embedding if
-    ``first``, the final norm and head if ``last``)."""
+    """The model states of a pipeline rank holding ``blocks`` (each kind's terms and count;
+    ``terms``: the ends') and the embedding if ``first``, the final norm and head if
+    ``last``."""
     # ZeRO-3 kept gathered through a pipelined step holds, while the step runs, what ZeRO-1
     # holds: the whole stage's weights and (accumulated) gradients, the optimizer states and
     # main weights sharded
@@ -294,7 +303,7 @@ def _sharded_states(
     zero: int,
     group: int,
     expert_group: int,
-    blocks: int,
+    blocks: _Held,
     first: bool,
     last: bool,
     cast: bool,
@@ -302,12 +311,13 @@ def _sharded_states(
     """:func:`_states_bytes` from what it depends on — ZeRO stage, the dense and expert
     shard groups, the rank's blocks and ends, and whether a 16-bit copy is kept (not
     ``cast``)."""
-    params = blocks * terms.block_params
+    params = sum(n * kind.block_params for kind, n in blocks)
     if first:
         params += terms.embed_params
     if last:
         params += terms.head_params
-    experts = blocks * terms.block_expert_params  # sharded over the ranks that hold them
+    # sharded over the ranks that hold them
+    experts = sum(n * kind.block_expert_params for kind, n in blocks)
     return sum(
         model_state_bytes(
             count,
@@ -328,17 +338,20 @@ def _stage(
     terms: _LayoutTerms,
     states: float,
     index: int,
-    blocks: int,
-    redone: int,
+    blocks: tuple[tuple[_LayoutTerms, int, int], ...],
     in_flight: float,
+    largest: _LayoutTerms,
 ) -> _Parts:
     """Rank ``index``'s memory from its model ``states``: what its ``blocks`` keep for
-    backward (``redone`` of them recomputed) × the ``in_flight`` micro-batches it holds at
-    its peak, its ends' and the loss's, and the allowance."""
+    backward (each kind's terms, count, and how many of them are recomputed) × the
+    ``in_flight`` micro-batches it holds at its peak, its ends' and the loss's (``terms``),
+    the allowance, and ZeRO-3's gathered parameters (the ``largest`` kind of block)."""
     p = layout.pp
-    acts = (terms.act_recomputed * redone + terms.act_kept * (blocks - redone)) * in_flight
-    # a kept block's buffers are one storage for all its micro-batches in flight
-    acts -= terms.block_buffers * (blocks - redone) * max(in_flight - 1, 0)
+    acts = 0.0
+    for kind, n, redone in blocks:
+        acts += (kind.act_recomputed * redone + kind.act_kept * (n - redone)) * in_flight
+        # a kept block's buffers are one storage for all its micro-batches in flight
+        acts -= kind.block_buffers * (n - redone) * max(in_flight - 1, 0)
     if index == 0:
         acts += terms.first * in_flight
     transient = 0.0
@@ -347,22 +360,24 @@ def _stage(
         if layout.loss == "torch":
             transient = shapes.loss_backward_transient_bytes(cfg, layout.micro_batch, layout.tp)
     allowance = CONTEXT_BYTES + FRAGMENTATION * (states + acts)
-    gathered = _gathered_bytes(terms, layout, index == 0, index == p - 1)
+    gathered = _gathered_bytes(terms, largest, layout, index == 0, index == p - 1)
     return states, acts, allowance, transient, gathered
 
 
-def _gathered_bytes(terms: _LayoutTerms, layout: Layout, first: bool, last: bool) -> float:
+def _gathered_bytes(
+    terms: _LayoutTerms, largest: _LayoutTerms, layout: Layout, first: bool, last: bool
+) -> float:
     """What ZeRO-3 holds gathered beside its shards, in the weights' dtype: the root unit —
     the embedding, the final norm and the head, used at both ends of the step — from the
     start of forward to the end of backward, and a block's unit with the next one
-    prefetched behind its compute (paracube's ZeRO-3, ``data_parallel/zero3.py``, which
+    prefetched behind its compute (the ``largest`` kind of block's; paracube's ZeRO-3, ``data_parallel/zero3.py``, which
     reports it as ``params_peak``; FSDP's root is not resharded after forward, and it
     prefetches a unit ahead). None when a pipelined step keeps its stage gathered: ZeRO-1's
     memory, counted in the states."""
     if layout.zero != 3 or layout.zero3_per_step:
         return 0.0
     root = (terms.embed_params if first else 0.0) + (terms.head_params if last else 0.0)
-    return (root + 2 * terms.block_params) * terms.weight
+    return (root + 2 * largest.block_params) * terms.weight
 
 
 @functools.lru_cache(maxsize=1 << 16)  # a search asks again for a layout's offloaded and

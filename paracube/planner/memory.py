@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from paracube.choices import ATTENTION, FUSED_ATTENTION, RECOMPUTE
 from paracube.config import ModelConfig
 from paracube.errors import ConfigError
+from paracube.models import shapes
 from paracube.models.shapes import moe_routing_bytes
 
 
@@ -132,7 +133,7 @@ def te_block_bytes(
     tensors are the linears' inputs and outputs, kept either way)."""
     if recompute not in RECOMPUTE:
         raise ConfigError(f"unknown recompute {recompute!r}: choose one of {', '.join(RECOMPUTE)}")
-    n, h, a, f = b * cfg.seq_len, cfg.hidden, cfg.n_heads, cfg.ffn_hidden
+    n, h, a, f = b * shapes.one_kind(cfg).seq_len, cfg.hidden, cfg.n_heads, cfg.ffn_hidden
     kv = cfg.n_kv_heads * cfg.head_dim
     ts = t if sequence_parallel else 1
     if recompute == "full":

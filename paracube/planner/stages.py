@@ -176,17 +176,23 @@ def torchtitan_shares(cfg: ModelConfig, pp: int, chunks: int = 1) -> tuple[RankS
 
 
 def recomputed_blocks(share: RankShare, layout: Layout) -> int:
+    """How many of the rank's blocks are recomputed (:func:`recomputed_indices`)."""
+    return len(recomputed_indices(share, layout))
+
+
+def recomputed_indices(share: RankShare, layout: Layout) -> tuple[int, ...]:
     """The rank's blocks under recomputation: the engine recomputes the model's first
     ``recompute_blocks`` blocks (all of them when unset), none without recompute; Megatron
     (``recompute_scope="stage"``, --recompute-method block) the first N of each chunk of
     consecutive blocks the rank holds — each model chunk's first N layers, on every stage."""
     if layout.recompute == "none":
-        return 0
-    if layout.recompute_blocks is None:
-        return len(share.blocks)
+        return ()
+    n = layout.recompute_blocks
+    if n is None:
+        return share.blocks
     if layout.recompute_scope == "stage":
-        return sum(min(layout.recompute_blocks, len(run)) for run in chunk_runs(share.blocks))
-    return sum(1 for block in share.blocks if block < layout.recompute_blocks)
+        return tuple(block for run in chunk_runs(share.blocks) for block in run[:n])
+    return tuple(block for block in share.blocks if block < n)
 
 
 def chunk_runs(blocks: tuple[int, ...]) -> list[tuple[int, ...]]:

@@ -60,7 +60,7 @@ from paracube.planner.flops import hardware_flops_per_token, model_flops_per_tok
 from paracube.planner.hardware import GPU, Interconnect
 from paracube.planner.layout import Layout, rank_sequence
 from paracube.planner.memory import activation_bytes_per_layer
-from paracube.planner.stages import RankShare, layout_shares, recomputed_blocks
+from paracube.planner.stages import RankShare, layout_shares, recomputed_indices
 
 
 @dataclass(frozen=True)
@@ -685,22 +685,24 @@ def estimate(
     elem = ELEMENT_BYTES[precision]
     fp8 = precision == "fp8"
     local = rank_sequence(cfg, layout)  # the s/cp tokens a rank holds under context parallelism
-    fwd, bwd, flops = layer_time(local, layout, g, elem, fp8)
-    core = attention_core(local, layout, g, elem)[0]  # the context-parallel ring hides behind it
-    redo = recompute_time(local, layout, g, elem, fp8, fwd)
-    ring = cp_comm_time(local, layout, cluster, elem, core)
-    gemms = sum(block_gemm_time(local, layout, g, elem, fp8))
-    to_experts = ep_comm_time(local, layout, cluster)
+    # one block of each kind (a mixture's, and its dense blocks'), timed once
+    costs = {
+        kind: block_costs(kind, layout, cluster, elem, fp8) for kind, _ in local.kind_counts()
+    }
     # every pipeline rank with the blocks the engine's split gives it; the slowest sets the pace
     ranks = [
-        _rank_step(local, layout, cluster, share, elem, fwd + bwd, redo, ring, gemms, to_experts)
+        _rank_step(local, layout, cluster, share, elem, costs)
         for share in layout_shares(cfg, layout)
     ]
     busiest = max(ranks, key=lambda r: r.compute + r.recompute + r.tp_comm + r.cp_comm + r.ep_comm)
     compute, recompute, tp_comm = busiest.compute, busiest.recompute, busiest.tp_comm
     cp_comm, ep_comm = busiest.cp_comm, busiest.ep_comm
     pp_comm = pp_transfer_time(local, layout, cluster, elem)
-    F, I, W = pass_costs(local, layout, g, elem, fp8, fwd, bwd, redo)
+    # the schedule's unit costs: a block's passes, over the kinds as the model holds them
+    F, I, W = (
+        sum(n * costs[kind].passes[part] for kind, n in local.kind_counts()) / cfg.n_layers
+        for part in range(3)
+    )
     overhead = get_schedule(layout.schedule).idle_over_busy(p, m, layout.chunks, F, I, W)
     busy = compute + recompute + tp_comm + cp_comm + ep_comm
     bubble = overhead * busy if p > 1 else 0.0
@@ -748,51 +750,98 @@ class _RankTime:
     ep_comm: float = 0.0
 
 
+@dataclass(frozen=True)
+class BlockCosts:
+    """One block's seconds per micro-batch, for one kind of block (``cfg``: a uniform
+    model, the rank's view): its forward + backward (``block``), what recomputing it re-runs
+    (``redo``), its context-parallel ring (forward, backward), its matmuls (what overlapped
+    tensor-parallel collectives hide behind), its all-to-alls, and its (F, I, W) passes for
+    the schedule's unit costs (:func:`pass_costs`)."""
+
+    block: float
+    redo: float
+    ring: tuple[float, float]
+    gemms: float
+    to_experts: float
+    passes: tuple[float, float, float]
+
+
+def block_costs(
+    cfg: ModelConfig, layout: Layout, cluster: Cluster, elem: int, fp8: bool
+) -> BlockCosts:
+    """:class:`BlockCosts` of ``cfg``'s block (a uniform model: one kind of block)."""
+    g = cluster.gpu
+    fwd, bwd, _ = layer_time(cfg, layout, g, elem, fp8)
+    core = attention_core(cfg, layout, g, elem)[0]  # the context-parallel ring hides behind it
+    redo = recompute_time(cfg, layout, g, elem, fp8, fwd)
+    return BlockCosts(
+        block=fwd + bwd,
+        redo=redo,
+        ring=cp_comm_time(cfg, layout, cluster, elem, core),
+        gemms=sum(block_gemm_time(cfg, layout, g, elem, fp8)),
+        to_experts=ep_comm_time(cfg, layout, cluster),
+        passes=pass_costs(cfg, layout, g, elem, fp8, fwd, bwd, redo),
+    )
+
+
 def _rank_step(
     cfg: ModelConfig,
     layout: Layout,
     cluster: Cluster,
     share: RankShare,
     elem: int,
-    block: float,
-    redo: float,
-    ring: tuple[float, float] = (0.0, 0.0),
-    gemms: float = 0.0,
-    to_experts: float = 0.0,
+    costs: dict[ModelConfig, BlockCosts],
 ) -> _RankTime:
-    """One pipeline rank's step parts: its blocks' forward + backward (``block`` seconds
-    each per micro-batch), the head's on the last rank, the recomputation of its recomputed
-    blocks (``redo`` each), its tensor-parallel collectives, its context-parallel ring
-    (``ring`` seconds per block and micro-batch, its forward's part again in a fully
-    recomputed block), and its own gradient reduction and optimizer step over its
-    parameters (``cfg``: the rank's view, :func:`rank_sequence`); a mixture's all-to-alls,
-    ``to_experts`` seconds per block and micro-batch, the forward's half again in a fully
-    recomputed block."""
+    """One pipeline rank's step parts: its blocks' forward + backward (each kind's
+    ``costs``: a mixture's blocks and its dense ones apart), the head's on the last rank,
+    the recomputation of its recomputed blocks, its tensor-parallel collectives, its
+    context-parallel ring (its forward's part again in a fully recomputed block), and its
+    own gradient reduction and optimizer step over its parameters (``cfg``: the rank's
+    view, :func:`rank_sequence`); a mixture's all-to-alls, the forward's half again in a
+    fully recomputed block."""
     g, t, m = cluster.gpu, layout.tp, layout.microbatches
     blocks = len(share.blocks)
-    redone = recomputed_blocks(share, layout)
-    per_mb = blocks * block + (head_time(cfg, layout, g, elem) if share.head else 0.0)
-    block_params = shapes.block_params(cfg, tp=t, ep=layout.ep, etp=layout.expert_tp)
-    params = blocks * block_params
+    redone_blocks = recomputed_indices(share, layout)
+    held = cfg.kind_counts(share.blocks)
+    redone_of = dict(cfg.kind_counts(redone_blocks))
+    full = layout.recompute == "full"
+    per_mb = sum(n * costs[kind].block for kind, n in held)
+    per_mb += head_time(cfg, layout, g, elem) if share.head else 0.0
+    block_params = sum(
+        n * shapes.block_params(kind, tp=t, ep=layout.ep, etp=layout.expert_tp)
+        for kind, n in held
+    )
+    params = block_params
     if share.embedding:
         params += shapes.embed_params(cfg, tp=t)
     if share.head:
         params += shapes.norm_params(cfg)
         if not (cfg.tie_embeddings and share.embedding):  # one copy when both are here
             params += shapes.head_params(cfg, tp=t)
-    ring_redone = redone * ring[0] if layout.recompute == "full" else 0.0
     embedding = shapes.embed_params(cfg, tp=t) if share.embedding else 0.0
-    root = params - blocks * block_params  # embedding, final norm, head
-    experts = blocks * shapes.expert_params(cfg, layout.expert_tp, layout.ep) if cfg.moe else 0.0
-    ep_redone = redone * to_experts / 2 if layout.recompute == "full" else 0.0
-    waited = overlapped_ep_comm(to_experts, block, layout) if layout.ep_comm_overlap else to_experts
+    root = params - block_params  # embedding, final norm, head
+    experts = sum(
+        n * shapes.expert_params(kind, layout.expert_tp, layout.ep) for kind, n in held if kind.moe
+    )
+    recompute = cp = ep = tp_comm = 0.0
+    for kind, n in held:
+        cost, redone = costs[kind], redone_of.get(kind, 0)
+        recompute += m * redone * cost.redo
+        tp_comm += _blocks_tp_comm(kind, layout, cluster, n, elem, redone, cost.gemms)
+        cp += m * (n * sum(cost.ring) + (redone * cost.ring[0] if full else 0.0))
+        waited = (
+            overlapped_ep_comm(cost.to_experts, cost.block, layout)
+            if layout.ep_comm_overlap
+            else cost.to_experts
+        )
+        ep += m * (n * waited + (redone * cost.to_experts / 2 if full else 0.0))
     return _RankTime(
         # the blocks' and the head's work, ZeRO-3's copy-outs (FSDP2) and bringing their
         # gradients into the buffer
         compute=m * (per_mb + gather_copy_time(layout, g, params, root, elem))
         + accumulation_time(layout, g, params, embedding, elem),
-        recompute=m * redone * redo,
-        tp_comm=_tp_comm(cfg, layout, cluster, blocks, elem, redone, gemms),
+        recompute=recompute,
+        tp_comm=tp_comm + _ends_tp_comm(cfg, layout, cluster, elem),
         dp_exposed=dp_exposed_time(
             layout,
             cluster,
@@ -811,8 +860,8 @@ def _rank_step(
             params + (experts * (expert_share(layout) - 1) if layout.zero else 0.0),
             elem,
         ),
-        cp_comm=m * (blocks * sum(ring) + ring_redone),
-        ep_comm=m * (blocks * waited + ep_redone),
+        cp_comm=cp,
+        ep_comm=ep,
     )
 
 
@@ -939,7 +988,7 @@ def _recomputed_share(cfg: ModelConfig, layout: Layout) -> float:
     return 1.0 if n is None else min(n, cfg.n_layers) / cfg.n_layers
 
 
-def _tp_comm(
+def _blocks_tp_comm(
     cfg: ModelConfig,
     layout: Layout,
     cluster: Cluster,
@@ -948,23 +997,29 @@ def _tp_comm(
     redone: int,
     gemms: float = 0.0,
 ) -> float:
-    """Tensor-parallel collectives of one step on the busiest rank: four per block and
-    micro-batch of b·s·h values (Shoeybi et al. 2019), one more forward's worth in each of
-    the ``redone`` blocks under full recomputation, plus the embedding's, the head's and
-    the loss's."""
-    t, m = layout.tp, layout.microbatches
-    n = layout.micro_batch * cfg.seq_len * cfg.hidden * elem  # b·s·h values
-    link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
+    """Tensor-parallel collectives of one step of ``layers`` blocks of ``cfg``'s kind:
+    four per block and micro-batch of b·s·h values (Shoeybi et al. 2019), one more
+    forward's worth in each of the ``redone`` blocks under full recomputation."""
+    m = layout.microbatches
     unredone = layout if layout.recompute == "none" else layout.replace(recompute="none")
     plain = block_tp_comm(cfg, unredone, cluster, elem, gemms)
     comm = m * layers * plain
     if layout.recompute in ("full", "op"):  # a recomputed block's forward collectives again
         redo = block_tp_comm(cfg, layout, cluster, elem, gemms) - plain
         comm += m * redone * redo
-    if t > 1:  # the vocabulary-parallel embedding's all-reduce and the head's input gradient,
-        # and the loss's two all-reduces of (b, s) statistics
-        comm += m * (2 * ring(n, t, link) + 2 * ring(layout.micro_batch * cfg.seq_len * 4, t, link))
     return comm
+
+
+def _ends_tp_comm(cfg: ModelConfig, layout: Layout, cluster: Cluster, elem: int) -> float:
+    """Tensor-parallel collectives of one step outside the blocks: the vocabulary-parallel
+    embedding's all-reduce and the head's input gradient, and the loss's two all-reduces of
+    (b, s) statistics."""
+    t, m = layout.tp, layout.microbatches
+    if t == 1:
+        return 0.0
+    n = layout.micro_batch * cfg.seq_len * cfg.hidden * elem  # b·s·h values
+    link = cluster.intra if t <= cluster.gpus_per_node else cluster.inter
+    return m * (2 * ring(n, t, link) + 2 * ring(layout.micro_batch * cfg.seq_len * 4, t, link))
 
 
 def block_tp_comm(
