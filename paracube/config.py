@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from paracube.choices import (
@@ -267,7 +267,7 @@ class ModelConfig:
             ffn_hidden=self.dense_ffn or self.ffn_hidden,
         )
 
-    def kind_counts(self, blocks: Iterable[int] | None = None) -> list[tuple[ModelConfig, int]]:
+    def kind_counts(self, blocks: Sequence[int] | None = None) -> list[tuple[ModelConfig, int]]:
         """(kind, how many) of the given block indices (all the model's by default), each
         kind once, the mixture's first; a uniform model's one kind is the model itself.
 
@@ -278,9 +278,9 @@ class ModelConfig:
         >>> [(kind.moe, n) for kind, n in cfg.kind_counts([4, 5])]
         [(True, 2)]
         """
-        indices = range(self.n_layers) if blocks is None else list(blocks)
-        if self.uniform:
-            return [(self, len(indices))]
+        if self.uniform:  # the search's hot path: no kinds to tell apart
+            return [(self, self.n_layers if blocks is None else len(blocks))]
+        indices = range(self.n_layers) if blocks is None else blocks
         dense = sum(1 for i in indices if i in self.dense_layers)
         pairs = [(self.mixture_kind, len(indices) - dense), (self.dense_kind, dense)]
         return [(kind, n) for kind, n in pairs if n]

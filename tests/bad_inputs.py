@@ -147,7 +147,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("data", ["train", "--model", "hf:{tmp}/emptydir"], "no config.json at"),
     ("data", ["plan", "--model", "hf:{tmp}/hf-deepseek-v3", "--gpus", "8", "--global-batch", "8"],
      "model_type 'deepseek_v3' is not a supported architecture (not modelled: multi-head latent "
-     "attention, dense first blocks, multi-token prediction)"),
+     "attention, multi-token prediction)"),
     ("data", ["train", "--model", "hf:{tmp}/hf-bert"],
      "model_type 'bert' is not a supported architecture: supported are llama, mistral, qwen2, qwen3, gpt2"),
     ("data", ["train", "--model", "hf:{tmp}/hf-bad-weights", "--seq-len", "32"],
@@ -156,10 +156,10 @@ CASES: list[tuple[str, list[str], str]] = [
      "names model-00002-of-00002.safetensors, which is not in {tmp}/hf-lost-shard: copy every shard (2 files)"),
     ("data", ["train", "--model", "hf:{tmp}/hf-qwen3-moe", "--seq-len", "32"],
      "hf:qwen3_moe: experts=4 — a mixture of experts is planned (paracube plan), not trained"),
-    ("data", ["plan", "--model", "hf:{tmp}/hf-qwen3-moe-dense-first", "--seq", "32", "--gpus", "8",
+    ("data", ["plan", "--model", "hf:{tmp}/hf-qwen3-moe-all-dense", "--seq", "32", "--gpus", "8",
               "--global-batch", "8"],
-     "qwen3_moe config: of its 2 blocks, block 0 has a dense MLP (mlp_only_layers [0], "
-     "decoder_sparse_step 1), and the planner plans a model whose blocks are alike"),
+     "qwen3_moe config: mlp_only_layers [0, 1] and decoder_sparse_step 1 leave every one of "
+     "its 2 blocks dense: plan it as a dense model (qwen3)"),
     ("data", ["train", "--model", "hf:{tmp}/hf-partial-stretch"],
      "config.json: its rotary stretch 'llama3' gives no number for 'low_freq_factor'"),
     ("data", ["train", "--model", "hf:{tmp}/hf-llama", "--tp", "4"],
@@ -476,6 +476,21 @@ CASES: list[tuple[str, list[str], str]] = [
               "--experts", "8", "--experts-per-token", "2", "--shared-expert-ffn", "-4", "--gpus", "8",
               "--global-batch", "8"],
      "shared_expert_ffn=-4: the shared experts' MLP width is a positive integer (0: none)"),
+    ("plan", ["plan", "--layers", "2", "--hidden", "256", "--heads", "4", "--vocab", "512", "--seq", "128",
+              "--first-dense-blocks", "1", "--gpus", "8", "--global-batch", "8"],
+     "dense_layers without experts: dense blocks sit among a mixture's"),
+    ("plan", ["plan", "--layers", "2", "--hidden", "256", "--heads", "4", "--vocab", "512", "--seq", "128",
+              "--experts", "8", "--experts-per-token", "2", "--first-dense-blocks", "2", "--gpus", "8",
+              "--global-batch", "8"],
+     "dense_layers names all 2 blocks: that is a dense model; drop the experts instead"),
+    ("plan", ["plan", "--layers", "2", "--hidden", "256", "--heads", "4", "--vocab", "512", "--seq", "128",
+              "--experts", "8", "--experts-per-token", "2", "--first-dense-blocks", "-1", "--gpus", "8",
+              "--global-batch", "8"],
+     "--first-dense-blocks must be 0 or more (the first K blocks dense), got -1"),
+    ("plan", ["plan", "--layers", "2", "--hidden", "256", "--heads", "4", "--vocab", "512", "--seq", "128",
+              "--experts", "8", "--experts-per-token", "2", "--dense-ffn", "1024", "--gpus", "8",
+              "--global-batch", "8"],
+     "dense_ffn=1024 without dense_layers: name the dense blocks (--first-dense-blocks K for the first K)"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--pipeline-split", "uniform"],
      "unknown --pipeline-split 'uniform': choose one of engine, even, even-ends"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--pipeline-split", "even",
@@ -758,7 +773,7 @@ def _hf_models(tmp: Path) -> None:
                  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
                  "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2,
                  "vocab_size": 256, "max_position_embeddings": 128}  # fmt: skip
-    for name, dense in (("hf-qwen3-moe", []), ("hf-qwen3-moe-dense-first", [0])):
+    for name, dense in (("hf-qwen3-moe", []), ("hf-qwen3-moe-all-dense", [0, 1])):
         (tmp / name).mkdir()
         (tmp / name / "config.json").write_text(json.dumps({**qwen3_moe, "mlp_only_layers": dense}))
     (tmp / "hf-qwen2").mkdir()

@@ -9,6 +9,8 @@ import pytest
 # README and exercised by the parity tests).
 DOCUMENTED = [
     "paracube.choices",
+    "paracube.config",
+    "paracube.planner.megatron",
     "paracube.planner.layout",
     "paracube.planner.search",
     "paracube.planner.report",

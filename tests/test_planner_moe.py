@@ -29,7 +29,10 @@ def active_params(cfg: ModelConfig) -> float:
     """What one token passes: every block's attention, router and k experts, the norms, the
     embedding and the head."""
     head = 0 if cfg.tie_embeddings else shapes.head_params(cfg)
-    blocks = cfg.n_layers * (shapes.block_active_matrix_params(cfg) + 2 * shapes.norm_params(cfg))
+    blocks = sum(
+        n * (shapes.block_active_matrix_params(kind) + 2 * shapes.norm_params(kind))
+        for kind, n in cfg.kind_counts()
+    )
     return blocks + shapes.embed_params(cfg) + shapes.norm_params(cfg) + head
 
 
@@ -435,9 +438,9 @@ def test_a_hugging_face_qwen3_moe_config_is_planned_as_its_preset(tmp_path, caps
     per-head q/k norms — with num_experts experts of moe_intermediate_size, top
     num_experts_per_tok) is read as the mixture its preset plans: Qwen3-30B-A3B's gives the
     preset's shape and its model card's 30.5B parameters, and plans with expert
-    parallelism. Training and import refuse it as a mixture; a config that leaves some
-    blocks dense (mlp_only_layers, decoder_sparse_step) is refused, not planned as if every
-    block were sparse."""
+    parallelism. Training and import refuse it as a mixture; the blocks a config leaves
+    dense (mlp_only_layers, decoder_sparse_step) are planned dense, each an MLP of
+    intermediate_size, not as if every block were sparse."""
     from paracube.models.hf import build_hf
     from paracube.models.hf_convert import imported_config
     from paracube.models.sources import hf_model_config, read_hf_config
@@ -456,13 +459,24 @@ def test_a_hugging_face_qwen3_moe_config_is_planned_as_its_preset(tmp_path, caps
     assert main(argv) == 0
     best = json.loads(capsys.readouterr().out)["candidates"][0]["layout"]
     assert best["ep"] > 1
-    for dense in ({"mlp_only_layers": [0]}, {"decoder_sparse_step": 2}):
+    for dense, blocks in (
+        ({"mlp_only_layers": [0]}, (0,)),
+        ({"decoder_sparse_step": 2}, tuple(range(0, 48, 2))),  # every other block a mixture
+    ):
         (tmp_path / "config.json").write_text(json.dumps({**QWEN3_30B_A3B_CONFIG, **dense}))
-        with pytest.raises(
-            ConfigError,
-            match=r"of its 48 blocks, (block 0 has|24 blocks \(0, 2, 4, 6 …\) have) a dense MLP",
-        ):
-            hf_model_config(read_hf_config(str(tmp_path)), 4096)
+        mixed = hf_model_config(read_hf_config(str(tmp_path)), 4096)
+        assert (mixed.dense_layers, mixed.dense_ffn) == (blocks, 6144)
+        # each dense block trades the 128 experts and the router for one 6,144-wide MLP
+        dense_block = 3 * 2048 * 6144
+        mixture_block = 128 * 3 * 2048 * 768 + 2048 * 128
+        assert shapes.parameter_count(mixed) == shapes.parameter_count(cfg) - len(blocks) * (
+            mixture_block - dense_block
+        )
+    (tmp_path / "config.json").write_text(
+        json.dumps({**QWEN3_30B_A3B_CONFIG, "decoder_sparse_step": 49})
+    )
+    with pytest.raises(ConfigError, match="leave every one of its 48 blocks dense"):
+        hf_model_config(read_hf_config(str(tmp_path)), 4096)
 
 
 def test_a_hugging_face_qwen2_moe_config_is_planned_with_its_shared_expert(tmp_path):

@@ -56,6 +56,21 @@ def add_parser(sub) -> None:
         "routed experts (Qwen1.5-MoE-A2.7B: 5632, Qwen2-57B-A14B: 20480)",
     )
     m.add_argument(
+        "--first-dense-blocks",
+        type=int,
+        default=None,
+        metavar="K",
+        help="a mixture whose first K blocks have one dense MLP instead of experts "
+        "(DeepSeek-V3, GLM-4.5: 3; Kimi K2: 1), of --dense-ffn width",
+    )
+    m.add_argument(
+        "--dense-ffn",
+        type=int,
+        default=None,
+        help="the dense blocks' MLP width (default: --ffn, the experts'; DeepSeek-V3: 18432 "
+        "beside experts of 2048)",
+    )
+    m.add_argument(
         "--head-size",
         type=int,
         default=None,

@@ -30,6 +30,8 @@ BLOCK = (
     "experts",
     "experts_per_token",
     "shared_expert_ffn",
+    "first_dense_blocks",
+    "dense_ffn",
     "head_size",
     "qk_norm",
 )
@@ -59,6 +61,13 @@ def _model_shape(args):
     block = {k: getattr(args, k) for k in BLOCK if k != "no_bias" and getattr(args, k) is not None}
     if args.no_bias:
         block["bias"] = False
+    if "first_dense_blocks" in block:  # DeepSeek's first_k_dense_replace: blocks 0 … K-1
+        first = block.pop("first_dense_blocks")
+        if first < 0:
+            raise ParacubeError(
+                f"--first-dense-blocks must be 0 or more (the first K blocks dense), got {first}"
+            )
+        block["dense_layers"] = tuple(range(first))
     if args.model:
         # a model's shape is its own; only its sequence length may change, as train's --seq-len
         shape = [

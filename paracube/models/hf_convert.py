@@ -56,6 +56,7 @@ NOT_IMPORTED = {
     "mixtral": "it is a mixture of experts, and paracube's GPT is dense",
     "qwen3_moe": "it is a mixture of experts, and paracube's GPT is dense",
     "qwen2_moe": "it is a mixture of experts, and paracube's GPT is dense",
+    "glm4_moe": "it is a mixture of experts, and paracube's GPT is dense",
     "qwen2": "its q, k and v projections are biased but not its others, and paracube's GPT "
     "has one switch for every bias",
 }

@@ -31,15 +31,19 @@ from paracube.errors import ConfigError
 # summed over tp).
 HF_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama",
                "gpt2": "gpt2", "mixtral": "llama", "qwen3_moe": "llama",
-               "qwen2_moe": "llama"}  # fmt: skip
+               "qwen2_moe": "llama", "glm4_moe": "llama"}  # fmt: skip
 # Mixtral is Mistral's decoder with a mixture of experts for its MLP: planned (its experts
 # from num_local_experts and num_experts_per_tok), not trained — paracube builds dense models.
 # Qwen3-MoE is Qwen3's decoder with one (num_experts of moe_intermediate_size, top
 # num_experts_per_tok; Qwen3-30B-A3B, Qwen3-235B-A22B), Qwen2-MoE Qwen2's with one and a
-# shared expert (shared_expert_intermediate_size; Qwen2-57B-A14B): planned likewise, when
-# every block is a mixture — the planner's blocks are alike, and a config can make some
-# blocks dense (mlp_only_layers, decoder_sparse_step: transformers' Qwen3MoeDecoderLayer
-# and Qwen2MoeDecoderLayer)
+# shared expert (shared_expert_intermediate_size; Qwen2-57B-A14B): planned likewise, the
+# blocks a config makes dense (mlp_only_layers, decoder_sparse_step: transformers'
+# Qwen3MoeDecoderLayer and Qwen2MoeDecoderLayer) with an MLP of intermediate_size. GLM-4.5
+# (glm4_moe) is a GQA decoder whose first first_k_dense_replace blocks are dense
+# (intermediate_size) and the rest a mixture with n_shared_experts shared ones: planned
+# likewise, its rotary positions over every head dimension (it rotates half of them,
+# partial_rotary_factor — element-wise work the plan barely sees) and its multi-token
+# prediction layers refused (num_nextn_predict_layers: no block for them).
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 WEIGHTS_FILE = "model.safetensors"
 # a checkpoint saved in shards (save_pretrained above its max_shard_size, every published
@@ -146,16 +150,15 @@ def read_hf_config(directory: str) -> dict:
 # Architectures users ask for that neither paracube's GPT nor the planner has the parts of:
 # what is missing, named in the refusal (transformers' model_type → the parts)
 NOT_MODELLED = {
-    "deepseek_v2": "multi-head latent attention, dense first blocks",
-    "deepseek_v3": "multi-head latent attention, dense first blocks, multi-token prediction",
-    "kimi_k2": "multi-head latent attention, a dense first block",
-    "glm4_moe": "dense first blocks before the mixture ones",
+    "deepseek_v2": "multi-head latent attention",
+    "deepseek_v3": "multi-head latent attention, multi-token prediction",
+    "kimi_k2": "multi-head latent attention",
     "gpt_oss": "sliding-window attention in alternate blocks, attention sinks",
     "gemma2": "sliding-window attention in alternate blocks, logit soft-capping",
     "gemma3": "sliding-window attention in five blocks of six",
     "gemma3_text": "sliding-window attention in five blocks of six",
-    "llama4": "chunked attention, dense blocks between the mixture ones",
-    "llama4_text": "chunked attention, dense blocks between the mixture ones",
+    "llama4": "chunked attention in three blocks of four",
+    "llama4_text": "chunked attention in three blocks of four",
 }
 
 
@@ -231,28 +234,73 @@ def _qwen_moe_experts(data: dict) -> dict:
     """A Qwen MoE config's mixture, as :class:`ModelConfig` fields (transformers' defaults
     where a key is absent, :data:`QWEN_MOE_DEFAULTS`). A block is a mixture where its index
     is not in ``mlp_only_layers`` and (index + 1) is a multiple of ``decoder_sparse_step``;
-    a config that leaves some blocks dense is refused: the planner's blocks are all alike."""
+    the others are dense, their MLP of ``intermediate_size`` (transformers' Qwen2MoeMLP
+    and Qwen3MoeMLP at ``config.intermediate_size``)."""
     kind, get = data["model_type"], data.get
     experts, per_token, width, shared = QWEN_MOE_DEFAULTS[kind]
     layers = get("num_hidden_layers", 48)
     dense_only, step = get("mlp_only_layers") or [], get("decoder_sparse_step", 1)
     if not isinstance(step, int) or step < 1:
         raise ConfigError(f"{kind} config: decoder_sparse_step {step!r} must be a positive integer")
-    dense = sorted({*dense_only, *(i for i in range(layers) if (i + 1) % step)})
-    if dense:
-        shown = ", ".join(map(str, dense[:4])) + (" …" if len(dense) > 4 else "")
-        which = f"block {shown} has" if len(dense) == 1 else f"{len(dense)} blocks ({shown}) have"
+    if not all(isinstance(i, int) and 0 <= i < layers for i in dense_only):
         raise ConfigError(
-            f"{kind} config: of its {layers} blocks, {which} a dense MLP "
-            f"(mlp_only_layers {dense_only}, decoder_sparse_step {step}), and the planner plans "
-            "a model whose blocks are alike: every block a mixture (mlp_only_layers [], "
-            "decoder_sparse_step 1)"
+            f"{kind} config: mlp_only_layers {dense_only} must be block indices from 0 to "
+            f"num_hidden_layers - 1 = {layers - 1}"
+        )
+    dense = tuple(sorted({*dense_only, *(i for i in range(layers) if (i + 1) % step)}))
+    if len(dense) == layers:
+        raise ConfigError(
+            f"{kind} config: mlp_only_layers {dense_only} and decoder_sparse_step {step} leave "
+            f"every one of its {layers} blocks dense: plan it as a dense model "
+            f"({kind.removesuffix('_moe')})"
         )
     return dict(
         ffn_hidden=get("moe_intermediate_size", width),
         experts=get("num_experts", experts),
         experts_per_token=get("num_experts_per_tok", per_token),
         shared_expert_ffn=get("shared_expert_intermediate_size", shared),
+        dense_layers=dense,
+        dense_ffn=get("intermediate_size", 0) if dense else 0,
+    )
+
+
+# the keys a GLM-4.5 config must give for its mixture (transformers' Glm4MoeConfig writes them)
+GLM_MOE_KEYS = (
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "n_shared_experts",
+    "first_k_dense_replace",
+)
+
+
+def _glm_moe_experts(data: dict) -> dict:
+    """A GLM-4.5 config's mixture, as :class:`ModelConfig` fields: ``n_routed_experts`` of
+    ``moe_intermediate_size``, ``num_experts_per_tok`` a token, ``n_shared_experts`` shared
+    ones of that width (Megatron's --moe-shared-expert-intermediate-size is their sum), the
+    first ``first_k_dense_replace`` blocks dense at ``intermediate_size``
+    (transformers' Glm4MoeDecoderLayer). Multi-token prediction layers are refused."""
+    missing = [key for key in GLM_MOE_KEYS if not isinstance(data.get(key), int)]
+    if missing:
+        raise ConfigError(
+            f"glm4_moe config: no integer {missing[0]!r}: a config transformers wrote gives "
+            f"{', '.join(GLM_MOE_KEYS)}"
+        )
+    if data.get("num_nextn_predict_layers"):
+        raise ConfigError(
+            f"glm4_moe config: num_nextn_predict_layers {data['num_nextn_predict_layers']}: "
+            "multi-token prediction layers are not modelled; set it to 0 to plan the model "
+            "without them (Megatron-Core trains them only under --mtp-num-layers)"
+        )
+    width = data["moe_intermediate_size"]
+    return dict(
+        ffn_hidden=width,
+        experts=data["n_routed_experts"],
+        experts_per_token=data["num_experts_per_tok"],
+        shared_expert_ffn=data["n_shared_experts"] * width,
+        dense_layers=tuple(range(data["first_k_dense_replace"])),
+        dense_ffn=data.get("intermediate_size", 0) if data["first_k_dense_replace"] else 0,
+        qk_norm=bool(data.get("use_qk_norm")),
     )
 
 
@@ -297,6 +345,8 @@ def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = No
             )
         if kind in QWEN_MOE_DEFAULTS:
             shape.update(_qwen_moe_experts(data))
+        if kind == "glm4_moe":
+            shape.update(_glm_moe_experts(data))
     context = hf_context(data)
     seq = seq_len if seq_len is not None else min(context, 1024)
     if seq > context:

@@ -79,20 +79,22 @@ def _full_replay_flops(cfg, replay: str) -> float:
     return forward_flops_per_token(cfg, head=False) - skipped
 
 
+def _op_redone_flops(cfg) -> float:
+    """One block's forward FLOPs per token of the matmuls torchtitan's op-level
+    checkpointing runs again (those whose outputs it does not keep)."""
+    return 2 * sum(
+        lin.in_features * lin.out_features
+        for lin, _, redone in shapes.op_checkpoint_linears(cfg)
+        if redone
+    )
+
+
 # the forward FLOPs per token each recomputation runs again, (cfg, replay) → FLOPs
 RECOMPUTED_FORWARD = {
     "none": lambda cfg, replay: 0.0,
     "full": _full_replay_flops,
     "selective": lambda cfg, replay: cfg.n_layers * 4 * cfg.seq_len * cfg.n_heads * cfg.head_dim,
-    "op": lambda cfg, replay: per_block(
-        cfg,
-        lambda kind: 2
-        * sum(
-            lin.in_features * lin.out_features
-            for lin, _, redone in shapes.op_checkpoint_linears(kind)
-            if redone
-        ),
-    ),
+    "op": lambda cfg, replay: per_block(cfg, _op_redone_flops),
 }
 
 

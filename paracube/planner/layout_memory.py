@@ -39,7 +39,7 @@ from paracube.models import shapes
 from paracube.pipeline.schedules import get_schedule
 from paracube.planner.layout import Layout, rank_sequence
 from paracube.planner.memory import activation_bytes_per_layer, model_state_bytes, te_block_bytes
-from paracube.planner.stages import layout_shares, recomputed_indices
+from paracube.planner.stages import layout_shares, recomputed_blocks, recomputed_indices
 
 CONTEXT_BYTES = 1e9
 FRAGMENTATION = 0.10
@@ -91,20 +91,27 @@ def _stage_parts(cfg: ModelConfig, layout: Layout, precision: str) -> list[_Part
     shares = layout_shares(cfg, layout)
     local = rank_sequence(cfg, layout)  # under context parallelism a rank keeps s/cp tokens
     key = _TermsKey.of(layout)
-    # each kind of block's terms (a mixture's, its dense blocks'); the ends' are alike in all
-    kinds = {kind: _layout_terms(kind, key, precision) for kind, _ in local.kind_counts()}
-    terms = kinds[local.mixture_kind]
-    largest = max(kinds.values(), key=lambda k: k.block_params)  # ZeRO-3's gathered unit
     in_flight = get_schedule(layout.schedule).in_flight
+    terms = _layout_terms(local.mixture_kind, key, precision)  # the ends' are alike in all kinds
+    dense = _layout_terms(local.dense_kind, key, precision) if not local.uniform else terms
+    largest = dense if dense.block_params > terms.block_params else terms  # ZeRO-3's unit
+    uniform = local.uniform
     parts = []
     for index, share in enumerate(shares):
-        redone = dict(local.kind_counts(recomputed_indices(share, layout)))
-        held = tuple(
-            (kinds[kind], n, redone.get(kind, 0)) for kind, n in local.kind_counts(share.blocks)
-        )
-        states = _states_bytes(
-            terms, layout, tuple((k, n) for k, n, _ in held), index == 0, index == p - 1
-        )
+        if uniform:  # the search's hot path: one kind
+            n = len(share.blocks)
+            held: _Held = ((terms, n, recomputed_blocks(share, layout)),)
+            params = (n * terms.block_params, n * terms.block_expert_params)
+        else:  # the rank's mixture blocks and its dense ones, each kind's recomputed apart
+            redone = recomputed_indices(share, layout)
+            dense_held = sum(1 for i in share.blocks if i in local.dense_layers)
+            dense_redone = sum(1 for i in redone if i in local.dense_layers)
+            held = (
+                (terms, len(share.blocks) - dense_held, len(redone) - dense_redone),
+                (dense, dense_held, dense_redone),
+            )
+            params = _held_params(held)
+        states = _states_bytes(terms, layout, params, index == 0, index == p - 1)
         flight = in_flight(p, layout.microbatches, layout.chunks, stage=index)
         parts.append(_stage(local, layout, terms, states, index, held, flight, largest))
     return parts
@@ -265,24 +272,33 @@ def stage_bytes(
     # --recompute-blocks: the stage's recomputed blocks keep their input only, the rest all
     if redone is None:
         redone = 0 if layout.recompute == "none" else blocks
-    states = _states_bytes(terms, layout, ((terms, blocks),), index == 0, index == p - 1)
+    held = ((terms, blocks, redone),)
+    states = _states_bytes(terms, layout, _held_params(held), index == 0, index == p - 1)
     in_flight = get_schedule(layout.schedule).in_flight(
         p, layout.microbatches, layout.chunks, stage=index
     )
-    held = ((terms, blocks, redone),)
     return StageMemory(name, *_stage(cfg, layout, terms, states, index, held, in_flight, terms))
 
 
-# a rank's blocks, each kind's terms with how many of them it holds
-_Held = tuple[tuple["_LayoutTerms", int], ...]
+# a rank's blocks: each kind's terms, how many it holds, how many of them are recomputed
+_Held = tuple[tuple["_LayoutTerms", int, int], ...]
+
+
+def _held_params(held: _Held) -> tuple[float, float]:
+    """(parameters, of them a mixture's experts) of a rank's blocks, every kind's."""
+    params = experts = 0.0
+    for kind, n, _ in held:
+        params += n * kind.block_params
+        experts += n * kind.block_expert_params
+    return params, experts
 
 
 def _states_bytes(
-    terms: _LayoutTerms, layout: Layout, blocks: _Held, first: bool, last: bool
+    terms: _LayoutTerms, layout: Layout, blocks: tuple[float, float], first: bool, last: bool
 ) -> float:
-    """The model states of a pipeline rank holding ``blocks`` (each kind's terms and count;
-    ``terms``: the ends') and the embedding if ``first``, the final norm and head if
-    ``last``."""
+    """The model states of a pipeline rank whose blocks hold ``blocks`` = (parameters, of
+    them experts) — and the embedding if ``first``, the final norm and head if ``last``
+    (``terms``)."""
     # ZeRO-3 kept gathered through a pipelined step holds, while the step runs, what ZeRO-1
     # holds: the whole stage's weights and (accumulated) gradients, the optimizer states and
     # main weights sharded
@@ -303,7 +319,7 @@ def _sharded_states(
     zero: int,
     group: int,
     expert_group: int,
-    blocks: _Held,
+    blocks: tuple[float, float],
     first: bool,
     last: bool,
     cast: bool,
@@ -311,13 +327,11 @@ def _sharded_states(
     """:func:`_states_bytes` from what it depends on — ZeRO stage, the dense and expert
     shard groups, the rank's blocks and ends, and whether a 16-bit copy is kept (not
     ``cast``)."""
-    params = sum(n * kind.block_params for kind, n in blocks)
+    params, experts = blocks  # the experts sharded over the ranks that hold them
     if first:
         params += terms.embed_params
     if last:
         params += terms.head_params
-    # sharded over the ranks that hold them
-    experts = sum(n * kind.block_expert_params for kind, n in blocks)
     return sum(
         model_state_bytes(
             count,
@@ -338,7 +352,7 @@ def _stage(
     terms: _LayoutTerms,
     states: float,
     index: int,
-    blocks: tuple[tuple[_LayoutTerms, int, int], ...],
+    blocks: _Held,
     in_flight: float,
     largest: _LayoutTerms,
 ) -> _Parts:

@@ -30,6 +30,7 @@ to train. Megatron pads the vocabulary to a multiple of 128 × tp
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from paracube.choices import RECOMPUTE
@@ -124,6 +125,21 @@ def megatron_refusal(layout: Layout, cfg: ModelConfig, precision: str) -> str | 
     return None
 
 
+def moe_layer_freq(cfg: ModelConfig) -> str:
+    """Megatron-Core's --moe-layer-freq pattern for ``cfg``'s blocks, 1 a mixture's block,
+    0 a dense one, as the Python list expression it evaluates
+    (megatron/training/arguments.py, ``moe_freq_type``): runs of equal blocks.
+
+    >>> cfg = ModelConfig(n_layers=8, hidden=64, n_heads=4, vocab_size=100, seq_len=32,
+    ...                   experts=8, experts_per_token=2, dense_layers=(0, 1, 2))
+    >>> moe_layer_freq(cfg)
+    '([0]*3+[1]*5)'
+    """
+    kinds = [0 if i in cfg.dense_layers else 1 for i in range(cfg.n_layers)]
+    runs = [f"[{kind}]*{len(list(run))}" for kind, run in itertools.groupby(kinds)]
+    return f"({'+'.join(runs)})"
+
+
 def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch: int) -> list[str]:
     """Megatron-LM's flags for ``cfg`` under ``layout`` (refused layouts raise ConfigError:
     :func:`megatron_refusal`)."""
@@ -134,7 +150,7 @@ def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch
     args = [
         f"--num-layers {cfg.n_layers}",
         f"--hidden-size {cfg.hidden}",
-        f"--ffn-hidden-size {cfg.ffn_hidden}",
+        f"--ffn-hidden-size {cfg.dense_ffn or cfg.ffn_hidden}",  # a dense block's MLP
         f"--num-attention-heads {cfg.n_heads}",
         f"--seq-length {cfg.seq_len}",
         f"--max-position-embeddings {cfg.seq_len}",
@@ -162,6 +178,10 @@ def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch
         )
         if cfg.shared_expert_ffn:
             args.append(f"--moe-shared-expert-intermediate-size {cfg.shared_expert_ffn}")
+        if not cfg.uniform:  # dense blocks among the mixture's, each MLP at its own width
+            args.append(
+                f"--moe-ffn-hidden-size {cfg.ffn_hidden} --moe-layer-freq '{moe_layer_freq(cfg)}'"
+            )
     args.append("--attention-dropout 0 --hidden-dropout 0")  # the planned model has none
     # the layout
     args.append(f"--tensor-model-parallel-size {L.tp} --pipeline-model-parallel-size {L.pp}")

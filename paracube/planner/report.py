@@ -366,6 +366,17 @@ def _context_parallel_reason(best, cfg: ModelConfig) -> str:
 _MIXTURE_PLANNED_ONLY = "Planned only: paracube train builds dense models."
 
 
+def _block_list(blocks: tuple[int, ...]) -> str:
+    """Block indices as runs: (0, 1, 2, 7) → "0–2, 7"."""
+    runs: list[list[int]] = []
+    for block in blocks:
+        if runs and block == runs[-1][-1] + 1:
+            runs[-1].append(block)
+        else:
+            runs.append([block])
+    return ", ".join(f"{run[0]}–{run[-1]}" if len(run) > 1 else f"{run[0]}" for run in runs)
+
+
 def _experts_reason(best, cfg: ModelConfig) -> str:
     """A mixture of experts: where the experts are, and the all-to-alls that reach them."""
     L, t = best.layout, best.time
@@ -375,7 +386,15 @@ def _experts_reason(best, cfg: ModelConfig) -> str:
         if cfg.shared_expert_ffn
         else ""
     )
-    head = f"- A mixture of {cfg.experts} experts, {cfg.experts_per_token} per token{shared}: "
+    dense = (
+        f"; blocks {_block_list(cfg.dense_layers)} dense (one MLP of {cfg.dense_ffn or cfg.ffn_hidden:,}, "
+        "no experts, no all-to-alls)"
+        if cfg.dense_layers
+        else ""
+    )
+    head = (
+        f"- A mixture of {cfg.experts} experts, {cfg.experts_per_token} per token{shared}{dense}: "
+    )
     if L.ep == 1:
         return (
             head + "every rank holds all of them (no expert parallelism). " + _MIXTURE_PLANNED_ONLY

@@ -225,8 +225,8 @@ def _tensor_degrees(
             # puts some groups across two nodes, on the network, not NVLink
             reject("tensor-parallel groups across nodes (tp must divide the GPUs per node)")
             continue
-        widths = (cfg.n_heads, cfg.n_kv_heads, cfg.ffn_hidden, cfg.shared_expert_ffn)
-        if any(width % tp for width in widths):  # a shared expert's 0 divides by any tp
+        widths = (cfg.n_heads, cfg.n_kv_heads, cfg.ffn_hidden, cfg.shared_expert_ffn, cfg.dense_ffn)
+        if any(width % tp for width in widths):  # an absent part's 0 divides by any tp
             reject("heads or MLP size not divisible by tp")
             continue
         if fixed.get("sequence_parallel") and tp == 1:

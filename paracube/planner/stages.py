@@ -176,8 +176,16 @@ def torchtitan_shares(cfg: ModelConfig, pp: int, chunks: int = 1) -> tuple[RankS
 
 
 def recomputed_blocks(share: RankShare, layout: Layout) -> int:
-    """How many of the rank's blocks are recomputed (:func:`recomputed_indices`)."""
-    return len(recomputed_indices(share, layout))
+    """How many of the rank's blocks are recomputed (:func:`recomputed_indices`; counted
+    apart, a search asks it for every rank of its layouts)."""
+    if layout.recompute == "none":
+        return 0
+    n = layout.recompute_blocks
+    if n is None:
+        return len(share.blocks)
+    if layout.recompute_scope == "stage":
+        return sum(min(n, len(run)) for run in chunk_runs(share.blocks))
+    return sum(1 for block in share.blocks if block < n)
 
 
 def recomputed_indices(share: RankShare, layout: Layout) -> tuple[int, ...]:

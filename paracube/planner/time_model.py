@@ -60,7 +60,12 @@ from paracube.planner.flops import hardware_flops_per_token, model_flops_per_tok
 from paracube.planner.hardware import GPU, Interconnect
 from paracube.planner.layout import Layout, rank_sequence
 from paracube.planner.memory import activation_bytes_per_layer
-from paracube.planner.stages import RankShare, layout_shares, recomputed_indices
+from paracube.planner.stages import (
+    RankShare,
+    layout_shares,
+    recomputed_blocks,
+    recomputed_indices,
+)
 
 
 @dataclass(frozen=True)
@@ -687,7 +692,7 @@ def estimate(
     local = rank_sequence(cfg, layout)  # the s/cp tokens a rank holds under context parallelism
     # one block of each kind (a mixture's, and its dense blocks'), timed once
     costs = {
-        kind: block_costs(kind, layout, cluster, elem, fp8) for kind, _ in local.kind_counts()
+        kind.moe: block_costs(kind, layout, cluster, elem, fp8) for kind, _ in local.kind_counts()
     }
     # every pipeline rank with the blocks the engine's split gives it; the slowest sets the pace
     ranks = [
@@ -700,7 +705,7 @@ def estimate(
     pp_comm = pp_transfer_time(local, layout, cluster, elem)
     # the schedule's unit costs: a block's passes, over the kinds as the model holds them
     F, I, W = (
-        sum(n * costs[kind].passes[part] for kind, n in local.kind_counts()) / cfg.n_layers
+        sum(n * costs[kind.moe].passes[part] for kind, n in local.kind_counts()) / cfg.n_layers
         for part in range(3)
     )
     overhead = get_schedule(layout.schedule).idle_over_busy(p, m, layout.chunks, F, I, W)
@@ -790,10 +795,10 @@ def _rank_step(
     cluster: Cluster,
     share: RankShare,
     elem: int,
-    costs: dict[ModelConfig, BlockCosts],
+    costs: dict[bool, BlockCosts],
 ) -> _RankTime:
     """One pipeline rank's step parts: its blocks' forward + backward (each kind's
-    ``costs``: a mixture's blocks and its dense ones apart), the head's on the last rank,
+    ``costs``, by whether it is a mixture's block: a mixture's and its dense ones apart), the head's on the last rank,
     the recomputation of its recomputed blocks, its tensor-parallel collectives, its
     context-parallel ring (its forward's part again in a fully recomputed block), and its
     own gradient reduction and optimizer step over its parameters (``cfg``: the rank's
@@ -801,31 +806,20 @@ def _rank_step(
     fully recomputed block."""
     g, t, m = cluster.gpu, layout.tp, layout.microbatches
     blocks = len(share.blocks)
-    redone_blocks = recomputed_indices(share, layout)
     held = cfg.kind_counts(share.blocks)
-    redone_of = dict(cfg.kind_counts(redone_blocks))
+    if cfg.uniform:  # the search's hot path: one kind, its recomputed blocks counted
+        redone_of = {cfg.moe: recomputed_blocks(share, layout)}
+    else:
+        redone_of = {k.moe: n for k, n in cfg.kind_counts(recomputed_indices(share, layout))}
     full = layout.recompute == "full"
-    per_mb = sum(n * costs[kind].block for kind, n in held)
-    per_mb += head_time(cfg, layout, g, elem) if share.head else 0.0
-    block_params = sum(
-        n * shapes.block_params(kind, tp=t, ep=layout.ep, etp=layout.expert_tp)
-        for kind, n in held
-    )
-    params = block_params
-    if share.embedding:
-        params += shapes.embed_params(cfg, tp=t)
-    if share.head:
-        params += shapes.norm_params(cfg)
-        if not (cfg.tie_embeddings and share.embedding):  # one copy when both are here
-            params += shapes.head_params(cfg, tp=t)
-    embedding = shapes.embed_params(cfg, tp=t) if share.embedding else 0.0
-    root = params - block_params  # embedding, final norm, head
-    experts = sum(
-        n * shapes.expert_params(kind, layout.expert_tp, layout.ep) for kind, n in held if kind.moe
-    )
-    recompute = cp = ep = tp_comm = 0.0
-    for kind, n in held:
-        cost, redone = costs[kind], redone_of.get(kind, 0)
+    per_mb = head_time(cfg, layout, g, elem) if share.head else 0.0
+    block_params = experts = recompute = cp = ep = tp_comm = 0.0
+    for kind, n in held:  # a mixture's blocks, and its dense ones
+        cost, redone = costs[kind.moe], redone_of.get(kind.moe, 0)
+        per_mb += n * cost.block
+        block_params += n * shapes.block_params(kind, tp=t, ep=layout.ep, etp=layout.expert_tp)
+        if kind.moe:
+            experts += n * shapes.expert_params(kind, layout.expert_tp, layout.ep)
         recompute += m * redone * cost.redo
         tp_comm += _blocks_tp_comm(kind, layout, cluster, n, elem, redone, cost.gemms)
         cp += m * (n * sum(cost.ring) + (redone * cost.ring[0] if full else 0.0))
@@ -835,6 +829,15 @@ def _rank_step(
             else cost.to_experts
         )
         ep += m * (n * waited + (redone * cost.to_experts / 2 if full else 0.0))
+    params = block_params
+    if share.embedding:
+        params += shapes.embed_params(cfg, tp=t)
+    if share.head:
+        params += shapes.norm_params(cfg)
+        if not (cfg.tie_embeddings and share.embedding):  # one copy when both are here
+            params += shapes.head_params(cfg, tp=t)
+    embedding = shapes.embed_params(cfg, tp=t) if share.embedding else 0.0
+    root = params - block_params  # embedding, final norm, head
     return _RankTime(
         # the blocks' and the head's work, ZeRO-3's copy-outs (FSDP2) and bringing their
         # gradients into the buffer

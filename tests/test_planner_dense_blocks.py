@@ -1,0 +1,202 @@
+"""A mixture with dense blocks among its mixture ones (ModelConfig.dense_layers: DeepSeek-V3's
+and GLM-4.5's first blocks, Qwen-MoE's mlp_only_layers), planned as the sum of its two kinds
+of block: parameters, FLOPs, step time and memory — each derived here from the two uniform
+models, one of every block a mixture's and one of every block dense (pure)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from paracube.cli import main
+from paracube.config import ModelConfig
+from paracube.errors import ConfigError
+from paracube.models import shapes
+from paracube.planner import hardware as hw
+from paracube.planner.flops import model_flops_per_token
+from paracube.planner.layout import Layout
+from paracube.planner.layout_memory import peak_memory, stage_memory
+from paracube.planner.time_model import Cluster, estimate
+
+H100 = Cluster(hw.gpu("h100"), 8, hw.interconnect("nvlink4"), hw.interconnect("ib-ndr"))
+
+L, K = 8, 2  # blocks, of them dense (the first two)
+MIXED = ModelConfig(
+    n_layers=L, hidden=1024, n_heads=16, vocab_size=32000, seq_len=2048, ffn_hidden=512,
+    activation="swiglu", norm="rmsnorm", position="rope", bias=False, experts=16,
+    experts_per_token=4, shared_expert_ffn=512, dense_layers=tuple(range(K)), dense_ffn=1024,
+)  # fmt: skip
+MIXTURE = MIXED.mixture_kind  # every block the mixture's
+DENSE = MIXED.dense_kind  # every block dense, an MLP of dense_ffn
+
+
+def between(mixture: float, dense: float) -> float:
+    """A figure linear in the blocks, for L − K mixture blocks and K dense ones."""
+    return ((L - K) * mixture + K * dense) / L
+
+
+def test_the_kinds_are_the_model_with_one_kind_of_block():
+    assert (MIXTURE.moe, MIXTURE.ffn_hidden, MIXTURE.shared_expert_ffn) == (True, 512, 512)
+    assert (DENSE.moe, DENSE.ffn_hidden, DENSE.shared_expert_ffn) == (False, 1024, 0)
+    assert [(kind.moe, n) for kind, n in MIXED.kind_counts()] == [(True, L - K), (False, K)]
+    assert MIXED.block_kind(0) == DENSE and MIXED.block_kind(K) == MIXTURE
+    # a per-block figure of a model of two kinds is asked per kind, never of the whole
+    with pytest.raises(ConfigError, match="blocks are of two kinds"):
+        shapes.block_params(MIXED)
+
+
+def test_parameters_and_flops_are_each_kinds_at_its_count():
+    """Everything outside the blocks is alike in the three models, so a figure linear in
+    the blocks is the mixed model's at K/L of the way from the mixture to the dense model."""
+    for figure in (shapes.parameter_count, model_flops_per_token):
+        assert figure(MIXED) == pytest.approx(between(figure(MIXTURE), figure(DENSE)), rel=1e-12)
+    # the engine's split weighs each block at its own kind
+    params = shapes.chain_params(MIXED)[1:-2]
+    assert params == [shapes.block_params(DENSE)] * K + [shapes.block_params(MIXTURE)] * (L - K)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        Layout(micro_batch=2, microbatches=4),
+        Layout(tp=2, sequence_parallel=True, micro_batch=1, microbatches=8, recompute="full"),
+        Layout(micro_batch=4, microbatches=2, zero=1),
+    ],
+)
+def test_one_rank_steps_and_holds_each_kinds_blocks(layout):
+    """On one rank (one pipeline stage, no data parallelism) the step — compute,
+    recomputation, tensor-parallel collectives, the optimizer — and the memory — model
+    states, what the blocks keep, the allowance — are linear in the blocks: the mixed
+    model's are K/L of the way from the mixture's to the dense model's."""
+    mixed, mixture, dense = (estimate(c, layout, H100) for c in (MIXED, MIXTURE, DENSE))
+    for part in ("compute", "recompute", "tp_comm", "optimizer", "step_time"):
+        want = between(getattr(mixture, part), getattr(dense, part))
+        assert getattr(mixed, part) == pytest.approx(want, rel=1e-9), part
+    assert mixture.step_time > mixed.step_time > dense.step_time  # the mixture's blocks cost more
+    memory = [peak_memory(c, layout) for c in (MIXED, MIXTURE, DENSE)]
+    for part in ("model_states", "activations", "allowance", "total"):
+        want = between(getattr(memory[1], part), getattr(memory[2], part))
+        assert getattr(memory[0], part) == pytest.approx(want, rel=1e-9), part
+
+
+def test_a_pipeline_rank_holds_its_own_blocks_kinds():
+    """Megatron's even split puts blocks 0–3 on the first rank and 4–7 on the last: the
+    first holds the two dense blocks — its states and activations halfway between the
+    mixture's first rank's and the dense model's —, the last only mixture blocks, as the
+    mixture's last rank; the step is the busiest rank's, the last (the mixture blocks and
+    the head), so the dense blocks do not speed it up."""
+    layout = Layout(dp=2, pp=2, ep=2, micro_batch=1, microbatches=8, split="even")
+    first, last = stage_memory(MIXED, layout)
+    # expert parallelism moves no dense block's bytes (no ZeRO here: nothing is sharded)
+    mixture = stage_memory(MIXTURE, layout)
+    dense = stage_memory(DENSE, dataclasses.replace(layout, ep=1))
+    for part in ("model_states", "activations"):
+        halfway = (getattr(mixture[0], part) + getattr(dense[0], part)) / 2
+        assert getattr(first, part) == pytest.approx(halfway, rel=1e-9)
+        assert getattr(last, part) == pytest.approx(getattr(mixture[1], part), rel=1e-9)
+    mixed_step, mixture_step = estimate(MIXED, layout, H100), estimate(MIXTURE, layout, H100)
+    assert mixed_step.compute == pytest.approx(mixture_step.compute, rel=1e-9)
+    # every rank reduces its own gradients: the last rank's are the mixture's last rank's
+    assert mixed_step.dp_exposed == pytest.approx(mixture_step.dp_exposed, rel=1e-9)
+    # 1F1B idles (p − 1)/m of the busiest rank's work: the same rank, the same bubble
+    assert mixed_step.bubble == pytest.approx(mixture_step.bubble, rel=1e-9)
+
+
+def test_recomputed_blocks_are_counted_at_their_own_kind():
+    """--recompute-blocks 3 recomputes blocks 0–2: the two dense ones and one of the
+    mixture's — its recomputation is two dense blocks' forward and one mixture block's."""
+    base = Layout(micro_batch=1, microbatches=4, recompute="full")
+    some = dataclasses.replace(base, recompute_blocks=3)
+    per_block = {c.moe: estimate(c, base, H100).recompute / L for c in (MIXTURE, DENSE)}
+    assert estimate(MIXED, some, H100).recompute == pytest.approx(
+        K * per_block[False] + (3 - K) * per_block[True], rel=1e-9
+    )
+
+
+def test_bad_dense_blocks_are_refused():
+    cfg = dict(n_layers=4, hidden=64, n_heads=4, vocab_size=100, seq_len=32)
+    moe = dict(cfg, experts=4, experts_per_token=2)
+    for fields, message in [
+        (dict(cfg, dense_layers=(0,)), "dense_layers without experts"),
+        (dict(moe, dense_layers=(4,)), r"dense_layers=\(4,\): give the dense blocks' indices"),
+        (dict(moe, dense_layers=(1, 0)), "in increasing order, each once"),
+        (dict(moe, dense_layers=(0, 1, 2, 3)), "names all 4 blocks: that is a dense model"),
+        (dict(moe, dense_ffn=128), "dense_ffn=128 without dense_layers"),
+        (dict(moe, dense_layers=(0,), dense_ffn=-1), "dense_ffn=-1"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            ModelConfig(**fields)
+
+
+def test_plan_takes_first_dense_blocks_and_emits_megatrons_layer_pattern(capsys):
+    """``--first-dense-blocks K --dense-ffn F`` plans the mixed model; its Megatron command
+    gives the dense MLP's width as --ffn-hidden-size, the experts' as --moe-ffn-hidden-size
+    and the blocks' kinds as --moe-layer-freq (1 a mixture's block, 0 a dense one)."""
+    argv = ["plan", "--layers", "8", "--hidden", "1024", "--heads", "16", "--vocab", "32000",
+            "--seq", "2048", "--ffn", "512", "--experts", "16", "--experts-per-token", "4",
+            "--first-dense-blocks", "2", "--dense-ffn", "1024", "--activation", "swiglu",
+            "--norm", "rmsnorm", "--position", "rope", "--gpus", "16", "--gpu", "h100",
+            "--global-batch", "64"]  # fmt: skip
+    emitted = ["--layout", "dp=4,tp=2,pp=2,ep=2", "--stack", "megatron-core", "--emit", "megatron"]
+    assert main([*argv, *emitted, "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "--ffn-hidden-size 1024" in out and "--moe-ffn-hidden-size 512" in out
+    assert "--moe-layer-freq '([0]*2+[1]*6)'" in out
+    assert "blocks 0–1 dense (one MLP of 1,024" in out
+    # a dense MLP split by tp: its width must divide as the experts' does
+    odd = [a if argv[i - 1] != "--dense-ffn" else "1001" for i, a in enumerate(argv)]
+    assert main([*odd, "--layout", "tp=2"]) == 2
+    assert "heads or MLP size not divisible by tp" in capsys.readouterr().err
+
+
+# GLM-4.5-Air's and GLM-4.5's shapes as THUDM/slime's Megatron scripts give them
+# (scripts/models/glm4.5-106B-A12B.sh, glm4.5-355B-A32B.sh), in transformers' glm4_moe keys
+GLM45_AIR = {
+    "model_type": "glm4_moe", "hidden_size": 4096, "intermediate_size": 10944,
+    "moe_intermediate_size": 1408, "num_hidden_layers": 46, "num_attention_heads": 96,
+    "num_key_value_heads": 8, "head_dim": 128, "n_routed_experts": 128,
+    "num_experts_per_tok": 8, "n_shared_experts": 1, "first_k_dense_replace": 1,
+    "vocab_size": 151552, "max_position_embeddings": 131072, "hidden_act": "silu",
+    "attention_bias": True, "use_qk_norm": False, "tie_word_embeddings": False,
+    "rope_theta": 1000000.0, "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05,
+    "num_nextn_predict_layers": 0,
+}  # fmt: skip
+GLM45 = {**GLM45_AIR, "hidden_size": 5120, "intermediate_size": 12288,
+         "moe_intermediate_size": 1536, "num_hidden_layers": 92, "n_routed_experts": 160,
+         "first_k_dense_replace": 3, "use_qk_norm": True}  # fmt: skip
+
+
+def test_glm45_configs_are_planned_with_their_dense_first_blocks(tmp_path, capsys):
+    """GLM-4.5's model card: "355 billion total parameters and 32 billion active
+    parameters", GLM-4.5-Air "106 billion total parameters and 12 billion active" — the
+    active count without the embedding and the head, as the blocks pass them. Read from
+    their configs (the first 3 and 1 blocks dense) the planner counts them within 1 %
+    (total) and to the billion (active); the multi-token prediction layer the published
+    configs carry is refused, not planned as if absent; import refuses a mixture."""
+    from paracube.models.hf_convert import imported_config
+    from paracube.models.sources import hf_model_config, read_hf_config
+
+    for config, total, active, dense in ((GLM45_AIR, 106, 12, 1), (GLM45, 355, 32, 3)):
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        cfg = hf_model_config(read_hf_config(str(tmp_path)), 4096)
+        assert cfg.dense_layers == tuple(range(dense))
+        assert cfg.shared_expert_ffn == config["moe_intermediate_size"]
+        assert math.isclose(shapes.parameter_count(cfg) / 1e9, total, rel_tol=0.01)
+        blocks = sum(
+            n * (shapes.block_active_matrix_params(kind) + 2 * shapes.norm_params(kind))
+            for kind, n in cfg.kind_counts()
+        )
+        assert round(blocks / 1e9) == active
+    argv = ["plan", "--model", f"hf:{tmp_path}", "--seq", "4096", "--gpus", "256", "--gpu",
+            "h100", "--global-batch", "1024", "--stack", "megatron-core", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    best = json.loads(capsys.readouterr().out)["candidates"][0]["layout"]
+    assert best["ep"] > 1
+    (tmp_path / "config.json").write_text(json.dumps({**GLM45, "num_nextn_predict_layers": 1}))
+    with pytest.raises(ConfigError, match="multi-token prediction layers are not modelled"):
+        hf_model_config(read_hf_config(str(tmp_path)), 4096)
+    with pytest.raises(ConfigError, match="glm4_moe cannot be paracube's GPT"):
+        imported_config(GLM45)
