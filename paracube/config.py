@@ -125,6 +125,16 @@ class ModelConfig:
     dense_layers: tuple[int, ...] = ()
     dense_ffn: int = 0
     head_size: int | None = None  # None: hidden // n_heads
+    # Multi-head latent attention (DeepSeek-V2 §2.1, DeepSeek-V3, Kimi K2): the keys and
+    # values of every head come up from one latent of kv_lora_rank values a token (and a
+    # rotary key of rope_head_dim values shared by the heads), the queries from a latent of
+    # q_lora_rank (0: projected from the hidden state directly); each head's query and key
+    # are head_size (qk_nope_head_dim) + rope_head_dim wide, its value v_head_dim.
+    # Megatron-Core's MLASelfAttention. kv_lora_rank 0: standard attention.
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    rope_head_dim: int = 0
+    v_head_dim: int = 0
     qk_norm: bool = False
     # the rotary positions' base θ (RoFormer's 10,000; Llama 3's 500,000, Qwen3's 1,000,000):
     # the angle of pair i at position t is t·θ^(−2i/d)
@@ -196,7 +206,8 @@ class ModelConfig:
                     "widen the dense MLP (ffn_hidden) instead"
                 )
         self._check_dense_layers()
-        if self.position == "rope" and self.head_dim % 2:
+        self._check_latent_attention()
+        if self.position == "rope" and self.head_dim % 2 and not self.mla:
             raise ConfigError(f"rotary positions need an even head size, got {self.head_dim}")
         for f, allowed in (("norm", NORMS), ("activation", ACTIVATIONS), ("position", POSITIONS)):
             if getattr(self, f) not in allowed:
@@ -205,6 +216,8 @@ class ModelConfig:
                 )
 
     def _check_dense_layers(self) -> None:
+        if isinstance(self.dense_layers, list):  # as JSON gives it back (a checkpoint's header)
+            object.__setattr__(self, "dense_layers", tuple(self.dense_layers))
         if not (self.dense_layers or self.dense_ffn):
             return
         if not self.moe:
@@ -237,6 +250,47 @@ class ModelConfig:
                 f"dense_ffn={self.dense_ffn} without dense_layers: name the dense blocks "
                 "(--first-dense-blocks K for the first K)"
             )
+
+    def _check_latent_attention(self) -> None:
+        fields = ("kv_lora_rank", "q_lora_rank", "rope_head_dim", "v_head_dim")
+        for name in fields:
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 0):
+                raise ConfigError(
+                    f"{name}={value!r}: a latent attention's width is a positive integer (0: none)"
+                )
+        if not self.mla:
+            given = [name for name in fields[1:] if getattr(self, name)]
+            if given:
+                raise ConfigError(
+                    f"{given[0]}={getattr(self, given[0])} without kv_lora_rank: it shapes a "
+                    "multi-head latent attention; give kv_lora_rank (DeepSeek-V3: 512)"
+                )
+            return
+        if self.n_kv_heads != self.n_heads:
+            raise ConfigError(
+                f"n_kv_heads={self.n_kv_heads} with kv_lora_rank: a latent attention's every "
+                "head has its own key and value; leave n_kv_heads at n_heads"
+            )
+        if self.position == "rope" and self.rope_head_dim % 2:
+            raise ConfigError(
+                f"rotary positions need an even rope_head_dim, got {self.rope_head_dim}"
+            )
+
+    @property
+    def mla(self) -> bool:
+        """Whether the attention is multi-head latent attention (``kv_lora_rank``)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Each head's query and key width: head_dim, and a latent attention's rotary part."""
+        return self.head_dim + self.rope_head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """Each head's value width: head_dim unless a latent attention gives its own."""
+        return self.v_head_dim or self.head_dim
 
     @property
     def uniform(self) -> bool:

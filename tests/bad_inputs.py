@@ -145,9 +145,12 @@ CASES: list[tuple[str, list[str], str]] = [
     # -- model and data --------------------------------------------------------------
     ("data", ["train", "--model", "gpt5"], "unknown --model 'gpt5': give a preset"),
     ("data", ["train", "--model", "hf:{tmp}/emptydir"], "no config.json at"),
+    ("data", ["plan", "--model", "hf:{tmp}/hf-gpt-oss", "--gpus", "8", "--global-batch", "8"],
+     "model_type 'gpt_oss' is not a supported architecture (not modelled: sliding-window "
+     "attention in alternate blocks, attention sinks)"),
     ("data", ["plan", "--model", "hf:{tmp}/hf-deepseek-v3", "--gpus", "8", "--global-batch", "8"],
-     "model_type 'deepseek_v3' is not a supported architecture (not modelled: multi-head latent "
-     "attention, multi-token prediction)"),
+     "deepseek_v3 config: no integer 'n_routed_experts': a config transformers wrote gives "
+     "n_routed_experts, num_experts_per_tok"),
     ("data", ["train", "--model", "hf:{tmp}/hf-bert"],
      "model_type 'bert' is not a supported architecture: supported are llama, mistral, qwen2, qwen3, gpt2"),
     ("data", ["train", "--model", "hf:{tmp}/hf-bad-weights", "--seq-len", "32"],
@@ -778,6 +781,8 @@ def _hf_models(tmp: Path) -> None:
         (tmp / name / "config.json").write_text(json.dumps({**qwen3_moe, "mlp_only_layers": dense}))
     (tmp / "hf-qwen2").mkdir()
     (tmp / "hf-qwen2" / "config.json").write_text('{"model_type": "qwen2"}')
+    (tmp / "hf-gpt-oss").mkdir()
+    (tmp / "hf-gpt-oss" / "config.json").write_text('{"model_type": "gpt_oss"}')
     (tmp / "hf-deepseek-v3").mkdir()
     (tmp / "hf-deepseek-v3" / "config.json").write_text('{"model_type": "deepseek_v3"}')
     (tmp / "hf-bert").mkdir()

@@ -43,6 +43,8 @@ def test_the_kinds_are_the_model_with_one_kind_of_block():
     assert (DENSE.moe, DENSE.ffn_hidden, DENSE.shared_expert_ffn) == (False, 1024, 0)
     assert [(kind.moe, n) for kind, n in MIXED.kind_counts()] == [(True, L - K), (False, K)]
     assert MIXED.block_kind(0) == DENSE and MIXED.block_kind(K) == MIXTURE
+    # a checkpoint's header gives the config back through JSON: the same model
+    assert ModelConfig(**json.loads(json.dumps(dataclasses.asdict(MIXED)))) == MIXED
     # a per-block figure of a model of two kinds is asked per kind, never of the whole
     with pytest.raises(ConfigError, match="blocks are of two kinds"):
         shapes.block_params(MIXED)
@@ -190,8 +192,10 @@ def test_glm45_configs_are_planned_with_their_dense_first_blocks(tmp_path, capsy
             for kind, n in cfg.kind_counts()
         )
         assert round(blocks / 1e9) == active
-    argv = ["plan", "--model", f"hf:{tmp_path}", "--seq", "4096", "--gpus", "256", "--gpu",
-            "h100", "--global-batch", "1024", "--stack", "megatron-core", "--json"]  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(GLM45_AIR))
+    argv = ["plan", "--model", f"hf:{tmp_path}", "--seq", "4096", "--gpus", "64", "--gpu",
+            "h100", "--global-batch", "512", "--layout", "pp=4,ep=8", "--micro-batch", "1",
+            "--json"]  # fmt: skip
     assert main(argv) == 0
     best = json.loads(capsys.readouterr().out)["candidates"][0]["layout"]
     assert best["ep"] > 1
@@ -200,3 +204,118 @@ def test_glm45_configs_are_planned_with_their_dense_first_blocks(tmp_path, capsy
         hf_model_config(read_hf_config(str(tmp_path)), 4096)
     with pytest.raises(ConfigError, match="glm4_moe cannot be paracube's GPT"):
         imported_config(GLM45)
+
+
+# DeepSeek-V3's config.json (deepseek-ai/DeepSeek-V3), the keys that shape the model; its
+# multi-token prediction layer set to 0 (planned without it; refused as published)
+DEEPSEEK_V3 = {
+    "model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432,
+    "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
+    "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256,
+    "num_experts_per_tok": 8, "first_k_dense_replace": 3, "moe_layer_freq": 1,
+    "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "v_head_dim": 128, "vocab_size": 129280, "max_position_embeddings": 163840,
+    "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False,
+    "rms_norm_eps": 1e-06, "rope_theta": 10000, "num_nextn_predict_layers": 0,
+}  # fmt: skip
+# Kimi K2's (moonshotai/Kimi-K2-Instruct): DeepSeek-V3's architecture, 64 heads, 384
+# experts, one dense block; no multi-token prediction layer
+KIMI_K2 = {**DEEPSEEK_V3, "model_type": "kimi_k2", "num_attention_heads": 64,
+           "num_key_value_heads": 64, "n_routed_experts": 384, "first_k_dense_replace": 1,
+           "vocab_size": 163840, "rope_theta": 50000.0}  # fmt: skip
+# DeepSeek-V2-Lite's (deepseek-ai/DeepSeek-V2-Lite): no query latent (q_lora_rank null)
+DEEPSEEK_V2_LITE = {
+    "model_type": "deepseek_v2", "hidden_size": 2048, "intermediate_size": 10944,
+    "moe_intermediate_size": 1408, "num_hidden_layers": 27, "num_attention_heads": 16,
+    "num_key_value_heads": 16, "n_shared_experts": 2, "n_routed_experts": 64,
+    "num_experts_per_tok": 6, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+    "q_lora_rank": None, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "v_head_dim": 128, "vocab_size": 102400, "max_position_embeddings": 163840,
+    "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False,
+}  # fmt: skip
+
+
+def active_without_ends(cfg: ModelConfig) -> float:
+    """The parameters a token passes in the blocks (k experts, the shared ones, every norm)."""
+    return sum(
+        n * (shapes.block_active_matrix_params(k) + 2 * shapes.norm_params(k)
+             + shapes.latent_norm_params(k))
+        for k, n in cfg.kind_counts()
+    )  # fmt: skip
+
+
+def test_latent_attention_models_count_as_published(tmp_path):
+    """DeepSeek-V3: "671B total parameters with 37B activated for each token" (DeepSeek-AI
+    2024, abstract; its multi-token prediction module apart). Kimi K2: "32 billion activated
+    parameters and 1 trillion total parameters" (its model card; 1.04T in its report).
+    DeepSeek-V2-Lite: "15.7B parameters, 2.4B activated" (its model card). Read from their
+    configs — a latent attention, dense first blocks, shared experts — the planner counts
+    them so: the totals within 1 % of the figure (5 % of Kimi K2's round trillion), the
+    activated ones — the blocks' and one vocabulary table, as the three published counts
+    agree on — within 3 % (the cards round to the billion, or to 2.4)."""
+    from paracube.models.sources import hf_model_config, read_hf_config
+
+    for config, total, within, active in ((DEEPSEEK_V3, 671, 0.01, 37),
+                                          (KIMI_K2, 1000, 0.05, 32),
+                                          (DEEPSEEK_V2_LITE, 15.7, 0.01, 2.4)):  # fmt: skip
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        cfg = hf_model_config(read_hf_config(str(tmp_path)), 4096)
+        assert cfg.mla and cfg.dense_layers == tuple(range(config["first_k_dense_replace"]))
+        assert math.isclose(shapes.parameter_count(cfg) / 1e9, total, rel_tol=within)
+        table = shapes.head_params(cfg)
+        assert math.isclose((active_without_ends(cfg) + table) / 1e9, active, rel_tol=0.03)
+
+
+def test_a_latent_attentions_linears_and_core():
+    """DeepSeek-V2 §2.1: per token the queries come down to d_c' = q_lora_rank and up to every
+    head's d + d_r, the keys and values down to d_c = kv_lora_rank (and the shared rotary
+    key d_r) and up to every head's d key and d_v value; the core's QKᵀ runs over d + d_r,
+    its scores·V over d_v. Under tensor parallelism the down projections stay whole."""
+    from paracube.models.sources import hf_model_config
+
+    cfg = hf_model_config(DEEPSEEK_V3, 4096).mixture_kind
+    h, a, d, r, v, cq, ckv = 7168, 128, 128, 64, 128, 1536, 512
+    weights = h * cq + cq * a * (d + r) + h * (ckv + r) + ckv * a * (d + v) + a * v * h
+    attention = sum(lin.in_features * lin.out_features for lin in shapes.attention_linears(cfg))
+    assert attention == weights
+    assert shapes.attention_core_flops_per_token(cfg) == 2 * 4096 * a * ((d + r) + v)
+    # per tp rank the down projections and the latents' norms whole, the rest of the
+    # attention split (as the experts and the shared expert are)
+    split = weights - h * cq - h * (ckv + r)
+    mlps = shapes.expert_params(cfg) + shapes.shared_expert_params(cfg)
+    full, halves = shapes.block_params(cfg), shapes.block_params(cfg, tp=2)
+    assert full - halves == pytest.approx((split + mlps) / 2, rel=1e-12)
+    # what the core keeps: q and k of d + d_r, v and the output of d_v, a head each
+    kept = shapes.latent_attention_saved_bytes(cfg, 1000, 2, 1, 1, "selective")
+    latents = 1000 * (cq + ckv) * 4 + 2 * 4 * 1000 + 1000 * r * 2
+    assert kept == latents + 1000 * a * (2 * (d + r) + 2 * v) * 2
+
+
+def test_deepseek_v3_is_planned_and_emitted_for_megatron(tmp_path):
+    """A DeepSeek-V3 config fits an H100 in the layout Megatron-Bridge names for 1,024 of
+    them (TP 2 × PP 16 × EP 64, ``deepseek_v3_pretrain_1024gpu_h100_bf16_config``; here its
+    experts folded whole, etp 1, and every block recomputed), and its Megatron command
+    carries the latent attention's widths and the blocks' kinds; the published config's
+    multi-token prediction layer is refused, not planned as if absent; a latent attention
+    under tensor parallelism without sequence parallelism is refused with the fix."""
+    from paracube.models.sources import hf_model_config, read_hf_config
+    from paracube.planner.megatron import megatron_args
+    from paracube.planner.stacks import stack
+
+    cfg = hf_model_config(DEEPSEEK_V3, 4096)
+    recipe = Layout(dp=32, tp=2, pp=16, ep=64, etp=1, sequence_parallel=True, micro_batch=1,
+                    microbatches=256, zero=1, recompute="full")  # fmt: skip
+    assert peak_memory(cfg, recipe).total < hw.gpu("h100").memory_bytes
+    assert 0.05 < estimate(cfg, recipe, H100).mfu < 0.5
+    # Megatron cuts its 61 blocks unevenly (a layout of its own): the flags, for one stage
+    one_stage = Layout(dp=64, ep=64, tp=2, sequence_parallel=True, **stack("megatron-core"))
+    args = " ".join(megatron_args(one_stage, cfg, "bf16", 64))
+    assert ("--multi-latent-attention --q-lora-rank 1536 --kv-lora-rank 512 --qk-head-dim 128 "
+            "--qk-pos-emb-head-dim 64 --v-head-dim 128") in args  # fmt: skip
+    assert "--moe-layer-freq '([0]*3+[1]*58)'" in args and "--ffn-hidden-size 18432" in args
+    assert "without sequence parallelism" in Layout(dp=8, tp=2).model_refusal(cfg)
+    (tmp_path / "config.json").write_text(
+        json.dumps({**DEEPSEEK_V3, "num_nextn_predict_layers": 1})
+    )
+    with pytest.raises(ConfigError, match="multi-token prediction layers are not modelled"):
+        hf_model_config(read_hf_config(str(tmp_path)), 4096)

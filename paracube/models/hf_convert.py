@@ -57,6 +57,9 @@ NOT_IMPORTED = {
     "qwen3_moe": "it is a mixture of experts, and paracube's GPT is dense",
     "qwen2_moe": "it is a mixture of experts, and paracube's GPT is dense",
     "glm4_moe": "it is a mixture of experts, and paracube's GPT is dense",
+    "deepseek_v2": "it is a mixture of experts, and paracube's GPT is dense",
+    "deepseek_v3": "it is a mixture of experts, and paracube's GPT is dense",
+    "kimi_k2": "it is a mixture of experts, and paracube's GPT is dense",
     "qwen2": "its q, k and v projections are biased but not its others, and paracube's GPT "
     "has one switch for every bias",
 }

@@ -22,7 +22,9 @@ from paracube.errors import ConfigError
 class Linear(NamedTuple):
     """One ``nn.Linear`` of a block: its path, sizes and how tensor parallelism splits it
     (``column``: output features split, bias split; ``row``: input features split, bias
-    replicated and added after the reduction — Shoeybi et al. 2019, §3)."""
+    replicated and added after the reduction — Shoeybi et al. 2019, §3; ``replicated``:
+    whole on every rank, each over its own sequence shard under sequence parallelism — a
+    latent attention's down projections, Megatron-Core's ``parallel_mode="duplicated"``)."""
 
     name: str
     in_features: int
@@ -54,14 +56,54 @@ def one_kind(cfg: ModelConfig) -> ModelConfig:
 
 
 def block_linears(cfg: ModelConfig) -> list[Linear]:
-    one_kind(cfg)
-    h, q = cfg.hidden, cfg.q_dim  # q = h unless the head size is decoupled
+    """The block's linears: the attention's (:func:`attention_linears`), then the MLP's up
+    and down projections (:func:`mlp_linears`)."""
+    return attention_linears(cfg) + mlp_linears(cfg)
+
+
+def attention_linears(cfg: ModelConfig) -> list[Linear]:
+    """The attention's linears, the output projection last: the fused q | k | v and the
+    output; or a latent attention's (DeepSeek-V2 §2.1.2, as Megatron-Core's
+    MLASelfAttention holds them) — the queries' down projection h → q_lora_rank (or, without
+    one, h → a·(d + d_r) directly), their up projection to every head's d + d_r, the keys'
+    and values' down projection h → kv_lora_rank + d_r (the latent and the rotary key every
+    head shares), their up projection to every head's key d and value d_v, and the output
+    from a·d_v. The down projections are replicated over the tensor-parallel ranks."""
+    h, q = one_kind(cfg).hidden, cfg.q_dim  # q = h unless the head size is decoupled
+    if not cfg.mla:
+        return [
+            Linear("attn.qkv_proj", h, q + 2 * kv_dim(cfg), "column"),  # fused q | k | v
+            Linear("attn.o_proj", q, h, "row"),
+        ]
+    a, rope = cfg.n_heads, cfg.rope_head_dim
+    queries = [
+        Linear("attn.q_down_proj", h, cfg.q_lora_rank, "replicated"),
+        Linear("attn.q_up_proj", cfg.q_lora_rank, a * cfg.qk_head_dim, "column"),
+    ]
     return [
-        Linear("attn.qkv_proj", h, q + 2 * kv_dim(cfg), "column"),  # fused q | k | v
-        Linear("attn.o_proj", q, h, "row"),
+        *(
+            queries
+            if cfg.q_lora_rank
+            else [Linear("attn.q_proj", h, a * cfg.qk_head_dim, "column")]
+        ),
+        Linear("attn.kv_down_proj", h, cfg.kv_lora_rank + rope, "replicated"),
+        Linear("attn.kv_up_proj", cfg.kv_lora_rank, a * (cfg.head_dim + cfg.v_dim), "column"),
+        Linear("attn.o_proj", a * cfg.v_dim, h, "row"),
+    ]
+
+
+def mlp_linears(cfg: ModelConfig) -> list[Linear]:
+    """The MLP's up projection (SwiGLU's fused gate | up) and down projection."""
+    h = one_kind(cfg).hidden
+    return [
         Linear("mlp.up_proj", h, mlp_in_width(cfg), "column"),
         Linear("mlp.down_proj", cfg.ffn_hidden, h, "row"),
     ]
+
+
+def latent_norm_params(cfg: ModelConfig) -> int:
+    """A latent attention's RMSNorms over its q and kv latents (replicated); 0 otherwise."""
+    return cfg.q_lora_rank + cfg.kv_lora_rank if cfg.mla else 0
 
 
 def op_checkpoint_linears(cfg: ModelConfig) -> list[tuple[Linear, bool, bool]]:
@@ -75,6 +117,10 @@ def op_checkpoint_linears(cfg: ModelConfig) -> list[tuple[Linear, bool, bool]]:
     block's last matmul, whose output only enters the residual sum, is never redone (a GELU
     MLP's second). tests/test_planner_op_checkpoint.py runs the policy on torch's ops and
     watches what the forward keeps and which matmuls the backward redoes."""
+    if cfg.mla:
+        raise ConfigError(
+            "torchtitan's op-level checkpointing is not counted for a latent attention"
+        )
     h, q, kv, f = one_kind(cfg).hidden, cfg.q_dim, kv_dim(cfg), cfg.ffn_hidden
     calls = [
         Linear("attn.wq", h, q, "column"),
@@ -126,7 +172,7 @@ def router_params(cfg: ModelConfig) -> int:
 
 
 def _mlp_matrix_params(cfg: ModelConfig) -> int:
-    return sum(lin.in_features * lin.out_features for lin in block_linears(cfg)[2:])
+    return sum(lin.in_features * lin.out_features for lin in mlp_linears(cfg))
 
 
 # A mixture's shared experts (ModelConfig.shared_expert_ffn): one MLP every token passes
@@ -191,7 +237,7 @@ def norm_params(cfg: ModelConfig) -> int:
 def block_matrix_params(cfg: ModelConfig) -> int:
     """Weights of one block's matrices: the attention's, every expert's MLP (the one MLP of
     a dense block), the shared experts' and the router's."""
-    attention = sum(lin.in_features * lin.out_features for lin in block_linears(cfg)[:2])
+    attention = sum(lin.in_features * lin.out_features for lin in attention_linears(cfg))
     mlps = mlp_copies(cfg) * _mlp_matrix_params(cfg) + _shared_matrix_params(cfg)
     return attention + mlps + router_params(cfg)
 
@@ -200,7 +246,7 @@ def block_active_matrix_params(cfg: ModelConfig) -> int:
     """The matrix weights a token passes in one block — each does 2 FLOPs per token forward:
     the attention's, the router's, k experts' MLPs and the shared experts' (a dense block:
     all of its matrices)."""
-    attention = sum(lin.in_features * lin.out_features for lin in block_linears(cfg)[:2])
+    attention = sum(lin.in_features * lin.out_features for lin in attention_linears(cfg))
     mlps = mlp_passes(cfg) * _mlp_matrix_params(cfg) + _shared_matrix_params(cfg)
     return attention + mlps + router_params(cfg)
 
@@ -221,11 +267,17 @@ def _attention_params(cfg: ModelConfig, tp: int) -> float:
     """The block's attention linears and both norms on one tensor-parallel rank (and the
     per-head q and k norms' d weights each, replicated)."""
     bias = 1 if cfg.bias else 0
-    qkv, o = block_linears(cfg)[:2]
+    linears = attention_linears(cfg)
+    columns = [lin for lin in linears if lin.split == "column"]
+    o = linears[-1]  # the output projection, row-parallel
+    # a latent attention's down projections and its latents' norms, whole on every rank
+    replicated = sum(
+        lin.in_features * lin.out_features for lin in linears if lin.split == "replicated"
+    )
     qk_norms = 2 * cfg.head_dim if cfg.qk_norm else 0
-    return (qkv.in_features * qkv.out_features + o.in_features * o.out_features
-            + bias * qkv.out_features) / tp + 2 * norm_params(cfg) + bias * o.out_features \
-        + qk_norms  # fmt: skip
+    return (sum(c.in_features * c.out_features for c in columns) + o.in_features * o.out_features
+            + bias * sum(c.out_features for c in columns)) / tp + 2 * norm_params(cfg) \
+        + bias * o.out_features + qk_norms + replicated + latent_norm_params(cfg)  # fmt: skip
 
 
 def expert_params(cfg: ModelConfig, tp: int = 1, ep: int = 1) -> float:
@@ -233,7 +285,7 @@ def expert_params(cfg: ModelConfig, tp: int = 1, ep: int = 1) -> float:
     bias split, the row bias replicated), or E/ep experts' — what expert parallelism
     divides, and what a mixture reduces over its expert data-parallel group."""
     bias = 1 if cfg.bias else 0
-    up, down = block_linears(cfg)[2:]
+    up, down = mlp_linears(cfg)
     one = (_mlp_matrix_params(cfg) + bias * up.out_features) / tp + bias * down.out_features
     return mlp_copies(cfg) // ep * one if cfg.moe else one
 
@@ -276,16 +328,18 @@ def block_gemms(
     def gemm(lin: Linear, rows: float, ranks: int = tp) -> tuple[float, float, float]:
         if lin.split == "column":
             return (rows, lin.out_features / ranks, lin.in_features)
+        if lin.split == "replicated":  # whole, over the rank's sequence shard (tp > 1: SP)
+            return (rows / ranks, lin.out_features, lin.in_features)
         return (rows, lin.out_features, lin.in_features / ranks)
 
-    linears = block_linears(cfg)
-    gemms = [gemm(lin, tokens) for lin in linears[:2]]
+    mlp = mlp_linears(cfg)
+    gemms = [gemm(lin, tokens) for lin in attention_linears(cfg)]
     if not cfg.moe:
-        return gemms + [gemm(lin, tokens) for lin in linears[2:]]
+        return gemms + [gemm(lin, tokens) for lin in mlp]
     rows = ep * etp * mlp_passes(cfg) * tokens / (tp * cfg.experts)
     gemms.append((tokens, cfg.experts, cfg.hidden))  # the router
     for _ in range(cfg.experts // ep):
-        gemms += [gemm(lin, rows, etp) for lin in linears[2:]]
+        gemms += [gemm(lin, rows, etp) for lin in mlp]
     return gemms + [gemm(lin, tokens) for lin in shared_linears(cfg)]
 
 
@@ -304,7 +358,14 @@ def block_forward_flops_per_token(cfg: ModelConfig) -> float:
     experts' of a mixture), plus the attention core's 4·s·h (QKᵀ and scores·V over the full
     s×s, as the published formulas count them — Narayanan et al. 2021; Korthikanti et al.
     2022)."""
-    return 2 * block_active_matrix_params(cfg) + 4 * cfg.seq_len * cfg.n_heads * cfg.head_dim
+    return 2 * block_active_matrix_params(cfg) + attention_core_flops_per_token(cfg)
+
+
+def attention_core_flops_per_token(cfg: ModelConfig) -> float:
+    """The attention core's forward FLOPs per token over the full s × s: QKᵀ 2·s·a·d_qk and
+    scores·V 2·s·a·d_v — 4·s·a·d where queries, keys and values are d wide (a latent
+    attention's are d + d_r and d_v)."""
+    return 2 * cfg.seq_len * cfg.n_heads * (cfg.qk_head_dim + cfg.v_dim)
 
 
 # -- the model as a chain of layers (the pipeline's unit) ---------------------------------
@@ -435,8 +496,7 @@ def block_saved_bytes(
     table above)."""
     s = seq or one_kind(cfg).seq_len
     n = b * s
-    h, a, q = cfg.hidden, cfg.n_heads, cfg.q_dim
-    kv = kv_dim(cfg)
+    h = cfg.hidden
     ts = tp if sequence_parallel else 1
     if recompute == "full":
         return n * h * elem // ts
@@ -449,6 +509,45 @@ def block_saved_bytes(
         return op_checkpoint_saved_bytes(cfg, n, elem, tp, ts)
     norms = 2 * _norm_bytes(cfg, n, elem, compiled) // ts
     norm_outputs = 2 * n * h * elem // ts  # kept by qkv_proj and up_proj (their shards under SP)
+    if cfg.mla:  # latent attention: its own count (the rotary parts' copies not told apart)
+        attention = latent_attention_saved_bytes(cfg, n, elem, tp, ts, recompute)
+    else:
+        attention = _attention_saved_bytes(cfg, n, elem, tp, recompute, compiled)
+    kept = 2 if cfg.activation != "swiglu" else 3 if compiled else 4  # widths of F (above)
+    mlp = kept * n * cfg.ffn_hidden * elem // tp
+    if cfg.moe:  # k experts' rows, the routing's, and the shared experts' as a dense MLP's
+        mlp = mlp * cfg.experts_per_token + moe_routing_bytes(cfg, n, elem, tp, ts, etp)
+        mlp += kept * n * cfg.shared_expert_ffn * elem // tp
+    return norms + norm_outputs + attention + mlp
+
+
+def latent_attention_saved_bytes(
+    cfg: ModelConfig, n: int, elem: int, tp: int, ts: int, recompute: str, linear_in: int = 0
+) -> int:
+    """Bytes a latent attention keeps for backward for ``n`` tokens: the q and kv latents
+    — each RMSNorm's input and fp32 rstd, its output the up projection's input
+    (``linear_in`` bytes a value; 0: ``elem``), sequence shards under sequence parallelism —
+    and the rotary key every head shares; the kernel's q and k (d + d_r a head), v and
+    output (d_v), and its fp32 log-sum-exp (dropped under selective recomputation), this
+    rank's a/tp heads. What the down projections keep is the norm's output, counted with
+    the block's norms."""
+    a, rope = cfg.n_heads, cfg.rope_head_dim
+    linear_in = linear_in or elem
+    latents = sum(
+        n * width * (elem + linear_in) + 4 * n
+        for width in (cfg.q_lora_rank, cfg.kv_lora_rank)
+        if width
+    )
+    kernel = n * a * (2 * cfg.qk_head_dim + 2 * cfg.v_dim) * elem
+    lse = 4 * n * a if recompute != "selective" else 0
+    return (latents + n * rope * elem) // ts + (kernel + lse) // tp
+
+
+def _attention_saved_bytes(
+    cfg: ModelConfig, n: int, elem: int, tp: int, recompute: str, compiled: bool
+) -> int:
+    """Bytes the block's attention keeps for backward for ``n`` tokens (the table above)."""
+    a, q, kv = cfg.n_heads, cfg.q_dim, kv_dim(cfg)
     attention = n * (q + 2 * kv) * elem // tp + n * q * elem // tp
     if recompute != "selective":
         attention += 4 * n * a // tp  # the fused kernel's fp32 log-sum-exp
@@ -463,19 +562,15 @@ def block_saved_bytes(
         attention += 4 * n * (a + cfg.n_kv_heads) // tp
         if cfg.position != "rope":  # the kernel keeps the norms' outputs, not rotated copies
             attention += n * width * elem
-    kept = 2 if cfg.activation != "swiglu" else 3 if compiled else 4  # widths of F (above)
-    mlp = kept * n * cfg.ffn_hidden * elem // tp
-    if cfg.moe:  # k experts' rows, the routing's, and the shared experts' as a dense MLP's
-        mlp = mlp * cfg.experts_per_token + moe_routing_bytes(cfg, n, elem, tp, ts, etp)
-        mlp += kept * n * cfg.shared_expert_ffn * elem // tp
-    return norms + norm_outputs + attention + mlp
+    return attention
 
 
 def rotary_table_bytes(cfg: ModelConfig, elem: int) -> int:
     """The cos and sin tables (each s × d/2) a rotary block keeps for backward: its own
     buffers, so one storage however many micro-batches the block holds at once (0 without
     rotary positions)."""
-    return cfg.seq_len * cfg.head_dim * elem if cfg.position == "rope" else 0
+    rotated = cfg.rope_head_dim if cfg.mla else cfg.head_dim  # a latent attention's d_r
+    return cfg.seq_len * rotated * elem if cfg.position == "rope" else 0
 
 
 # -- element-wise traffic of a block run as eager PyTorch ops ---------------------------
@@ -526,7 +621,7 @@ def eager_elementwise_bytes(
 ) -> tuple[int, int]:
     """(forward, backward) HBM bytes one dense block's element-wise ops move for a
     micro-batch of ``n`` tokens when it runs eager, one kernel per op (the table above)."""
-    if one_kind(cfg).moe:
+    if one_kind(cfg).moe or cfg.mla:
         raise ConfigError(
             "eager element-wise traffic is counted for dense blocks: a mixture's routing and "
             "permutation are not; plan it with elementwise='fused'"

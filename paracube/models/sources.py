@@ -31,7 +31,8 @@ from paracube.errors import ConfigError
 # summed over tp).
 HF_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama",
                "gpt2": "gpt2", "mixtral": "llama", "qwen3_moe": "llama",
-               "qwen2_moe": "llama", "glm4_moe": "llama"}  # fmt: skip
+               "qwen2_moe": "llama", "glm4_moe": "llama", "deepseek_v2": "llama",
+               "deepseek_v3": "llama", "kimi_k2": "llama"}  # fmt: skip
 # Mixtral is Mistral's decoder with a mixture of experts for its MLP: planned (its experts
 # from num_local_experts and num_experts_per_tok), not trained — paracube builds dense models.
 # Qwen3-MoE is Qwen3's decoder with one (num_experts of moe_intermediate_size, top
@@ -43,7 +44,12 @@ HF_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": 
 # (intermediate_size) and the rest a mixture with n_shared_experts shared ones: planned
 # likewise, its rotary positions over every head dimension (it rotates half of them,
 # partial_rotary_factor — element-wise work the plan barely sees) and its multi-token
-# prediction layers refused (num_nextn_predict_layers: no block for them).
+# prediction layers refused (num_nextn_predict_layers: no block for them). DeepSeek-V2/V3
+# and Kimi K2 (deepseek_v2, deepseek_v3, kimi_k2) are the same mixture (every
+# moe_layer_freq-th block after the first first_k_dense_replace) behind a multi-head latent
+# attention (q_lora_rank — null: none —, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
+# v_head_dim): planned likewise, their router's groups and bias not told apart (an h × E
+# matrix either way).
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 WEIGHTS_FILE = "model.safetensors"
 # a checkpoint saved in shards (save_pretrained above its max_shard_size, every published
@@ -150,9 +156,6 @@ def read_hf_config(directory: str) -> dict:
 # Architectures users ask for that neither paracube's GPT nor the planner has the parts of:
 # what is missing, named in the refusal (transformers' model_type → the parts)
 NOT_MODELLED = {
-    "deepseek_v2": "multi-head latent attention",
-    "deepseek_v3": "multi-head latent attention, multi-token prediction",
-    "kimi_k2": "multi-head latent attention",
     "gpt_oss": "sliding-window attention in alternate blocks, attention sinks",
     "gemma2": "sliding-window attention in alternate blocks, logit soft-capping",
     "gemma3": "sliding-window attention in five blocks of six",
@@ -264,43 +267,73 @@ def _qwen_moe_experts(data: dict) -> dict:
     )
 
 
-# the keys a GLM-4.5 config must give for its mixture (transformers' Glm4MoeConfig writes them)
-GLM_MOE_KEYS = (
+# the keys a GLM-4.5, DeepSeek-V2/V3 or Kimi K2 config gives for its mixture (transformers'
+# Glm4MoeConfig and DeepseekV3Config write them), and for a latent attention
+MIXTURE_KEYS = (
     "n_routed_experts",
     "num_experts_per_tok",
     "moe_intermediate_size",
     "n_shared_experts",
     "first_k_dense_replace",
 )
+LATENT_KEYS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+LATENT_ATTENTION = ("deepseek_v2", "deepseek_v3", "kimi_k2")
 
 
-def _glm_moe_experts(data: dict) -> dict:
-    """A GLM-4.5 config's mixture, as :class:`ModelConfig` fields: ``n_routed_experts`` of
-    ``moe_intermediate_size``, ``num_experts_per_tok`` a token, ``n_shared_experts`` shared
-    ones of that width (Megatron's --moe-shared-expert-intermediate-size is their sum), the
-    first ``first_k_dense_replace`` blocks dense at ``intermediate_size``
-    (transformers' Glm4MoeDecoderLayer). Multi-token prediction layers are refused."""
-    missing = [key for key in GLM_MOE_KEYS if not isinstance(data.get(key), int)]
+def _given(data: dict, keys: tuple[str, ...]) -> None:
+    kind = data["model_type"]
+    missing = [key for key in keys if not isinstance(data.get(key), int)]
     if missing:
         raise ConfigError(
-            f"glm4_moe config: no integer {missing[0]!r}: a config transformers wrote gives "
-            f"{', '.join(GLM_MOE_KEYS)}"
+            f"{kind} config: no integer {missing[0]!r}: a config transformers wrote gives "
+            f"{', '.join(keys)}"
         )
+
+
+def _routed_experts(data: dict) -> dict:
+    """A GLM-4.5, DeepSeek-V2/V3 or Kimi K2 config's mixture, as :class:`ModelConfig`
+    fields: ``n_routed_experts`` of ``moe_intermediate_size``, ``num_experts_per_tok`` a
+    token, ``n_shared_experts`` shared ones of that width (Megatron's
+    --moe-shared-expert-intermediate-size is their sum); the first
+    ``first_k_dense_replace`` blocks — and, after them, those off every ``moe_layer_freq``-th
+    — dense at ``intermediate_size`` (transformers' Glm4MoeDecoderLayer, DeepseekV3's).
+    Multi-token prediction layers are refused."""
+    kind = data["model_type"]
+    _given(data, MIXTURE_KEYS)
     if data.get("num_nextn_predict_layers"):
         raise ConfigError(
-            f"glm4_moe config: num_nextn_predict_layers {data['num_nextn_predict_layers']}: "
+            f"{kind} config: num_nextn_predict_layers {data['num_nextn_predict_layers']}: "
             "multi-token prediction layers are not modelled; set it to 0 to plan the model "
             "without them (Megatron-Core trains them only under --mtp-num-layers)"
         )
+    layers, first = data.get("num_hidden_layers", 32), data["first_k_dense_replace"]
+    step = data.get("moe_layer_freq", 1)
+    if not isinstance(step, int) or step < 1:
+        raise ConfigError(f"{kind} config: moe_layer_freq {step!r} must be a positive integer")
+    dense = tuple(i for i in range(layers) if i < first or i % step)
     width = data["moe_intermediate_size"]
     return dict(
         ffn_hidden=width,
         experts=data["n_routed_experts"],
         experts_per_token=data["num_experts_per_tok"],
         shared_expert_ffn=data["n_shared_experts"] * width,
-        dense_layers=tuple(range(data["first_k_dense_replace"])),
-        dense_ffn=data.get("intermediate_size", 0) if data["first_k_dense_replace"] else 0,
-        qk_norm=bool(data.get("use_qk_norm")),
+        dense_layers=dense,
+        dense_ffn=data.get("intermediate_size", 0) if dense else 0,
+    )
+
+
+def _latent_attention(data: dict) -> dict:
+    """A DeepSeek-V2/V3 or Kimi K2 config's multi-head latent attention, as
+    :class:`ModelConfig` fields (``q_lora_rank`` null: the queries projected directly)."""
+    _given(data, LATENT_KEYS)
+    q_lora = data.get("q_lora_rank") or 0
+    return dict(
+        kv_lora_rank=data["kv_lora_rank"],
+        q_lora_rank=q_lora,
+        head_size=data["qk_nope_head_dim"],
+        rope_head_dim=data["qk_rope_head_dim"],
+        v_head_dim=data["v_head_dim"],
+        n_kv_heads=data.get("num_attention_heads", 32),  # every head its own key and value
     )
 
 
@@ -346,7 +379,9 @@ def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = No
         if kind in QWEN_MOE_DEFAULTS:
             shape.update(_qwen_moe_experts(data))
         if kind == "glm4_moe":
-            shape.update(_glm_moe_experts(data))
+            shape.update(_routed_experts(data), qk_norm=bool(get("use_qk_norm")))
+        if kind in LATENT_ATTENTION:
+            shape.update(_routed_experts(data), **_latent_attention(data))
     context = hf_context(data)
     seq = seq_len if seq_len is not None else min(context, 1024)
     if seq > context:

@@ -93,7 +93,7 @@ def _op_redone_flops(cfg) -> float:
 RECOMPUTED_FORWARD = {
     "none": lambda cfg, replay: 0.0,
     "full": _full_replay_flops,
-    "selective": lambda cfg, replay: cfg.n_layers * 4 * cfg.seq_len * cfg.n_heads * cfg.head_dim,
+    "selective": lambda cfg, replay: cfg.n_layers * shapes.attention_core_flops_per_token(cfg),
     "op": lambda cfg, replay: per_block(cfg, _op_redone_flops),
 }
 

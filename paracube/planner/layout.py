@@ -488,11 +488,33 @@ class Layout:
             return "param_sync=broadcast (InternLM's) is not planned for a mixture of experts"
         if cfg.moe and self.shard:
             return f"shard={self.shard}: hybrid sharding is not planned for a mixture of experts"
+        if cfg.mla:
+            refusal = self._latent_attention_refusal()
+            if refusal:
+                return refusal
         if self.ep_comm_overlap and self.pp > 1 and self.schedule != "interleaved-1f1b":
             return (
                 "ep_comm_overlap under a pipeline: Megatron-Core's combined 1F1B pairs "
                 "micro-batches without one or under interleaved-1f1b only"
             )
+        return ""
+
+    def _latent_attention_refusal(self) -> str:
+        """Why a latent attention cannot take this layout ("" if it can): it is planned as
+        Megatron-Core runs it — fused attention, sequence parallelism under tensor
+        parallelism (its down projections take each rank's sequence shard) — and not under
+        torchtitan's op-level checkpointing or eager element-wise kernels."""
+        if self.tp > 1 and not self.sequence_parallel:
+            return (
+                f"tp={self.tp} without sequence parallelism: a latent attention is planned as "
+                "Megatron-Core runs it under tensor parallelism, with it (add --sequence-parallel)"
+            )
+        if self.attention not in FUSED_ATTENTION:
+            return f"attention={self.attention} is not planned for a latent attention"
+        if self.recompute == "op":
+            return "recompute=op is not planned for a latent attention"
+        if self.elementwise == "eager":
+            return "elementwise=eager is not planned for a latent attention"
         return ""
 
     @property

@@ -155,7 +155,14 @@ def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch
         f"--seq-length {cfg.seq_len}",
         f"--max-position-embeddings {cfg.seq_len}",
     ]
-    if cfg.head_size is not None:  # heads not hidden / n_heads wide (Megatron's default)
+    if cfg.mla:  # MLASelfAttention's widths (--q-lora-rank: none without a q latent)
+        args.append(
+            "--multi-latent-attention"
+            + (f" --q-lora-rank {cfg.q_lora_rank}" if cfg.q_lora_rank else "")
+            + f" --kv-lora-rank {cfg.kv_lora_rank} --qk-head-dim {cfg.head_dim}"
+            f" --qk-pos-emb-head-dim {cfg.rope_head_dim} --v-head-dim {cfg.v_dim}"
+        )
+    elif cfg.head_size is not None:  # heads not hidden / n_heads wide (Megatron's default)
         args.append(f"--kv-channels {cfg.head_dim}")
     if cfg.n_kv_heads < cfg.n_heads:
         args.append(f"--group-query-attention --num-query-groups {cfg.n_kv_heads}")

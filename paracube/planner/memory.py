@@ -142,11 +142,18 @@ def te_block_bytes(
     stats = 8 if cfg.norm == "layernorm" else 4  # fp32 mean and rstd, or rstd alone
     norms = 2 * (2 * n * h + stats * n) / ts
     norm_outputs = 2 * linear_in * n * h / ts
-    attention = 2 * n * (2 * h + 2 * kv) / t  # q, out; k, v
-    if recompute != "selective":
-        attention += 4 * n * a / t
-    if fp8:
-        attention += n * h / t  # the output projection's FP8 input beside the kernel's output
+    if cfg.mla:  # the latents, the kernel's q, k, v and output, its log-sum-exp
+        attention = float(
+            shapes.latent_attention_saved_bytes(cfg, n, 2, t, int(ts), recompute, linear_in)
+        )
+        if fp8:  # the output projection's FP8 input beside the kernel's output
+            attention += n * a * cfg.v_dim / t
+    else:
+        attention = 2 * n * (2 * h + 2 * kv) / t  # q, out; k, v
+        if recompute != "selective":
+            attention += 4 * n * a / t
+        if fp8:
+            attention += n * h / t  # the output projection's FP8 input beside the kernel's output
     gate_up = 2 if cfg.activation == "swiglu" else 1
     mlp = 2 * gate_up * n * f / t + linear_in * n * f / t
     if cfg.moe:  # k experts' MLPs for every token, what the routing keeps, the shared experts

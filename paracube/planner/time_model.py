@@ -223,14 +223,15 @@ def attention_core(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> t
     view (:func:`rank_sequence`): under context parallelism its s/cp queries attend to all
     s keys — cp × its own s/cp square, the whole s × s over cp ranks."""
     b, s, heads = layout.micro_batch, cfg.seq_len, cfg.n_heads / layout.tp
-    # QKᵀ and attention·V over the full s×s (its 1/cp share under context parallelism)
-    flops = 4 * b * heads * s * s * cfg.head_dim * layout.cp
+    # QKᵀ and attention·V over the full s×s (its 1/cp share under context parallelism): 4·d
+    # a head and pair of positions, a latent attention's 2·(d + d_r) + 2·d_v
+    flops = 2 * b * heads * s * s * (cfg.qk_head_dim + cfg.v_dim) * layout.cp
     rate = g.peak_flops * g.sustained_fraction
     if layout.attention in FUSED_ATTENTION:
         # FlashAttention skips the blocks above the causal diagonal: half the work is done,
         # and the scores never leave on-chip memory; its matmuls run over the kernel's head
         # size, the padding included (kernel_head_dim).
-        padded = kernel_head_dim(layout.attention, cfg.head_dim) / cfg.head_dim
+        padded = kernel_head_dim(layout.attention, cfg.qk_head_dim) / cfg.qk_head_dim
         forward = FUSED_SLOWDOWN[layout.attention][0] * padded
         return forward * flops / 2 / (g.attention_rate or rate), flops / 2
     # Unfused (Megatron before FlashAttention): two batched matmuls that write and read the
@@ -260,7 +261,8 @@ def cp_comm_time(
     """(forward, backward) seconds one block's context-parallel ring adds to one
     micro-batch (``cfg``: the rank's view, :func:`rank_sequence`). Forward: cp − 1 steps,
     each passing this rank's
-    keys and values (2 · b · s/cp · kv_heads/tp · head_dim values) to the next rank while
+    keys and values (b · s/cp · kv_heads/tp · (d_qk + d_v) values: 2·d a head, a latent
+    attention's d + d_r keys and d_v values) to the next rank while
     the attention core runs on the block it holds — 1/cp of the core's ``core_fwd``
     (Megatron-Core / Transformer Engine's ring attention overlaps the two); backward: the
     keys and values once more and their gradients, twice the bytes, beside the backward's
@@ -272,7 +274,7 @@ def cp_comm_time(
         return 0.0, 0.0
     cp, b = layout.cp, layout.micro_batch
     link = cluster.intra if layout.tp * layout.cp <= cluster.gpus_per_node else cluster.inter
-    kv = 2 * b * cfg.seq_len * cfg.n_kv_heads / layout.tp * cfg.head_dim * elem
+    kv = b * cfg.seq_len * cfg.n_kv_heads / layout.tp * (cfg.qk_head_dim + cfg.v_dim) * elem
     core_bwd = attention_core_backward(layout, core_fwd, cluster.gpu)
 
     def ring(volume: float, core: float) -> float:
@@ -1050,12 +1052,28 @@ def block_tp_comm(
         rings = 4 * (1.5 if full else 1.0)
         if layout.sequence_parallel:  # pairs of half rings, and the two re-gathers: one ring
             rings += 1
+    if cfg.mla:
+        rings -= latent_gather_saving(cfg, full)
     comm = rings * ring(n, t, link)
     if layout.sequence_parallel:  # gathers and scatters at the cost the link measured them
         comm *= link.pair_cost_ratio
     if layout.tp_comm_overlap and t > 1:
         comm = overlapped_tp_comm(comm, gemms * (4 / 3 if full else 1.0), t)
     return comm
+
+
+def latent_gather_saving(cfg: ModelConfig, full: bool) -> float:
+    """The rings of b·s·h values a latent attention does not move under sequence
+    parallelism (which the planner requires of it under tensor parallelism): its down
+    projections are whole on every rank and project the rank's own sequence shard, so the
+    all-gather before the column-parallel layers — forward, again in a fully recomputed
+    forward, the input gradient's reduce-scatter and the backward's re-gather, half a ring
+    each — carries the q latent (or, without one, the hidden state the queries' projection
+    takes), the kv latent and the rotary key, not h (Megatron-Core's MLASelfAttention:
+    ``gather_from_sequence_parallel_region`` of the latents); the output projection's
+    reduce-scatter and its gradient's all-gather stay h wide."""
+    gathered = (cfg.q_lora_rank or cfg.hidden) + cfg.kv_lora_rank + cfg.rope_head_dim
+    return (3 + (1 if full else 0)) * 0.5 * (1 - gathered / cfg.hidden)
 
 
 def moe_tp_rings(cfg: ModelConfig, t: int, full: bool, etp: int | None = None) -> float:
