@@ -265,8 +265,9 @@ Sources:
   V2 8,192, ``moe_a2a_overlap`` on H100 in the V2 era; ``qwen3_llm_pretrain.py``: no
   recomputation), micro-batch 1 — 25.11: 1,575 tokens/s per GPU (the row's global-batch
   cell is missing; the recipe's 2,048); 26.02: global batch 8,192, 1,633. The pages' other
-  H100 mixtures are not planned: GPT-OSS 120B's alternate layers attend over a sliding
-  window, DeepSeek-V3's latent attention has no planner block.
+  H100 mixtures are not in the table: GPT-OSS 120B's alternate layers attend over a sliding
+  window, which the planner has no block for; DeepSeek-V3's recipes cut its 61 blocks by a
+  pipeline layout of their own, not the even split the planner gives Megatron.
 - NeMo AutoModel, MoE: its ``docs/performance-summary.md`` (versions of October 2025 on):
   Qwen3 MoE 30B on 8 H100s in BF16, FSDP2 over 8 ranks × EP 8, global batch 512 × 4,096
   tokens, micro-batch 4, 16 accumulation steps, 12,040 tokens/s per GPU; its recipe
