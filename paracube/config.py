@@ -135,6 +135,12 @@ class ModelConfig:
     q_lora_rank: int = 0
     rope_head_dim: int = 0
     v_head_dim: int = 0
+    # Multi-token prediction (DeepSeek-V3 §2.2): after the last block, this many modules
+    # that each predict one token further — the shared embedding of the next input token and
+    # the previous depth's hidden state, each normed, concatenated (2h) and projected back to
+    # h, one more block of the last block's kind, and the shared output head with a loss of
+    # its own. Megatron-Core's --mtp-num-layers, on the last pipeline stage. 0: none.
+    mtp_layers: int = 0
     qk_norm: bool = False
     # the rotary positions' base θ (RoFormer's 10,000; Llama 3's 500,000, Qwen3's 1,000,000):
     # the angle of pair i at position t is t·θ^(−2i/d)
@@ -207,6 +213,11 @@ class ModelConfig:
                 )
         self._check_dense_layers()
         self._check_latent_attention()
+        if not (isinstance(self.mtp_layers, int) and self.mtp_layers >= 0):
+            raise ConfigError(
+                f"mtp_layers={self.mtp_layers!r}: the multi-token prediction depth is 0 or a "
+                "positive integer (DeepSeek-V3: 1)"
+            )
         if self.position == "rope" and self.head_dim % 2 and not self.mla:
             raise ConfigError(f"rotary positions need an even head size, got {self.head_dim}")
         for f, allowed in (("norm", NORMS), ("activation", ACTIVATIONS), ("position", POSITIONS)):

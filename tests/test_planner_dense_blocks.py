@@ -176,8 +176,9 @@ def test_glm45_configs_are_planned_with_their_dense_first_blocks(tmp_path, capsy
     parameters", GLM-4.5-Air "106 billion total parameters and 12 billion active" — the
     active count without the embedding and the head, as the blocks pass them. Read from
     their configs (the first 3 and 1 blocks dense) the planner counts them within 1 %
-    (total) and to the billion (active); the multi-token prediction layer the published
-    configs carry is refused, not planned as if absent; import refuses a mixture."""
+    (total) and to the billion (active), without the multi-token prediction module the
+    published configs carry — which, given, adds its block of the mixture's kind, its
+    projection and norms; import refuses a mixture."""
     from paracube.models.hf_convert import imported_config
     from paracube.models.sources import hf_model_config, read_hf_config
 
@@ -200,8 +201,10 @@ def test_glm45_configs_are_planned_with_their_dense_first_blocks(tmp_path, capsy
     best = json.loads(capsys.readouterr().out)["candidates"][0]["layout"]
     assert best["ep"] > 1
     (tmp_path / "config.json").write_text(json.dumps({**GLM45, "num_nextn_predict_layers": 1}))
-    with pytest.raises(ConfigError, match="multi-token prediction layers are not modelled"):
-        hf_model_config(read_hf_config(str(tmp_path)), 4096)
+    with_mtp = hf_model_config(read_hf_config(str(tmp_path)), 4096)
+    h, mixture = 5120, with_mtp.mixture_kind
+    module = shapes.block_params(mixture) + 2 * h * h + 3 * shapes.norm_params(mixture)
+    assert shapes.parameter_count(with_mtp) - shapes.parameter_count(cfg) == module
     with pytest.raises(ConfigError, match="glm4_moe cannot be paracube's GPT"):
         imported_config(GLM45)
 
@@ -295,9 +298,13 @@ def test_deepseek_v3_is_planned_and_emitted_for_megatron(tmp_path):
     """A DeepSeek-V3 config fits an H100 in the layout Megatron-Bridge names for 1,024 of
     them (TP 2 × PP 16 × EP 64, ``deepseek_v3_pretrain_1024gpu_h100_bf16_config``; here its
     experts folded whole, etp 1, and every block recomputed), and its Megatron command
-    carries the latent attention's widths and the blocks' kinds; the published config's
-    multi-token prediction layer is refused, not planned as if absent; a latent attention
-    under tensor parallelism without sequence parallelism is refused with the fix."""
+    carries the latent attention's widths and the blocks' kinds. Its multi-token prediction
+    module: "685B, which includes 671B of the Main Model weights and 14B of the Multi-Token
+    Prediction (MTP) Module weights" (the model card) — its copies of the embedding and the
+    head among them, which training shares with the model: counted once, the planner's
+    671B + module + both tables is that 685B; the last stage carries it (more memory, more
+    work) and Megatron's command says --mtp-num-layers 1. A latent attention under
+    tensor parallelism without sequence parallelism is refused with the fix."""
     from paracube.models.sources import hf_model_config, read_hf_config
     from paracube.planner.megatron import megatron_args
     from paracube.planner.stacks import stack
@@ -317,5 +324,13 @@ def test_deepseek_v3_is_planned_and_emitted_for_megatron(tmp_path):
     (tmp_path / "config.json").write_text(
         json.dumps({**DEEPSEEK_V3, "num_nextn_predict_layers": 1})
     )
-    with pytest.raises(ConfigError, match="multi-token prediction layers are not modelled"):
-        hf_model_config(read_hf_config(str(tmp_path)), 4096)
+    mtp = hf_model_config(read_hf_config(str(tmp_path)), 4096)
+    tables = 2 * shapes.head_params(mtp)
+    assert math.isclose((shapes.parameter_count(mtp) + tables) / 1e9, 685, rel_tol=0.002)
+    first, last = stage_memory(cfg, recipe)[-1], stage_memory(mtp, recipe)[-1]
+    assert last.model_states > first.model_states and last.activations > first.activations
+    # the engine's split leaves the head's rank light: one stage shows the module's time
+    flat = dataclasses.replace(recipe, pp=1, dp=512, microbatches=16)
+    assert estimate(mtp, flat, H100).step_time > estimate(cfg, flat, H100).step_time
+    mtp_args = " ".join(megatron_args(one_stage, mtp, "bf16", 64))
+    assert "--mtp-num-layers 1" in mtp_args and "--mtp-num-layers" not in args

@@ -71,6 +71,14 @@ def add_parser(sub) -> None:
         "beside experts of 2048)",
     )
     m.add_argument(
+        "--mtp-layers",
+        type=int,
+        default=None,
+        metavar="D",
+        help="multi-token prediction modules after the last block, on the last pipeline "
+        "stage (DeepSeek-V3: 1; Megatron's --mtp-num-layers)",
+    )
+    m.add_argument(
         "--head-size",
         type=int,
         default=None,

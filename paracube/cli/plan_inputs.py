@@ -32,6 +32,7 @@ BLOCK = (
     "shared_expert_ffn",
     "first_dense_blocks",
     "dense_ffn",
+    "mtp_layers",
     "head_size",
     "qk_norm",
 )

@@ -302,12 +302,31 @@ def head_params(cfg: ModelConfig, tp: int = 1) -> float:
     return cfg.vocab_size * cfg.hidden / tp
 
 
+def mtp_params(cfg: ModelConfig, tp: int = 1, ep: int = 1, etp: int | None = None) -> float:
+    """The multi-token prediction modules' parameters on one rank of the last pipeline
+    stage (0 without them): each its two input norms, the 2h → h projection (split by tp
+    as a column-parallel layer), a block of the last block's kind and its final norm; the
+    embedding and the output head are the model's own, shared."""
+    if not cfg.mtp_layers:
+        return 0.0
+    last = cfg.block_kind(cfg.n_layers - 1)
+    one = 3 * norm_params(cfg) + 2 * cfg.hidden * cfg.hidden / tp + block_params(last, tp, ep, etp)
+    return cfg.mtp_layers * one
+
+
+def mtp_expert_params(cfg: ModelConfig, tp: int = 1, ep: int = 1) -> float:
+    """Of :func:`mtp_params`, a mixture's experts (reduced over their own group)."""
+    last = cfg.block_kind(cfg.n_layers - 1)
+    return cfg.mtp_layers * expert_params(last, tp, ep) if last.moe else 0.0
+
+
 def parameter_count(cfg: ModelConfig) -> int:
     """Exact parameter count of :class:`paracube.models.gpt.GPT` built from ``cfg`` (tested
     against the module's ``numel``); a tied head adds nothing. A model with dense blocks
-    among its mixture's (planned, not built): each kind's blocks at their own count."""
+    among its mixture's (planned, not built): each kind's blocks at their own count; its
+    multi-token prediction modules (:func:`mtp_params`) with them."""
     head = 0 if cfg.tie_embeddings else head_params(cfg)
-    blocks = sum(n * block_params(kind) for kind, n in cfg.kind_counts())
+    blocks = sum(n * block_params(kind) for kind, n in cfg.kind_counts()) + mtp_params(cfg)
     return int(blocks + embed_params(cfg) + norm_params(cfg) + head)
 
 

@@ -44,7 +44,8 @@ HF_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": 
 # (intermediate_size) and the rest a mixture with n_shared_experts shared ones: planned
 # likewise, its rotary positions over every head dimension (it rotates half of them,
 # partial_rotary_factor — element-wise work the plan barely sees) and its multi-token
-# prediction layers refused (num_nextn_predict_layers: no block for them). DeepSeek-V2/V3
+# prediction modules (num_nextn_predict_layers) planned as Megatron-Core trains them.
+# DeepSeek-V2/V3
 # and Kimi K2 (deepseek_v2, deepseek_v3, kimi_k2) are the same mixture (every
 # moe_layer_freq-th block after the first first_k_dense_replace) behind a multi-head latent
 # attention (q_lora_rank — null: none —, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
@@ -296,15 +297,15 @@ def _routed_experts(data: dict) -> dict:
     token, ``n_shared_experts`` shared ones of that width (Megatron's
     --moe-shared-expert-intermediate-size is their sum); the first
     ``first_k_dense_replace`` blocks — and, after them, those off every ``moe_layer_freq``-th
-    — dense at ``intermediate_size`` (transformers' Glm4MoeDecoderLayer, DeepseekV3's).
-    Multi-token prediction layers are refused."""
+    — dense at ``intermediate_size`` (transformers' Glm4MoeDecoderLayer, DeepseekV3's);
+    ``num_nextn_predict_layers`` multi-token prediction modules (transformers loads none
+    of them, Megatron-Core trains them under --mtp-num-layers)."""
     kind = data["model_type"]
     _given(data, MIXTURE_KEYS)
-    if data.get("num_nextn_predict_layers"):
+    mtp = data.get("num_nextn_predict_layers") or 0
+    if not isinstance(mtp, int) or mtp < 0:
         raise ConfigError(
-            f"{kind} config: num_nextn_predict_layers {data['num_nextn_predict_layers']}: "
-            "multi-token prediction layers are not modelled; set it to 0 to plan the model "
-            "without them (Megatron-Core trains them only under --mtp-num-layers)"
+            f"{kind} config: num_nextn_predict_layers {mtp!r} must be 0 or a positive integer"
         )
     layers, first = data.get("num_hidden_layers", 32), data["first_k_dense_replace"]
     step = data.get("moe_layer_freq", 1)
@@ -319,6 +320,7 @@ def _routed_experts(data: dict) -> dict:
         shared_expert_ffn=data["n_shared_experts"] * width,
         dense_layers=dense,
         dense_ffn=data.get("intermediate_size", 0) if dense else 0,
+        mtp_layers=mtp,
     )
 
 

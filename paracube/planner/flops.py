@@ -34,9 +34,20 @@ def forward_flops_per_token(cfg, *, layers: bool = True, head: bool = True) -> f
     layer, the attention core 4·s·(a·d) per layer (QKᵀ and scores·V, counted over the full
     s×s as the published formulas do), the head 2·h·V. For GPT shapes (4h MLP, MHA) three
     times this is Korthikanti's Eq. 7 per token exactly (tested). A model with dense blocks
-    among its mixture's: each kind's blocks at their own count."""
+    among its mixture's: each kind's blocks at their own count; multi-token prediction
+    modules, whole (:func:`mtp_flops_per_token`)."""
     blocks = per_block(cfg, shapes.block_forward_flops_per_token)
-    return (blocks if layers else 0.0) + (2 * cfg.hidden * cfg.vocab_size if head else 0.0)
+    head_flops = 2 * cfg.hidden * cfg.vocab_size
+    return (blocks if layers else 0.0) + (head_flops if head else 0.0) + mtp_flops_per_token(cfg)
+
+
+def mtp_flops_per_token(cfg) -> float:
+    """Forward FLOPs per token of the multi-token prediction modules (0 without them): each
+    one's 2h → h projection, its block (the last block's kind) and the shared head again —
+    counted in the model's FLOPs, as Megatron-Core counts them."""
+    last = cfg.block_kind(cfg.n_layers - 1)
+    one = 2 * 2 * cfg.hidden * cfg.hidden + shapes.block_forward_flops_per_token(last)
+    return cfg.mtp_layers * (one + 2 * cfg.hidden * cfg.vocab_size)
 
 
 def per_block(cfg, figure) -> float:
@@ -76,7 +87,7 @@ def _full_replay_flops(cfg, replay: str) -> float:
         )
 
     skipped = per_block(cfg, unreplayed) if replay == "early-stop" else 0.0
-    return forward_flops_per_token(cfg, head=False) - skipped
+    return per_block(cfg, shapes.block_forward_flops_per_token) - skipped
 
 
 def _op_redone_flops(cfg) -> float:

@@ -111,6 +111,9 @@ def _stage_parts(cfg: ModelConfig, layout: Layout, precision: str) -> list[_Part
                 (dense, dense_held, dense_redone),
             )
             params = _held_params(held)
+        if index == p - 1 and local.mtp_layers:
+            last = dense if local.n_layers - 1 in local.dense_layers else terms
+            held, params = _with_mtp(local, layout, held, params, last)
         states = _states_bytes(terms, layout, params, index == 0, index == p - 1)
         flight = in_flight(p, layout.microbatches, layout.chunks, stage=index)
         parts.append(_stage(local, layout, terms, states, index, held, flight, largest))
@@ -284,6 +287,27 @@ def stage_bytes(
 _Held = tuple[tuple["_LayoutTerms", int, int], ...]
 
 
+def _with_mtp(
+    cfg: ModelConfig,
+    layout: Layout,
+    held: _Held,
+    params: tuple[float, float],
+    last: _LayoutTerms,
+) -> tuple[_Held, tuple[float, float]]:
+    """The last rank's blocks and (parameters, experts) with the multi-token prediction
+    modules Megatron-Core places there: a block of the last block's kind each (``last``'s
+    terms, kept whole), their projections and norms, and — under a pipeline — the copy of
+    the embedding table they read the next tokens from."""
+    d = cfg.mtp_layers
+    blocks = (d * last.block_params, d * last.block_expert_params)
+    rest = shapes.mtp_params(cfg, layout.tp, layout.ep, layout.expert_tp) - blocks[0]
+    copy = last.embed_params if layout.pp > 1 else 0.0
+    return (
+        (*held, (last, d, 0)),
+        (params[0] + blocks[0] + rest + copy, params[1] + blocks[1]),
+    )
+
+
 def _held_params(held: _Held) -> tuple[float, float]:
     """(parameters, of them a mixture's experts) of a rank's blocks, every kind's."""
     params = experts = 0.0
@@ -369,8 +393,8 @@ def _stage(
     if index == 0:
         acts += terms.first * in_flight
     transient = 0.0
-    if index == p - 1:
-        acts += terms.last
+    if index == p - 1:  # the loss's, and each multi-token prediction module's loss's
+        acts += terms.last * (1 + cfg.mtp_layers)
         if layout.loss == "torch":
             transient = shapes.loss_backward_transient_bytes(cfg, layout.micro_batch, layout.tp)
     allowance = CONTEXT_BYTES + FRAGMENTATION * (states + acts)

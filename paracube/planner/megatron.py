@@ -189,6 +189,8 @@ def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch
             args.append(
                 f"--moe-ffn-hidden-size {cfg.ffn_hidden} --moe-layer-freq '{moe_layer_freq(cfg)}'"
             )
+    if cfg.mtp_layers:  # multi-token prediction modules, on the last pipeline stage
+        args.append(f"--mtp-num-layers {cfg.mtp_layers}")
     args.append("--attention-dropout 0 --hidden-dropout 0")  # the planned model has none
     # the layout
     args.append(f"--tensor-model-parallel-size {L.tp} --pipeline-model-parallel-size {L.pp}")

@@ -839,7 +839,16 @@ def _rank_step(
         if not (cfg.tie_embeddings and share.embedding):  # one copy when both are here
             params += shapes.head_params(cfg, tp=t)
     embedding = shapes.embed_params(cfg, tp=t) if share.embedding else 0.0
-    root = params - block_params  # embedding, final norm, head
+    if share.head and cfg.mtp_layers:  # multi-token prediction, on the last stage
+        mtp = _mtp_step(cfg, layout, cluster, share, elem, costs)
+        per_mb += mtp.per_mb
+        params += mtp.params
+        embedding += mtp.embedding
+        experts += mtp.experts
+        tp_comm += mtp.tp_comm
+        cp += mtp.cp_comm
+        ep += mtp.ep_comm
+    root = params - block_params  # embedding, final norm, head (and what predicts further)
     return _RankTime(
         # the blocks' and the head's work, ZeRO-3's copy-outs (FSDP2) and bringing their
         # gradients into the buffer
@@ -867,6 +876,53 @@ def _rank_step(
         ),
         cp_comm=cp,
         ep_comm=ep,
+    )
+
+
+@dataclass(frozen=True)
+class _MtpStep:
+    per_mb: float  # forward + backward seconds per micro-batch
+    params: float
+    embedding: float  # the embedding's copy on the last stage, of params
+    experts: float  # a mixture's experts, of params
+    tp_comm: float
+    cp_comm: float
+    ep_comm: float
+
+
+def _mtp_step(
+    cfg: ModelConfig,
+    layout: Layout,
+    cluster: Cluster,
+    share: RankShare,
+    elem: int,
+    costs: dict[bool, BlockCosts],
+) -> _MtpStep:
+    """What the multi-token prediction modules add to the last pipeline rank (Megatron-Core
+    places them there, --mtp-num-layers): per module and micro-batch, its 2h → h projection
+    (column-parallel), one block of the last block's kind (never recomputed here) with its
+    collectives, and the shared head and loss again; its parameters, and — under a pipeline,
+    where the embedding lives on the first rank — a copy of the embedding table, which the
+    module reads the next tokens from (Megatron builds the embedding on the MTP stage too)."""
+    g, t, m, d = cluster.gpu, layout.tp, layout.microbatches, cfg.mtp_layers
+    last = cfg.block_kind(cfg.n_layers - 1)
+    cost = costs[last.moe]
+    tokens = layout.micro_batch * cfg.seq_len
+    projection = sum(_gemm_fwd_bwd(tokens, cfg.hidden / t, 2 * cfg.hidden, g, elem))
+    waited = (
+        overlapped_ep_comm(cost.to_experts, cost.block, layout)
+        if layout.ep_comm_overlap
+        else cost.to_experts
+    )
+    copy = shapes.embed_params(cfg, tp=t) if not share.embedding else 0.0
+    return _MtpStep(
+        per_mb=d * (cost.block + projection + head_time(cfg, layout, g, elem)),
+        params=shapes.mtp_params(cfg, t, layout.ep, layout.expert_tp) + copy,
+        embedding=copy,
+        experts=shapes.mtp_expert_params(cfg, layout.expert_tp, layout.ep),
+        tp_comm=d * _blocks_tp_comm(last, layout, cluster, 1, elem, 0, cost.gemms),
+        cp_comm=m * d * sum(cost.ring),
+        ep_comm=m * d * waited,
     )
 
 
