@@ -14,6 +14,7 @@ from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import FRAGMENTATION, peak_memory
 from paracube.planner.published import TrackRecord
 from paracube.planner.search import Candidate, SearchResult, at_memory_edge
+from paracube.planner.stages import chunk_runs
 from paracube.planner.time_model import Cluster, StepEstimate, at_precision, estimate
 
 GB = 1e9
@@ -368,12 +369,7 @@ _MIXTURE_PLANNED_ONLY = "Planned only: paracube train builds dense models."
 
 def _block_list(blocks: tuple[int, ...]) -> str:
     """Block indices as runs: (0, 1, 2, 7) → "0–2, 7"."""
-    runs: list[list[int]] = []
-    for block in blocks:
-        if runs and block == runs[-1][-1] + 1:
-            runs[-1].append(block)
-        else:
-            runs.append([block])
+    runs = chunk_runs(blocks)
     return ", ".join(f"{run[0]}–{run[-1]}" if len(run) > 1 else f"{run[0]}" for run in runs)
 
 
