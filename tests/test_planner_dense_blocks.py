@@ -136,15 +136,21 @@ def test_bad_dense_blocks_are_refused():
 def test_plan_takes_first_dense_blocks_and_emits_megatrons_layer_pattern(capsys):
     """``--first-dense-blocks K --dense-ffn F`` plans the mixed model; its Megatron command
     gives the dense MLP's width as --ffn-hidden-size, the experts' as --moe-ffn-hidden-size
-    and the blocks' kinds as --moe-layer-freq (1 a mixture's block, 0 a dense one)."""
+    and the blocks' kinds as --moe-layer-freq (1 a mixture's block, 0 a dense one);
+    ``--mtp-layers 1`` adds a multi-token prediction module, which --explain places."""
     argv = ["plan", "--layers", "8", "--hidden", "1024", "--heads", "16", "--vocab", "32000",
             "--seq", "2048", "--ffn", "512", "--experts", "16", "--experts-per-token", "4",
             "--first-dense-blocks", "2", "--dense-ffn", "1024", "--activation", "swiglu",
             "--norm", "rmsnorm", "--position", "rope", "--gpus", "16", "--gpu", "h100",
             "--global-batch", "64"]  # fmt: skip
     emitted = ["--layout", "dp=4,tp=2,pp=2,ep=2", "--stack", "megatron-core", "--emit", "megatron"]
-    assert main([*argv, *emitted, "--explain"]) == 0
+    assert main([*argv, *emitted, "--mtp-layers", "1", "--explain"]) == 0
     out = capsys.readouterr().out
+    assert "--mtp-num-layers 1" in out
+    assert (
+        "1 multi-token prediction module on the last stage" in out
+        and "copy of the embedding" in out
+    )
     assert "--ffn-hidden-size 1024" in out and "--moe-ffn-hidden-size 512" in out
     assert "--moe-layer-freq '([0]*2+[1]*6)'" in out
     assert "blocks 0–1 dense (one MLP of 1,024" in out
@@ -307,6 +313,7 @@ def test_deepseek_v3_is_planned_and_emitted_for_megatron(tmp_path):
     tensor parallelism without sequence parallelism is refused with the fix."""
     from paracube.models.sources import hf_model_config, read_hf_config
     from paracube.planner.megatron import megatron_args
+    from paracube.planner.report import _architecture_reason
     from paracube.planner.stacks import stack
 
     cfg = hf_model_config(DEEPSEEK_V3, 4096)
@@ -332,5 +339,7 @@ def test_deepseek_v3_is_planned_and_emitted_for_megatron(tmp_path):
     # the engine's split leaves the head's rank light: one stage shows the module's time
     flat = dataclasses.replace(recipe, pp=1, dp=512, microbatches=16)
     assert estimate(mtp, flat, H100).step_time > estimate(cfg, flat, H100).step_time
+    explained = _architecture_reason(mtp, recipe)
+    assert "2,112 values a token are gathered rather than 7,168" in explained
     mtp_args = " ".join(megatron_args(one_stage, mtp, "bf16", 64))
     assert "--mtp-num-layers 1" in mtp_args and "--mtp-num-layers" not in args

@@ -277,6 +277,8 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
         lines.append(_context_parallel_reason(best, cfg))
     if getattr(cfg, "moe", False):
         lines.append(_experts_reason(best, cfg))
+    if getattr(cfg, "mla", False) or getattr(cfg, "mtp_layers", 0):
+        lines.append(_architecture_reason(cfg, L))
     if L.pp > 1:
         lines.append(_pipeline_reason(best, cfg))
     if L.zero:
@@ -417,6 +419,35 @@ def _experts_reason(best, cfg: ModelConfig) -> str:
         + f": {seconds_text(t.ep_comm)} per step. "
         + _MIXTURE_PLANNED_ONLY
     )
+
+
+def _architecture_reason(cfg: ModelConfig, L: Layout) -> str:
+    """A latent attention, and multi-token prediction modules: how the plan holds them."""
+    parts = []
+    if cfg.mla:
+        queries = f"queries from a {cfg.q_lora_rank:,} latent, " if cfg.q_lora_rank else ""
+        gathered = (cfg.q_lora_rank or cfg.hidden) + cfg.kv_lora_rank + cfg.rope_head_dim
+        parts.append(
+            f"multi-head latent attention ({queries}keys and values from a "
+            f"{cfg.kv_lora_rank:,} latent; heads of {cfg.qk_head_dim} and {cfg.v_dim}): its "
+            "down projections are whole on every tensor-parallel rank"
+            + (
+                f", over the rank's sequence shard, so {gathered:,} values a token are "
+                f"gathered rather than {cfg.hidden:,}"
+                if L.tp > 1
+                else ""
+            )
+        )
+    if cfg.mtp_layers:
+        parts.append(
+            f"{cfg.mtp_layers} multi-token prediction module"
+            + ("s" if cfg.mtp_layers > 1 else "")
+            + " on the last stage (a block, a projection and the head's loss again each"
+            + (", and a copy of the embedding" if L.pp > 1 else "")
+            + ")"
+        )
+    text = "; ".join(parts)
+    return f"- {text[0].upper()}{text[1:]}."
 
 
 def _dispatch_words(cfg: ModelConfig, layout) -> str:
