@@ -45,6 +45,10 @@ def test_the_kinds_are_the_model_with_one_kind_of_block():
     assert MIXED.block_kind(0) == DENSE and MIXED.block_kind(K) == MIXTURE
     # a checkpoint's header gives the config back through JSON: the same model
     assert ModelConfig(**json.loads(json.dumps(dataclasses.asdict(MIXED)))) == MIXED
+    # PowerSGD's rank bound (--compress) is the smallest matrix of either kind
+    assert shapes.smallest_matrix_dim(MIXED, 2) == min(
+        shapes.smallest_matrix_dim(MIXTURE, 2), shapes.smallest_matrix_dim(DENSE, 2)
+    )
     # a per-block figure of a model of two kinds is asked per kind, never of the whole
     with pytest.raises(ConfigError, match="blocks are of two kinds"):
         shapes.block_params(MIXED)

@@ -225,8 +225,10 @@ def block_matrix_dims(cfg: ModelConfig, tp: int = 1) -> list[tuple[int, int]]:
 
 def smallest_matrix_dim(cfg: ModelConfig, tp: int = 1) -> int:
     """The smallest dimension of any matrix one tensor-parallel rank holds (the block's
-    linears, the embedding and head split by vocabulary)."""
-    dims = [d for pair in block_matrix_dims(cfg, tp) for d in pair]
+    linears — each kind's —, the embedding and head split by vocabulary)."""
+    dims = [
+        d for kind, _ in cfg.kind_counts() for pair in block_matrix_dims(kind, tp) for d in pair
+    ]
     return min([cfg.hidden, -(-cfg.vocab_size // tp), *dims])
 
 
