@@ -289,6 +289,18 @@ class ModelConfig:
             )
 
     @property
+    def planned_parts(self) -> str:
+        """What of this model only ``paracube plan`` models ("" if nothing beyond a mixture
+        of experts, which is refused on its own): a latent attention, multi-token
+        prediction — paracube's GPT has standard attention and one output head, so a run
+        built from such a config would train another model."""
+        parts = [
+            f"kv_lora_rank={self.kv_lora_rank} (a multi-head latent attention)" if self.mla else "",
+            f"mtp_layers={self.mtp_layers} (multi-token prediction)" if self.mtp_layers else "",
+        ]
+        return ", ".join(part for part in parts if part)
+
+    @property
     def mla(self) -> bool:
         """Whether the attention is multi-head latent attention (``kv_lora_rank``)."""
         return self.kv_lora_rank > 0

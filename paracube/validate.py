@@ -39,6 +39,11 @@ def validate(
             f"{cfg.model.name}: experts={cfg.model.experts} — a mixture of experts is planned "
             "(paracube plan), not trained: paracube train builds dense models; train a dense one"
         )
+    if cfg.model.planned_parts:
+        raise ConfigError(
+            f"{cfg.model.name}: {cfg.model.planned_parts} — planned (paracube plan), not "
+            "trained: paracube's GPT has standard attention and one output head"
+        )
     if world is not None:
         cfg.parallel.check_world_size(world)
     check_tensor_parallel(cfg.model, cfg.parallel)

@@ -121,3 +121,26 @@ def test_tensor_parallel_within_a_node():
     ParallelConfig(tp=8, dp=2, gpus_per_node=8)
     with pytest.raises(ConfigError, match=r"--tp 16 is larger than a node \(8 ranks per node\)"):
         ParallelConfig(tp=16, gpus_per_node=8)
+
+
+@pytest.mark.parametrize(
+    "model, refused",
+    [
+        (
+            dict(kv_lora_rank=32, rope_head_dim=8, v_head_dim=16),
+            "kv_lora_rank=32 \\(a multi-head latent",
+        ),
+        (dict(mtp_layers=1), "mtp_layers=1 \\(multi-token prediction\\)"),
+    ],
+)
+def test_a_planned_only_shape_is_not_trained_as_another_model(model, refused):
+    """A latent attention or multi-token prediction modules are planned (paracube plan), not
+    built: paracube's GPT would silently train standard attention with one head, so both the
+    job's validation and the model's constructor refuse them."""
+    from paracube.models.gpt import GPT
+
+    cfg = preset("tiny", **model)
+    with pytest.raises(ConfigError, match=f"{refused}.*planned \\(paracube plan\\), not trained"):
+        validate(TrainConfig(model=cfg), data=False)
+    with pytest.raises(ConfigError, match=f"{refused}.*not built"):
+        GPT(cfg)

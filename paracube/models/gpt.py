@@ -316,6 +316,11 @@ class GPT(nn.Module):
                 f"{cfg.name}: experts={cfg.experts} — mixture-of-experts blocks are planned "
                 "(paracube plan), not built: paracube's GPT has dense MLPs (experts=0)"
             )
+        if cfg.planned_parts:
+            raise ConfigError(
+                f"{cfg.name}: {cfg.planned_parts} — planned (paracube plan), not built: "
+                "paracube's GPT has standard attention and one output head"
+            )
         self.cfg = cfg
         self.embed = Embedding(cfg)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
