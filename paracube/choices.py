@@ -68,7 +68,9 @@ ELEMENTWISE = ("fused", "eager")
 # partition_method="type:transformer"), or with the embedding and the loss each counted as
 # one block (even-ends: Megatron-Core's --account-for-embedding/loss-in-pipeline-split), or
 # torchtitan's: the embedding and the norm + head one layer each, the layers dealt over the
-# stages as evenly as they go, the first stages taking what does not divide (torchtitan)
+# stages as evenly as they go, the first stages taking what does not divide (torchtitan);
+# beside these names, an explicit layout in Megatron-Core's grammar
+# (paracube.planner.pipeline_layout)
 PIPELINE_SPLIT = ("engine", "even", "even-ends", "torchtitan")
 # which blocks a partial recomputation (--recompute-blocks N) takes: the model's first N
 # (model: paracube's engine), or the first N of every pipeline stage's chunk of blocks (stage:

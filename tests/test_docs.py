@@ -20,6 +20,7 @@ DOCUMENTED = [
     "paracube.planner.dp_comm",
     "paracube.planner.stacks",
     "paracube.planner.stages",
+    "paracube.planner.pipeline_layout",
     "paracube.planner.published",
     "paracube.pipeline.schedules",
     "paracube.mesh.layout",

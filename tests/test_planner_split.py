@@ -129,10 +129,12 @@ def test_a_heavy_head_slows_megatrons_last_rank():
 def test_the_split_is_planned_only():
     """A misspelt split is refused where the Layout is made, and a Megatron split is never
     turned into a paracube train command (the engine cuts by --balance)."""
-    with pytest.raises(ConfigError, match="split='uniform': choose one of engine, even"):
+    with pytest.raises(ConfigError, match="split 'uniform': choose one of engine, even"):
         Layout(split="uniform")
     with pytest.raises(ConfigError, match="paracube train cuts its stages by --balance"):
         Layout(pp=2, split="even").to_args()
+    with pytest.raises(ConfigError, match="paracube train cuts its stages by --balance"):
+        Layout(pp=2, split="Et|tL").to_args()
     assert "--pp 1" in Layout(split="even").to_args()  # no pipeline: nothing to split
 
 

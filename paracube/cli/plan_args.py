@@ -391,7 +391,10 @@ def add_parser(sub) -> None:
         "even-ends (the embedding and the loss each counted as a block: Megatron-Core's "
         "--account-for-embedding/loss-in-pipeline-split) or torchtitan (the embedding and "
         "the head a layer each, the layers dealt as evenly as they go, the first stages "
-        "taking the rest)",
+        "taking the rest), or an explicit layout in Megatron-Core's grammar "
+        "(--pipeline-model-parallel-layout: E the embedding, t a block, m a multi-token "
+        "prediction module, L the loss, | between virtual stages, x*n and (…)*n repeat; "
+        "stage k on rank k mod pp, so it fixes pp × chunks: DeepSeek-V3's 'Et|(tt|)*30mL')",
     )
     o = p.add_argument_group("output")
     o.add_argument("--top", type=int, default=5)

@@ -17,6 +17,7 @@ from paracube.choices import (
 from paracube.cli.plan_budget import count_text, tokens_text
 from paracube.errors import ParacubeError
 from paracube.planner.layout import NAMED_CHOICES, OTHER_SOFTWARE, expert_refusal
+from paracube.planner.pipeline_layout import is_layout, layout_refusal, stages_of
 
 # The custom-shape flags (their ModelConfig fields are spelled out in _model_shape)
 SHAPE = ("layers", "hidden", "heads", "vocab", "seq", "ffn", "kv_heads")
@@ -39,14 +40,18 @@ BLOCK = (
 
 
 def plan_model(args):
-    """The transformer to plan: --model's, or the custom shape's; --recompute-blocks checked
-    against its blocks."""
+    """The transformer to plan: --model's, or the custom shape's; --recompute-blocks and an
+    explicit --pipeline-split layout checked against its blocks."""
     cfg = _model_shape(args)
     if args.recompute_blocks is not None and args.recompute_blocks > cfg.n_layers:
         raise ParacubeError(
             f"--recompute-blocks {args.recompute_blocks} is more than the model's "
             f"{cfg.n_layers} blocks: give at most {cfg.n_layers}"
         )
+    if args.split is not None and is_layout(args.split):
+        refusal = layout_refusal(stages_of(args.split), cfg.n_layers, cfg.mtp_layers)
+        if refusal:
+            raise ParacubeError(f"--pipeline-split {args.split!r}: {refusal}")
     return cfg
 
 
@@ -370,19 +375,17 @@ def _check_counts(args, whole_nodes: bool) -> None:
 
 def _check_names(args) -> None:
     """Each named choice one of those its flag takes: a Layout's own (layout.NAMED_CHOICES,
-    each flag its field's name but --pipeline-split), and the plan's --grad-reduce,
-    --offload and --stack."""
+    each flag its field's name), the plan's --grad-reduce, --offload and --stack, and
+    --pipeline-split a named split or a layout in Megatron's grammar."""
     from paracube.planner.stacks import STACK_SOFTWARE
 
-    flag_of = {"split": "--pipeline-split"}
-    named = [
-        (name, flag_of.get(name, "--" + name.replace("_", "-")), allowed)
-        for name, allowed in NAMED_CHOICES
-    ] + [
+    named = [(name, "--" + name.replace("_", "-"), allowed) for name, allowed in NAMED_CHOICES] + [
         ("grad_reduce", "--grad-reduce", GRAD_REDUCE),
         ("offload", "--offload", OFFLOAD),
         ("stack", "--stack", tuple(STACK_SOFTWARE)),
     ]
+    if args.split is not None and is_layout(args.split):  # Megatron's grammar (ConfigError)
+        stages_of(args.split)
     for name, flag, allowed in named:
         value = getattr(args, name)
         if value is not None and value not in allowed:

@@ -31,7 +31,6 @@ from paracube.choices import (
     OPTIMIZER_KERNELS,
     PARAM_GATHER,
     PARAM_SYNC,
-    PIPELINE_SPLIT,
     PLANNED_RECOMPUTE,
     PRECISIONS,
     RECOMPUTE,
@@ -44,6 +43,7 @@ from paracube.choices import (
 from paracube.config import ModelConfig, ParallelConfig, TrainConfig, compile_refusal
 from paracube.errors import ConfigError
 from paracube.pipeline.schedules import SCHEDULES
+from paracube.planner.pipeline_layout import is_layout, layout_refusal, stages_of
 
 # Facts about the training software a layout may state to describe another stack — each
 # field's default is what paracube train runs (Layout.from_config leaves them so): fused
@@ -93,7 +93,6 @@ NAMED_CHOICES: tuple[tuple[str, tuple | dict], ...] = (
     ("activations", ACTIVATION_MEMORY),
     ("elementwise", ELEMENTWISE),
     ("fp8_scaling", FP8_SCALING),
-    ("split", PIPELINE_SPLIT),
     ("recompute_scope", RECOMPUTE_SCOPES),
     ("grad_accumulation", GRAD_ACCUMULATION),
     ("param_gather", PARAM_GATHER),
@@ -263,9 +262,11 @@ class Layout:
     fp8_scaling: str = "delayed"
     # how the blocks are cut into pipeline stages (choices.PIPELINE_SPLIT): the engine's own
     # cut by ``balance`` (engine), Megatron's equal count of blocks per virtual stage (even,
-    # even-ends: :func:`paracube.planner.stages.even_shares`) or torchtitan's
-    # (:func:`paracube.planner.stages.torchtitan_shares`); planned, to evaluate
-    # published runs: ``paracube train`` cuts by --balance (:meth:`to_args` refuses the others)
+    # even-ends: :func:`paracube.planner.stages.even_shares`), torchtitan's
+    # (:func:`paracube.planner.stages.torchtitan_shares`) or an explicit layout in
+    # Megatron-Core's grammar, e.g. "Et|(tt|)*30mL" (:mod:`paracube.planner.pipeline_layout`);
+    # planned, to evaluate published runs: ``paracube train`` cuts by --balance
+    # (:meth:`to_args` refuses the others)
     split: str = "engine"
     # how each micro-batch's weight gradients are accumulated (choices.GRAD_ACCUMULATION):
     # added into the flat buffer they are reduced from (buffer: paracube's engine), by the
@@ -364,6 +365,8 @@ class Layout:
             raise ConfigError(
                 f"etp={self.etp!r}: the experts' tensor-parallel size (0: unfolded, split as tp)"
             )
+        if "split" in names and is_layout(self.split):  # Megatron's grammar: checked whole
+            stages_of(self.split)
         for name in names:
             allowed = _CHOICES.get(name)
             if allowed is not None and (value := getattr(self, name)) not in allowed:
@@ -488,6 +491,16 @@ class Layout:
             return "param_sync=broadcast (InternLM's) is not planned for a mixture of experts"
         if cfg.moe and self.shard:
             return f"shard={self.shard}: hybrid sharding is not planned for a mixture of experts"
+        if is_layout(self.split):
+            stages = stages_of(self.split)
+            if len(stages) != self.pp * self.chunks:
+                return (
+                    f"split={self.split}: the layout names {len(stages)} stages and pp × chunks "
+                    f"= {self.pp * self.chunks}"
+                )
+            refusal = layout_refusal(stages, cfg.n_layers, cfg.mtp_layers)
+            if refusal:
+                return f"split={self.split}: {refusal}"
         if cfg.mla:
             refusal = self._latent_attention_refusal()
             if refusal:

@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import itertools
 import math
+import shlex
 
 from paracube.choices import RECOMPUTE
 from paracube.config import ModelConfig
 from paracube.errors import ConfigError
 from paracube.planner.layout import Layout
+from paracube.planner.pipeline_layout import is_layout
 from paracube.planner.stacks import MEGATRON_SCHEDULES, MEGATRON_ZERO, OFFLOAD_ZERO, STACK_SPLITS
 
 # The layout choices Megatron-LM runs, where it runs fewer than the planner plans, and what
@@ -66,7 +68,10 @@ PIPELINE_FIELDS = ("schedule", "split")
 
 def unrun_choice(field: str, value) -> str | None:
     """What Megatron-LM runs instead, in words, when it does not run ``value`` of the layout
-    field ``field`` (:data:`MEGATRON_RUNS`); None when it does."""
+    field ``field`` (:data:`MEGATRON_RUNS`); None when it does — an explicit pipeline layout
+    is its own grammar (--pipeline-model-parallel-layout)."""
+    if field == "split" and is_layout(value):
+        return None
     runs, words = MEGATRON_RUNS.get(field, ((value,), ""))
     return None if value in runs else words
 
@@ -202,9 +207,11 @@ def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch
         args.append(f"--expert-tensor-parallel-size {L.etp}")
     if L.ep_comm_overlap and L.ep > 1:
         args.append("--overlap-moe-expert-parallel-comm")
-    if L.pp > 1 and L.schedule == "interleaved-1f1b":
-        args.append(f"--num-virtual-stages-per-pipeline-rank {L.chunks}")
-    if L.pp > 1:
+    if L.pp > 1 and is_layout(L.split):  # its stage count sets the virtual stages
+        args.append(f"--pipeline-model-parallel-layout {shlex.quote(L.split)}")
+    elif L.pp > 1:
+        if L.schedule == "interleaved-1f1b":
+            args.append(f"--num-virtual-stages-per-pipeline-rank {L.chunks}")
         args += SPLIT_FLAGS[L.split]
     if L.sequence_parallel:
         args.append("--sequence-parallel")

@@ -12,6 +12,7 @@ from paracube.planner import hardware as hw
 from paracube.planner.hardware import GPU
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import FRAGMENTATION, peak_memory
+from paracube.planner.pipeline_layout import is_layout, stages_of
 from paracube.planner.published import TrackRecord
 from paracube.planner.search import Candidate, SearchResult, at_memory_edge
 from paracube.planner.stages import chunk_runs
@@ -120,8 +121,9 @@ def table(cands: list[Candidate], cluster: Cluster, baseline: Baseline | None = 
     for i, c in enumerate(cands, 1):
         t = c.time
         speed = f" {baseline.speedup(c):.2f}× ({baseline.efficiency(c):.0%}) |" if baseline else ""
+        cell = describe(c.layout).replace("|", "\\|")  # an explicit layout's stage bars
         rows.append(
-            f"| {i} | {describe(c.layout)} | {c.memory.total / GB:.1f} / {cluster.gpu.memory_bytes / GB:.1f} GB | "
+            f"| {i} | {cell} | {c.memory.total / GB:.1f} / {cluster.gpu.memory_bytes / GB:.1f} GB | "
             f"{seconds_text(t.step_time)} | {t.tokens_per_s:,.0f} | {t.tflops_per_gpu:.0f} | {t.mfu:.0%} | "
             f"{t.bubble / t.step_time:.1%} |" + speed
         )
@@ -482,7 +484,22 @@ def _pipeline_reason(best, cfg: ModelConfig) -> str:
             else "."
         )
         + _undominated_story(L)
-        + (" " + SPLIT_STORY[L.split] if L.split in SPLIT_STORY else "")
+        + _split_story(L)
+    )
+
+
+def _split_story(L: Layout) -> str:
+    """How --explain says the stages are cut: a named split's story, or an explicit layout's
+    blocks per rank; nothing for the engine's own split."""
+    if L.split in SPLIT_STORY:
+        return " " + SPLIT_STORY[L.split]
+    if not is_layout(L.split):
+        return ""
+    counts = [sum(stage.count("t") for stage in stages_of(L.split)[r :: L.pp]) for r in range(L.pp)]
+    return (
+        f" Stages cut by the layout given (Megatron-Core's --pipeline-model-parallel-layout, "
+        f"virtual stage k on rank k mod pp): ranks hold {', '.join(map(str, counts))} blocks"
+        + _PLANNED_ONLY
     )
 
 

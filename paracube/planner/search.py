@@ -20,6 +20,7 @@ from paracube.pipeline.schedules import SCHEDULES
 from paracube.planner.hardware import GPU
 from paracube.planner.layout import Layout, expert_refusal
 from paracube.planner.layout_memory import StageMemory, peak_memory
+from paracube.planner.pipeline_layout import is_layout, stages_of
 from paracube.planner.stages import can_cut, layout_shares
 from paracube.planner.time_model import Cluster, StepEstimate, estimate
 
@@ -193,14 +194,24 @@ def candidate_layouts(
     # pipeline stages need a layer each: a block, or under a split that counts them
     # (even-ends, torchtitan's) also the embedding and the loss (BLOOM's pp 72 for 70 blocks)
     layers = cfg.n_layers + (2 if set(tried) & set(ENDS_AS_LAYERS) else 0)
+    # an explicit layout of S stages (which may be more than the blocks: a stage may hold
+    # only the embedding or the loss) fixes chunks = S / pp on every pipeline degree
+    stages = len(stages_of(tried[0])) if is_layout(tried[0]) else 0
+    layers = max(layers, stages)
     for tp in _tensor_degrees(cfg, gpus, total, gpus_per_node, fixed, reject):
         for pp in _pipeline_degrees(gpus // tp, layers, fixed, reject):
+            shaped = fixed
+            if stages:
+                if stages % pp or fixed.get("chunks", stages // pp) != stages // pp:
+                    reject(f"--pipeline-split {tried[0]!r} names {stages} stages = pp × chunks")
+                    continue
+                shaped = fixed | {"chunks": stages // pp}
             yield from _layouts_of_shape(
                 cfg,
                 (tp, pp, gpus // (tp * pp), cp),
                 layers,
                 global_batch,
-                fixed,
+                shaped,
                 reject,
                 recomputes,
                 tried,

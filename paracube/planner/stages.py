@@ -11,7 +11,8 @@ the engine gives the first and last ranks fewer blocks and the middle ones more.
 Megatron does not: a layout planned with ``split="even"`` or ``"even-ends"``
 (:func:`even_shares`) is timed and sized with the split a published Megatron run made, so
 that a head of several blocks' weight slows its last rank as it slowed the run; nor does
-torchtitan (``split="torchtitan"``, :func:`torchtitan_shares`).
+torchtitan (``split="torchtitan"``, :func:`torchtitan_shares`); nor a run cut by an explicit
+layout (``split`` in Megatron-Core's layout grammar, :func:`layout_string_shares`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from paracube.models import shapes
 from paracube.pipeline.balance import gpt_layer_loads
 from paracube.pipeline.partition import partition
 from paracube.planner.layout import Layout
+from paracube.planner.pipeline_layout import is_layout, layout_refusal, stages_of
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ def layout_shares(cfg: ModelConfig, layout: Layout) -> tuple[RankShare, ...]:
     (:func:`torchtitan_shares`)."""
     if layout.split == "torchtitan":
         return torchtitan_shares(cfg, layout.pp, layout.chunks)
+    if is_layout(layout.split):
+        return layout_string_shares(cfg, layout.split, layout.pp, layout.chunks)
     if layout.split != "engine":
         return even_shares(cfg, layout.pp, layout.chunks, ends=layout.split == "even-ends")
     if layout.balance == "params":  # depends on nothing but the model: cached once
@@ -97,7 +101,14 @@ def can_cut(cfg: ModelConfig, split: str, pp: int, chunks: int = 1) -> bool:
     """Whether ``split`` can cut ``cfg``'s layers into pp × chunks stages: Megatron's even
     splits only where the units (blocks, and for even-ends the embedding and the loss)
     divide (:func:`even_shares`), torchtitan's wherever every stage gets a layer
-    (:func:`torchtitan_shares`), the engine's always."""
+    (:func:`torchtitan_shares`), an explicit layout where it has pp × chunks stages and
+    names the model's blocks and modules (:func:`layout_string_shares`), the engine's
+    always."""
+    if is_layout(split):
+        stages = stages_of(split)
+        return len(stages) == pp * chunks and not layout_refusal(
+            stages, cfg.n_layers, cfg.mtp_layers
+        )
     units = cfg.n_layers + (2 if split in ENDS_AS_LAYERS else 0)
     parts = pp * chunks
     if split in ("even", "even-ends"):
@@ -171,6 +182,46 @@ def torchtitan_shares(cfg: ModelConfig, pp: int, chunks: int = 1) -> tuple[RankS
         first += count
     return tuple(
         RankShare(blocks=tuple(blocks), embedding=rank == 0, head=rank == (stages - 1) % pp)
+        for rank, blocks in enumerate(held)
+    )
+
+
+@functools.cache
+def layout_string_shares(
+    cfg: ModelConfig, split: str, pp: int, chunks: int = 1
+) -> tuple[RankShare, ...]:
+    """The shares of an explicit layout (:mod:`paracube.planner.pipeline_layout`: Megatron-
+    Core's ``--pipeline-model-parallel-layout``): its virtual stage k on rank k mod pp, the
+    blocks numbered in the order the stages name them, the embedding with the rank of ``E``,
+    the norm, head and loss — and the multi-token prediction modules beside them — with the
+    rank of ``L``. Refused, with the reason, where the layout does not have pp × chunks
+    stages or does not name the model's blocks and modules.
+
+    >>> from paracube.models.presets import preset
+    >>> shares = layout_string_shares(preset("tiny"), "Et|tt|tL", 3)
+    >>> [(s.blocks, s.embedding, s.head) for s in shares]
+    [((0,), True, False), ((1, 2), False, False), ((3,), False, True)]
+    """
+    stages = stages_of(split)
+    if len(stages) != pp * chunks:
+        raise ConfigError(
+            f"--pipeline-split {split!r} names {len(stages)} stages and pp × chunks = "
+            f"{pp} × {chunks} = {pp * chunks}: choose pp and chunks whose product it is"
+        )
+    refusal = layout_refusal(stages, cfg.n_layers, cfg.mtp_layers)
+    if refusal:
+        raise ConfigError(f"--pipeline-split {split!r}: {refusal}")
+    held: list[list[int]] = [[] for _ in range(pp)]
+    embedding = head = 0
+    block = 0
+    for k, stage in enumerate(stages):
+        count = stage.count("t")
+        held[k % pp].extend(range(block, block + count))
+        block += count
+        embedding = k % pp if "E" in stage else embedding
+        head = k % pp if "L" in stage else head
+    return tuple(
+        RankShare(blocks=tuple(blocks), embedding=rank == embedding, head=rank == head)
         for rank, blocks in enumerate(held)
     )
 
