@@ -347,3 +347,19 @@ def test_deepseek_v3_is_planned_and_emitted_for_megatron(tmp_path):
     assert "2,112 values a token are gathered rather than 7,168" in explained
     mtp_args = " ".join(megatron_args(one_stage, mtp, "bf16", 64))
     assert "--mtp-num-layers 1" in mtp_args and "--mtp-num-layers" not in args
+
+
+def test_the_deepseek_v3_preset_is_its_config():
+    """``--model deepseek-v3`` is the Hugging Face config with its multi-token prediction
+    module: the same parameters (each kind of block, the module, the tables) and FLOPs."""
+    from paracube.models.presets import preset
+    from paracube.models.sources import hf_model_config
+    from paracube.planner.flops import model_flops_per_token
+
+    config = hf_model_config({**DEEPSEEK_V3, "num_nextn_predict_layers": 1}, 4096)
+    named = preset("deepseek-v3")
+    assert shapes.parameter_count(named) == shapes.parameter_count(config)
+    assert model_flops_per_token(named) == model_flops_per_token(config)
+    kinds = [[(k.moe, k.ffn_hidden, n) for k, n in c.kind_counts()] for c in (named, config)]
+    assert kinds[0] == kinds[1] == [(True, 2048, 58), (False, 18432, 3)]
+    assert named.mtp_layers == 1

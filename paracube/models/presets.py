@@ -137,6 +137,7 @@ PRESETS: dict[str, dict] = {
         "rope_head_dim": 64,
         "v_head_dim": 128,
         "mtp_layers": 1,
+        "norm_eps": 1e-6,
     },
 }
 

@@ -265,9 +265,20 @@ Sources:
   V2 8,192, ``moe_a2a_overlap`` on H100 in the V2 era; ``qwen3_llm_pretrain.py``: no
   recomputation), micro-batch 1 — 25.11: 1,575 tokens/s per GPU (the row's global-batch
   cell is missing; the recipe's 2,048); 26.02: global batch 8,192, 1,633. The pages' other
-  H100 mixtures are not in the table: GPT-OSS 120B's alternate layers attend over a sliding
-  window, which the planner has no block for; DeepSeek-V3's recipes cut its 61 blocks by a
-  pipeline layout of their own, not the even split the planner gives Megatron.
+  H100 mixture GPT-OSS 120B is not in the table: its alternate layers attend over a sliding
+  window, which the planner has no block for.
+- Megatron-Bridge, DeepSeek-V3 (FP8): the archive page's 25.09 table, DGX-H100,
+  "DeepSeekV3 (dropless)" on 1,024 GPUs at TP 2 × PP 8 × VP 4 × EP 64, global batch 8,192,
+  micro-batch 1, 1,297 tokens/s per GPU — FP8 with current scaling (its 338 TFLOP/s beside
+  a parenthesised 330, which the page's note makes the H100's 128 × 128 blockwise FP8). The
+  software from ``scripts/performance/configs/deepseek/deepseek_workload_base_configs.py``
+  (DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1: experts folded at expert-tensor-parallel size 1,
+  the flex dispatcher, the all-to-alls not overlapped, the pipeline layout
+  ``Et|(tt|)*30mL`` — the embedding and a block first, the MTP module and the loss alone
+  last; :mod:`paracube.planner.pipeline_layout`) and the recipe
+  (``src/megatron/bridge/recipes/deepseek/deepseek_v3.py``: one MTP module, bf16 gradient
+  reduction, no userbuffers' TP overlap); its recomputation of the latent attention's up
+  projections and the dense MLPs and its optimizer's bf16 moments have no planner choice.
 - NeMo AutoModel, MoE: its ``docs/performance-summary.md`` (versions of October 2025 on):
   Qwen3 MoE 30B on 8 H100s in BF16, FSDP2 over 8 ranks × EP 8, global batch 512 × 4,096
   tokens, micro-batch 4, 16 accumulation steps, 12,040 tokens/s per GPU; its recipe
@@ -372,6 +383,7 @@ def runs() -> list[dict]:
         + _dgxc()
         + _dgxc_grok1()
         + _qwen3_moe()
+        + _deepseek_v3()
         + _moe_model_zoo()
         + _megatron_bridge_fp8()
         + _nemo_long_sequence()
@@ -430,6 +442,7 @@ STACKS = {
     "DGX Cloud benchmarking (FP8)": "Megatron-Core via NeMo, FP8 (H100)",
     "DGX Cloud benchmarking, MoE (BF16)": "Megatron-Core MoE via NeMo, BF16 (H100)",
     "DGX Cloud benchmarking, MoE (FP8)": "Megatron-Core MoE via NeMo, FP8 (H100)",
+    "Megatron-Bridge 25.09, MoE (FP8)": "Megatron-Core MoE via NeMo, FP8 (H100)",
     "Megatron-Bridge 25.11, MoE (FP8)": "Megatron-Core MoE via NeMo, FP8 (H100)",
     "Megatron-Bridge 26.02, MoE (FP8)": "Megatron-Core MoE via NeMo, FP8 (H100)",
     "NeMo AutoModel, MoE": "FSDP2 + expert parallel (H100)",
@@ -1279,6 +1292,36 @@ def _qwen3_moe() -> list[dict]:
     out.append(_run("NeMo AutoModel, MoE", cfg, "h100", 8, 512, "bf16", fsdp, "model",
                     round(12040 * model_flops_per_token(cfg) / 1e12, 1)))  # fmt: skip
     return out
+
+
+def _deepseek_v3() -> list[dict]:
+    """DeepSeek-V3 on 1,024 H100s as Megatron-Bridge ran it (its performance summary's 25.09
+    table, DGX-H100: "DeepSeekV3 (dropless)", 1,297 tokens/s per GPU — FP8: the table's
+    parenthesised 330 beside its 338 TFLOP/s is the H100's other quantisation granularity,
+    128 × 128 blocks, so the first is FP8 with current scaling, the recipes' FP8-CS); tokens/s
+    converted with paracube's FLOP count, which counts the multi-token prediction module."""
+    cfg = preset("deepseek-v3")
+    # scripts/performance/configs/deepseek/deepseek_workload_base_configs.py,
+    # DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1 (its BF16, FP8-CS and FP8-SC alike): TP 2 × PP 8 ×
+    # VP 4, EP 64 at expert-tensor-parallel size 1 (folded over TP × DP), micro-batch 1,
+    # global batch 8,192, the flex dispatcher (each token once to each rank or node it
+    # reaches), the all-to-alls not overlapped (moe_a2a_overlap False), the layout
+    # "Et|(tt|)*30mL"; deepseek_v3_llm_pretrain.py's H100 configs: the gradient reduce not
+    # overlapped; the recipe (src/megatron/bridge/recipes/deepseek/deepseek_v3.py): bf16
+    # gradient reduction, no userbuffers' TP overlap, sequence parallel, the distributed
+    # optimizer, one MTP module. Its selective recomputation of the latent attention's up
+    # projections and the three dense MLPs (recompute_modules ["mla_up_proj", "mlp"], ~3 %
+    # of a block's forward matmuls for the first) and its precision-aware optimizer's bf16
+    # moments (memory only) have no planner choice: planned without recomputation
+    fixed = dict(tp=2, pp=8, cp=1, dp=64, ep=64, etp=1, zero=1, micro_batch=1, chunks=4,
+                 schedule="interleaved-1f1b", sequence_parallel=True, recompute="none",
+                 attention="fused", fp8_scaling="current", grad_reduce="compute",
+                 ep_dispatch="deepep", tp_comm_overlap=False, overlap_grad_reduce=False,
+                 **{**MEGATRON_CORE, "split": "Et|(tt|)*30mL"})  # fmt: skip
+    return [
+        _run("Megatron-Bridge 25.09, MoE (FP8)", cfg, "h100", 1024, 8192, "fp8", fixed, "model",
+             round(1297 * model_flops_per_token(cfg) / 1e12, 1))
+    ]  # fmt: skip
 
 
 # Megatron-Core's MoE team's Qwen3-235B-A22B runs on 256 H100s in BF16 (yanring/Megatron-MoE-
