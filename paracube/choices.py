@@ -139,6 +139,14 @@ ZERO3_PIPELINE = ("none", "per-step")
 # fp32 (MixedPrecisionPolicy's reduce_dtype) but keeps each sharded gradient in the sharded
 # parameter's dtype
 MASTER_WEIGHTS = ("optimizer", "parameters", "none")
+# planner: the dtype of Adam's two moments (exp_avg, exp_avg_sq) beside the main weights —
+# fp32 (paracube's engine, torch's Adam under mixed precision: ZeRO's K = 12) or bf16, as
+# DeepSeek-V3 trained ("we adopt the BF16 data format instead of FP32 to track the first and
+# second moments in the AdamW optimizer", DeepSeek-AI 2024, §3.3.3) and Megatron-Core's
+# precision-aware optimizer keeps them (--use-precision-aware-optimizer --exp-avg-dtype bf16
+# --exp-avg-sq-dtype bf16: Transformer Engine's FusedAdam; Megatron-Bridge's DeepSeek-V3
+# recipe): 4 + 2 + 2 optimizer bytes a parameter under 16-bit training
+MOMENTS = ("fp32", "bf16")
 # planner: how a mixture's token dispatcher sends a rank's tokens to the experts' ranks — a
 # row for each token and each of its k experts (alltoall: Megatron-Core's
 # MoEAlltoAllTokenDispatcher, --moe-token-dispatcher-type alltoall, paracube's default), or
@@ -187,7 +195,10 @@ def gradient_bytes(elem: int, grad_reduce: str = "fp32") -> int:
 
 
 def state_bytes_per_parameter(
-    precision: str, grad_reduce: str = "fp32", master_weights: str = "optimizer"
+    precision: str,
+    grad_reduce: str = "fp32",
+    master_weights: str = "optimizer",
+    moments: str = "fp32",
 ) -> tuple[int, int, int]:
     """(weights, gradients, optimizer states) bytes per parameter under Adam.
 
@@ -200,16 +211,21 @@ def state_bytes_per_parameter(
     the dtype they are reduced in, since FSDP casts each reduced gradient to its sharded
     parameter's dtype before accumulating it (FSDP1: ``_cast_grad_to_param_dtype`` in
     torch/distributed/fsdp/_runtime_utils.py; FSDP2: ``foreach_reduce``'s
-    ``_to_dtype_if_needed(reduce_output, orig_dtype)`` in _fsdp_collectives.py).
+    ``_to_dtype_if_needed(reduce_output, orig_dtype)`` in _fsdp_collectives.py). Adam's two
+    moments in bf16 (``moments``, :data:`MOMENTS`: DeepSeek-V3's, Megatron-Core's
+    precision-aware optimizer) take 2 + 2 bytes instead of 4 + 4.
 
     >>> state_bytes_per_parameter("bf16"), state_bytes_per_parameter("bf16", master_weights="none")
     ((2, 4, 12), (2, 2, 4))
     >>> state_bytes_per_parameter("bf16", "compute", "parameters")
     (2, 4, 12)
+    >>> state_bytes_per_parameter("bf16", "compute", moments="bf16")
+    (2, 2, 8)
     """
     elem = ELEMENT_BYTES[precision]
     if master_weights == "none" and elem < 4:
         return (elem, elem, 2 * elem)
+    moment_bytes = 2 * (2 if moments == "bf16" else 4)
     if master_weights == "parameters":
-        return (elem, 4, 8 if elem == 4 else 12)
-    return (elem, gradient_bytes(elem, grad_reduce), 8 if elem == 4 else 12)
+        return (elem, 4, moment_bytes + (4 if elem < 4 else 0))
+    return (elem, gradient_bytes(elem, grad_reduce), moment_bytes + (4 if elem < 4 else 0))

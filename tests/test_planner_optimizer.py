@@ -119,3 +119,35 @@ def test_unknown_kernels_are_refused_and_an_offloaded_step_is_the_hosts():
     )
     with pytest.raises(ConfigError, match="another stack's software"):
         Layout(clip_scale="always").check_paracube_software()
+
+
+def test_bf16_moments_save_their_bytes_in_memory_and_in_the_step():
+    """Adam's moments in bf16 (``Layout.moments``, Megatron-Core's precision-aware optimizer,
+    as DeepSeek-V3 trained): each parameter's states 4 bytes fewer (two moments of 2 rather
+    than 4) and the fused step's four passes over them 2 bytes each rather than 4; refused
+    beside pure 16-bit training (its moments are 16-bit already) and an op-per-pass step, and
+    by paracube train, which keeps them in fp32; Megatron-LM's command asks for them."""
+    from paracube.models import shapes
+    from paracube.models.presets import preset
+    from paracube.planner.layout_memory import stage_memory
+    from paracube.planner.megatron import megatron_args, megatron_refusal
+    from paracube.planner.time_model import MOMENT_PASSES
+
+    cfg = preset("gpt3-1.3b")
+    fp32, bf16 = Layout(dp=1), Layout(dp=1, moments="bf16")
+    saved = stage_memory(cfg, fp32)[0].model_states - stage_memory(cfg, bf16)[0].model_states
+    assert saved == pytest.approx(4 * shapes.parameter_count(cfg))
+    g = hw.gpu("h100")
+    step = optimizer_time(fp32, g, 1e9, 2) - optimizer_time(bf16, g, 1e9, 2)
+    assert step == pytest.approx(MOMENT_PASSES * 2 * 1e9 / g.memory_rate)
+    for other in (dict(master_weights="none"), dict(optimizer_kernel="multi-op")):
+        with pytest.raises(ConfigError, match="bf16 moments are planned as Megatron-Core's"):
+            Layout(dp=1, moments="bf16", **other)
+    with pytest.raises(ConfigError, match="moments='bf16'.*not what paracube train runs"):
+        bf16.to_args()
+    megatron = Layout(dp=8, zero=1, moments="bf16", **stack("megatron-core"))
+    args = " ".join(megatron_args(megatron, cfg, "bf16", 64))
+    assert args.count("--use-precision-aware-optimizer") == 1
+    assert "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16" in args
+    unsharded = replace(megatron, zero=0)
+    assert "only under its distributed optimizer" in megatron_refusal(unsharded, cfg, "bf16")

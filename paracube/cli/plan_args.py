@@ -341,6 +341,14 @@ def add_parser(sub) -> None:
         "compute dtype, 2 + 2 + 4 bytes a parameter, as NeMo AutoModel's own models train)",
     )
     t.add_argument(
+        "--moments",
+        default=None,
+        help="the dtype of Adam's two moments beside fp32 main weights: fp32 (default) or bf16, "
+        "as DeepSeek-V3 trained and Megatron-Core's precision-aware optimizer keeps them "
+        "(--exp-avg-dtype/--exp-avg-sq-dtype bf16, under its distributed optimizer): 4 + 2 + 2 "
+        "optimizer bytes a parameter, its step moving the moments at 2 bytes",
+    )
+    t.add_argument(
         "--fp8-scaling",
         default=None,
         help="under --precision fp8: delayed (scales from the amax history, Transformer "

@@ -74,7 +74,9 @@ def evaluate(
         )
     cluster = at_precision(cluster, precision)  # fp32: the CUDA cores' rate, not the tensor cores'
     g, dp, b, m = cluster.gpu, layout.dp, layout.micro_batch, layout.microbatches
-    w, gr, o = state_bytes_per_parameter(precision, layout.grad_reduce, layout.master_weights)
+    w, gr, o = state_bytes_per_parameter(
+        precision, layout.grad_reduce, layout.master_weights, layout.moments
+    )
     states = model_state_bytes(
         model.params, layout.zero, dp, weight_bytes=w, grad_bytes=gr, optimizer_bytes=o
     ).total

@@ -28,6 +28,7 @@ from paracube.choices import (
     GRAD_SYNC,
     LOSS_BACKWARD,
     MASTER_WEIGHTS,
+    MOMENTS,
     OPTIMIZER_KERNELS,
     PARAM_GATHER,
     PARAM_SYNC,
@@ -63,6 +64,7 @@ OTHER_SOFTWARE = (
     "ep_dispatch",
     "router",
     "master_weights",
+    "moments",
     "grad_accumulation",
     "param_gather",
     "param_sync",
@@ -107,6 +109,7 @@ NAMED_CHOICES: tuple[tuple[str, tuple | dict], ...] = (
     ("ep_dispatch", EP_DISPATCH),
     ("router", ROUTERS),
     ("master_weights", MASTER_WEIGHTS),
+    ("moments", MOMENTS),
 )
 
 
@@ -256,6 +259,9 @@ class Layout:
     # optimizer beside 16-bit parameters (paracube's, Megatron's) or as the parameters
     # themselves (PyTorch FSDP), which under ZeRO-3 keeps no 16-bit shard at rest
     master_weights: str = "optimizer"
+    # the dtype of Adam's two moments (choices.MOMENTS): fp32, or bf16 as Megatron-Core's
+    # precision-aware optimizer keeps them (DeepSeek-V3's recipe); planned only
+    moments: str = "fp32"
     # under --precision fp8, how each tensor's scale is found (choices.FP8_SCALING): from the
     # amax history (delayed, Transformer Engine's DelayedScaling) or from the tensor itself
     # (current: Megatron-Bridge's FP8-CS, torchao's dynamic float8) — one more pass over it
@@ -433,6 +439,15 @@ class Layout:
             raise ConfigError(
                 "elementwise='eager' with activations='compiled': torch.compile fuses the "
                 "blocks' element-wise ops; plan compiled blocks with elementwise='fused'"
+            )
+        if self.moments != "fp32" and (
+            self.master_weights == "none" or self.optimizer_kernel != "fused"
+        ):
+            raise ConfigError(
+                f"moments={self.moments!r} with master_weights={self.master_weights!r} and "
+                f"optimizer_kernel={self.optimizer_kernel!r}: bf16 moments are planned as "
+                "Megatron-Core's precision-aware optimizer keeps them, beside fp32 main weights "
+                "in a fused step (master_weights optimizer or parameters, optimizer_kernel fused)"
             )
         if self.recompute == "op" and self.attention not in FUSED_ATTENTION:
             raise ConfigError(

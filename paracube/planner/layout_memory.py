@@ -163,6 +163,7 @@ class _TermsKey(NamedTuple):
     ep: int
     expert_tp: int
     master_weights: str
+    moments: str
 
     @classmethod
     def of(cls, layout: Layout) -> _TermsKey:
@@ -179,13 +180,16 @@ class _TermsKey(NamedTuple):
             layout.ep,
             layout.expert_tp,
             layout.master_weights,
+            layout.moments,
         )
 
 
 @functools.lru_cache(maxsize=1 << 12)
 def _layout_terms(cfg: ModelConfig, layout: _TermsKey, precision: str) -> _LayoutTerms:
     h, s, V, t, p = cfg.hidden, cfg.seq_len, cfg.vocab_size, layout.tp, layout.pp
-    w, g, o = state_bytes_per_parameter(precision, layout.grad_reduce, layout.master_weights)
+    w, g, o = state_bytes_per_parameter(
+        precision, layout.grad_reduce, layout.master_weights, layout.moments
+    )
 
     def act_layer(recompute: str) -> float:
         # torchtitan's op-level policy keeps what PyTorch's own ops made, whatever the blocks

@@ -104,6 +104,11 @@ def megatron_refusal(layout: Layout, cfg: ModelConfig, precision: str) -> str | 
             return f"{field} {value}: Megatron-LM runs {words}"
     if L.zero == 3 and L.pp > 1:
         return "ZeRO-3 under a pipeline: Megatron-LM's FSDP2 does not run with pipeline parallelism"
+    if L.moments == "bf16" and L.zero != 1:
+        return (
+            f"bf16 moments under ZeRO-{L.zero}: Megatron-LM's precision-aware optimizer runs "
+            "only under its distributed optimizer (ZeRO-1)"
+        )
     partial = L.recompute != "none" and L.recompute_blocks is not None
     if partial and L.pp > 1 and L.recompute_scope != "stage":
         return (
@@ -226,7 +231,11 @@ def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch
         if L.zero == 1:
             args.append("--overlap-param-gather")
     if L.offload:  # its hybrid-device optimizer takes the precision-aware path (validate_args)
-        args.append("--optimizer-cpu-offload --use-precision-aware-optimizer")
+        args.append("--optimizer-cpu-offload")
+    if L.offload or L.moments == "bf16":
+        args.append("--use-precision-aware-optimizer")
+    if L.moments == "bf16":  # Transformer Engine's FusedAdam keeps them so
+        args.append("--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16")
     if L.tp_comm_overlap and L.tp > 1:
         args.append("--tp-comm-overlap")
     # recomputation

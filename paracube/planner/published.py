@@ -277,8 +277,9 @@ Sources:
   ``Et|(tt|)*30mL`` — the embedding and a block first, the MTP module and the loss alone
   last; :mod:`paracube.planner.pipeline_layout`) and the recipe
   (``src/megatron/bridge/recipes/deepseek/deepseek_v3.py``: one MTP module, bf16 gradient
-  reduction, no userbuffers' TP overlap); its recomputation of the latent attention's up
-  projections and the dense MLPs and its optimizer's bf16 moments have no planner choice.
+  reduction, no userbuffers' TP overlap, the precision-aware optimizer's bf16 moments); its
+  recomputation of the latent attention's up projections and the dense MLPs has no planner
+  choice.
 - NeMo AutoModel, MoE: its ``docs/performance-summary.md`` (versions of October 2025 on):
   Qwen3 MoE 30B on 8 H100s in BF16, FSDP2 over 8 ranks × EP 8, global batch 512 × 4,096
   tokens, micro-batch 4, 16 accumulation steps, 12,040 tokens/s per GPU; its recipe
@@ -1309,15 +1310,15 @@ def _deepseek_v3() -> list[dict]:
     # "Et|(tt|)*30mL"; deepseek_v3_llm_pretrain.py's H100 configs: the gradient reduce not
     # overlapped; the recipe (src/megatron/bridge/recipes/deepseek/deepseek_v3.py): bf16
     # gradient reduction, no userbuffers' TP overlap, sequence parallel, the distributed
-    # optimizer, one MTP module. Its selective recomputation of the latent attention's up
-    # projections and the three dense MLPs (recompute_modules ["mla_up_proj", "mlp"], ~3 %
-    # of a block's forward matmuls for the first) and its precision-aware optimizer's bf16
-    # moments (memory only) have no planner choice: planned without recomputation
+    # optimizer with bf16 moments (use_precision_aware_optimizer, exp_avg(_sq)_dtype bf16),
+    # one MTP module. Its selective recomputation of the latent attention's up projections
+    # and the three dense MLPs (recompute_modules ["mla_up_proj", "mlp"], ~3 % of a block's
+    # forward matmuls for the first) has no planner choice: planned without recomputation
     fixed = dict(tp=2, pp=8, cp=1, dp=64, ep=64, etp=1, zero=1, micro_batch=1, chunks=4,
                  schedule="interleaved-1f1b", sequence_parallel=True, recompute="none",
                  attention="fused", fp8_scaling="current", grad_reduce="compute",
                  ep_dispatch="deepep", tp_comm_overlap=False, overlap_grad_reduce=False,
-                 **{**MEGATRON_CORE, "split": "Et|(tt|)*30mL"})  # fmt: skip
+                 moments="bf16", **{**MEGATRON_CORE, "split": "Et|(tt|)*30mL"})  # fmt: skip
     return [
         _run("Megatron-Bridge 25.09, MoE (FP8)", cfg, "h100", 1024, 8192, "fp8", fixed, "model",
              round(1297 * model_flops_per_token(cfg) / 1e12, 1))

@@ -519,11 +519,17 @@ def _undominated_story(L: Layout) -> str:
 
 def _main_weights_words(L: Layout, precision: str) -> str:
     """Where a 16-bit run's main weights are, when not beside 16-bit parameters in the
-    optimizer (choices.MASTER_WEIGHTS): the bytes a parameter the states then take."""
+    optimizer (choices.MASTER_WEIGHTS), or Adam's moments in bf16 (choices.MOMENTS): the
+    bytes a parameter the states then take."""
     elem = ELEMENT_BYTES[precision]
+    w, g, o = state_bytes_per_parameter(precision, L.grad_reduce, L.master_weights, L.moments)
+    if L.moments == "bf16":
+        return (
+            f" (Adam's two moments in bf16, as Megatron-Core's precision-aware optimizer keeps "
+            f"them: {w} + {g} + {o} bytes a parameter)"
+        )
     if elem == 4 or L.master_weights == "optimizer":
         return ""
-    w, g, o = state_bytes_per_parameter(precision, L.grad_reduce, L.master_weights)
     if L.master_weights == "none":
         return (
             f" (pure {precision}: parameters, gradients and Adam's two moments all {8 * elem}-bit, "

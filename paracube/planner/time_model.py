@@ -587,6 +587,9 @@ def gather_copy_time(layout: Layout, g: GPU, params: float, root: float, elem: i
 # DecoupledAdamW as llm-foundry's yamls run it (weight_decay 0: no decay pass; per parameter
 # exp_avg.mul_().add_() 5, exp_avg_sq.mul_().addcmul_() 5, sqrt, / and add_ 6, addcdiv_ 4).
 OPTIMIZER_BYTES = {"fused": 7 * 4, "multi-op": 20 * 4}
+# Of the fused step's seven passes, the four over the moments (m and v each read and written):
+# 2 bytes each rather than 4 when they are kept in bf16 (Layout.moments)
+MOMENT_PASSES = 4
 
 
 def optimizer_time(layout: Layout, g: GPU, shard: float, elem: int) -> float:
@@ -600,7 +603,9 @@ def optimizer_time(layout: Layout, g: GPU, shard: float, elem: int) -> float:
     main copy read, the compute copy written (4 + elem bytes). No copy is written where the
     parameters are the main weights (an fp32 model's; PyTorch FSDP's fp32 parameters, cast
     only as they are gathered: ``master_weights="parameters"``), and pure 16-bit training
-    (``"none"``) steps 16-bit gradients, moments and weights: every pass at elem bytes. On a
+    (``"none"``) steps 16-bit gradients, moments and weights: every pass at elem bytes; bf16
+    moments (``layout.moments``, Megatron-Core's precision-aware optimizer) are read and
+    written at 2 bytes (:data:`MOMENT_PASSES`). On a
     GPU's HBM; or offloaded: in host memory, the host's own fused step, after the gradient
     slice crossed PCIe to the host and before the new values cross back (paracube copies
     after the reduction: exposed)."""
@@ -611,6 +616,8 @@ def optimizer_time(layout: Layout, g: GPU, shard: float, elem: int) -> float:
         write_back = 4 + elem if cast else 0
         rescale = 2 * state if layout.clip_scale == "always" else 0
         adam = OPTIMIZER_BYTES[layout.optimizer_kernel] * state / 4
+        if layout.moments == "bf16":
+            adam -= MOMENT_PASSES * (4 - 2)
         return (state + rescale + adam + write_back) * stepped / g.memory_rate
     if not (g.host_link_bandwidth and g.host_memory_bandwidth):
         raise ConfigError(f"--offload: no host link or host memory figures for {g.name}")
