@@ -30,6 +30,14 @@ COMPILE_BACKENDS = {"inductor": "inductor", "partition": "aot_eager_decomp_parti
 # second matmul's, the rest of the block recomputed — planned for the stacks that run it,
 # not run by paracube train
 PLANNED_RECOMPUTE = ("op",)
+# planner: what a selective recomputation recomputes — Megatron-Core's --recompute-modules
+# (megatron/core/transformer/transformer_config.py, recompute_modules; default core_attn):
+# the attention core (core_attn: paracube train's selective), a latent attention's up
+# projections, whose per-head queries, keys and values are dropped once the core has run
+# and made again for its backward (mla_up_proj: MultiLatentAttention's up-projection
+# checkpoint), and a dense block's MLP checkpointed whole, its input kept (mlp: not a
+# mixture's MoE layer, which Megatron recomputes as "moe")
+RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mlp")
 # planner: how a fully recomputed block's forward is replayed in backward — torch's
 # non-reentrant checkpoint stops as soon as every tensor backward needs is back (early-stop:
 # the default since PyTorch 2.1, pytorch/pytorch#96866 — so the block's last matmul, whose

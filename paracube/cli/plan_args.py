@@ -143,6 +143,16 @@ def add_parser(sub) -> None:
         "planned, not run by paracube train)",
     )
     t.add_argument(
+        "--recompute-modules",
+        default=None,
+        type=lambda text: tuple(part.strip() for part in text.split(",") if part.strip()),
+        help="what a selective recomputation makes again, comma-separated: core_attn (the "
+        "attention core; the default), mla_up_proj (a latent attention's up projections: its "
+        "per-head queries, keys and values not kept), mlp (a dense block's MLP, checkpointed "
+        "whole) — Megatron-Core's --recompute-modules, planned as it keeps its blocks (a "
+        "megatron stack); implies --recompute selective",
+    )
+    t.add_argument(
         "--compress",
         default=None,
         help="gradient compression of the data-parallel reduction: fp16, bf16, topk:RATIO, "

@@ -13,10 +13,12 @@ from paracube.choices import (
     OFFLOAD,
     PLANNED_RECOMPUTE,
     PRECISIONS,
+    RECOMPUTE_MODULES,
 )
 from paracube.cli.plan_budget import count_text, tokens_text
+from paracube.config import ModelConfig
 from paracube.errors import ParacubeError
-from paracube.planner.layout import NAMED_CHOICES, OTHER_SOFTWARE, expert_refusal
+from paracube.planner.layout import NAMED_CHOICES, OTHER_SOFTWARE, Layout, expert_refusal
 from paracube.planner.pipeline_layout import is_layout, layout_refusal, stages_of
 
 # The custom-shape flags (their ModelConfig fields are spelled out in _model_shape)
@@ -52,6 +54,13 @@ def plan_model(args):
         refusal = layout_refusal(stages_of(args.split), cfg.n_layers, cfg.mtp_layers)
         if refusal:
             raise ParacubeError(f"--pipeline-split {args.split!r}: {refusal}")
+    if args.recompute_modules is not None and isinstance(cfg, ModelConfig):
+        asked = Layout(
+            recompute="selective", recompute_modules=args.recompute_modules, activations="megatron"
+        )
+        refusal = asked.recompute_modules_refusal(cfg)
+        if refusal:
+            raise ParacubeError(f"--recompute-modules: {refusal}")
     return cfg
 
 
@@ -232,6 +241,13 @@ def plan_fixed(args, gpus: int, mixed: bool = False) -> dict:
         fixed["elementwise"] = "fused"  # a stack's eager blocks, compiled, run fused kernels
     if args.recompute_blocks is not None:
         fixed.update(recompute="full", recompute_blocks=args.recompute_blocks)
+    if args.recompute_modules is not None:
+        fixed["recompute"] = "selective"
+        if fixed.get("activations") != "megatron" and set(args.recompute_modules) - {"core_attn"}:
+            raise ParacubeError(
+                f"--recompute-modules {','.join(args.recompute_modules)}: planned as "
+                "Megatron-Core keeps its blocks; add --stack megatron-core (or --emit megatron)"
+            )
     if args.offload is not None:
         fixed["offload"] = args.offload == "optimizer"
     if args.compress is not None:
@@ -494,6 +510,23 @@ def _check_recompute_and_precision(args) -> None:
             raise ParacubeError(
                 f"--recompute-blocks with --recompute {args.recompute}: the planner recomputes "
                 "the first N blocks whole; give --recompute full or drop --recompute"
+            )
+    if args.recompute_modules is not None:
+        unknown = [m for m in args.recompute_modules if m not in RECOMPUTE_MODULES]
+        if (
+            unknown
+            or not args.recompute_modules
+            or len(set(args.recompute_modules)) != len(args.recompute_modules)
+        ):
+            raise ParacubeError(
+                f"--recompute-modules {','.join(args.recompute_modules)!r}: give distinct "
+                f"modules among {', '.join(RECOMPUTE_MODULES)} (the Megatron-Core modules the "
+                "planner counts; moe_act, layernorm, moe and shared_experts are not planned)"
+            )
+        if args.recompute not in (None, "selective"):
+            raise ParacubeError(
+                f"--recompute-modules with --recompute {args.recompute}: the modules are a "
+                "selective recomputation's; give --recompute selective or drop one"
             )
     if args.grad_reduce == "compute" and args.precision in ("fp32", "tf32"):
         raise ParacubeError(

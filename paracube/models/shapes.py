@@ -347,11 +347,7 @@ def block_gemms(
     etp = tp if etp is None else etp
 
     def gemm(lin: Linear, rows: float, ranks: int = tp) -> tuple[float, float, float]:
-        if lin.split == "column":
-            return (rows, lin.out_features / ranks, lin.in_features)
-        if lin.split == "replicated":  # whole, over the rank's sequence shard (tp > 1: SP)
-            return (rows / ranks, lin.out_features, lin.in_features)
-        return (rows, lin.out_features, lin.in_features / ranks)
+        return rank_gemm(lin, rows, ranks)
 
     mlp = mlp_linears(cfg)
     gemms = [gemm(lin, tokens) for lin in attention_linears(cfg)]
@@ -362,6 +358,35 @@ def block_gemms(
     for _ in range(cfg.experts // ep):
         gemms += [gemm(lin, rows, etp) for lin in mlp]
     return gemms + [gemm(lin, tokens) for lin in shared_linears(cfg)]
+
+
+def rank_gemm(lin: Linear, rows: float, ranks: int) -> tuple[float, float, float]:
+    """(m, n, k) of ``lin``'s forward over ``rows`` tokens on one of ``ranks`` tensor-
+    parallel ranks: a column-parallel layer's n/ranks outputs, a row-parallel one's k/ranks
+    inputs, a replicated one whole over the rank's sequence shard (rows/ranks, under SP)."""
+    if lin.split == "column":
+        return (rows, lin.out_features / ranks, lin.in_features)
+    if lin.split == "replicated":
+        return (rows / ranks, lin.out_features, lin.in_features)
+    return (rows, lin.out_features, lin.in_features / ranks)
+
+
+# a latent attention's up projections (and, without a query latent, its query projection):
+# what Megatron-Core's mla_up_proj recomputation runs again
+LATENT_UP_PROJECTIONS = ("attn.q_up_proj", "attn.q_proj", "attn.kv_up_proj")
+
+
+def selectively_redone_linears(cfg: ModelConfig, modules: tuple[str, ...]) -> list[Linear]:
+    """The linears a selective recomputation of ``modules`` (choices.RECOMPUTE_MODULES)
+    runs forward again in one block of ``cfg``'s kind: a latent attention's up projections
+    (mla_up_proj), a dense block's MLP whole (mlp: Megatron's checkpoint replays it all).
+    The attention core (core_attn) is no linear."""
+    redone = []
+    if "mla_up_proj" in modules and cfg.mla:
+        redone += [lin for lin in attention_linears(cfg) if lin.name in LATENT_UP_PROJECTIONS]
+    if "mlp" in modules and not cfg.moe:
+        redone += mlp_linears(cfg)
+    return redone
 
 
 def down_gemms(
@@ -543,14 +568,24 @@ def block_saved_bytes(
 
 
 def latent_attention_saved_bytes(
-    cfg: ModelConfig, n: int, elem: int, tp: int, ts: int, recompute: str, linear_in: int = 0
+    cfg: ModelConfig,
+    n: int,
+    elem: int,
+    tp: int,
+    ts: int,
+    recompute: str,
+    linear_in: int = 0,
+    modules: tuple[str, ...] = ("core_attn",),
 ) -> int:
     """Bytes a latent attention keeps for backward for ``n`` tokens: the q and kv latents
     — each RMSNorm's input and fp32 rstd, its output the up projection's input
     (``linear_in`` bytes a value; 0: ``elem``), sequence shards under sequence parallelism —
     and the rotary key every head shares; the kernel's q and k (d + d_r a head), v and
-    output (d_v), and its fp32 log-sum-exp (dropped under selective recomputation), this
-    rank's a/tp heads. What the down projections keep is the norm's output, counted with
+    output (d_v), and its fp32 log-sum-exp, this rank's a/tp heads. A selective
+    recomputation of ``modules`` (choices.RECOMPUTE_MODULES) drops the log-sum-exp (the
+    core's, core_attn) and the kernel's q, k and v (the up projections', mla_up_proj: made
+    again from the latents for the core's backward; its output stays, the output
+    projection's input). What the down projections keep is the norm's output, counted with
     the block's norms."""
     a, rope = cfg.n_heads, cfg.rope_head_dim
     linear_in = linear_in or elem
@@ -559,8 +594,10 @@ def latent_attention_saved_bytes(
         for width in (cfg.q_lora_rank, cfg.kv_lora_rank)
         if width
     )
-    kernel = n * a * (2 * cfg.qk_head_dim + 2 * cfg.v_dim) * elem
-    lse = 4 * n * a if recompute != "selective" else 0
+    selective = recompute == "selective"
+    up_proj_redone = selective and "mla_up_proj" in modules
+    kernel = n * a * ((0 if up_proj_redone else 2 * cfg.qk_head_dim + cfg.v_dim) + cfg.v_dim) * elem
+    lse = 0 if selective and "core_attn" in modules else 4 * n * a
     return (latents + n * rope * elem) // ts + (kernel + lse) // tp
 
 

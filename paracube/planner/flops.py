@@ -63,15 +63,36 @@ def model_flops_per_token(cfg) -> float:
 
 @functools.lru_cache(maxsize=1 << 12)  # the search asks for it for every candidate layout
 def hardware_flops_per_token(
-    cfg, recompute: str, share: float = 1.0, replay: str = "whole"
+    cfg,
+    recompute: str,
+    share: float = 1.0,
+    replay: str = "whole",
+    modules: tuple[str, ...] = ("core_attn",),
 ) -> float:
     """FLOPs the GPUs execute per token: the model FLOPs plus the recomputed forward — every
     block under full recomputation (SC21 Eq. 3 for GPT shapes; less each block's last
     matmul, the MLP's down projection, when the checkpoint stops early: ``replay``
-    "early-stop", choices.RECOMPUTE_REPLAY), the attention core under selective
-    recomputation, the matmuls torchtitan's op-level checkpointing does not keep (op);
-    ``share`` of the blocks under --recompute-blocks. HFU's numerator."""
+    "early-stop", choices.RECOMPUTE_REPLAY), what a selective recomputation's ``modules``
+    run again (the attention core, the linears of Megatron's other modules), the matmuls
+    torchtitan's op-level checkpointing does not keep (op); ``share`` of the blocks under
+    --recompute-blocks. HFU's numerator."""
+    if recompute == "selective":
+        return model_flops_per_token(cfg) + share * _selective_flops(cfg, modules)
     return model_flops_per_token(cfg) + share * RECOMPUTED_FORWARD[recompute](cfg, replay)
+
+
+def _selective_flops(cfg, modules: tuple[str, ...]) -> float:
+    """Forward FLOPs per token a selective recomputation of ``modules`` runs again."""
+    core = (
+        cfg.n_layers * shapes.attention_core_flops_per_token(cfg) if "core_attn" in modules else 0
+    )
+    return core + per_block(
+        cfg,
+        lambda kind: sum(
+            2 * lin.in_features * lin.out_features
+            for lin in shapes.selectively_redone_linears(kind, modules)
+        ),
+    )
 
 
 def _full_replay_flops(cfg, replay: str) -> float:
@@ -100,11 +121,11 @@ def _op_redone_flops(cfg) -> float:
     )
 
 
-# the forward FLOPs per token each recomputation runs again, (cfg, replay) → FLOPs
+# the forward FLOPs per token each recomputation runs again, (cfg, replay) → FLOPs (a
+# selective one's by its modules: _selective_flops)
 RECOMPUTED_FORWARD = {
     "none": lambda cfg, replay: 0.0,
     "full": _full_replay_flops,
-    "selective": lambda cfg, replay: cfg.n_layers * shapes.attention_core_flops_per_token(cfg),
     "op": lambda cfg, replay: per_block(cfg, _op_redone_flops),
 }
 

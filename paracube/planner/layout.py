@@ -35,6 +35,7 @@ from paracube.choices import (
     PLANNED_RECOMPUTE,
     PRECISIONS,
     RECOMPUTE,
+    RECOMPUTE_MODULES,
     RECOMPUTE_REPLAY,
     RECOMPUTE_SCOPES,
     ROUTERS,
@@ -76,6 +77,7 @@ OTHER_SOFTWARE = (
     "logit_metrics",
     "recompute_replay",
     "recompute_scope",
+    "recompute_modules",
 )
 
 
@@ -190,6 +192,11 @@ class Layout:
     # which N blocks: the model's first N (model) or each stage's chunk's first N (stage:
     # Megatron-Core), choices.RECOMPUTE_SCOPES
     recompute_scope: str = "model"
+    # what a selective recomputation (recompute="selective") makes again: the attention
+    # core (paracube train's), or Megatron-Core's other --recompute-modules the planner
+    # counts (choices.RECOMPUTE_MODULES: a latent attention's up projections, a dense
+    # block's MLP); ignored under the other recomputations
+    recompute_modules: tuple[str, ...] = ("core_attn",)
     sequence_parallel: bool = False
     attention: str = "fused"  # "unfused": s×s scores materialized (Megatron before FlashAttention)
     # gradients all-reduced bucket by bucket during the last backward (paracube, PyTorch DDP,
@@ -371,6 +378,19 @@ class Layout:
             raise ConfigError(
                 f"etp={self.etp!r}: the experts' tensor-parallel size (0: unfolded, split as tp)"
             )
+        if "recompute_modules" in names and isinstance(self.recompute_modules, list):
+            # a layout read back from JSON: its list as the tuple a layout holds (hashable)
+            self.__dict__["recompute_modules"] = tuple(self.recompute_modules)
+        if "recompute_modules" in names and (
+            not isinstance(self.recompute_modules, tuple)
+            or not self.recompute_modules
+            or len(set(self.recompute_modules)) != len(self.recompute_modules)
+            or not set(self.recompute_modules) <= set(RECOMPUTE_MODULES)
+        ):
+            raise ConfigError(
+                f"recompute_modules={self.recompute_modules!r}: a tuple of distinct modules "
+                f"among {', '.join(RECOMPUTE_MODULES)}"
+            )
         if "split" in names and is_layout(self.split):  # Megatron's grammar: checked whole
             stages_of(self.split)
         for name in names:
@@ -506,6 +526,9 @@ class Layout:
             return "param_sync=broadcast (InternLM's) is not planned for a mixture of experts"
         if cfg.moe and self.shard:
             return f"shard={self.shard}: hybrid sharding is not planned for a mixture of experts"
+        refusal = self.recompute_modules_refusal(cfg)
+        if refusal:
+            return refusal
         if is_layout(self.split):
             stages = stages_of(self.split)
             if len(stages) != self.pp * self.chunks:
@@ -524,6 +547,25 @@ class Layout:
             return (
                 "ep_comm_overlap under a pipeline: Megatron-Core's combined 1F1B pairs "
                 "micro-batches without one or under interleaved-1f1b only"
+            )
+        return ""
+
+    def recompute_modules_refusal(self, cfg: ModelConfig) -> str:
+        """Why ``cfg`` cannot take this layout's recompute modules ("" if it can): each needs
+        its part in the model, and all but the attention core are counted as Megatron-Core
+        keeps a block (``activations="megatron"``)."""
+        modules = self.recompute_modules if self.recompute == "selective" else ()
+        if "mla_up_proj" in modules and not cfg.mla:
+            return "recompute module mla_up_proj: the model has no latent attention"
+        if "mlp" in modules and cfg.moe and not cfg.dense_layers:
+            return (
+                "recompute module mlp: every block is a mixture of experts (Megatron-Core "
+                "recomputes a dense block's MLP under mlp)"
+            )
+        if set(modules) - {"core_attn"} and self.activations != "megatron":
+            return (
+                f"recompute modules {', '.join(modules)}: planned as Megatron-Core keeps its "
+                "blocks (activations megatron, the megatron stacks)"
             )
         return ""
 

@@ -164,6 +164,7 @@ class _TermsKey(NamedTuple):
     expert_tp: int
     master_weights: str
     moments: str
+    recompute_modules: tuple[str, ...]
 
     @classmethod
     def of(cls, layout: Layout) -> _TermsKey:
@@ -181,6 +182,7 @@ class _TermsKey(NamedTuple):
             layout.expert_tp,
             layout.master_weights,
             layout.moments,
+            layout.recompute_modules,
         )
 
 
@@ -203,6 +205,7 @@ def _layout_terms(cfg: ModelConfig, layout: _TermsKey, precision: str) -> _Layou
                 recompute=recompute,
                 fp8=precision == "fp8",
                 etp=layout.expert_tp,
+                modules=layout.recompute_modules,
             )
         if layout.attention in FUSED_ATTENTION:  # the model's own blocks, op by op
             return shapes.block_saved_bytes(

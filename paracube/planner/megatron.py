@@ -241,6 +241,8 @@ def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch
     # recomputation
     if L.recompute == "selective":
         args.append("--recompute-granularity selective")
+        if L.recompute_modules != ("core_attn",):  # its default module
+            args.append(f"--recompute-modules {' '.join(L.recompute_modules)}")
     elif L.recompute == "full" and L.recompute_blocks is not None:
         args.append(f"--recompute-granularity full --recompute-method block "
                     f"--recompute-num-layers {L.recompute_blocks}")  # fmt: skip

@@ -109,6 +109,7 @@ def te_block_bytes(
     recompute: str = "none",
     fp8: bool = False,
     etp: int | None = None,
+    modules: tuple[str, ...] = ("core_attn",),
 ) -> float:
     """Bytes one block keeps for backward per micro-batch of ``b`` sequences as Megatron-Core
     keeps them with Transformer Engine's modules (``Layout.activations == "megatron"``) —
@@ -129,8 +130,10 @@ def te_block_bytes(
     Under ``fp8`` the linear layers keep their inputs as the FP8 copies their weight
     gradients use (1 byte, Transformer Engine's saved ``inputmat``): the norms' outputs, the
     activation's output, and beside the attention output its FP8 copy. Full recomputation
-    keeps the block's input only; selective drops the kernel's log-sum-exp (its other
-    tensors are the linears' inputs and outputs, kept either way)."""
+    keeps the block's input only; selective drops what its ``modules`` make again
+    (choices.RECOMPUTE_MODULES): the kernel's log-sum-exp (core_attn: its other tensors are
+    the linears' inputs and outputs, kept either way), a latent attention's per-head q, k
+    and v (mla_up_proj), a dense block's MLP but its input (mlp)."""
     if recompute not in RECOMPUTE:
         raise ConfigError(f"unknown recompute {recompute!r}: choose one of {', '.join(RECOMPUTE)}")
     n, h, a, f = b * shapes.one_kind(cfg).seq_len, cfg.hidden, cfg.n_heads, cfg.ffn_hidden
@@ -144,18 +147,22 @@ def te_block_bytes(
     norm_outputs = 2 * linear_in * n * h / ts
     if cfg.mla:  # the latents, the kernel's q, k, v and output, its log-sum-exp
         attention = float(
-            shapes.latent_attention_saved_bytes(cfg, n, 2, t, int(ts), recompute, linear_in)
+            shapes.latent_attention_saved_bytes(
+                cfg, n, 2, t, int(ts), recompute, linear_in, modules
+            )
         )
         if fp8:  # the output projection's FP8 input beside the kernel's output
             attention += n * a * cfg.v_dim / t
     else:
         attention = 2 * n * (2 * h + 2 * kv) / t  # q, out; k, v
-        if recompute != "selective":
+        if not (recompute == "selective" and "core_attn" in modules):
             attention += 4 * n * a / t
         if fp8:
             attention += n * h / t  # the output projection's FP8 input beside the kernel's output
     gate_up = 2 if cfg.activation == "swiglu" else 1
     mlp = 2 * gate_up * n * f / t + linear_in * n * f / t
+    if recompute == "selective" and "mlp" in modules and not cfg.moe:
+        mlp = 0.0  # checkpointed whole: its input is the norm's output, counted above
     if cfg.moe:  # k experts' MLPs for every token, what the routing keeps, the shared experts
         shared = (
             2 * gate_up * n * cfg.shared_expert_ffn / t + linear_in * n * cfg.shared_expert_ffn / t

@@ -277,9 +277,8 @@ Sources:
   ``Et|(tt|)*30mL`` — the embedding and a block first, the MTP module and the loss alone
   last; :mod:`paracube.planner.pipeline_layout`) and the recipe
   (``src/megatron/bridge/recipes/deepseek/deepseek_v3.py``: one MTP module, bf16 gradient
-  reduction, no userbuffers' TP overlap, the precision-aware optimizer's bf16 moments); its
-  recomputation of the latent attention's up projections and the dense MLPs has no planner
-  choice.
+  reduction, no userbuffers' TP overlap, the precision-aware optimizer's bf16 moments, the
+  selective recomputation of the latent attention's up projections and the dense MLPs).
 - NeMo AutoModel, MoE: its ``docs/performance-summary.md`` (versions of October 2025 on):
   Qwen3 MoE 30B on 8 H100s in BF16, FSDP2 over 8 ranks × EP 8, global batch 512 × 4,096
   tokens, micro-batch 4, 16 accumulation steps, 12,040 tokens/s per GPU; its recipe
@@ -1311,11 +1310,11 @@ def _deepseek_v3() -> list[dict]:
     # overlapped; the recipe (src/megatron/bridge/recipes/deepseek/deepseek_v3.py): bf16
     # gradient reduction, no userbuffers' TP overlap, sequence parallel, the distributed
     # optimizer with bf16 moments (use_precision_aware_optimizer, exp_avg(_sq)_dtype bf16),
-    # one MTP module. Its selective recomputation of the latent attention's up projections
-    # and the three dense MLPs (recompute_modules ["mla_up_proj", "mlp"], ~3 % of a block's
-    # forward matmuls for the first) has no planner choice: planned without recomputation
+    # one MTP module; the selective recomputation of the latent attention's up projections
+    # and the three dense blocks' MLPs (recompute_modules ["mla_up_proj", "mlp"])
     fixed = dict(tp=2, pp=8, cp=1, dp=64, ep=64, etp=1, zero=1, micro_batch=1, chunks=4,
-                 schedule="interleaved-1f1b", sequence_parallel=True, recompute="none",
+                 schedule="interleaved-1f1b", sequence_parallel=True, recompute="selective",
+                 recompute_modules=("mla_up_proj", "mlp"),
                  attention="fused", fp8_scaling="current", grad_reduce="compute",
                  ep_dispatch="deepep", tp_comm_overlap=False, overlap_grad_reduce=False,
                  moments="bf16", **{**MEGATRON_CORE, "split": "Et|(tt|)*30mL"})  # fmt: skip
@@ -1514,7 +1513,9 @@ def evaluate(row: dict) -> dict:
         )
     cfg, L = row["cfg"], best.layout
     per_token = (
-        hardware_flops_per_token(cfg, L.recompute, replay=L.recompute_replay)
+        hardware_flops_per_token(
+            cfg, L.recompute, replay=L.recompute_replay, modules=L.recompute_modules
+        )
         if row["counting"] == "hardware"
         else model_flops_per_token(cfg)
     )

@@ -367,12 +367,23 @@ def recompute_time(
     the MLP's down projection saves its input, which the activation before it recomputed,
     and its output only enters the residual sum (:func:`replay_saving`) —, the attention
     core (selective: under fused attention only the kernel's log-sum-exp is dropped, so
-    the planner seldom gains from it), or what torchtitan's op-level policy does not keep
-    (op: :func:`op_recompute_time`)."""
+    the planner seldom gains from it) and the linears of Megatron-Core's other recompute
+    modules (selective: :func:`paracube.models.shapes.selectively_redone_linears`), or what
+    torchtitan's op-level policy does not keep (op: :func:`op_recompute_time`)."""
     if layout.recompute == "full":
         return forward - replay_saving(cfg, layout, g, elem, fp8)
     if layout.recompute == "selective":
-        return attention_core(cfg, layout, g, elem)[0]
+        linear, linear_elem = _linear_units(g, elem, fp8)
+        tokens = layout.micro_batch * cfg.seq_len
+        core = (
+            attention_core(cfg, layout, g, elem)[0]
+            if "core_attn" in layout.recompute_modules
+            else 0.0
+        )
+        return core + sum(
+            _gemm(*shapes.rank_gemm(lin, tokens, layout.tp), linear, linear_elem)
+            for lin in shapes.selectively_redone_linears(cfg, layout.recompute_modules)
+        )
     if layout.recompute == "op":
         return op_recompute_time(cfg, layout, g, elem, fp8)
     return 0.0
@@ -730,7 +741,11 @@ def estimate(
     hardware = (
         tokens
         * hardware_flops_per_token(
-            cfg, layout.recompute, _recomputed_share(cfg, layout), layout.recompute_replay
+            cfg,
+            layout.recompute,
+            _recomputed_share(cfg, layout),
+            layout.recompute_replay,
+            layout.recompute_modules,
         )
         / (step * layout.gpus)
         / 1e12

@@ -1,0 +1,137 @@
+"""Megatron-Core's --recompute-modules in the planner (``Layout.recompute_modules`` under
+``recompute="selective"``): each module drops what it makes again from a block's saved
+bytes and adds its forward again to the block's recomputation — a latent attention's up
+projections (mla_up_proj), a dense block's MLP (mlp), the attention core (core_attn,
+paracube train's selective) — each figure derived from the block's own tensors and GEMMs."""
+
+from __future__ import annotations
+
+import pytest
+
+from paracube.cli import main
+from paracube.errors import ConfigError
+from paracube.models.presets import preset
+from paracube.planner import hardware as hw
+from paracube.planner.flops import hardware_flops_per_token
+from paracube.planner.layout import Layout
+from paracube.planner.megatron import megatron_args
+from paracube.planner.memory import te_block_bytes
+from paracube.planner.stacks import stack
+from paracube.planner.time_model import _gemm, attention_core, recompute_time
+
+H100 = hw.gpu("h100")
+
+
+def _kind(cfg, moe: bool):
+    return next(kind for kind, _ in cfg.kind_counts() if kind.moe == moe)
+
+
+def test_each_module_drops_what_it_makes_again():
+    """Of a DeepSeek-V3 block at tp 2 with sequence parallelism, 4,096 tokens: core_attn the
+    kernel's fp32 log-sum-exp (4 bytes a head and token), mla_up_proj the kernel's per-head
+    queries, keys and values (d + d_r, d + d_r and d_v a head, 16-bit; its output stays, the
+    output projection's input), mlp a dense block's first projection's output and the
+    activation's (its input is the norm's output, kept either way)."""
+    cfg = preset("deepseek-v3")
+    moe, dense = _kind(cfg, True), _kind(cfg, False)
+    n, t = 4096, 2
+
+    def kept(kind, recompute="selective", modules=("core_attn",)):
+        return te_block_bytes(kind, 1, t=t, sequence_parallel=True, recompute=recompute,
+                              modules=modules)  # fmt: skip
+
+    a = cfg.n_heads
+    lse = 4 * n * a / t
+    assert kept(moe, "none") - kept(moe) == pytest.approx(lse)
+    qkv = n * a * (2 * cfg.qk_head_dim + cfg.v_dim) * 2 / t
+    assert kept(moe) - kept(moe, modules=("core_attn", "mla_up_proj")) == pytest.approx(qkv)
+    assert kept(moe, modules=("mla_up_proj",)) - kept(
+        moe, modules=("core_attn", "mla_up_proj")
+    ) == pytest.approx(lse)
+    f = dense.ffn_hidden
+    mlp = (2 * 2 * n * f + 2 * n * f) / t  # SwiGLU's gate | up, and the activation's output
+    assert kept(dense) - kept(dense, modules=("core_attn", "mlp")) == pytest.approx(mlp)
+    assert kept(moe, modules=("core_attn", "mlp")) == kept(moe)  # a mixture's MLP is "moe"
+
+
+def test_each_module_adds_its_forward_again():
+    """The recomputation per block and micro-batch: the attention core's forward
+    (core_attn), the up projections' GEMMs as the rank runs them (mla_up_proj: q's latent to
+    every head's d + d_r, kv's latent to every head's d and d_v, column-parallel over tp),
+    the dense MLP's two GEMMs (mlp); and the hardware FLOPs count them: 2 per weight of the
+    redone linears, every block of their kind."""
+    cfg = preset("deepseek-v3")
+    moe, dense = _kind(cfg, True), _kind(cfg, False)
+    tokens, t = 4096, 2
+    layout = Layout(dp=8, tp=t, sequence_parallel=True, recompute="selective")
+
+    def redo(kind, modules):
+        return recompute_time(kind, layout.replace(recompute_modules=modules), H100, 2, False, 0.0)
+
+    core = attention_core(moe, layout, H100, 2)[0]
+    assert redo(moe, ("core_attn",)) == pytest.approx(core)
+    q_up = _gemm(tokens, a_d := cfg.n_heads * cfg.qk_head_dim / t, cfg.q_lora_rank, H100)
+    kv_up = _gemm(tokens, cfg.n_heads * (cfg.head_dim + cfg.v_dim) / t, cfg.kv_lora_rank, H100)
+    assert a_d == 128 * 192 / 2
+    assert redo(moe, ("mla_up_proj",)) == pytest.approx(q_up + kv_up)
+    up = _gemm(tokens, 2 * dense.ffn_hidden / t, cfg.hidden, H100)
+    down = _gemm(tokens, cfg.hidden, dense.ffn_hidden / t, H100)
+    assert redo(dense, ("mlp",)) == pytest.approx(up + down)
+    assert redo(moe, ("mlp",)) == 0.0
+    extra = hardware_flops_per_token(
+        cfg, "selective", modules=("mla_up_proj", "mlp")
+    ) - hardware_flops_per_token(cfg, "none")
+    ups = 2 * (cfg.q_lora_rank * 128 * 192 + cfg.kv_lora_rank * 128 * 256)
+    mlps = 2 * 3 * cfg.hidden * dense.ffn_hidden
+    assert extra == pytest.approx(cfg.n_layers * ups + 3 * mlps)
+
+
+def test_modules_are_refused_where_they_have_nothing_to_recompute():
+    """mla_up_proj needs a latent attention, mlp a dense block; both are counted as
+    Megatron-Core keeps its blocks; paracube train recomputes the attention core alone; the
+    names are Megatron's, checked as the Layout is made."""
+    llama = preset("llama3-8b")
+    mla = Layout(dp=8, recompute="selective", recompute_modules=("mla_up_proj",),
+                 activations="megatron")  # fmt: skip
+    assert "no latent attention" in mla.recompute_modules_refusal(llama)
+    all_moe = preset("qwen3-30b-a3b")
+    mlp = Layout(dp=8, ep=8, recompute="selective", recompute_modules=("mlp",),
+                 activations="megatron")  # fmt: skip
+    assert "every block is a mixture" in mlp.model_refusal(all_moe)
+    mine = Layout(dp=8, recompute="selective", recompute_modules=("mlp",))
+    assert "planned as Megatron-Core keeps its blocks" in mine.model_refusal(llama)
+    assert mine.replace(recompute="full").model_refusal(llama) == ""  # only under selective
+    with pytest.raises(ConfigError, match="not what paracube train runs"):
+        mine.to_args()
+    for bad in (("moe_act",), (), ("mlp", "mlp"), "mlp"):
+        with pytest.raises(ConfigError, match="a tuple of distinct modules"):
+            Layout(dp=8, recompute_modules=bad)
+    read_back = Layout(dp=8, recompute_modules=["core_attn", "mlp"])  # a layout from JSON
+    assert read_back.recompute_modules == ("core_attn", "mlp") and hash(read_back)
+
+
+def test_megatron_gets_the_modules_and_the_cli_plans_them(capsys):
+    """The command carries --recompute-modules (the default core_attn left implicit); the
+    CLI takes a comma list, implies --recompute selective, and refuses an unplanned module,
+    another recomputation, or a stack that does not keep Megatron's blocks, in one line."""
+    cfg = preset("llama3-8b")
+    L = Layout(dp=8, recompute="selective", recompute_modules=("core_attn", "mlp"),
+               **stack("megatron-core"))  # fmt: skip
+    args = " ".join(megatron_args(L, cfg, "bf16", 64))
+    assert "--recompute-granularity selective --recompute-modules core_attn mlp" in args
+    plain = " ".join(megatron_args(L.replace(recompute_modules=("core_attn",)), cfg, "bf16", 64))
+    assert "--recompute-modules" not in plain
+    argv = ["plan", "--model", "llama3-8b", "--gpus", "8", "--global-batch", "64", "--top", "1",
+            "--stack", "megatron-core"]  # fmt: skip
+    assert main([*argv, "--recompute-modules", "mlp", "--json"]) == 0
+    assert '"recompute": "selective"' in capsys.readouterr().out
+    for extra, says in [
+        (["--recompute-modules", "moe_act"], "moe_act, layernorm, moe and shared_experts are not"),
+        (["--recompute-modules", "mlp", "--recompute", "full"], "give --recompute selective"),
+        (["--recompute-modules", "mla_up_proj"], "the model has no latent attention"),
+    ]:
+        assert main([*argv, *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert says in err and len(err.splitlines()) == 1
+    assert main([*argv[:-2], "--recompute-modules", "mlp"]) == 2
+    assert "add --stack megatron-core" in capsys.readouterr().err
