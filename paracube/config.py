@@ -110,6 +110,13 @@ class ModelConfig:
     # Grok-1: 8 and 2). 0 and 0: the dense MLP.
     experts: int = 0
     experts_per_token: int = 0
+    # A mixture's group-limited routing (DeepSeek-V3's node-limited routing, §2.1.2: the
+    # experts in ``route_groups`` groups of consecutive experts, each token's k chosen from
+    # the ``route_group_topk`` groups whose best experts score highest — at most that many
+    # nodes when a group is a node's; its config's n_group and topk_group, Megatron-Core's
+    # --moe-router-num-groups and --moe-router-group-topk). 0 and 0: any k of all experts.
+    route_groups: int = 0
+    route_group_topk: int = 0
     # A mixture's shared experts: an MLP of this width (SwiGLU or GELU as the experts) that
     # every token passes beside its k routed ones — DeepSeek-V2/V3's n_shared_experts ×
     # moe_intermediate_size, Qwen2-MoE's shared_expert_intermediate_size; Megatron-Core's
@@ -199,6 +206,7 @@ class ModelConfig:
                     f"experts_per_token={self.experts_per_token!r}: each token goes to 1 to "
                     f"experts={self.experts} of them (Mixtral and Grok-1: 2)"
                 )
+        self._check_route_groups()
         if self.shared_expert_ffn:
             if not (isinstance(self.shared_expert_ffn, int) and self.shared_expert_ffn > 0):
                 raise ConfigError(
@@ -225,6 +233,23 @@ class ModelConfig:
                 raise ConfigError(
                     f"unknown {f} {getattr(self, f)!r}: choose one of {', '.join(allowed)}"
                 )
+
+    def _check_route_groups(self) -> None:
+        if not (self.route_groups or self.route_group_topk):
+            return
+        groups, chosen, k = self.route_groups, self.route_group_topk, self.experts_per_token
+        whole = all(isinstance(v, int) and not isinstance(v, bool) for v in (groups, chosen))
+        if not (whole and self.moe and 1 <= chosen <= groups and self.experts % groups == 0):
+            raise ConfigError(
+                f"route_groups={groups!r}, route_group_topk={chosen!r}: group-limited routing "
+                f"takes a mixture's experts ({self.experts}) in groups that divide them and "
+                "chooses 1 to route_groups of them (DeepSeek-V3: 8 and 4)"
+            )
+        if k % chosen:
+            raise ConfigError(
+                f"route_group_topk={chosen} does not divide experts_per_token={k}: planned "
+                "where each chosen group takes k / route_group_topk of a token's experts"
+            )
 
     def _check_dense_layers(self) -> None:
         if isinstance(self.dense_layers, list):  # as JSON gives it back (a checkpoint's header)
@@ -340,6 +365,8 @@ class ModelConfig:
             dense_ffn=0,
             experts=0,
             experts_per_token=0,
+            route_groups=0,
+            route_group_topk=0,
             shared_expert_ffn=0,
             ffn_hidden=self.dense_ffn or self.ffn_hidden,
         )

@@ -226,16 +226,18 @@ DEEPSEEK_V3 = {
     "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
     "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256,
     "num_experts_per_tok": 8, "first_k_dense_replace": 3, "moe_layer_freq": 1,
-    "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "n_group": 8, "topk_group": 4, "q_lora_rank": 1536, "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
     "v_head_dim": 128, "vocab_size": 129280, "max_position_embeddings": 163840,
     "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False,
     "rms_norm_eps": 1e-06, "rope_theta": 10000, "num_nextn_predict_layers": 0,
 }  # fmt: skip
 # Kimi K2's (moonshotai/Kimi-K2-Instruct): DeepSeek-V3's architecture, 64 heads, 384
-# experts, one dense block; no multi-token prediction layer
+# experts in one group, one dense block; no multi-token prediction layer
 KIMI_K2 = {**DEEPSEEK_V3, "model_type": "kimi_k2", "num_attention_heads": 64,
            "num_key_value_heads": 64, "n_routed_experts": 384, "first_k_dense_replace": 1,
-           "vocab_size": 163840, "rope_theta": 50000.0}  # fmt: skip
+           "n_group": 1, "topk_group": 1, "vocab_size": 163840,
+           "rope_theta": 50000.0}  # fmt: skip
 # DeepSeek-V2-Lite's (deepseek-ai/DeepSeek-V2-Lite): no query latent (q_lora_rank null)
 DEEPSEEK_V2_LITE = {
     "model_type": "deepseek_v2", "hidden_size": 2048, "intermediate_size": 10944,
@@ -363,3 +365,8 @@ def test_the_deepseek_v3_preset_is_its_config():
     kinds = [[(k.moe, k.ffn_hidden, n) for k, n in c.kind_counts()] for c in (named, config)]
     assert kinds[0] == kinds[1] == [(True, 2048, 58), (False, 18432, 3)]
     assert named.mtp_layers == 1
+    assert (
+        (named.route_groups, named.route_group_topk)
+        == (config.route_groups, config.route_group_topk)
+        == (8, 4)
+    )

@@ -635,3 +635,47 @@ def test_under_fp8_the_experts_keep_their_inputs_as_fp8_copies():
     k, f = moe.experts_per_token, moe.ffn_hidden
     mlp_inputs = n * f  # the down projection's input, one byte fewer per value
     assert saving(moe) - k * mlp_inputs - (saving(dense) - mlp_inputs) == k * n * moe.hidden
+
+
+def test_group_limited_routing_reaches_fewer_nodes():
+    """DeepSeek-V3's node-limited routing (n_group 8, topk_group 4: a token's 8 experts from 4
+    of 8 groups of 32): under DeepEP's dispatch at EP 64 over 8 nodes — a node's experts
+    one group — a token reaches a node with chance 1 − C(7, 4)/C(8, 4) = 1/2 (any 8 of
+    256: 1 − C(224, 8)/C(256, 8), 0.66), a rank of 4 experts 4/8 · (1 − C(28, 2)/C(32, 2));
+    Megatron-Core's group top-k itself (the groups whose best two score highest, then the
+    best 8 among them), run here on random scores as its forced balancing runs it, reaches
+    about 4 groups a token — what the count assumes. The all-to-all's row per expert is
+    not changed. The command carries the groups; bad groups are refused."""
+    import math
+
+    import torch
+
+    from paracube.planner.megatron import megatron_args
+    from paracube.planner.stacks import stack
+    from paracube.planner.time_model import dispatched_rows
+
+    cfg = preset("deepseek-v3")
+    free = dataclasses.replace(cfg, route_groups=0, route_group_topk=0)
+    deepep = Layout(dp=64, ep=64, ep_dispatch="deepep")
+    assert dispatched_rows(cfg, deepep, 8) == pytest.approx(1 - math.comb(7, 4) / math.comb(8, 4))
+    assert dispatched_rows(free, deepep, 8) == pytest.approx(
+        1 - math.comb(224, 8) / math.comb(256, 8)
+    )
+    rank = 4 / 8 * (1 - math.comb(28, 2) / math.comb(32, 2))
+    assert dispatched_rows(cfg, deepep) == pytest.approx(rank)
+    alltoall = Layout(dp=64, ep=64)
+    assert dispatched_rows(cfg, alltoall, 8) == dispatched_rows(free, alltoall, 8) == 8 * 8 / 64
+    # Megatron-Core's group-limited top-k over random scores (tokens, 8 groups of 32)
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(20000, 8, 32, generator=gen)
+    best_groups = scores.topk(2, dim=-1).values.sum(-1).topk(4, dim=-1).indices
+    kept = torch.zeros(20000, 8, dtype=torch.bool).scatter_(1, best_groups, True)
+    masked = scores.masked_fill(~kept.unsqueeze(-1), float("-inf")).view(20000, 256)
+    reached = torch.zeros(20000, 8, dtype=torch.bool)
+    reached.scatter_(1, masked.topk(8, dim=-1).indices // 32, True)
+    assert reached.float().mean().item() == pytest.approx(0.5, abs=0.01)
+    args = " ".join(megatron_args(Layout(dp=64, ep=64, **stack("megatron-core")), cfg, "bf16", 64))
+    assert "--moe-router-num-groups 8 --moe-router-group-topk 4" in args
+    for groups, chosen in ((6, 4), (8, 0), (8, 3), (8, 9)):
+        with pytest.raises(ConfigError, match="route_group"):
+            dataclasses.replace(cfg, route_groups=groups, route_group_topk=chosen)

@@ -56,6 +56,22 @@ def add_parser(sub) -> None:
         "routed experts (Qwen1.5-MoE-A2.7B: 5632, Qwen2-57B-A14B: 20480)",
     )
     m.add_argument(
+        "--route-groups",
+        type=int,
+        default=None,
+        metavar="G",
+        help="group-limited routing: the experts in G groups, each token's from "
+        "--route-group-topk of them (DeepSeek-V3's node-limited routing: 8 and 4; Megatron's "
+        "--moe-router-num-groups), so DeepEP's dispatch reaches fewer nodes",
+    )
+    m.add_argument(
+        "--route-group-topk",
+        type=int,
+        default=None,
+        metavar="g",
+        help="the groups a token's experts come from under --route-groups (DeepSeek-V3: 4)",
+    )
+    m.add_argument(
         "--first-dense-blocks",
         type=int,
         default=None,

@@ -32,6 +32,8 @@ BLOCK = (
     "no_bias",
     "experts",
     "experts_per_token",
+    "route_groups",
+    "route_group_topk",
     "shared_expert_ffn",
     "first_dense_blocks",
     "dense_ffn",

@@ -295,7 +295,8 @@ def _routed_experts(data: dict) -> dict:
     """A GLM-4.5, DeepSeek-V2/V3 or Kimi K2 config's mixture, as :class:`ModelConfig`
     fields: ``n_routed_experts`` of ``moe_intermediate_size``, ``num_experts_per_tok`` a
     token, ``n_shared_experts`` shared ones of that width (Megatron's
-    --moe-shared-expert-intermediate-size is their sum); the first
+    --moe-shared-expert-intermediate-size is their sum); ``n_group`` groups of experts of
+    which ``topk_group`` are a token's (group-limited routing, where n_group > 1); the first
     ``first_k_dense_replace`` blocks — and, after them, those off every ``moe_layer_freq``-th
     — dense at ``intermediate_size`` (transformers' Glm4MoeDecoderLayer, DeepseekV3's);
     ``num_nextn_predict_layers`` multi-token prediction modules (transformers loads none
@@ -313,7 +314,10 @@ def _routed_experts(data: dict) -> dict:
         raise ConfigError(f"{kind} config: moe_layer_freq {step!r} must be a positive integer")
     dense = tuple(i for i in range(layers) if i < first or i % step)
     width = data["moe_intermediate_size"]
+    groups = data.get("n_group") or 1
     return dict(
+        route_groups=groups if groups > 1 else 0,
+        route_group_topk=(data.get("topk_group") or groups) if groups > 1 else 0,
         ffn_hidden=width,
         experts=data["n_routed_experts"],
         experts_per_token=data["num_experts_per_tok"],

@@ -195,6 +195,11 @@ def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch
         )
         if cfg.shared_expert_ffn:
             args.append(f"--moe-shared-expert-intermediate-size {cfg.shared_expert_ffn}")
+        if cfg.route_groups:  # group-limited routing (DeepSeek-V3's node-limited)
+            args.append(
+                f"--moe-router-num-groups {cfg.route_groups} "
+                f"--moe-router-group-topk {cfg.route_group_topk}"
+            )
         if not cfg.uniform:  # dense blocks among the mixture's, each MLP at its own width
             args.append(
                 f"--moe-ffn-hidden-size {cfg.ffn_hidden} --moe-layer-freq '{moe_layer_freq(cfg)}'"

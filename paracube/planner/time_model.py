@@ -1021,7 +1021,13 @@ def dispatched_rows(cfg: ModelConfig, layout: Layout, members: int = 1) -> float
     members · k/ep. DeepEP sends a token once to each rank — or node — that holds any of its
     experts (``deepep``), which copies it to them there: the chance that the members hold
     one of them — for k of the E experts drawn at random (``top-k``), with H = members · E/ep
-    of them held there, 1 − C(E − H, k)/C(E, k); for the round-robin gate's k consecutive
+    of them held there, 1 − C(E − H, k)/C(E, k); under group-limited routing
+    (``cfg.route_groups`` G groups of E/G, ``route_group_topk`` g of them chosen a token,
+    DeepSeek-V3's node-limited routing) the g groups drawn at random and k/g experts in each
+    — what Megatron-Core's group top-k gives under random scores (the chosen groups are
+    those whose top k/g score highest: nearly always each takes k/g) —, so members spanning
+    whole groups are reached as 1 − C(G − H·G/E, g)/C(G, g), members within one group as
+    g/G · (1 − C(E/G − H, k/g)/C(E/G, k/g)); for the round-robin gate's k consecutive
     experts, the groups of H they span, averaged over tokens, ÷ (ep/members).
 
     >>> from paracube.models.presets import preset
@@ -1043,6 +1049,12 @@ def dispatched_rows(cfg: ModelConfig, layout: Layout, members: int = 1) -> float
     if layout.router == "round-robin":  # token i: experts i·k … i·k + k − 1 (mod E)
         spans = [len({(i * k + j) % experts // held for j in range(k)}) for i in range(experts)]
         return sum(spans) / len(spans) / (ep // members)
+    if cfg.route_groups:  # group-limited: g of G groups, k/g experts in each
+        groups, chosen = cfg.route_groups, cfg.route_group_topk
+        size, each = experts // groups, k // chosen
+        if held >= size:  # the members hold whole groups (consecutive experts)
+            return 1 - math.comb(groups - held // size, chosen) / math.comb(groups, chosen)
+        return chosen / groups * (1 - math.comb(size - held, each) / math.comb(size, each))
     return 1 - math.comb(experts - held, k) / math.comb(experts, k)
 
 
