@@ -497,7 +497,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("plan", ["plan", "--layers", "8", "--hidden", "1024", "--heads", "8", "--vocab", "1000", "--seq", "512",
               "--experts", "8", "--experts-per-token", "2", "--route-groups", "3", "--route-group-topk", "1",
               "--gpus", "8", "--global-batch", "8"],
-     "route_groups=3, route_group_topk=1: group-limited routing takes a mixture's experts (8) in groups that divide them"),
+     "route_groups=3, route_group_topk=1: group-limited routing takes a mixture's experts (8) in groups"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--pipeline-split", "uniform"],
      "unknown --pipeline-split 'uniform': choose one of engine, even, even-ends"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--recompute-modules", "moe_act"],
