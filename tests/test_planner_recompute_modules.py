@@ -135,3 +135,21 @@ def test_megatron_gets_the_modules_and_the_cli_plans_them(capsys):
         assert says in err and len(err.splitlines()) == 1
     assert main([*argv[:-2], "--recompute-modules", "mlp"]) == 2
     assert "add --stack megatron-core" in capsys.readouterr().err
+
+
+def test_a_latent_attentions_selective_recomputation_takes_its_up_projections():
+    """Under Megatron's blocks the search recomputes a latent attention selectively with its
+    up projections (the core alone would drop only the kernel's log-sum-exp); a module list
+    the user gives is kept as given."""
+    from paracube.planner.search import search
+    from paracube.planner.time_model import Cluster
+
+    cfg = preset("deepseek-v3", n_layers=4, dense_layers=(0,), mtp_layers=0)
+    cluster = Cluster(H100, 8, hw.interconnect("nvlink4"), hw.interconnect("ib-ndr"))
+    fixed = dict(stack("megatron-core"), recompute="selective", tp=2, pp=1, ep=8, etp=1)
+    found = search(cfg, cluster, 64, 64, precision="bf16", fixed=fixed, top=3)
+    assert found.ranked
+    assert {c.layout.recompute_modules for c in found.ranked} == {("core_attn", "mla_up_proj")}
+    kept = search(cfg, cluster, 64, 64, precision="bf16", top=3,
+                  fixed=dict(fixed, recompute_modules=("core_attn",)))  # fmt: skip
+    assert {c.layout.recompute_modules for c in kept.ranked} == {("core_attn",)}

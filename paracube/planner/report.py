@@ -78,6 +78,9 @@ def describe(layout) -> str:
         text += "(per step)"
     if layout.recompute != "none":
         text += f" recompute={layout.recompute}"
+        modules = getattr(layout, "recompute_modules", ("core_attn",))
+        if layout.recompute == "selective" and modules != ("core_attn",):
+            text += f"[{','.join(modules)}]"
         if getattr(layout, "recompute_blocks", None) is not None:
             n = layout.recompute_blocks
             text += f"[first {n} block{'s' if n != 1 else ''}" + (

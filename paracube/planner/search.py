@@ -171,6 +171,11 @@ def candidate_layouts(
 
     check_fixed(fixed)
     tried = splits or (fixed.get("split", "engine"),)
+    if cfg.mla and fixed.get("activations") == "megatron" and "recompute_modules" not in fixed:
+        # a latent attention's selective recomputation takes its up projections too: under a
+        # fused kernel the core alone drops only its log-sum-exp, and the per-head q, k and v
+        # the up projections make are its largest saved tensors (Megatron's mla_up_proj)
+        fixed = {**fixed, "recompute_modules": ("core_attn", "mla_up_proj")}
 
     compress_kind = fixed.get("compress", "none").partition(":")[0]
     recomputes: tuple[str, ...] = (
