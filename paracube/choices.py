@@ -35,9 +35,13 @@ PLANNED_RECOMPUTE = ("op",)
 # the attention core (core_attn: paracube train's selective), a latent attention's up
 # projections, whose per-head queries, keys and values are dropped once the core has run
 # and made again for its backward (mla_up_proj: MultiLatentAttention's up-projection
-# checkpoint), and a dense block's MLP checkpointed whole, its input kept (mlp: not a
-# mixture's MoE layer, which Megatron recomputes as "moe")
-RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mlp")
+# checkpoint), a dense block's MLP checkpointed whole, its input kept (mlp: not a
+# mixture's MoE layer, which Megatron recomputes as "moe"), and the element-wise work whose
+# output the next linear keeps as its saved input — the experts' activation (moe_act) and
+# the two norms (layernorm) —, dropped once that linear has run and made again for its
+# backward (Megatron's CheckpointWithoutOutput: under FP8 the linear keeps its own FP8
+# copy, so nothing is dropped)
+RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mlp", "moe_act", "layernorm")
 # planner: how a fully recomputed block's forward is replayed in backward — torch's
 # non-reentrant checkpoint stops as soon as every tensor backward needs is back (early-stop:
 # the default since PyTorch 2.1, pytorch/pytorch#96866 — so the block's last matmul, whose

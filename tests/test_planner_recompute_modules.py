@@ -103,7 +103,8 @@ def test_modules_are_refused_where_they_have_nothing_to_recompute():
     assert mine.replace(recompute="full").model_refusal(llama) == ""  # only under selective
     with pytest.raises(ConfigError, match="not what paracube train runs"):
         mine.to_args()
-    for bad in (("moe_act",), (), ("mlp", "mlp"), "mlp"):
+    assert "has no experts" in mine.replace(recompute_modules=("moe_act",)).model_refusal(llama)
+    for bad in (("moe",), (), ("mlp", "mlp"), "mlp"):
         with pytest.raises(ConfigError, match="a tuple of distinct modules"):
             Layout(dp=8, recompute_modules=bad)
     read_back = Layout(dp=8, recompute_modules=["core_attn", "mlp"])  # a layout from JSON
@@ -126,7 +127,7 @@ def test_megatron_gets_the_modules_and_the_cli_plans_them(capsys):
     assert main([*argv, "--recompute-modules", "mlp", "--json"]) == 0
     assert '"recompute": "selective"' in capsys.readouterr().out
     for extra, says in [
-        (["--recompute-modules", "moe_act"], "moe_act, layernorm, moe and shared_experts are not"),
+        (["--recompute-modules", "moe"], "moe and shared_experts are not planned"),
         (["--recompute-modules", "mlp", "--recompute", "full"], "give --recompute selective"),
         (["--recompute-modules", "mla_up_proj"], "the model has no latent attention"),
     ]:
@@ -153,3 +154,34 @@ def test_a_latent_attentions_selective_recomputation_takes_its_up_projections():
     kept = search(cfg, cluster, 64, 64, precision="bf16", top=3,
                   fixed=dict(fixed, recompute_modules=("core_attn",)))  # fmt: skip
     assert {c.layout.recompute_modules for c in kept.ranked} == {("core_attn",)}
+
+
+def test_the_element_wise_modules_drop_their_outputs_but_not_under_fp8():
+    """moe_act drops each expert's activation output (the down projection's saved input:
+    k · n · f/t 16-bit values), layernorm the two norms' outputs (2 · n · h/ts); under FP8
+    the linears keep FP8 copies of their own, so neither drops anything. Their redo is
+    memory-bound: the activation reads gate and up and writes one (3 · k · n · f/t values),
+    each norm reads and writes h a token of the rank's shard."""
+    from paracube.planner.time_model import elementwise_redo_time
+
+    cfg = preset("qwen3-235b-a22b")
+    n, t, k, f, h = 4096, 2, cfg.experts_per_token, cfg.ffn_hidden, cfg.hidden
+
+    def kept(modules, fp8=False):
+        return te_block_bytes(cfg, 1, t=t, sequence_parallel=True, recompute="selective",
+                              modules=modules, fp8=fp8, etp=1)  # fmt: skip
+
+    assert kept(("core_attn",)) - kept(("core_attn", "moe_act")) == pytest.approx(2 * k * n * f / t)
+    assert kept(("core_attn",)) - kept(("core_attn", "layernorm")) == pytest.approx(
+        2 * 2 * n * h / t
+    )
+    assert kept(("core_attn", "moe_act", "layernorm"), fp8=True) == kept(("core_attn",), fp8=True)
+    layout = Layout(dp=8, tp=t, ep=8, etp=1, sequence_parallel=True, recompute="selective",
+                    recompute_modules=("layernorm", "moe_act"))  # fmt: skip
+    moved = 2 * 2 * n * h / t + 3 * k * n * f / t
+    assert elementwise_redo_time(cfg, layout, H100, 2) == pytest.approx(
+        moved * 2 / H100.memory_rate
+    )
+    assert recompute_time(cfg, layout, H100, 2, False, 0.0) == pytest.approx(
+        moved * 2 / H100.memory_rate
+    )

@@ -165,8 +165,10 @@ def add_parser(sub) -> None:
         help="what a selective recomputation makes again, comma-separated: core_attn (the "
         "attention core; the default), mla_up_proj (a latent attention's up projections: its "
         "per-head queries, keys and values not kept), mlp (a dense block's MLP, checkpointed "
-        "whole) — Megatron-Core's --recompute-modules, planned as it keeps its blocks (a "
-        "megatron stack); implies --recompute selective",
+        "whole), moe_act (the experts' activation), layernorm (the two norms; those two save "
+        "nothing under FP8, whose linears keep copies of their own) — Megatron-Core's "
+        "--recompute-modules, planned as it keeps its blocks (a megatron stack); implies "
+        "--recompute selective",
     )
     t.add_argument(
         "--compress",

@@ -562,6 +562,8 @@ class Layout:
                 "recompute module mlp: every block is a mixture of experts (Megatron-Core "
                 "recomputes a dense block's MLP under mlp)"
             )
+        if "moe_act" in modules and not cfg.moe:
+            return "recompute module moe_act: the model has no experts"
         if set(modules) - {"core_attn"} and self.activations != "megatron":
             return (
                 f"recompute modules {', '.join(modules)}: planned as Megatron-Core keeps its "

@@ -133,7 +133,9 @@ def te_block_bytes(
     keeps the block's input only; selective drops what its ``modules`` make again
     (choices.RECOMPUTE_MODULES): the kernel's log-sum-exp (core_attn: its other tensors are
     the linears' inputs and outputs, kept either way), a latent attention's per-head q, k
-    and v (mla_up_proj), a dense block's MLP but its input (mlp)."""
+    and v (mla_up_proj), a dense block's MLP but its input (mlp), and — not under FP8,
+    where the linears keep FP8 copies of their own — the experts' activation outputs
+    (moe_act) and the norms' outputs (layernorm)."""
     if recompute not in RECOMPUTE:
         raise ConfigError(f"unknown recompute {recompute!r}: choose one of {', '.join(RECOMPUTE)}")
     n, h, a, f = b * shapes.one_kind(cfg).seq_len, cfg.hidden, cfg.n_heads, cfg.ffn_hidden
@@ -143,8 +145,9 @@ def te_block_bytes(
         return 2.0 * n * h / ts
     linear_in = 1 if fp8 else 2  # bytes of a saved linear input
     stats = 8 if cfg.norm == "layernorm" else 4  # fp32 mean and rstd, or rstd alone
+    selective = modules if recompute == "selective" else ()
     norms = 2 * (2 * n * h + stats * n) / ts
-    norm_outputs = 2 * linear_in * n * h / ts
+    norm_outputs = 0.0 if "layernorm" in selective and not fp8 else 2 * linear_in * n * h / ts
     if cfg.mla:  # the latents, the kernel's q, k, v and output, its log-sum-exp
         attention = float(
             shapes.latent_attention_saved_bytes(
@@ -161,12 +164,14 @@ def te_block_bytes(
             attention += n * h / t  # the output projection's FP8 input beside the kernel's output
     gate_up = 2 if cfg.activation == "swiglu" else 1
     mlp = 2 * gate_up * n * f / t + linear_in * n * f / t
-    if recompute == "selective" and "mlp" in modules and not cfg.moe:
+    if "mlp" in selective and not cfg.moe:
         mlp = 0.0  # checkpointed whole: its input is the norm's output, counted above
     if cfg.moe:  # k experts' MLPs for every token, what the routing keeps, the shared experts
         shared = (
             2 * gate_up * n * cfg.shared_expert_ffn / t + linear_in * n * cfg.shared_expert_ffn / t
         )
+        if "moe_act" in selective and not fp8:  # each expert's activation output
+            mlp -= linear_in * n * f / t
         mlp = mlp * cfg.experts_per_token + moe_routing_bytes(cfg, n, 2, t, int(ts), etp, linear_in)
         mlp += shared
     return norms + norm_outputs + attention + mlp

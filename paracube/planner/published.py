@@ -1332,15 +1332,18 @@ def _deepseek_v3() -> list[dict]:
 # Qwen3-235B-A22B.yaml): the distributed optimizer with the gradient reduce and the parameter
 # gather overlapped, sequence parallelism, expert-tensor-parallel size 1, the embedding and
 # the loss counted in the pipeline split, bf16 (Megatron's gradients reduced in fp32), no
-# userbuffers overlap. "norm, act" recomputes the norms and the experts' activation only —
-# element-wise work the planner does not model as a recomputation: every row is planned
-# without recomputation (the table's other rows state none). Left
+# userbuffers overlap. "norm, act" recomputes the norms and the experts' activation only
+# (Megatron's --recompute-modules layernorm moe_act: planned so, recompute_modules); the
+# tp 4 row states no recomputation. Left
 # out: the intra-node row under Megatron-FSDP (its own sharding of the expert data-parallel
 # group), and Qwen3-Next-80B-A3B (its gated DeltaNet blocks have no planner block).
+NORM_ACT = dict(recompute="selective", recompute_modules=("layernorm", "moe_act"))
 MOE_MODEL_ZOO_QWEN3 = [
-    ("cross-node EP", dict(tp=2, pp=8, dp=16, ep=32, chunks=4), True, False, 19.7),
-    ("cross-node EP, 1F1B overlap", dict(tp=2, pp=8, dp=16, ep=32, chunks=4), True, True, 17.6),
-    ("intra-node EP, all-to-all", dict(tp=2, pp=32, dp=4, ep=8, chunks=3), False, False, 24.2),
+    ("cross-node EP", dict(tp=2, pp=8, dp=16, ep=32, chunks=4, **NORM_ACT), True, False, 19.7),
+    ("cross-node EP, 1F1B overlap", dict(tp=2, pp=8, dp=16, ep=32, chunks=4, **NORM_ACT), True,
+     True, 17.6),
+    ("intra-node EP, all-to-all", dict(tp=2, pp=32, dp=4, ep=8, chunks=3, **NORM_ACT), False,
+     False, 24.2),
     ("intra-node EP, tp 4", dict(tp=4, pp=8, dp=8, ep=8, chunks=4), True, False, 29.0),
 ]
 
@@ -1354,7 +1357,8 @@ def _moe_model_zoo() -> list[dict]:
         fixed = dict(cp=1, etp=1, zero=1, micro_batch=1, sequence_parallel=True,
                      attention="fused", schedule="interleaved-1f1b", recompute="none",
                      ep_dispatch="deepep" if deepep else "alltoall", ep_comm_overlap=overlap,
-                     **{**MEGATRON_CORE, "split": "even-ends"}, **layout)  # fmt: skip
+                     **{**MEGATRON_CORE, "split": "even-ends"})  # fmt: skip
+        fixed.update(layout)  # its sizes, and its recomputation where the row states one
         published = round(2048 * cfg.seq_len * model_flops_per_token(cfg) / step / 256 / 1e12, 1)
         out.append(_run("Megatron-MoE-ModelZoo", cfg, "h100", 256, 2048, "bf16", fixed,
                          "model", published))  # fmt: skip

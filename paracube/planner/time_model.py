@@ -367,8 +367,9 @@ def recompute_time(
     the MLP's down projection saves its input, which the activation before it recomputed,
     and its output only enters the residual sum (:func:`replay_saving`) —, the attention
     core (selective: under fused attention only the kernel's log-sum-exp is dropped, so
-    the planner seldom gains from it) and the linears of Megatron-Core's other recompute
-    modules (selective: :func:`paracube.models.shapes.selectively_redone_linears`), or what
+    the planner seldom gains from it), the linears of Megatron-Core's other recompute
+    modules (selective: :func:`paracube.models.shapes.selectively_redone_linears`) and the
+    element-wise ones' reads and writes (:func:`elementwise_redo_time`), or what
     torchtitan's op-level policy does not keep (op: :func:`op_recompute_time`)."""
     if layout.recompute == "full":
         return forward - replay_saving(cfg, layout, g, elem, fp8)
@@ -380,13 +381,34 @@ def recompute_time(
             if "core_attn" in layout.recompute_modules
             else 0.0
         )
-        return core + sum(
-            _gemm(*shapes.rank_gemm(lin, tokens, layout.tp), linear, linear_elem)
-            for lin in shapes.selectively_redone_linears(cfg, layout.recompute_modules)
+        return (
+            core
+            + sum(
+                _gemm(*shapes.rank_gemm(lin, tokens, layout.tp), linear, linear_elem)
+                for lin in shapes.selectively_redone_linears(cfg, layout.recompute_modules)
+            )
+            + elementwise_redo_time(cfg, layout, g, elem)
         )
     if layout.recompute == "op":
         return op_recompute_time(cfg, layout, g, elem, fp8)
     return 0.0
+
+
+def elementwise_redo_time(cfg: ModelConfig, layout: Layout, g: GPU, elem: int) -> float:
+    """Seconds per block and micro-batch of the element-wise recompute modules, memory-bound:
+    the two norms (layernorm: each reads its input and writes its output, h values a token
+    of the rank's sequence shard) and the experts' activation (moe_act: SwiGLU reads the
+    gate and the up projection and writes one, GELU reads one and writes one, f values
+    each, for the k·n/t rows a rank's experts hold)."""
+    modules = layout.recompute_modules
+    n = layout.micro_batch * cfg.seq_len
+    moved = 0.0
+    if "layernorm" in modules:
+        moved += 2 * 2 * n * cfg.hidden / (layout.tp if layout.sequence_parallel else 1)
+    if "moe_act" in modules and cfg.moe:
+        passes = 3 if cfg.activation == "swiglu" else 2  # gate and up read, one written
+        moved += passes * cfg.experts_per_token * n * cfg.ffn_hidden / layout.tp
+    return moved * elem / g.memory_rate
 
 
 def replay_saving(
