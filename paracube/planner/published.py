@@ -1338,7 +1338,7 @@ def _deepseek_v3() -> list[dict]:
 # out: the intra-node row under Megatron-FSDP (its own sharding of the expert data-parallel
 # group), and Qwen3-Next-80B-A3B (its gated DeltaNet blocks have no planner block).
 NORM_ACT = dict(recompute="selective", recompute_modules=("layernorm", "moe_act"))
-MOE_MODEL_ZOO_QWEN3 = [
+MOE_MODEL_ZOO_QWEN3: list[tuple[str, dict[str, object], bool, bool, float]] = [
     ("cross-node EP", dict(tp=2, pp=8, dp=16, ep=32, chunks=4, **NORM_ACT), True, False, 19.7),
     ("cross-node EP, 1F1B overlap", dict(tp=2, pp=8, dp=16, ep=32, chunks=4, **NORM_ACT), True,
      True, 17.6),
