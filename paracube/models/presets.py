@@ -123,8 +123,8 @@ PRESETS: dict[str, dict] = {
     # the first 3 dense (SwiGLU of 18,432), the others 256 routed experts of 2,048 (8 a
     # token, from 4 of 8 groups: n_group, topk_group) and one shared; multi-head latent
     # attention (128 heads, query latent 1,536, key-value latent 512, heads of 128 + 64
-    # rotary, values of 128); one multi-token
-    # prediction module; 129,280-token vocabulary, untied head; 4,096 tokens as trained
+    # rotary, values of 128); one multi-token prediction module; 129,280-token vocabulary,
+    # untied head; 4,096 tokens as trained
     "deepseek-v3": {
         **_llama(61, 7168, 128, 128, 2048, 129280, 4096),
         "experts": 256,

@@ -195,7 +195,8 @@ class Layout:
     # what a selective recomputation (recompute="selective") makes again: the attention
     # core (paracube train's), or Megatron-Core's other --recompute-modules the planner
     # counts (choices.RECOMPUTE_MODULES: a latent attention's up projections, a dense
-    # block's MLP); ignored under the other recomputations
+    # block's MLP, the experts' activation, the norms); ignored under the other
+    # recomputations
     recompute_modules: tuple[str, ...] = ("core_attn",)
     sequence_parallel: bool = False
     attention: str = "fused"  # "unfused": s×s scores materialized (Megatron before FlashAttention)
