@@ -12,6 +12,7 @@ engine accumulates gradients over the m micro-batches whether or not it pipeline
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Collection
 from dataclasses import dataclass, fields
 
@@ -382,11 +383,15 @@ class Layout:
         if "recompute_modules" in names and isinstance(self.recompute_modules, list):
             # a layout read back from JSON: its list as the tuple a layout holds (hashable)
             self.__dict__["recompute_modules"] = tuple(self.recompute_modules)
-        if "recompute_modules" in names and (
-            not isinstance(self.recompute_modules, tuple)
-            or not self.recompute_modules
-            or len(set(self.recompute_modules)) != len(self.recompute_modules)
-            or not set(self.recompute_modules) <= set(RECOMPUTE_MODULES)
+        if (
+            "recompute_modules" in names
+            and self.recompute_modules != _CORE_ATTN
+            and (
+                not isinstance(self.recompute_modules, tuple)
+                or not self.recompute_modules
+                or len(set(self.recompute_modules)) != len(self.recompute_modules)
+                or not set(self.recompute_modules) <= set(RECOMPUTE_MODULES)
+            )
         ):
             raise ConfigError(
                 f"recompute_modules={self.recompute_modules!r}: a tuple of distinct modules "
@@ -394,10 +399,22 @@ class Layout:
             )
         if "split" in names and is_layout(self.split):  # Megatron's grammar: checked whole
             stages_of(self.split)
-        for name in names:
-            allowed = _CHOICES.get(name)
-            if allowed is not None and (value := getattr(self, name)) not in allowed:
-                raise ConfigError(f"{name}={value!r}: choose {choices_text(allowed)}")
+        values = _choice_values(self) if names is _FIELD_NAMES else None
+        if values is not None and _hashable(values):  # a new layout: each set checked once
+            if values not in _CHECKED_CHOICES:
+                for name, value in zip(_CHOICE_NAMES, values):
+                    if value not in _CHOICES[name]:
+                        raise ConfigError(
+                            f"{name}={value!r}: choose {choices_text(_CHOICES[name])}"
+                        )
+                if len(_CHECKED_CHOICES) > 1 << 12:
+                    _CHECKED_CHOICES.clear()
+                _CHECKED_CHOICES.add(values)
+        else:  # a twin, the choices it changed; or a value of the wrong type, named below
+            for name in names:
+                allowed = _CHOICES.get(name)
+                if allowed is not None and (value := getattr(self, name)) not in allowed:
+                    raise ConfigError(f"{name}={value!r}: choose {choices_text(allowed)}")
         if "logit_metrics" in names and (
             not isinstance(self.logit_metrics, int)
             or isinstance(self.logit_metrics, bool)
@@ -770,6 +787,22 @@ class Layout:
 
 
 _FIELD_NAMES = frozenset(f.name for f in fields(Layout))
+# a search makes a few hundred thousand layouts whose named choices repeat: each set of
+# values is checked once (operator.attrgetter reads them all in one call)
+_CHOICE_NAMES = tuple(name for name, _ in NAMED_CHOICES)
+_choice_values = operator.attrgetter(*_CHOICE_NAMES)
+_CHECKED_CHOICES: set[tuple] = set()
+_CORE_ATTN = ("core_attn",)
+
+
+def _hashable(values: tuple) -> bool:
+    try:
+        hash(values)
+    except TypeError:  # a list where a name belongs: the field-by-field check names it
+        return False
+    return True
+
+
 _CHOICES: dict[str, tuple | dict] = dict(NAMED_CHOICES)
 _COUNTS = ("dp", "tp", "pp", "micro_batch", "microbatches", "chunks")
 # the fields expert parallelism's ranks are formed from (expert_refusal)

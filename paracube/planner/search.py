@@ -296,6 +296,7 @@ def _layouts_of_shape(
             "one (dp × cp = 1)"
         )
         return
+    taken = software(fixed | {"split": tried[0]})  # every layout of the shape takes them
     sizes = micro_batches(global_batch // dp, fixed.get("micro_batch"))
     if not sizes:
         reject(
@@ -346,7 +347,7 @@ def _layouts_of_shape(
                 cp=cp,
                 ep=ep,
                 etp=etp,
-                **software(fixed | {"split": tried[0]}),
+                **taken,
             )
             refusal = layout.model_refusal(cfg)
             if refusal:
