@@ -370,13 +370,10 @@ class Layout:
         # would otherwise fall back to the default count silently
         if "cp" in names and self.cp < 1:
             raise ConfigError(f"cp={self.cp}: context parallelism must be a positive integer")
-        if "ep" in names and (
-            not isinstance(self.ep, int) or isinstance(self.ep, bool) or self.ep < 1
-        ):
+        # type(x) is int: an int and not a bool, in one call (a search makes many layouts)
+        if "ep" in names and not (type(self.ep) is int and self.ep >= 1):
             raise ConfigError(f"ep={self.ep!r}: expert parallelism must be a positive integer")
-        if "etp" in names and (
-            not isinstance(self.etp, int) or isinstance(self.etp, bool) or self.etp < 0
-        ):
+        if "etp" in names and not (type(self.etp) is int and self.etp >= 0):
             raise ConfigError(
                 f"etp={self.etp!r}: the experts' tensor-parallel size (0: unfolded, split as tp)"
             )
@@ -415,17 +412,13 @@ class Layout:
                 allowed = _CHOICES.get(name)
                 if allowed is not None and (value := getattr(self, name)) not in allowed:
                     raise ConfigError(f"{name}={value!r}: choose {choices_text(allowed)}")
-        if "logit_metrics" in names and (
-            not isinstance(self.logit_metrics, int)
-            or isinstance(self.logit_metrics, bool)
-            or self.logit_metrics < 0
+        if "logit_metrics" in names and not (
+            type(self.logit_metrics) is int and self.logit_metrics >= 0
         ):
             raise ConfigError(
                 f"logit_metrics={self.logit_metrics!r}: a count of cross-entropy metrics (0: none)"
             )
-        if "shard" in names and (
-            not isinstance(self.shard, int) or isinstance(self.shard, bool) or self.shard < 0
-        ):
+        if "shard" in names and not (type(self.shard) is int and self.shard >= 0):
             raise ConfigError(f"shard={self.shard!r}: a shard group of ranks (0: all of them)")
         if "bucket_mb" in names and (
             isinstance(self.bucket_mb, bool)
@@ -436,7 +429,7 @@ class Layout:
         for name in _COUNTS:
             if name in names:
                 value = getattr(self, name)
-                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                if not (type(value) is int and value >= 1):
                     raise ConfigError(f"{name}={value!r}: must be a positive integer")
         if any(name in names for name in _EXPERT_SHAPE):
             refusal = expert_refusal(self.ep, self.etp, self.tp, self.dp, self.cp)
