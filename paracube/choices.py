@@ -40,8 +40,18 @@ PLANNED_RECOMPUTE = ("op",)
 # output the next linear keeps as its saved input — the experts' activation (moe_act) and
 # the two norms (layernorm) —, dropped once that linear has run and made again for its
 # backward (Megatron's CheckpointWithoutOutput: under FP8 the linear keeps its own FP8
-# copy, so nothing is dropped)
-RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mlp", "moe_act", "layernorm")
+# copy, so nothing is dropped); and a mixture's whole MoE layer (moe: MoELayer's reentrant
+# checkpoint — router, the dispatch's all-to-alls, the experts, the shared experts — run
+# again in backward, its input kept) or its shared experts alone (shared_experts)
+RECOMPUTE_MODULES = (
+    "core_attn",
+    "mla_up_proj",
+    "mlp",
+    "moe_act",
+    "layernorm",
+    "moe",
+    "shared_experts",
+)
 # planner: how a fully recomputed block's forward is replayed in backward — torch's
 # non-reentrant checkpoint stops as soon as every tensor backward needs is back (early-stop:
 # the default since PyTorch 2.1, pytorch/pytorch#96866 — so the block's last matmul, whose

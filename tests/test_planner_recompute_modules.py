@@ -104,7 +104,10 @@ def test_modules_are_refused_where_they_have_nothing_to_recompute():
     with pytest.raises(ConfigError, match="not what paracube train runs"):
         mine.to_args()
     assert "has no experts" in mine.replace(recompute_modules=("moe_act",)).model_refusal(llama)
-    for bad in (("moe",), (), ("mlp", "mlp"), "mlp"):
+    assert "no shared experts" in mine.replace(recompute_modules=("shared_experts",)).model_refusal(
+        llama
+    )
+    for bad in (("moe_router",), (), ("mlp", "mlp"), "mlp"):
         with pytest.raises(ConfigError, match="a tuple of distinct modules"):
             Layout(dp=8, recompute_modules=bad)
     read_back = Layout(dp=8, recompute_modules=["core_attn", "mlp"])  # a layout from JSON
@@ -127,7 +130,7 @@ def test_megatron_gets_the_modules_and_the_cli_plans_them(capsys):
     assert main([*argv, "--recompute-modules", "mlp", "--json"]) == 0
     assert '"recompute": "selective"' in capsys.readouterr().out
     for extra, says in [
-        (["--recompute-modules", "moe"], "moe and shared_experts are not planned"),
+        (["--recompute-modules", "moe_router"], "give distinct modules among core_attn"),
         (["--recompute-modules", "mlp", "--recompute", "full"], "give --recompute selective"),
         (["--recompute-modules", "mla_up_proj"], "the model has no latent attention"),
     ]:
@@ -185,3 +188,44 @@ def test_the_element_wise_modules_drop_their_outputs_but_not_under_fp8():
     assert recompute_time(cfg, layout, H100, 2, False, 0.0) == pytest.approx(
         moved * 2 / H100.memory_rate
     )
+
+
+def test_a_whole_moe_layer_or_its_shared_experts_recomputed():
+    """moe checkpoints a mixture's whole MoE layer (Megatron's MoELayer under
+    tensor_parallel.checkpoint): it keeps only its input, and backward runs its router, its
+    experts' and shared experts' GEMMs and its two forward all-to-alls again;
+    shared_experts drops and redoes the shared experts alone. DeepSeek-V3's mixture at
+    tp 2, EP 64 folded (etp 1), derived from the block's own terms."""
+    from paracube.planner.time_model import Cluster, block_costs, ep_comm_time
+
+    cfg = preset("deepseek-v3")
+    moe = _kind(cfg, True)
+    n, t = 4096, 2
+
+    def kept(modules):
+        return te_block_bytes(moe, 1, t=t, sequence_parallel=True, recompute="selective",
+                              modules=modules, etp=1)  # fmt: skip
+
+    everything = kept(("core_attn",))
+    # a dense block whose MLP is recomputed keeps the same norms and attention, no MLP
+    attention_only = te_block_bytes(_kind(cfg, False), 1, t=t, sequence_parallel=True,
+                                    recompute="selective", modules=("core_attn", "mlp"))  # fmt: skip
+    assert kept(("core_attn", "moe")) == pytest.approx(attention_only)
+    s = moe.shared_expert_ffn
+    assert everything - kept(("core_attn", "shared_experts")) == pytest.approx(
+        (2 * 2 * n * s + 2 * n * s) / t
+    )
+    layout = Layout(dp=64, tp=t, ep=64, etp=1, sequence_parallel=True, recompute="selective",
+                    recompute_modules=("moe",), ep_dispatch="deepep")  # fmt: skip
+    cluster = Cluster(H100, 8, hw.interconnect("nvlink4"), hw.interconnect("ib-ndr"))
+    from paracube.models import shapes
+
+    gemms = shapes.moe_layer_gemms(moe, n, t, 64, 1)
+    assert len(gemms) == 1 + 2 * (256 // 64) + 2  # the router, 4 experts' two, the shared two
+    redo = sum(_gemm(m, nn, k, H100) for m, nn, k in gemms)
+    expected = redo + ep_comm_time(moe, layout, cluster) / 2
+    assert block_costs(moe, layout, cluster, 2, False).redo == pytest.approx(expected)
+    extra = hardware_flops_per_token(cfg, "selective", modules=("moe",)) - hardware_flops_per_token(
+        cfg, "none"
+    )
+    assert extra == pytest.approx(58 * 2 * shapes.moe_layer_active_params(moe))

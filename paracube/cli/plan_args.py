@@ -166,7 +166,8 @@ def add_parser(sub) -> None:
         "attention core; the default), mla_up_proj (a latent attention's up projections: its "
         "per-head queries, keys and values not kept), mlp (a dense block's MLP, checkpointed "
         "whole), moe_act (the experts' activation), layernorm (the two norms; those two save "
-        "nothing under FP8, whose linears keep copies of their own) — Megatron-Core's "
+        "nothing under FP8, whose linears keep copies of their own), moe (a mixture's whole "
+        "MoE layer, its all-to-alls again), shared_experts — Megatron-Core's "
         "--recompute-modules, planned as it keeps its blocks (a megatron stack); implies "
         "--recompute selective",
     )

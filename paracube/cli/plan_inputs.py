@@ -523,7 +523,7 @@ def _check_recompute_and_precision(args) -> None:
             raise ParacubeError(
                 f"--recompute-modules {','.join(args.recompute_modules)!r}: give distinct "
                 f"modules among {', '.join(RECOMPUTE_MODULES)} (the Megatron-Core modules the "
-                "planner counts; moe and shared_experts are not planned)"
+                "planner counts)"
             )
         if args.recompute not in (None, "selective"):
             raise ParacubeError(

@@ -360,6 +360,22 @@ def block_gemms(
     return gemms + [gemm(lin, tokens) for lin in shared_linears(cfg)]
 
 
+def moe_layer_gemms(
+    cfg: ModelConfig, tokens: int, tp: int = 1, ep: int = 1, etp: int | None = None
+) -> list[tuple[float, float, float]]:
+    """A mixture's MoE layer among :func:`block_gemms`: the router's, the experts' the rank
+    holds and the shared experts' (none for a dense block)."""
+    return block_gemms(cfg, tokens, tp, ep, etp)[len(attention_linears(cfg)) :] if cfg.moe else []
+
+
+def moe_layer_active_params(cfg: ModelConfig) -> int:
+    """The MoE layer's weights a token passes: the router's, k experts', the shared ones'."""
+    if not cfg.moe:
+        return 0
+    expert = sum(lin.in_features * lin.out_features for lin in mlp_linears(cfg))
+    return router_params(cfg) + cfg.experts_per_token * expert + _shared_matrix_params(cfg)
+
+
 def rank_gemm(lin: Linear, rows: float, ranks: int) -> tuple[float, float, float]:
     """(m, n, k) of ``lin``'s forward over ``rows`` tokens on one of ``ranks`` tensor-
     parallel ranks: a column-parallel layer's n/ranks outputs, a row-parallel one's k/ranks
@@ -379,13 +395,16 @@ LATENT_UP_PROJECTIONS = ("attn.q_up_proj", "attn.q_proj", "attn.kv_up_proj")
 def selectively_redone_linears(cfg: ModelConfig, modules: tuple[str, ...]) -> list[Linear]:
     """The linears a selective recomputation of ``modules`` (choices.RECOMPUTE_MODULES)
     runs forward again in one block of ``cfg``'s kind: a latent attention's up projections
-    (mla_up_proj), a dense block's MLP whole (mlp: Megatron's checkpoint replays it all).
-    The attention core (core_attn) is no linear."""
+    (mla_up_proj), a dense block's MLP whole (mlp: Megatron's checkpoint replays it all),
+    the shared experts (shared_experts). The attention core (core_attn) is no linear, and a
+    whole MoE layer's experts (moe) are the rank's GEMMs (:func:`moe_layer_gemms`)."""
     redone = []
     if "mla_up_proj" in modules and cfg.mla:
         redone += [lin for lin in attention_linears(cfg) if lin.name in LATENT_UP_PROJECTIONS]
     if "mlp" in modules and not cfg.moe:
         redone += mlp_linears(cfg)
+    if "shared_experts" in modules and "moe" not in modules and cfg.moe:
+        redone += shared_linears(cfg)  # the whole MoE layer (moe) counts them with it
     return redone
 
 

@@ -88,9 +88,12 @@ def _selective_flops(cfg, modules: tuple[str, ...]) -> float:
     )
     return core + per_block(
         cfg,
-        lambda kind: sum(
-            2 * lin.in_features * lin.out_features
-            for lin in shapes.selectively_redone_linears(kind, modules)
+        lambda kind: (
+            sum(
+                2 * lin.in_features * lin.out_features
+                for lin in shapes.selectively_redone_linears(kind, modules)
+            )
+            + (2 * shapes.moe_layer_active_params(kind) if "moe" in modules else 0)
         ),
     )
 

@@ -573,8 +573,11 @@ class Layout:
                 "recompute module mlp: every block is a mixture of experts (Megatron-Core "
                 "recomputes a dense block's MLP under mlp)"
             )
-        if "moe_act" in modules and not cfg.moe:
-            return "recompute module moe_act: the model has no experts"
+        for module in ("moe_act", "moe"):
+            if module in modules and not cfg.moe:
+                return f"recompute module {module}: the model has no experts"
+        if "shared_experts" in modules and not cfg.shared_expert_ffn:
+            return "recompute module shared_experts: the model has no shared experts"
         if set(modules) - {"core_attn"} and self.activations != "megatron":
             return (
                 f"recompute modules {', '.join(modules)}: planned as Megatron-Core keeps its "

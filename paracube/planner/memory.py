@@ -133,9 +133,10 @@ def te_block_bytes(
     keeps the block's input only; selective drops what its ``modules`` make again
     (choices.RECOMPUTE_MODULES): the kernel's log-sum-exp (core_attn: its other tensors are
     the linears' inputs and outputs, kept either way), a latent attention's per-head q, k
-    and v (mla_up_proj), a dense block's MLP but its input (mlp), and — not under FP8,
-    where the linears keep FP8 copies of their own — the experts' activation outputs
-    (moe_act) and the norms' outputs (layernorm)."""
+    and v (mla_up_proj), a dense block's MLP but its input (mlp), a mixture's MoE layer but
+    its input (moe) or its shared experts (shared_experts), and — not under FP8, where the
+    linears keep FP8 copies of their own — the experts' activation outputs (moe_act) and
+    the norms' outputs (layernorm)."""
     if recompute not in RECOMPUTE:
         raise ConfigError(f"unknown recompute {recompute!r}: choose one of {', '.join(RECOMPUTE)}")
     n, h, a, f = b * shapes.one_kind(cfg).seq_len, cfg.hidden, cfg.n_heads, cfg.ffn_hidden
@@ -173,5 +174,9 @@ def te_block_bytes(
         if "moe_act" in selective and not fp8:  # each expert's activation output
             mlp -= linear_in * n * f / t
         mlp = mlp * cfg.experts_per_token + moe_routing_bytes(cfg, n, 2, t, int(ts), etp, linear_in)
+        if "moe" in selective:  # the whole layer checkpointed: its input, the norm's output
+            mlp = shared = 0.0
+        elif "shared_experts" in selective:
+            shared = 0.0
         mlp += shared
     return norms + norm_outputs + attention + mlp

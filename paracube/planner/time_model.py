@@ -381,12 +381,18 @@ def recompute_time(
             if "core_attn" in layout.recompute_modules
             else 0.0
         )
+        moe = (
+            shapes.moe_layer_gemms(cfg, tokens, layout.tp, layout.ep, layout.expert_tp)
+            if "moe" in layout.recompute_modules
+            else []
+        )
         return (
             core
             + sum(
                 _gemm(*shapes.rank_gemm(lin, tokens, layout.tp), linear, linear_elem)
                 for lin in shapes.selectively_redone_linears(cfg, layout.recompute_modules)
             )
+            + sum(_gemm(m, n, k, linear, linear_elem) for m, n, k in moe)
             + elementwise_redo_time(cfg, layout, g, elem)
         )
     if layout.recompute == "op":
@@ -825,12 +831,15 @@ def block_costs(
     fwd, bwd, _ = layer_time(cfg, layout, g, elem, fp8)
     core = attention_core(cfg, layout, g, elem)[0]  # the context-parallel ring hides behind it
     redo = recompute_time(cfg, layout, g, elem, fp8, fwd)
+    to_experts = ep_comm_time(cfg, layout, cluster)
+    if layout.recompute == "selective" and "moe" in layout.recompute_modules:
+        redo += to_experts / 2  # the replayed layer's dispatch and combine, again
     return BlockCosts(
         block=fwd + bwd,
         redo=redo,
         ring=cp_comm_time(cfg, layout, cluster, elem, core),
         gemms=sum(block_gemm_time(cfg, layout, g, elem, fp8)),
-        to_experts=ep_comm_time(cfg, layout, cluster),
+        to_experts=to_experts,
         passes=pass_costs(cfg, layout, g, elem, fp8, fwd, bwd, redo),
     )
 
