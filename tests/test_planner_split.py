@@ -173,3 +173,21 @@ def test_another_stacks_software_is_planned_not_emitted():
         with pytest.raises(ConfigError, match="another stack's software"):
             Layout(**other).to_args()
     assert "--dp 1" in " ".join(Layout().to_args())
+
+
+def test_the_recomputed_count_is_the_recomputed_blocks():
+    """The count a search asks for every rank (stages.recomputed_blocks, a bisection over
+    the rank's blocks in order) is the number of blocks recomputed_indices names, under
+    every split and chunk count: each split deals a rank's blocks in ascending order."""
+    from paracube.planner.stages import can_cut, recomputed_blocks, recomputed_indices
+
+    cfg = preset("llama3-8b")  # 32 blocks
+    for split in ("engine", "even", "even-ends", "torchtitan", "E" + "tttt|" * 7 + "ttttL"):
+        for pp, chunks in ((2, 1), (4, 2), (8, 1), (2, 4)):
+            layout = Layout(dp=1, pp=pp, chunks=chunks, split=split, recompute="full",
+                            recompute_blocks=13)  # fmt: skip
+            if not can_cut(cfg, split, pp, chunks):
+                continue  # even-ends: 34 units; the explicit layout: 8 stages
+            for share in layout_shares(cfg, layout):
+                assert list(share.blocks) == sorted(share.blocks)
+                assert recomputed_blocks(share, layout) == len(recomputed_indices(share, layout))

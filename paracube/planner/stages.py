@@ -17,6 +17,7 @@ layout (``split`` in Megatron-Core's layout grammar, :func:`layout_string_shares
 
 from __future__ import annotations
 
+import bisect
 import functools
 from dataclasses import dataclass
 
@@ -236,7 +237,7 @@ def recomputed_blocks(share: RankShare, layout: Layout) -> int:
         return len(share.blocks)
     if layout.recompute_scope == "stage":
         return sum(min(n, len(run)) for run in chunk_runs(share.blocks))
-    return sum(1 for block in share.blocks if block < n)
+    return bisect.bisect_left(share.blocks, n)  # every split deals a rank's blocks in order
 
 
 def recomputed_indices(share: RankShare, layout: Layout) -> tuple[int, ...]:
