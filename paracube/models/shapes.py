@@ -345,19 +345,15 @@ def block_gemms(
     rows each when folded —, then the shared experts' up and down projections over every
     token, split by tp. The last GEMM is always a down projection."""
     etp = tp if etp is None else etp
-
-    def gemm(lin: Linear, rows: float, ranks: int = tp) -> tuple[float, float, float]:
-        return rank_gemm(lin, rows, ranks)
-
     mlp = mlp_linears(cfg)
-    gemms = [gemm(lin, tokens) for lin in attention_linears(cfg)]
+    gemms = [rank_gemm(lin, tokens, tp) for lin in attention_linears(cfg)]
     if not cfg.moe:
-        return gemms + [gemm(lin, tokens) for lin in mlp]
+        return gemms + [rank_gemm(lin, tokens, tp) for lin in mlp]
     rows = ep * etp * mlp_passes(cfg) * tokens / (tp * cfg.experts)
     gemms.append((tokens, cfg.experts, cfg.hidden))  # the router
     for _ in range(cfg.experts // ep):
-        gemms += [gemm(lin, rows, etp) for lin in mlp]
-    return gemms + [gemm(lin, tokens) for lin in shared_linears(cfg)]
+        gemms += [rank_gemm(lin, rows, etp) for lin in mlp]
+    return gemms + [rank_gemm(lin, tokens, tp) for lin in shared_linears(cfg)]
 
 
 def moe_layer_gemms(
