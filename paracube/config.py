@@ -148,6 +148,15 @@ class ModelConfig:
     # h, one more block of the last block's kind, and the shared output head with a loss of
     # its own. Megatron-Core's --mtp-num-layers, on the last pipeline stage. 0: none.
     mtp_layers: int = 0
+    # Sliding-window attention (Mistral 7B, §2; GPT-OSS; Gemma 2/3): a block's query attends
+    # to itself and the ``attention_window`` - 1 keys before it, not to all earlier ones.
+    # ``full_attention_every`` N keeps every N-th block (1-based: blocks N, 2N, …) at full
+    # causal attention — GPT-OSS's alternate blocks (2), Gemma 3's one in six (6); 0: every
+    # block windowed. Megatron-Core's --window-size and --window-attn-skip-freq, whose
+    # layer numbering this is. Planned by ``paracube plan``; paracube's GPT attends fully.
+    # attention_window 0: full attention everywhere.
+    attention_window: int = 0
+    full_attention_every: int = 0
     qk_norm: bool = False
     # the rotary positions' base θ (RoFormer's 10,000; Llama 3's 500,000, Qwen3's 1,000,000):
     # the angle of pair i at position t is t·θ^(−2i/d)
@@ -221,6 +230,7 @@ class ModelConfig:
                 )
         self._check_dense_layers()
         self._check_latent_attention()
+        self._check_attention_window()
         if not (isinstance(self.mtp_layers, int) and self.mtp_layers >= 0):
             raise ConfigError(
                 f"mtp_layers={self.mtp_layers!r}: the multi-token prediction depth is 0 or a "
@@ -313,6 +323,54 @@ class ModelConfig:
                 f"rotary positions need an even rope_head_dim, got {self.rope_head_dim}"
             )
 
+    def _check_attention_window(self) -> None:
+        window, every = self.attention_window, self.full_attention_every
+        if not (type(window) is int and window >= 0):
+            raise ConfigError(
+                f"attention_window={window!r}: the sliding window is a positive number of "
+                "tokens (0: full attention; GPT-OSS: 128, Mistral 7B: 4096)"
+            )
+        if not (type(every) is int and every >= 0):
+            raise ConfigError(
+                f"full_attention_every={every!r}: every N-th block attends fully (GPT-OSS: 2); "
+                "0 windows every block"
+            )
+        if every and not window:
+            raise ConfigError(
+                f"full_attention_every={every} without attention_window: it names the blocks "
+                "that keep full attention among windowed ones; give the window's size"
+            )
+        if every == 1:
+            raise ConfigError(
+                "full_attention_every=1 keeps every block at full attention: drop the "
+                "window instead (attention_window 0)"
+            )
+
+    def windowed(self, index: int) -> bool:
+        """Whether block ``index`` (0-based) attends over the sliding window: every block
+        under a window, but the ``full_attention_every``-th ones (1-based numbering, as
+        Megatron-Core's is_layer_window_attention counts them).
+
+        >>> cfg = ModelConfig(n_layers=4, hidden=64, n_heads=4, vocab_size=100, seq_len=32,
+        ...                   attention_window=8, full_attention_every=2)
+        >>> [cfg.windowed(i) for i in range(4)]
+        [True, False, True, False]
+        """
+        if not self.attention_window:
+            return False
+        return not self.full_attention_every or (index + 1) % self.full_attention_every != 0
+
+    @property
+    def attended_keys(self) -> float:
+        """Keys a query attends to on average over a sequence, in one block of this (uniform)
+        model: (s + 1)/2 under full causal attention; under a window of w ≤ s, the first w
+        queries see 1 … w keys and the other s − w see w: (w(w + 1)/2 + (s − w)·w)/s — the
+        mask's non-zero elements over s, as NeMo's GPT-OSS FLOP count takes them."""
+        s, w = self.seq_len, self.attention_window
+        if not w or w >= s:
+            return (s + 1) / 2
+        return (w * (w + 1) / 2 + (s - w) * w) / s
+
     @property
     def planned_parts(self) -> str:
         """What of this model only ``paracube plan`` models ("" if nothing beyond a mixture
@@ -322,6 +380,9 @@ class ModelConfig:
         parts = [
             f"kv_lora_rank={self.kv_lora_rank} (a multi-head latent attention)" if self.mla else "",
             f"mtp_layers={self.mtp_layers} (multi-token prediction)" if self.mtp_layers else "",
+            f"attention_window={self.attention_window} (sliding-window attention)"
+            if 0 < self.attention_window < self.seq_len
+            else "",
         ]
         return ", ".join(part for part in parts if part)
 
@@ -342,27 +403,36 @@ class ModelConfig:
 
     @property
     def uniform(self) -> bool:
-        """Whether every block is alike (no dense blocks among a mixture's)."""
-        return not self.dense_layers
+        """Whether every block is alike (no dense blocks among a mixture's, no windowed
+        blocks among fully attending ones)."""
+        return not (self.dense_layers or self.mixed_attention)
+
+    @property
+    def mixed_attention(self) -> bool:
+        """Whether some blocks attend over the window and others fully."""
+        return bool(self.full_attention_every) and self.n_layers >= self.full_attention_every
 
     def block_kind(self, index: int) -> ModelConfig:
         """Block ``index``'s kind as a uniform model (every other field the same): the
-        mixture's, or a dense block's — its MLP one of ``dense_ffn`` width, no experts."""
-        if index in self.dense_layers:
-            return self.dense_kind
-        return self.mixture_kind
+        mixture's, or a dense block's — its MLP one of ``dense_ffn`` width, no experts —,
+        each windowed or fully attending as the block does."""
+        if self.uniform:
+            return self
+        return self._kinds[index in self.dense_layers, self.windowed(index)]
 
     @functools.cached_property  # a search asks for the kinds of a few models many times
-    def mixture_kind(self) -> ModelConfig:
-        """The model as if every block were one of its mixture's."""
-        return self if self.uniform else self.replace(dense_layers=(), dense_ffn=0)
+    def _kinds(self) -> dict[tuple[bool, bool], ModelConfig]:
+        """The uniform model of each (dense, windowed) block kind."""
+        windowed = self.replace(dense_layers=(), dense_ffn=0, full_attention_every=0)
+        full = windowed.replace(attention_window=0)
+        return {
+            (dense, window): (self._densed(base) if dense else base)
+            for dense in (False, True)
+            for window, base in ((True, windowed), (False, full))
+        }
 
-    @functools.cached_property
-    def dense_kind(self) -> ModelConfig:
-        """The model as if every block were one of its dense blocks."""
-        return self.replace(
-            dense_layers=(),
-            dense_ffn=0,
+    def _densed(self, kind: ModelConfig) -> ModelConfig:
+        return kind.replace(
             experts=0,
             experts_per_token=0,
             route_groups=0,
@@ -370,6 +440,23 @@ class ModelConfig:
             shared_expert_ffn=0,
             ffn_hidden=self.dense_ffn or self.ffn_hidden,
         )
+
+    @property
+    def mixture_kind(self) -> ModelConfig:
+        """The model as if every block were one of its mixture's (windowed as its first
+        block is: a window changes no block's parameters or kept bytes)."""
+        return self if self.uniform else self._kinds[False, self.windowed(0)]
+
+    @property
+    def dense_kind(self) -> ModelConfig:
+        """The model as if every block were one of its dense blocks."""
+        return self._kinds[True, self.windowed(0)] if not self.uniform else self._densed(self)
+
+    @property
+    def kind_key(self) -> tuple[bool, int]:
+        """What tells a uniform kind's blocks apart from another kind's in the time model:
+        whether its MLP is a mixture and the window it attends over."""
+        return self.moe, self.attention_window
 
     def kind_counts(self, blocks: Sequence[int] | None = None) -> list[tuple[ModelConfig, int]]:
         """(kind, how many) of the given block indices (all the model's by default), each
@@ -385,9 +472,10 @@ class ModelConfig:
         if self.uniform:  # the search's hot path: no kinds to tell apart
             return [(self, self.n_layers if blocks is None else len(blocks))]
         indices = range(self.n_layers) if blocks is None else blocks
-        dense = sum(1 for i in indices if i in self.dense_layers)
-        pairs = [(self.mixture_kind, len(indices) - dense), (self.dense_kind, dense)]
-        return [(kind, n) for kind, n in pairs if n]
+        counts = dict.fromkeys(self._kinds, 0)
+        for i in indices:
+            counts[i in self.dense_layers, self.windowed(i)] += 1
+        return [(self._kinds[key], n) for key, n in counts.items() if n]
 
     def _check_rope_scaling(self) -> None:
         if self.rope_scaling not in ROPE_SCALINGS:

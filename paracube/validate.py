@@ -39,6 +39,13 @@ def validate(
             f"{cfg.model.name}: experts={cfg.model.experts} — a mixture of experts is planned "
             "(paracube plan), not trained: paracube train builds dense models; train a dense one"
         )
+    window = cfg.model.attention_window
+    if 0 < window < cfg.model.seq_len:
+        raise ConfigError(
+            f"{cfg.model.name}: a sliding window of {window} tokens < --seq-len "
+            f"{cfg.model.seq_len} — planned (paracube plan), not trained: paracube trains full "
+            f"attention; use --seq-len ≤ {window}"
+        )
     if cfg.model.planned_parts:
         raise ConfigError(
             f"{cfg.model.name}: {cfg.model.planned_parts} — planned (paracube plan), not "

@@ -145,9 +145,12 @@ CASES: list[tuple[str, list[str], str]] = [
     # -- model and data --------------------------------------------------------------
     ("data", ["train", "--model", "gpt5"], "unknown --model 'gpt5': give a preset"),
     ("data", ["train", "--model", "hf:{tmp}/emptydir"], "no config.json at"),
-    ("data", ["plan", "--model", "hf:{tmp}/hf-gpt-oss", "--gpus", "8", "--global-batch", "8"],
-     "model_type 'gpt_oss' is not a supported architecture (not modelled: sliding-window "
-     "attention in alternate blocks, attention sinks)"),
+    ("data", ["plan", "--model", "hf:{tmp}/hf-gemma3", "--gpus", "8", "--global-batch", "8"],
+     "model_type 'gemma3' is not a supported architecture (not modelled: a GeGLU MLP, four "
+     "norms a block)"),
+    ("data", ["plan", "--model", "hf:{tmp}/hf-gpt-oss-irregular", "--gpus", "8", "--global-batch", "8"],
+     "gpt_oss config: layer_types puts full attention in blocks [1, 2]…: planned where every "
+     "N-th block attends fully and the others over the window (GPT-OSS: every 2nd)"),
     ("data", ["plan", "--model", "hf:{tmp}/hf-deepseek-v3", "--gpus", "8", "--global-batch", "8"],
      "deepseek_v3 config: no integer 'n_routed_experts': a config transformers wrote gives "
      "n_routed_experts, num_experts_per_tok"),
@@ -498,6 +501,10 @@ CASES: list[tuple[str, list[str], str]] = [
               "--experts", "8", "--experts-per-token", "2", "--route-groups", "3", "--route-group-topk", "1",
               "--gpus", "8", "--global-batch", "8"],
      "route_groups=3, route_group_topk=1: group-limited routing takes a mixture's experts (8) in groups"),
+    ("plan", ["plan", "--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "1000",
+               "--seq", "1024", "--full-attention-every", "2", "--gpus", "8", "--global-batch", "8"],
+     "full_attention_every=2 without attention_window: it names the blocks that keep full "
+     "attention among windowed ones; give the window's size"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--pipeline-split", "uniform"],
      "unknown --pipeline-split 'uniform': choose one of engine, even, even-ends"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--recompute-modules", "router"],
@@ -799,8 +806,21 @@ def _hf_models(tmp: Path) -> None:
         (tmp / name / "config.json").write_text(json.dumps({**qwen3_moe, "mlp_only_layers": dense}))
     (tmp / "hf-qwen2").mkdir()
     (tmp / "hf-qwen2" / "config.json").write_text('{"model_type": "qwen2"}')
-    (tmp / "hf-gpt-oss").mkdir()
-    (tmp / "hf-gpt-oss" / "config.json").write_text('{"model_type": "gpt_oss"}')
+    (tmp / "hf-gemma3").mkdir()
+    (tmp / "hf-gemma3" / "config.json").write_text('{"model_type": "gemma3"}')
+    (tmp / "hf-gpt-oss-irregular").mkdir()
+    irregular = ["sliding_attention", "full_attention", "full_attention", "sliding_attention"]
+    (tmp / "hf-gpt-oss-irregular" / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "gpt_oss",
+                "num_hidden_layers": 4,
+                "sliding_window": 128,
+                "layer_types": irregular,
+                "max_position_embeddings": 4096,
+            }
+        )
+    )
     (tmp / "hf-deepseek-v3").mkdir()
     (tmp / "hf-deepseek-v3" / "config.json").write_text('{"model_type": "deepseek_v3"}')
     (tmp / "hf-bert").mkdir()

@@ -50,7 +50,7 @@ def test_the_kinds_are_the_model_with_one_kind_of_block():
         shapes.smallest_matrix_dim(MIXTURE, 2), shapes.smallest_matrix_dim(DENSE, 2)
     )
     # a per-block figure of a model of two kinds is asked per kind, never of the whole
-    with pytest.raises(ConfigError, match="blocks are of two kinds"):
+    with pytest.raises(ConfigError, match="blocks are of more than one kind"):
         shapes.block_params(MIXED)
 
 

@@ -229,3 +229,34 @@ def test_a_whole_moe_layer_or_its_shared_experts_recomputed():
         cfg, "none"
     )
     assert extra == pytest.approx(58 * 2 * shapes.moe_layer_active_params(moe))
+
+
+def test_a_replayed_mlp_or_moe_layer_gathers_and_scatters_again():
+    """Under tensor parallelism the replayed modules' forward collectives run again: a dense
+    MLP's all-gather + reduce-scatter pair under sequence parallelism (one ring of b·s·h
+    values), a mixture's MoE layer's dispatcher collectives (k + 1/t rings) and its shared
+    experts' pair, none when the experts are folded at etp 1 but the shared experts'. The
+    attention core and the latent up projections gather nothing again. Checked as the
+    difference each module makes to one block's collectives, in rings of the cluster's own
+    link."""
+    from paracube.planner.collectives import ring
+    from paracube.planner.time_model import Cluster, block_tp_comm
+
+    cfg = preset("deepseek-v3")
+    moe, dense = _kind(cfg, True), _kind(cfg, False)
+    t, n = 2, 4096
+    cluster = Cluster(H100, 8, hw.interconnect("nvlink4"), hw.interconnect("ib-ndr"))
+    one_ring = ring(n * cfg.hidden * 2, t, cluster.intra) * cluster.intra.pair_cost_ratio
+
+    def comm(kind, modules, etp=0):
+        layout = Layout(dp=8, tp=t, ep=8 if kind.moe else 1, etp=etp, sequence_parallel=True,
+                        recompute="selective", recompute_modules=modules)  # fmt: skip
+        return block_tp_comm(kind, layout, cluster, 2)
+
+    base = ("core_attn", "mla_up_proj")
+    assert comm(dense, base + ("mlp",)) - comm(dense, base) == pytest.approx(one_ring)
+    k = moe.experts_per_token
+    assert comm(moe, base + ("moe",)) - comm(moe, base) == pytest.approx((k + 1 / t + 1) * one_ring)
+    assert comm(moe, base + ("moe",), etp=1) - comm(moe, base, etp=1) == pytest.approx(one_ring)
+    assert comm(moe, base + ("shared_experts",)) - comm(moe, base) == pytest.approx(one_ring)
+    assert comm(moe, base + ("layernorm", "moe_act")) == pytest.approx(comm(moe, base))

@@ -95,6 +95,22 @@ def add_parser(sub) -> None:
         "stage (DeepSeek-V3: 1; Megatron's --mtp-num-layers)",
     )
     m.add_argument(
+        "--attention-window",
+        type=int,
+        default=None,
+        metavar="W",
+        help="sliding-window attention: each query attends to itself and the W - 1 keys "
+        "before it (GPT-OSS: 128, Mistral 7B: 4096; Megatron's --window-size)",
+    )
+    m.add_argument(
+        "--full-attention-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="under --attention-window, every N-th block attends fully (GPT-OSS: 2, Gemma 3: "
+        "6; Megatron's --window-attn-skip-freq); default: every block windowed",
+    )
+    m.add_argument(
         "--head-size",
         type=int,
         default=None,

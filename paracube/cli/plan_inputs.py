@@ -38,6 +38,8 @@ BLOCK = (
     "first_dense_blocks",
     "dense_ffn",
     "mtp_layers",
+    "attention_window",
+    "full_attention_every",
     "head_size",
     "qk_norm",
 )

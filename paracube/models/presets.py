@@ -71,6 +71,21 @@ def _qwen3(n_layers: int, hidden: int, n_heads: int, ffn_hidden: int, tied: bool
     }
 
 
+def _gpt_oss(n_layers: int, experts: int) -> dict:
+    """A GPT-OSS shape (its config.json's): Llama's block with biases, heads of 64, a
+    mixture of 4 experts a token, a 128-token window in alternate blocks."""
+    return {
+        **_llama(n_layers, 2880, 64, 8, 2880, 201088, 4096),
+        "head_size": 64,
+        "bias": True,
+        "experts": experts,
+        "experts_per_token": 4,
+        "attention_window": 128,
+        "full_attention_every": 2,
+        "rope_theta": 150000.0,
+    }
+
+
 PRESETS: dict[str, dict] = {
     # Byte-level models for this machine (2 CPU cores).
     "nano": dict(n_layers=2, hidden=64, n_heads=4, vocab_size=256, seq_len=64),
@@ -142,6 +157,13 @@ PRESETS: dict[str, dict] = {
         "mtp_layers": 1,
         "norm_eps": 1e-6,
     },
+    # GPT-OSS (planned only; openai/gpt-oss-120b's and -20b's config.json): blocks of 2,880,
+    # 64 query heads of 64 over 8 key/value heads, biased linears, 128 (20b: 32) experts of
+    # 2,880, 4 a token; every odd block (0-based) over a 128-token sliding window, the even
+    # ones fully (layer_types: Megatron-Core's --window-attn-skip-freq 2); a 201,088-token
+    # vocabulary, untied head; 4,096 tokens, its initial context before YaRN's stretch
+    "gpt-oss-120b": {**_gpt_oss(36, experts=128)},
+    "gpt-oss-20b": {**_gpt_oss(24, experts=32)},
 }
 
 

@@ -47,10 +47,14 @@ def one_kind(cfg: ModelConfig) -> ModelConfig:
     every per-block formula here refuses it, so that no caller counts the mixture's block
     L times by mistake."""
     if not cfg.uniform:
+        kinds = (
+            f"dense blocks {list(cfg.dense_layers)} among the mixture's"
+            if cfg.dense_layers
+            else f"every {cfg.full_attention_every}th block attending fully, the others windowed"
+        )
         raise ConfigError(
-            f"{cfg.name}: its blocks are of two kinds (dense blocks {list(cfg.dense_layers)} "
-            "among the mixture's): a per-block figure is asked per kind "
-            "(ModelConfig.kind_counts)"
+            f"{cfg.name}: its blocks are of more than one kind ({kinds}): a per-block figure "
+            "is asked per kind (ModelConfig.kind_counts)"
         )
     return cfg
 
@@ -425,8 +429,30 @@ def block_forward_flops_per_token(cfg: ModelConfig) -> float:
 def attention_core_flops_per_token(cfg: ModelConfig) -> float:
     """The attention core's forward FLOPs per token over the full s × s: QKᵀ 2·s·a·d_qk and
     scores·V 2·s·a·d_v — 4·s·a·d where queries, keys and values are d wide (a latent
-    attention's are d + d_r and d_v)."""
-    return 2 * cfg.seq_len * cfg.n_heads * (cfg.qk_head_dim + cfg.v_dim)
+    attention's are d + d_r and d_v). A windowed block (``attention_window``) counts the keys
+    its mask keeps (:attr:`~paracube.config.ModelConfig.attended_keys`), as NeMo's GPT-OSS
+    count does, in place of s (a window as long as the sequence is full attention)."""
+    keys = cfg.attended_keys if 0 < cfg.attention_window < cfg.seq_len else cfg.seq_len
+    return 2 * keys * cfg.n_heads * (cfg.qk_head_dim + cfg.v_dim)
+
+
+# FlashAttention runs the score matrix in tiles of queries × keys and skips a tile only when
+# the mask empties it: its block sizes are 64 or 128 a side (Dao 2023, FlashAttention-2,
+# §3.3), 128 for the 64–128-wide heads of today's models.
+ATTENTION_TILE = 128
+
+
+@lru_cache(maxsize=64)
+def windowed_kernel_keys(seq: int, window: int) -> float:
+    """Keys per query a fused kernel computes under a causal sliding window of ``window``
+    tokens over ``seq``: every 128 × 128 tile (:data:`ATTENTION_TILE`) that the window
+    reaches, partly masked or not — for query tile j, the key tiles from the one holding
+    its first row's earliest key, j·B − w + 1, up to the diagonal's. GPT-OSS's 128-token
+    window computes 256 keys a query (two tiles), twice what its mask keeps."""
+    tile = ATTENTION_TILE
+    tiles = -(-seq // tile)
+    computed = sum(j - max(0, (j * tile - window + 1) // tile) + 1 for j in range(tiles))
+    return computed * tile * tile / seq
 
 
 # -- the model as a chain of layers (the pipeline's unit) ---------------------------------

@@ -32,7 +32,7 @@ from paracube.errors import ConfigError
 HF_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama",
                "gpt2": "gpt2", "mixtral": "llama", "qwen3_moe": "llama",
                "qwen2_moe": "llama", "glm4_moe": "llama", "deepseek_v2": "llama",
-               "deepseek_v3": "llama", "kimi_k2": "llama"}  # fmt: skip
+               "deepseek_v3": "llama", "kimi_k2": "llama", "gpt_oss": "llama"}  # fmt: skip
 # Mixtral is Mistral's decoder with a mixture of experts for its MLP: planned (its experts
 # from num_local_experts and num_experts_per_tok), not trained — paracube builds dense models.
 # Qwen3-MoE is Qwen3's decoder with one (num_experts of moe_intermediate_size, top
@@ -50,7 +50,11 @@ HF_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": 
 # moe_layer_freq-th block after the first first_k_dense_replace) behind a multi-head latent
 # attention (q_lora_rank — null: none —, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
 # v_head_dim): planned likewise, their router's groups and bias not told apart (an h × E
-# matrix either way).
+# matrix either way). GPT-OSS (gpt_oss) is a mixture (num_local_experts, top
+# num_experts_per_tok, biased experts) whose blocks attend over a sliding_window in turn
+# with full attention (layer_types): planned likewise, its window where layer_types says,
+# its attention sinks (a logit a head, one more softmax column) and its clamped SwiGLU
+# counted as the plain ones.
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 WEIGHTS_FILE = "model.safetensors"
 # a checkpoint saved in shards (save_pretrained above its max_shard_size, every published
@@ -157,10 +161,9 @@ def read_hf_config(directory: str) -> dict:
 # Architectures users ask for that neither paracube's GPT nor the planner has the parts of:
 # what is missing, named in the refusal (transformers' model_type → the parts)
 NOT_MODELLED = {
-    "gpt_oss": "sliding-window attention in alternate blocks, attention sinks",
-    "gemma2": "sliding-window attention in alternate blocks, logit soft-capping",
-    "gemma3": "sliding-window attention in five blocks of six",
-    "gemma3_text": "sliding-window attention in five blocks of six",
+    "gemma2": "a GeGLU MLP, four norms a block, logit soft-capping",
+    "gemma3": "a GeGLU MLP, four norms a block",
+    "gemma3_text": "a GeGLU MLP, four norms a block",
     "llama4": "chunked attention in three blocks of four",
     "llama4_text": "chunked attention in three blocks of four",
 }
@@ -388,26 +391,59 @@ def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = No
             shape.update(_routed_experts(data), qk_norm=bool(get("use_qk_norm")))
         if kind in LATENT_ATTENTION:
             shape.update(_routed_experts(data), **_latent_attention(data))
+        if kind == "gpt_oss":
+            shape.update(
+                experts=get("num_local_experts", 128),
+                experts_per_token=get("num_experts_per_tok", 4),
+            )
     context = hf_context(data)
     seq = seq_len if seq_len is not None else min(context, 1024)
     if seq > context:
         raise ConfigError(
             f"--seq-len {seq} is longer than the model's context {context}: use --seq-len ≤ {context}"
         )
-    window = (
-        get("sliding_window") if get("use_sliding_window", kind in ("mistral", "mixtral")) else None
-    )
-    if window is not None and window < seq:
-        raise ConfigError(
-            f"{kind} config: sliding_window {window} < --seq-len {seq}: sliding-window attention "
-            f"is not supported; use --seq-len ≤ {window}"
-        )
     return ModelConfig(
         vocab_size=vocab_size or get("vocab_size", 32000),
         seq_len=seq,
         name=f"hf:{kind}",
         **shape,
+        **_sliding_window(data, seq),
     )
+
+
+# the model types whose configs window their attention unless use_sliding_window says not
+WINDOWED_BY_DEFAULT = ("mistral", "mixtral", "gpt_oss")
+
+
+def _sliding_window(data: dict, seq: int) -> dict:
+    """A config's sliding window as :class:`ModelConfig` fields: ``sliding_window`` where
+    the model uses it (Mistral's and Mixtral's, GPT-OSS's; Qwen2's under
+    ``use_sliding_window``) and it is shorter than the sequence; the blocks that keep full
+    attention from ``layer_types`` (transformers' per-block "sliding_attention" or
+    "full_attention"), which must be every N-th block — Megatron-Core's
+    --window-attn-skip-freq N — or none."""
+    kind, get = data["model_type"], data.get
+    window = (
+        get("sliding_window") if get("use_sliding_window", kind in WINDOWED_BY_DEFAULT) else None
+    )
+    if window is None or window >= seq:
+        return {}
+    if not (type(window) is int and window > 0):
+        raise ConfigError(f"{kind} config: sliding_window {window!r} must be a positive integer")
+    types = get("layer_types") or []
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    if not full:
+        return dict(attention_window=window)
+    if len(full) == len(types):  # every block attends fully
+        return {}
+    every = full[0] + 1
+    if full != list(range(every - 1, len(types), every)):
+        raise ConfigError(
+            f"{kind} config: layer_types puts full attention in blocks {full[:6]}…: planned "
+            "where every N-th block attends fully and the others over the window (GPT-OSS: "
+            "every 2nd)"
+        )
+    return dict(attention_window=window, full_attention_every=every)
 
 
 def source_config(

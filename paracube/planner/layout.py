@@ -505,7 +505,8 @@ class Layout:
 
     def model_refusal(self, cfg: ModelConfig) -> str:
         """Why ``cfg`` cannot take this layout ("" if it can): expert parallelism needs a
-        mixture of experts and divides its experts; a mixture is not planned under
+        mixture of experts and divides its experts; a sliding window is not planned under
+        context parallelism; a mixture is not planned under
         torchtitan's op-level checkpointing, compressed gradients, unfused attention,
         InternLM's broadcasts or hybrid sharding (their models are of the dense block's
         matrices), nor under tensor parallelism without sequence parallelism, which
@@ -554,6 +555,12 @@ class Layout:
             refusal = self._latent_attention_refusal()
             if refusal:
                 return refusal
+        if cfg.attention_window and self.cp > 1:
+            return (
+                f"cp={self.cp} with a sliding window of {cfg.attention_window} tokens: context "
+                "parallelism over windowed attention is not planned (its ring passes every "
+                "rank's keys round, which a window does not read); use cp 1"
+            )
         if self.ep_comm_overlap and self.pp > 1 and self.schedule != "interleaved-1f1b":
             return (
                 "ep_comm_overlap under a pipeline: Megatron-Core's combined 1F1B pairs "

@@ -176,6 +176,12 @@ def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch
         args.append(f"--kv-channels {cfg.head_dim}")
     if cfg.n_kv_heads < cfg.n_heads:
         args.append(f"--group-query-attention --num-query-groups {cfg.n_kv_heads}")
+    if 0 < cfg.attention_window < cfg.seq_len:
+        # FlashAttention's (left, right) extents: a window of w keys, the query's own among
+        # them, reaches w - 1 back and none ahead; every N-th block at full attention
+        args.append(f"--window-size {cfg.attention_window - 1},0")
+        if cfg.full_attention_every:
+            args.append(f"--window-attn-skip-freq {cfg.full_attention_every}")
     if cfg.qk_norm:  # each head's q and k normalised, under --normalization's kind
         args.append("--qk-layernorm")
     if cfg.activation == "swiglu":
@@ -200,7 +206,7 @@ def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch
                 f"--moe-router-num-groups {cfg.route_groups} "
                 f"--moe-router-group-topk {cfg.route_group_topk}"
             )
-        if not cfg.uniform:  # dense blocks among the mixture's, each MLP at its own width
+        if cfg.dense_layers:  # dense blocks among the mixture's, each MLP at its own width
             args.append(
                 f"--moe-ffn-hidden-size {cfg.ffn_hidden} --moe-layer-freq '{moe_layer_freq(cfg)}'"
             )

@@ -233,7 +233,10 @@ def attention_core(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> t
         # size, the padding included (kernel_head_dim).
         padded = kernel_head_dim(layout.attention, cfg.qk_head_dim) / cfg.qk_head_dim
         forward = FUSED_SLOWDOWN[layout.attention][0] * padded
-        return forward * flops / 2 / (g.attention_rate or rate), flops / 2
+        done = flops / 2
+        if 0 < cfg.attention_window < s:  # a sliding window: the key tiles it touches (cp 1)
+            done = flops * shapes.windowed_kernel_keys(s, cfg.attention_window) / s
+        return forward * done / (g.attention_rate or rate), done
     # Unfused (Megatron before FlashAttention): two batched matmuls that write and read the
     # s×s scores, then scale-mask-softmax and dropout passes over them — Korthikanti's
     # 5·a·s/h bytes per s·b·h (16-bit scores and probabilities, 1-byte mask), read and written.
@@ -740,7 +743,8 @@ def estimate(
     local = rank_sequence(cfg, layout)  # the s/cp tokens a rank holds under context parallelism
     # one block of each kind (a mixture's, and its dense blocks'), timed once
     costs = {
-        kind.moe: block_costs(kind, layout, cluster, elem, fp8) for kind, _ in local.kind_counts()
+        kind.kind_key: block_costs(kind, layout, cluster, elem, fp8)
+        for kind, _ in local.kind_counts()
     }
     # every pipeline rank with the blocks the engine's split gives it; the slowest sets the pace
     ranks = [
@@ -753,7 +757,7 @@ def estimate(
     pp_comm = pp_transfer_time(local, layout, cluster, elem)
     # the schedule's unit costs: a block's passes, over the kinds as the model holds them
     F, I, W = (
-        sum(n * costs[kind.moe].passes[part] for kind, n in local.kind_counts()) / cfg.n_layers
+        sum(n * costs[kind.kind_key].passes[part] for kind, n in local.kind_counts()) / cfg.n_layers
         for part in range(3)
     )
     overhead = get_schedule(layout.schedule).idle_over_busy(p, m, layout.chunks, F, I, W)
@@ -850,10 +854,11 @@ def _rank_step(
     cluster: Cluster,
     share: RankShare,
     elem: int,
-    costs: dict[bool, BlockCosts],
+    costs: dict[tuple[bool, int], BlockCosts],
 ) -> _RankTime:
     """One pipeline rank's step parts: its blocks' forward + backward (each kind's
-    ``costs``, by whether it is a mixture's block: a mixture's and its dense ones apart), the head's on the last rank,
+    ``costs``, by :attr:`~paracube.config.ModelConfig.kind_key`: a mixture's blocks and its
+    dense ones apart, windowed and fully attending ones apart), the head's on the last rank,
     the recomputation of its recomputed blocks, its tensor-parallel collectives, its
     context-parallel ring (its forward's part again in a fully recomputed block), and its
     own gradient reduction and optimizer step over its parameters (``cfg``: the rank's
@@ -863,14 +868,14 @@ def _rank_step(
     blocks = len(share.blocks)
     held = cfg.kind_counts(share.blocks)
     if cfg.uniform:  # the search's hot path: one kind, its recomputed blocks counted
-        redone_of = {cfg.moe: recomputed_blocks(share, layout)}
+        redone_of = {cfg.kind_key: recomputed_blocks(share, layout)}
     else:
-        redone_of = {k.moe: n for k, n in cfg.kind_counts(recomputed_indices(share, layout))}
+        redone_of = {k.kind_key: n for k, n in cfg.kind_counts(recomputed_indices(share, layout))}
     full = layout.recompute == "full"
     per_mb = head_time(cfg, layout, g, elem) if share.head else 0.0
     block_params = experts = recompute = cp = ep = tp_comm = 0.0
     for kind, n in held:  # a mixture's blocks, and its dense ones
-        cost, redone = costs[kind.moe], redone_of.get(kind.moe, 0)
+        cost, redone = costs[kind.kind_key], redone_of.get(kind.kind_key, 0)
         per_mb += n * cost.block
         block_params += n * shapes.block_params(kind, tp=t, ep=layout.ep, etp=layout.expert_tp)
         if kind.moe:
@@ -949,7 +954,7 @@ def _mtp_step(
     cluster: Cluster,
     share: RankShare,
     elem: int,
-    costs: dict[bool, BlockCosts],
+    costs: dict[tuple[bool, int], BlockCosts],
 ) -> _MtpStep:
     """What the multi-token prediction modules add to the last pipeline rank (Megatron-Core
     places them there, --mtp-num-layers): per module and micro-batch, its 2h → h projection
@@ -959,7 +964,7 @@ def _mtp_step(
     module reads the next tokens from (Megatron builds the embedding on the MTP stage too)."""
     g, t, m, d = cluster.gpu, layout.tp, layout.microbatches, cfg.mtp_layers
     last = cfg.block_kind(cfg.n_layers - 1)
-    cost = costs[last.moe]
+    cost = costs[last.kind_key]
     tokens = layout.micro_batch * cfg.seq_len
     projection = sum(_gemm_fwd_bwd(tokens, cfg.hidden / t, 2 * cfg.hidden, g, elem))
     waited = (
@@ -1130,7 +1135,7 @@ def _blocks_tp_comm(
     unredone = layout if layout.recompute == "none" else layout.replace(recompute="none")
     plain = block_tp_comm(cfg, unredone, cluster, elem, gemms)
     comm = m * layers * plain
-    if layout.recompute in ("full", "op"):  # a recomputed block's forward collectives again
+    if layout.recompute != "none":  # what a recomputed block's forward gathers again
         redo = block_tp_comm(cfg, layout, cluster, elem, gemms) - plain
         comm += m * redone * redo
     return comm
@@ -1175,12 +1180,36 @@ def block_tp_comm(
             rings += 1
     if cfg.mla:
         rings -= latent_gather_saving(cfg, full)
+    if layout.recompute == "selective":
+        rings += selectively_redone_rings(cfg, layout.recompute_modules, t, layout.expert_tp)
     comm = rings * ring(n, t, link)
     if layout.sequence_parallel:  # gathers and scatters at the cost the link measured them
         comm *= link.pair_cost_ratio
     if layout.tp_comm_overlap and t > 1:
         comm = overlapped_tp_comm(comm, gemms * (4 / 3 if full else 1.0), t)
     return comm
+
+
+def selectively_redone_rings(
+    cfg: ModelConfig, modules: tuple[str, ...], t: int, etp: int | None = None
+) -> float:
+    """The rings of b·s·h values a selective recomputation of ``modules`` moves again per
+    block and micro-batch: the forward collectives inside what it replays — a dense MLP's
+    (mlp: under sequence parallelism its input's all-gather and its output's reduce-scatter,
+    without it one all-reduce; Megatron-Core's checkpoint wraps the whole MLP, its
+    collectives with it), a mixture's MoE layer's (moe: the dispatcher's tensor-parallel
+    collectives and the shared experts' pair, :func:`moe_tp_rings`' forward MLP part) or the
+    shared experts' alone (shared_experts). The attention core, a latent attention's up
+    projections (fed by latents gathered before the checkpoint) and the element-wise modules
+    gather nothing."""
+    if t == 1:
+        return 0.0
+    if not cfg.moe:
+        return 1.0 if "mlp" in modules else 0.0
+    shared = 1.0 if cfg.shared_expert_ffn else 0.0
+    if "moe" in modules:
+        return shared + dispatcher_rings(cfg, t, etp)
+    return shared if "shared_experts" in modules else 0.0
 
 
 def latent_gather_saving(cfg: ModelConfig, full: bool) -> float:
@@ -1214,11 +1243,18 @@ def moe_tp_rings(cfg: ModelConfig, t: int, full: bool, etp: int | None = None) -
     the tensor-parallel group whatever ``etp``: a pair of their own each way, and their
     input re-gathered for backward (Megatron-Core's SharedExpertMLP, without
     --moe-shared-expert-overlap)."""
-    # the rings the dispatcher's collectives make
-    mlp = cfg.experts_per_token + 1 / t if (etp is None or etp == t) else 0.0
+    mlp = dispatcher_rings(cfg, t, etp)
     shared = 1.0 if cfg.shared_expert_ffn else 0.0
     forward = 1 + shared + mlp
     return forward * (2 if full else 1) + forward + 0.5 * (1 + shared)
+
+
+def dispatcher_rings(cfg: ModelConfig, t: int, etp: int | None = None) -> float:
+    """The rings of b·s·h values the all-to-all token dispatcher's tensor-parallel
+    collectives make each way in one MoE layer (:func:`moe_tp_rings`): the all-to-all of
+    the sequence shard into hidden slices (1/t) and the k half-ring pairs of the rows it
+    gathers; none when the experts are folded at an ``etp`` below t."""
+    return cfg.experts_per_token + 1 / t if (etp is None or etp == t) else 0.0
 
 
 def overlapped_tp_comm(comm: float, gemms: float, t: int) -> float:
