@@ -264,9 +264,14 @@ Sources:
   qwen3_workload_base_configs.py``: ``expert_tensor_parallel_size=1``, global batch 2,048,
   V2 8,192, ``moe_a2a_overlap`` on H100 in the V2 era; ``qwen3_llm_pretrain.py``: no
   recomputation), micro-batch 1 — 25.11: 1,575 tokens/s per GPU (the row's global-batch
-  cell is missing; the recipe's 2,048); 26.02: global batch 8,192, 1,633. The pages' other
-  H100 mixture GPT-OSS 120B is not in the table: its alternate layers attend over a sliding
-  window, which the planner has no block for.
+  cell is missing; the recipe's 2,048); 26.02: global batch 8,192, 1,633.
+- Megatron-Bridge, GPT-OSS-120B (BF16): the 26.02 table, DGX-H100, 64 GPUs at PP 4 × EP 8
+  (expert-tensor-parallel size 1), global batch 1,280, micro-batch 1, 5,993 tokens/s per
+  GPU, its recipe ``GPT_OSS_120B_PRETRAIN_CONFIG_H100_BF16_V2``
+  (``scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py``: the norms and
+  the experts' activation recomputed); a 128-token sliding window in alternate blocks
+  (``ModelConfig.attention_window``). The 25.11 table's row (global batch 512,
+  micro-batch 4, 5,630) is left out: the recipe of that release was not read.
 - Megatron-Bridge, DeepSeek-V3 (FP8): the archive page's 25.09 table, DGX-H100,
   "DeepSeekV3 (dropless)" on 1,024 GPUs at TP 2 × PP 8 × VP 4 × EP 64, global batch 8,192,
   micro-batch 1, 1,297 tokens/s per GPU — FP8 with current scaling (its 338 TFLOP/s beside
@@ -384,6 +389,7 @@ def runs() -> list[dict]:
         + _dgxc_grok1()
         + _qwen3_moe()
         + _deepseek_v3()
+        + _gpt_oss()
         + _moe_model_zoo()
         + _megatron_bridge_fp8()
         + _nemo_long_sequence()
@@ -445,6 +451,7 @@ STACKS = {
     "Megatron-Bridge 25.09, MoE (FP8)": "Megatron-Core MoE via NeMo, FP8 (H100)",
     "Megatron-Bridge 25.11, MoE (FP8)": "Megatron-Core MoE via NeMo, FP8 (H100)",
     "Megatron-Bridge 26.02, MoE (FP8)": "Megatron-Core MoE via NeMo, FP8 (H100)",
+    "Megatron-Bridge 26.02, MoE (BF16)": "Megatron-Core MoE via NeMo, BF16 (H100)",
     "NeMo AutoModel, MoE": "FSDP2 + expert parallel (H100)",
     "Megatron-MoE-ModelZoo": "Megatron-Core MoE, BF16 (H100)",
     "InternLM": "ZeRO-1: InternLM (A100)",
@@ -1321,6 +1328,26 @@ def _deepseek_v3() -> list[dict]:
     return [
         _run("Megatron-Bridge 25.09, MoE (FP8)", cfg, "h100", 1024, 8192, "fp8", fixed, "model",
              round(1297 * model_flops_per_token(cfg) / 1e12, 1))
+    ]  # fmt: skip
+
+
+def _gpt_oss() -> list[dict]:
+    """GPT-OSS-120B on 64 H100s as Megatron-Bridge ran it (its performance summary's 26.02
+    table, DGX-H100, BF16: global batch 1,280, micro-batch 1, PP 4 × EP 8, 5,993 tokens/s
+    per GPU); tokens/s converted with paracube's FLOP count, which counts each windowed
+    block's attention over the keys its 128-token window keeps (NeMo's GPT-OSS count)."""
+    cfg = preset("gpt-oss-120b")
+    # scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py,
+    # GPT_OSS_120B_PRETRAIN_CONFIG_H100_BF16_V2 (V1's at global batch 1,280): 64 GPUs, EP 8
+    # at expert-tensor-parallel size 1, PP 4 (no virtual stages), micro-batch 1, the
+    # recomputation of the norms and the experts' activation (recompute_modules
+    # ["layernorm", "moe_act"]); the model provider's all-to-all dispatcher; the recipes'
+    # bf16 gradient reduction, as Qwen3's
+    fixed = dict(tp=1, pp=4, cp=1, dp=16, ep=8, etp=1, zero=1, micro_batch=1, schedule="1f1b",
+                 attention="fused", grad_reduce="compute", **NORM_ACT, **MEGATRON_CORE)  # fmt: skip
+    return [
+        _run("Megatron-Bridge 26.02, MoE (BF16)", cfg, "h100", 64, 1280, "bf16", fixed, "model",
+             round(5993 * model_flops_per_token(cfg) / 1e12, 1))
     ]  # fmt: skip
 
 
