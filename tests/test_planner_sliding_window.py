@@ -144,8 +144,9 @@ def test_a_window_as_long_as_the_sequence_is_full_attention():
 
 def test_the_plan_emits_the_window_and_refuses_what_it_does_not_plan(capsys):
     """--emit megatron gives Megatron-Core the window as FlashAttention's extents (127 back,
-    none ahead) and the full blocks' frequency; context parallelism is refused with the
-    window (one line, exit 2), as are a frequency without a window and a training run."""
+    none ahead) and the full blocks' frequency, and --explain says what the window computes;
+    context parallelism is refused with the window, as are a frequency without a window and
+    a training run."""
     from paracube.cli import main
     from paracube.config import TrainConfig
     from paracube.validate import validate
@@ -153,11 +154,15 @@ def test_the_plan_emits_the_window_and_refuses_what_it_does_not_plan(capsys):
     code = main(["plan", "--model", "gpt-oss-120b", "--gpus", "64", "--gpu", "h100",
                  "--global-batch", "512", "--layout", "tp=1,pp=4,ep=8,etp=1",
                  "--micro-batch", "1", "--recompute-modules", "layernorm,moe_act",
-                 "--stack", "megatron-core", "--emit", "megatron"])  # fmt: skip
+                 "--stack", "megatron-core", "--emit", "megatron", "--explain"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0
     assert "--window-size 127,0 --window-attn-skip-freq 2" in out
     assert "--moe-layer-freq" not in out  # every block a mixture
+    assert (
+        "A sliding window of 128 tokens in 18 of the 36 blocks (one in 2 attends fully): a "
+        "windowed block's fused attention computes 252 keys a query" in out
+    )
     assert (
         Layout(dp=8, cp=2, ep=8)
         .model_refusal(preset("gpt-oss-20b"))
