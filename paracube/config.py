@@ -148,14 +148,17 @@ class ModelConfig:
     # h, one more block of the last block's kind, and the shared output head with a loss of
     # its own. Megatron-Core's --mtp-num-layers, on the last pipeline stage. 0: none.
     mtp_layers: int = 0
-    # Sliding-window attention (Mistral 7B, §2; GPT-OSS; Gemma 2/3): a block's query attends
-    # to itself and the ``attention_window`` - 1 keys before it, not to all earlier ones.
+    # Local attention, planned by ``paracube plan`` (paracube's GPT attends fully). A sliding
+    # window (Mistral 7B, §2; GPT-OSS; Gemma 2/3): a block's query attends to itself and the
+    # ``attention_window`` - 1 keys before it, not to all earlier ones. Chunked attention
+    # (Llama 4's attention_chunk_size): the sequence cut into chunks of ``attention_chunk``
+    # tokens, a query attending to the keys of its own chunk up to itself. One or the other.
     # ``full_attention_every`` N keeps every N-th block (1-based: blocks N, 2N, …) at full
-    # causal attention — GPT-OSS's alternate blocks (2), Gemma 3's one in six (6); 0: every
-    # block windowed. Megatron-Core's --window-size and --window-attn-skip-freq, whose
-    # layer numbering this is. Planned by ``paracube plan``; paracube's GPT attends fully.
-    # attention_window 0: full attention everywhere.
+    # causal attention — GPT-OSS's alternate blocks (2), Llama 4's one in four (4), Gemma
+    # 3's one in six (6); 0: every block local. Megatron-Core's --window-size and
+    # --window-attn-skip-freq, whose layer numbering this is. 0 and 0: full attention.
     attention_window: int = 0
+    attention_chunk: int = 0
     full_attention_every: int = 0
     qk_norm: bool = False
     # the rotary positions' base θ (RoFormer's 10,000; Llama 3's 500,000, Qwen3's 1,000,000):
@@ -324,21 +327,35 @@ class ModelConfig:
             )
 
     def _check_attention_window(self) -> None:
-        window, every = self.attention_window, self.full_attention_every
-        if not (type(window) is int and window >= 0):
+        window, chunk, every = (
+            self.attention_window,
+            self.attention_chunk,
+            self.full_attention_every,
+        )
+        for name, value, example in (
+            ("attention_window", window, "the sliding window (GPT-OSS: 128, Mistral 7B: 4096)"),
+            ("attention_chunk", chunk, "the attention's chunk (Llama 4: 8192)"),
+        ):
+            if not (type(value) is int and value >= 0):
+                raise ConfigError(
+                    f"{name}={value!r}: {example} is a positive number of tokens (0: full "
+                    "attention)"
+                )
+        if window and chunk:
             raise ConfigError(
-                f"attention_window={window!r}: the sliding window is a positive number of "
-                "tokens (0: full attention; GPT-OSS: 128, Mistral 7B: 4096)"
+                f"attention_window={window} with attention_chunk={chunk}: a block attends over "
+                "a sliding window or within its chunk; give one"
             )
         if not (type(every) is int and every >= 0):
             raise ConfigError(
                 f"full_attention_every={every!r}: every N-th block attends fully (GPT-OSS: 2); "
-                "0 windows every block"
+                "0 makes every block local"
             )
-        if every and not window:
+        if every and not (window or chunk):
             raise ConfigError(
-                f"full_attention_every={every} without attention_window: it names the blocks "
-                "that keep full attention among windowed ones; give the window's size"
+                f"full_attention_every={every} without a window or chunk: it names the blocks "
+                "that keep full attention among local ones; give attention_window (--attention-"
+                "window) or attention_chunk (--attention-chunk)"
             )
         if every == 1:
             raise ConfigError(
@@ -346,30 +363,43 @@ class ModelConfig:
                 "window instead (attention_window 0)"
             )
 
-    def windowed(self, index: int) -> bool:
-        """Whether block ``index`` (0-based) attends over the sliding window: every block
-        under a window, but the ``full_attention_every``-th ones (1-based numbering, as
-        Megatron-Core's is_layer_window_attention counts them).
+    @property
+    def local_span(self) -> int:
+        """The window's or the chunk's tokens when it is shorter than the sequence — what
+        makes a block's attention local —, else 0 (a window or chunk as long as the sequence
+        masks nothing)."""
+        span = self.attention_window or self.attention_chunk
+        return span if span < self.seq_len else 0
+
+    def local_attention(self, index: int) -> bool:
+        """Whether block ``index`` (0-based) attends locally — over a sliding window or
+        within its chunk, shorter than the sequence: every block under one, but the
+        ``full_attention_every``-th ones (1-based numbering, as Megatron-Core's
+        is_layer_window_attention counts them).
 
         >>> cfg = ModelConfig(n_layers=4, hidden=64, n_heads=4, vocab_size=100, seq_len=32,
         ...                   attention_window=8, full_attention_every=2)
-        >>> [cfg.windowed(i) for i in range(4)]
+        >>> [cfg.local_attention(i) for i in range(4)]
         [True, False, True, False]
         """
-        if not self.attention_window:
+        if not self.local_span:
             return False
         return not self.full_attention_every or (index + 1) % self.full_attention_every != 0
 
     @property
     def attended_keys(self) -> float:
         """Keys a query attends to on average over a sequence, in one block of this (uniform)
-        model: (s + 1)/2 under full causal attention; under a window of w ≤ s, the first w
-        queries see 1 … w keys and the other s − w see w: (w(w + 1)/2 + (s − w)·w)/s — the
-        mask's non-zero elements over s, as NeMo's GPT-OSS FLOP count takes them."""
-        s, w = self.seq_len, self.attention_window
-        if not w or w >= s:
-            return (s + 1) / 2
-        return (w * (w + 1) / 2 + (s - w) * w) / s
+        model — the mask's non-zero elements over s: (s + 1)/2 under full causal attention;
+        under a window of w < s, the first w queries see 1 … w keys and the other s − w see
+        w: (w(w + 1)/2 + (s − w)·w)/s, as NeMo's GPT-OSS FLOP count takes them; in chunks of
+        c < s, each chunk's causal triangle, c(c + 1)/2 a whole chunk, over s."""
+        s, w, c = self.seq_len, self.attention_window, self.attention_chunk
+        if 0 < w < s:
+            return (w * (w + 1) / 2 + (s - w) * w) / s
+        if 0 < c < s:
+            rest = s % c
+            return ((s // c) * c * (c + 1) / 2 + rest * (rest + 1) / 2) / s
+        return (s + 1) / 2
 
     @property
     def planned_parts(self) -> str:
@@ -382,6 +412,9 @@ class ModelConfig:
             f"mtp_layers={self.mtp_layers} (multi-token prediction)" if self.mtp_layers else "",
             f"attention_window={self.attention_window} (sliding-window attention)"
             if 0 < self.attention_window < self.seq_len
+            else "",
+            f"attention_chunk={self.attention_chunk} (chunked attention)"
+            if 0 < self.attention_chunk < self.seq_len
             else "",
         ]
         return ", ".join(part for part in parts if part)
@@ -403,14 +436,15 @@ class ModelConfig:
 
     @property
     def uniform(self) -> bool:
-        """Whether every block is alike (no dense blocks among a mixture's, no windowed
-        blocks among fully attending ones)."""
+        """Whether every block is alike (no dense blocks among a mixture's, no locally
+        attending blocks among fully attending ones)."""
         return not (self.dense_layers or self.mixed_attention)
 
     @property
     def mixed_attention(self) -> bool:
-        """Whether some blocks attend over the window and others fully."""
-        return bool(self.full_attention_every) and self.n_layers >= self.full_attention_every
+        """Whether some blocks attend locally and others fully."""
+        every = self.full_attention_every
+        return bool(every and self.local_span) and self.n_layers >= every
 
     def block_kind(self, index: int) -> ModelConfig:
         """Block ``index``'s kind as a uniform model (every other field the same): the
@@ -418,17 +452,17 @@ class ModelConfig:
         each windowed or fully attending as the block does."""
         if self.uniform:
             return self
-        return self._kinds[index in self.dense_layers, self.windowed(index)]
+        return self._kinds[index in self.dense_layers, self.local_attention(index)]
 
     @functools.cached_property  # a search asks for the kinds of a few models many times
     def _kinds(self) -> dict[tuple[bool, bool], ModelConfig]:
-        """The uniform model of each (dense, windowed) block kind."""
-        windowed = self.replace(dense_layers=(), dense_ffn=0, full_attention_every=0)
-        full = windowed.replace(attention_window=0)
+        """The uniform model of each (dense, attending locally) block kind."""
+        local = self.replace(dense_layers=(), dense_ffn=0, full_attention_every=0)
+        full = local.replace(attention_window=0, attention_chunk=0)
         return {
-            (dense, window): (self._densed(base) if dense else base)
+            (dense, is_local): (self._densed(base) if dense else base)
             for dense in (False, True)
-            for window, base in ((True, windowed), (False, full))
+            for is_local, base in ((True, local), (False, full))
         }
 
     def _densed(self, kind: ModelConfig) -> ModelConfig:
@@ -443,20 +477,22 @@ class ModelConfig:
 
     @property
     def mixture_kind(self) -> ModelConfig:
-        """The model as if every block were one of its mixture's (windowed as its first
-        block is: a window changes no block's parameters or kept bytes)."""
-        return self if self.uniform else self._kinds[False, self.windowed(0)]
+        """The model as if every block were one of its mixture's (attending as its first
+        block does: a window or chunk changes no block's parameters or kept bytes)."""
+        return self if self.uniform else self._kinds[False, self.local_attention(0)]
 
     @property
     def dense_kind(self) -> ModelConfig:
         """The model as if every block were one of its dense blocks."""
-        return self._kinds[True, self.windowed(0)] if not self.uniform else self._densed(self)
+        if self.uniform:
+            return self._densed(self)
+        return self._kinds[True, self.local_attention(0)]
 
     @property
-    def kind_key(self) -> tuple[bool, int]:
+    def kind_key(self) -> tuple[bool, int, int]:
         """What tells a uniform kind's blocks apart from another kind's in the time model:
-        whether its MLP is a mixture and the window it attends over."""
-        return self.moe, self.attention_window
+        whether its MLP is a mixture, and the window or chunk it attends within."""
+        return self.moe, self.attention_window, self.attention_chunk
 
     def kind_counts(self, blocks: Sequence[int] | None = None) -> list[tuple[ModelConfig, int]]:
         """(kind, how many) of the given block indices (all the model's by default), each
@@ -474,7 +510,7 @@ class ModelConfig:
         indices = range(self.n_layers) if blocks is None else blocks
         counts = dict.fromkeys(self._kinds, 0)
         for i in indices:
-            counts[i in self.dense_layers, self.windowed(i)] += 1
+            counts[i in self.dense_layers, self.local_attention(i)] += 1
         return [(self._kinds[key], n) for key, n in counts.items() if n]
 
     def _check_rope_scaling(self) -> None:

@@ -39,12 +39,13 @@ def validate(
             f"{cfg.model.name}: experts={cfg.model.experts} — a mixture of experts is planned "
             "(paracube plan), not trained: paracube train builds dense models; train a dense one"
         )
-    window = cfg.model.attention_window
-    if 0 < window < cfg.model.seq_len:
+    span = cfg.model.local_span
+    if span:
+        local = "a sliding window" if cfg.model.attention_window else "attention chunks"
         raise ConfigError(
-            f"{cfg.model.name}: a sliding window of {window} tokens < --seq-len "
-            f"{cfg.model.seq_len} — planned (paracube plan), not trained: paracube trains full "
-            f"attention; use --seq-len ≤ {window}"
+            f"{cfg.model.name}: {local} of {span} tokens < --seq-len {cfg.model.seq_len} — "
+            "planned (paracube plan), not trained: paracube trains full attention; use "
+            f"--seq-len ≤ {span}"
         )
     if cfg.model.planned_parts:
         raise ConfigError(

@@ -150,7 +150,7 @@ CASES: list[tuple[str, list[str], str]] = [
      "norms a block)"),
     ("data", ["plan", "--model", "hf:{tmp}/hf-gpt-oss-irregular", "--gpus", "8", "--global-batch", "8"],
      "gpt_oss config: layer_types puts full attention in blocks [1, 2]…: planned where every "
-     "N-th block attends fully and the others over the window (GPT-OSS: every 2nd)"),
+     "N-th block attends fully and the others locally (GPT-OSS: every 2nd, Llama 4: every 4th)"),
     ("data", ["plan", "--model", "hf:{tmp}/hf-deepseek-v3", "--gpus", "8", "--global-batch", "8"],
      "deepseek_v3 config: no integer 'n_routed_experts': a config transformers wrote gives "
      "n_routed_experts, num_experts_per_tok"),
@@ -503,8 +503,14 @@ CASES: list[tuple[str, list[str], str]] = [
      "route_groups=3, route_group_topk=1: group-limited routing takes a mixture's experts (8) in groups"),
     ("plan", ["plan", "--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "1000",
                "--seq", "1024", "--full-attention-every", "2", "--gpus", "8", "--global-batch", "8"],
-     "full_attention_every=2 without attention_window: it names the blocks that keep full "
-     "attention among windowed ones; give the window's size"),
+     "full_attention_every=2 without a window or chunk: it names the blocks that keep full "
+     "attention among local ones; give attention_window (--attention-window) or "
+     "attention_chunk (--attention-chunk)"),
+    ("plan", ["plan", "--model", "llama4-scout", "--seq", "32768", "--gpus", "64", "--gpu", "h100",
+              "--global-batch", "64", "--emit", "megatron"],
+     "--emit megatron: llama4-scout's chunked attention (attention_chunk=8192) has no "
+     "Megatron-Core argument paracube emits; plan it without --emit megatron, or at --seq 8192 "
+     "or less, where one chunk is the whole sequence"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--pipeline-split", "uniform"],
      "unknown --pipeline-split 'uniform': choose one of engine, even, even-ends"),
     ("plan", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "8", "--recompute-modules", "router"],

@@ -78,6 +78,12 @@ def cmd_plan(args) -> int:
             f"{cfg.name} is a mixture of experts ({cfg.experts} experts) with --emit torchrun: "
             "paracube train builds dense models (a mixture is planned, not run); drop one"
         )
+    if isinstance(cfg, ModelConfig) and args.emit == "megatron":
+        from paracube.planner.megatron import model_refusal
+
+        refusal = model_refusal(cfg)
+        if refusal:
+            raise ParacubeError(f"--emit megatron: {refusal}")
     training_tokens(args, cfg)  # refused before the search, not after its table
     if other is not None and args.global_batch % args.gpus:
         lower = args.global_batch // args.gpus * args.gpus

@@ -103,12 +103,20 @@ def add_parser(sub) -> None:
         "before it (GPT-OSS: 128, Mistral 7B: 4096; Megatron's --window-size)",
     )
     m.add_argument(
+        "--attention-chunk",
+        type=int,
+        default=None,
+        metavar="C",
+        help="chunked attention: the sequence cut into chunks of C tokens, each query "
+        "attending within its own (Llama 4: 8192)",
+    )
+    m.add_argument(
         "--full-attention-every",
         type=int,
         default=None,
         metavar="N",
-        help="under --attention-window, every N-th block attends fully (GPT-OSS: 2, Gemma 3: "
-        "6; Megatron's --window-attn-skip-freq); default: every block windowed",
+        help="under --attention-window or --attention-chunk, every N-th block attends fully "
+        "(GPT-OSS: 2, Llama 4: 4; Megatron's --window-attn-skip-freq); default: none",
     )
     m.add_argument(
         "--head-size",

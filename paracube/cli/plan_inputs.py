@@ -39,6 +39,7 @@ BLOCK = (
     "dense_ffn",
     "mtp_layers",
     "attention_window",
+    "attention_chunk",
     "full_attention_every",
     "head_size",
     "qk_norm",

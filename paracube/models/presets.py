@@ -86,6 +86,25 @@ def _gpt_oss(n_layers: int, experts: int) -> dict:
     }
 
 
+def _llama4(experts: int, moe_every: int) -> dict:
+    """A Llama 4 shape (its config.json's text_config): Llama's block with per-head q/k
+    norms, a mixture of 1 expert a token and a shared one in every ``moe_every``-th block,
+    the others dense, chunked attention in three blocks of four."""
+    dense = tuple(i for i in range(48) if (i + 1) % moe_every)
+    return {
+        **_llama(48, 5120, 40, 8, 8192, 202048, 8192),
+        "qk_norm": True,
+        "experts": experts,
+        "experts_per_token": 1,
+        "shared_expert_ffn": 8192,
+        "dense_layers": dense,
+        "dense_ffn": 16384 if dense else 0,
+        "attention_chunk": 8192,
+        "full_attention_every": 4,
+        "rope_theta": 500000.0,
+    }
+
+
 PRESETS: dict[str, dict] = {
     # Byte-level models for this machine (2 CPU cores).
     "nano": dict(n_layers=2, hidden=64, n_heads=4, vocab_size=256, seq_len=64),
@@ -164,6 +183,14 @@ PRESETS: dict[str, dict] = {
     # vocabulary, untied head; 4,096 tokens, its initial context before YaRN's stretch
     "gpt-oss-120b": {**_gpt_oss(36, experts=128)},
     "gpt-oss-20b": {**_gpt_oss(24, experts=32)},
+    # Llama 4 (planned only; meta-llama/Llama-4-Scout-17B-16E's and -Maverick-17B-128E's
+    # text_config): 48 blocks of 5,120, 40 query heads of 128 over 8 key/value heads, per-head
+    # q/k norms; 16 (Maverick: 128) experts of 8,192, 1 a token, beside a shared one of 8,192
+    # — in every block (Maverick: every 2nd, the others dense at 16,384) —; attention within
+    # chunks of 8,192 tokens but in every 4th block; a 202,048-token vocabulary, untied; 8,192
+    # tokens, one chunk, as Megatron-Bridge's recipes train them
+    "llama4-scout": _llama4(experts=16, moe_every=1),
+    "llama4-maverick": _llama4(experts=128, moe_every=2),
 }
 
 

@@ -429,10 +429,11 @@ def block_forward_flops_per_token(cfg: ModelConfig) -> float:
 def attention_core_flops_per_token(cfg: ModelConfig) -> float:
     """The attention core's forward FLOPs per token over the full s × s: QKᵀ 2·s·a·d_qk and
     scores·V 2·s·a·d_v — 4·s·a·d where queries, keys and values are d wide (a latent
-    attention's are d + d_r and d_v). A windowed block (``attention_window``) counts the keys
-    its mask keeps (:attr:`~paracube.config.ModelConfig.attended_keys`), as NeMo's GPT-OSS
-    count does, in place of s (a window as long as the sequence is full attention)."""
-    keys = cfg.attended_keys if 0 < cfg.attention_window < cfg.seq_len else cfg.seq_len
+    attention's are d + d_r and d_v). A locally attending block (a window or chunk shorter
+    than the sequence, ``ModelConfig.local_span``) counts the keys its mask keeps
+    (:attr:`~paracube.config.ModelConfig.attended_keys`), as NeMo's GPT-OSS count does, in
+    place of s."""
+    keys = cfg.attended_keys if cfg.local_span else cfg.seq_len
     return 2 * keys * cfg.n_heads * (cfg.qk_head_dim + cfg.v_dim)
 
 
@@ -443,15 +444,22 @@ ATTENTION_TILE = 128
 
 
 @lru_cache(maxsize=64)
-def windowed_kernel_keys(seq: int, window: int) -> float:
-    """Keys per query a fused kernel computes under a causal sliding window of ``window``
-    tokens over ``seq``: every 128 × 128 tile (:data:`ATTENTION_TILE`) that the window
-    reaches, partly masked or not — for query tile j, the key tiles from the one holding
-    its first row's earliest key, j·B − w + 1, up to the diagonal's. GPT-OSS's 128-token
-    window computes 256 keys a query (two tiles), twice what its mask keeps."""
+def local_kernel_keys(seq: int, window: int = 0, chunk: int = 0) -> float:
+    """Keys per query a fused kernel computes over ``seq`` tokens under a causal sliding
+    window of ``window`` tokens or in chunks of ``chunk``: every 128 × 128 tile
+    (:data:`ATTENTION_TILE`) the mask reaches, partly masked or not — for query tile j, the
+    key tiles from the one holding its first row's earliest key (j·B − w + 1 under a
+    window, the start of its chunk in chunks) up to the diagonal's; the rows after it need
+    no earlier key. GPT-OSS's 128-token window computes 256 keys a query (two tiles), twice
+    what its mask keeps."""
     tile = ATTENTION_TILE
-    tiles = -(-seq // tile)
-    computed = sum(j - max(0, (j * tile - window + 1) // tile) + 1 for j in range(tiles))
+
+    def first(j: int) -> int:  # the key tile holding query tile j's earliest key
+        if window:
+            return max(0, (j * tile - window + 1) // tile)
+        return (j * tile // chunk) * chunk // tile
+
+    computed = sum(j - first(j) + 1 for j in range(-(-seq // tile)))
     return computed * tile * tile / seq
 
 

@@ -32,7 +32,8 @@ from paracube.errors import ConfigError
 HF_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama",
                "gpt2": "gpt2", "mixtral": "llama", "qwen3_moe": "llama",
                "qwen2_moe": "llama", "glm4_moe": "llama", "deepseek_v2": "llama",
-               "deepseek_v3": "llama", "kimi_k2": "llama", "gpt_oss": "llama"}  # fmt: skip
+               "deepseek_v3": "llama", "kimi_k2": "llama", "gpt_oss": "llama",
+               "llama4_text": "llama", "llama4": "llama"}  # fmt: skip
 # Mixtral is Mistral's decoder with a mixture of experts for its MLP: planned (its experts
 # from num_local_experts and num_experts_per_tok), not trained — paracube builds dense models.
 # Qwen3-MoE is Qwen3's decoder with one (num_experts of moe_intermediate_size, top
@@ -54,7 +55,12 @@ HF_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": 
 # num_experts_per_tok, biased experts) whose blocks attend over a sliding_window in turn
 # with full attention (layer_types): planned likewise, its window where layer_types says,
 # its attention sinks (a logit a head, one more softmax column) and its clamped SwiGLU
-# counted as the plain ones.
+# counted as the plain ones. Llama 4 (llama4_text, or llama4's text_config) is a mixture
+# (num_local_experts, top num_experts_per_tok, a shared expert of intermediate_size) in
+# every interleave_moe_layer_step-th block, the others dense (intermediate_size_mlp), whose
+# rotary blocks attend within chunks of attention_chunk_size and whose every fourth
+# (no_rope_layers 0) attends fully without positions: planned likewise, its weightless
+# q/k L2 norms as Qwen3's per-head norms.
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 WEIGHTS_FILE = "model.safetensors"
 # a checkpoint saved in shards (save_pretrained above its max_shard_size, every published
@@ -164,8 +170,6 @@ NOT_MODELLED = {
     "gemma2": "a GeGLU MLP, four norms a block, logit soft-capping",
     "gemma3": "a GeGLU MLP, four norms a block",
     "gemma3_text": "a GeGLU MLP, four norms a block",
-    "llama4": "chunked attention in three blocks of four",
-    "llama4_text": "chunked attention in three blocks of four",
 }
 
 
@@ -352,6 +356,8 @@ def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = No
     ``seq_len`` defaults to the model's context (max_position_embeddings / n_positions),
     capped at 1024 so a default run fits a CPU. ``vocab_size`` overrides the config's (a
     tokenized dataset's vocabulary)."""
+    if data["model_type"] == "llama4":  # the multimodal config: its language model's
+        data = {**(data.get("text_config") or {}), "model_type": "llama4_text"}
     kind = data["model_type"]
     get = data.get
     if HF_FAMILIES[kind] == "gpt2":
@@ -396,6 +402,8 @@ def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = No
                 experts=get("num_local_experts", 128),
                 experts_per_token=get("num_experts_per_tok", 4),
             )
+        if kind == "llama4_text":
+            shape.update(_llama4_mixture(data), qk_norm=bool(get("use_qk_norm", True)))
     context = hf_context(data)
     seq = seq_len if seq_len is not None else min(context, 1024)
     if seq > context:
@@ -407,7 +415,32 @@ def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = No
         seq_len=seq,
         name=f"hf:{kind}",
         **shape,
-        **_sliding_window(data, seq),
+        **_local_attention(data, seq),
+    )
+
+
+def _llama4_mixture(data: dict) -> dict:
+    """A Llama 4 config's mixture, as :class:`ModelConfig` fields: its ``moe_layers`` (by
+    default every ``interleave_moe_layer_step``-th block, transformers' Llama4TextConfig)
+    a mixture of ``num_local_experts`` of ``intermediate_size``, ``num_experts_per_tok`` a
+    token, beside a shared expert of the same width (Llama4TextMoe's shared_expert); the
+    other blocks dense at ``intermediate_size_mlp``."""
+    get = data.get
+    layers, step = get("num_hidden_layers", 48), get("interleave_moe_layer_step", 1)
+    if not (type(step) is int and step >= 1):
+        raise ConfigError(
+            f"llama4 config: interleave_moe_layer_step {step!r} must be a positive integer"
+        )
+    moe = get("moe_layers") or list(range(step - 1, layers, step))
+    dense = tuple(i for i in range(layers) if i not in moe)
+    width = get("intermediate_size", 8192)
+    return dict(
+        experts=get("num_local_experts", 16),
+        experts_per_token=get("num_experts_per_tok", 1),
+        ffn_hidden=width,
+        shared_expert_ffn=width,
+        dense_layers=dense,
+        dense_ffn=get("intermediate_size_mlp", 16384) if dense else 0,
     )
 
 
@@ -415,35 +448,45 @@ def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = No
 WINDOWED_BY_DEFAULT = ("mistral", "mixtral", "gpt_oss")
 
 
-def _sliding_window(data: dict, seq: int) -> dict:
-    """A config's sliding window as :class:`ModelConfig` fields: ``sliding_window`` where
-    the model uses it (Mistral's and Mixtral's, GPT-OSS's; Qwen2's under
-    ``use_sliding_window``) and it is shorter than the sequence; the blocks that keep full
-    attention from ``layer_types`` (transformers' per-block "sliding_attention" or
-    "full_attention"), which must be every N-th block — Megatron-Core's
-    --window-attn-skip-freq N — or none."""
+def _local_attention(data: dict, seq: int) -> dict:
+    """A config's local attention as :class:`ModelConfig` fields, where it is shorter than
+    the sequence: ``sliding_window`` where the model uses it (Mistral's and Mixtral's,
+    GPT-OSS's; Qwen2's under ``use_sliding_window``), Llama 4's ``attention_chunk_size``.
+    The blocks that keep full attention — ``layer_types``' "full_attention" among
+    "sliding_attention" or "chunked_attention", or Llama 4's ``no_rope_layers`` zeros
+    (transformers' default: every fourth) — must be every N-th block (Megatron-Core's
+    --window-attn-skip-freq N) or none."""
     kind, get = data["model_type"], data.get
-    window = (
-        get("sliding_window") if get("use_sliding_window", kind in WINDOWED_BY_DEFAULT) else None
-    )
-    if window is None or window >= seq:
+    if kind == "llama4_text":
+        name, field = "attention_chunk_size", "attention_chunk"
+        span = get(name, 8192)
+        interval = get("no_rope_layer_interval", 4)
+        rope = get("no_rope_layers") or [
+            int((i + 1) % interval != 0) for i in range(get("num_hidden_layers", 48))
+        ]
+        types = get("layer_types") or ["chunked_attention" if r else "full_attention" for r in rope]
+    else:
+        name, field = "sliding_window", "attention_window"
+        windowed = get("use_sliding_window", kind in WINDOWED_BY_DEFAULT)
+        span = get(name) if windowed else None
+        types = get("layer_types") or []
+    if span is None or span >= seq:
         return {}
-    if not (type(window) is int and window > 0):
-        raise ConfigError(f"{kind} config: sliding_window {window!r} must be a positive integer")
-    types = get("layer_types") or []
+    if not (type(span) is int and span > 0):
+        raise ConfigError(f"{kind} config: {name} {span!r} must be a positive integer")
     full = [i for i, t in enumerate(types) if t == "full_attention"]
     if not full:
-        return dict(attention_window=window)
+        return {field: span}
     if len(full) == len(types):  # every block attends fully
         return {}
     every = full[0] + 1
     if full != list(range(every - 1, len(types), every)):
         raise ConfigError(
             f"{kind} config: layer_types puts full attention in blocks {full[:6]}…: planned "
-            "where every N-th block attends fully and the others over the window (GPT-OSS: "
-            "every 2nd)"
+            "where every N-th block attends fully and the others locally (GPT-OSS: every "
+            "2nd, Llama 4: every 4th)"
         )
-    return dict(attention_window=window, full_attention_every=every)
+    return {field: span, "full_attention_every": every}
 
 
 def source_config(

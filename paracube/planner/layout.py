@@ -555,11 +555,11 @@ class Layout:
             refusal = self._latent_attention_refusal()
             if refusal:
                 return refusal
-        if cfg.attention_window and self.cp > 1:
+        if cfg.local_span and self.cp > 1:
             return (
-                f"cp={self.cp} with a sliding window of {cfg.attention_window} tokens: context "
-                "parallelism over windowed attention is not planned (its ring passes every "
-                "rank's keys round, which a window does not read); use cp 1"
+                f"cp={self.cp} with {local_words(cfg)}: context parallelism over local "
+                "attention is not planned (its ring passes every rank's keys round, which a "
+                "window or chunk does not read); use cp 1"
             )
         if self.ep_comm_overlap and self.pp > 1 and self.schedule != "interleaved-1f1b":
             return (
@@ -832,3 +832,10 @@ def rank_sequence(cfg: ModelConfig, layout: Layout) -> ModelConfig:
 @functools.lru_cache(maxsize=256)  # a search asks for the same few on every layout
 def _with_sequence(cfg: ModelConfig, seq_len: int) -> ModelConfig:
     return cfg.replace(seq_len=seq_len)
+
+
+def local_words(cfg: ModelConfig) -> str:
+    """A model's local attention in words: its sliding window or its chunks."""
+    if cfg.attention_window:
+        return f"a sliding window of {cfg.attention_window} tokens"
+    return f"chunks of {cfg.attention_chunk} tokens"

@@ -150,6 +150,19 @@ def moe_layer_freq(cfg: ModelConfig) -> str:
     return f"({'+'.join(runs)})"
 
 
+def model_refusal(cfg: ModelConfig) -> str:
+    """Why Megatron-LM's command cannot train ``cfg`` as planned ("" if it can): chunked
+    attention shorter than the sequence (Llama 4's), which no argument paracube emits
+    expresses — a command without it would train full attention."""
+    if 0 < cfg.attention_chunk < cfg.seq_len:
+        return (
+            f"{cfg.name}'s chunked attention (attention_chunk={cfg.attention_chunk}) has no "
+            "Megatron-Core argument paracube emits; plan it without --emit megatron, or at "
+            f"--seq {cfg.attention_chunk} or less, where one chunk is the whole sequence"
+        )
+    return ""
+
+
 def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch: int) -> list[str]:
     """Megatron-LM's flags for ``cfg`` under ``layout`` (refused layouts raise ConfigError:
     :func:`megatron_refusal`)."""
@@ -176,6 +189,9 @@ def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch
         args.append(f"--kv-channels {cfg.head_dim}")
     if cfg.n_kv_heads < cfg.n_heads:
         args.append(f"--group-query-attention --num-query-groups {cfg.n_kv_heads}")
+    refusal = model_refusal(cfg)
+    if refusal:
+        raise ConfigError(f"--emit megatron: {refusal}")
     if 0 < cfg.attention_window < cfg.seq_len:
         # FlashAttention's (left, right) extents: a window of w keys, the query's own among
         # them, reaches w - 1 back and none ahead; every N-th block at full attention

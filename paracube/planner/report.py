@@ -282,7 +282,7 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
         lines.append(_context_parallel_reason(best, cfg))
     if getattr(cfg, "moe", False):
         lines.append(_experts_reason(best, cfg))
-    if getattr(cfg, "mla", False) or getattr(cfg, "mtp_layers", 0) or _windowed(cfg):
+    if getattr(cfg, "mla", False) or getattr(cfg, "mtp_layers", 0) or _local(cfg):
         lines.append(_architecture_reason(cfg, L))
     if L.pp > 1:
         lines.append(_pipeline_reason(best, cfg))
@@ -426,38 +426,39 @@ def _experts_reason(best, cfg: ModelConfig) -> str:
     )
 
 
-def _windowed(cfg) -> bool:
-    """Whether a plan's model attends over a window shorter than its sequence (a factory's
-    config may be another kind of model)."""
-    return 0 < getattr(cfg, "attention_window", 0) < getattr(cfg, "seq_len", 0)
+def _local(cfg) -> bool:
+    """Whether a plan's model attends over a window or in chunks shorter than its sequence
+    (a factory's config may be another kind of model)."""
+    return bool(getattr(cfg, "local_span", 0))
 
 
 def _architecture_reason(cfg: ModelConfig, L: Layout) -> str:
     """A latent attention, multi-token prediction modules, a sliding window: how the plan
     holds them."""
     parts = []
-    if _windowed(cfg):
-        from paracube.models.shapes import windowed_kernel_keys
+    if _local(cfg):
+        from paracube.models.shapes import local_kernel_keys
+        from paracube.planner.layout import local_words
 
-        s, w = cfg.seq_len, cfg.attention_window
-        windowed = sum(cfg.windowed(i) for i in range(cfg.n_layers))
+        s = cfg.seq_len
+        local = sum(cfg.local_attention(i) for i in range(cfg.n_layers))
         which = (
-            f"{windowed} of the {cfg.n_layers} blocks (one in {cfg.full_attention_every} "
+            f"{local} of the {cfg.n_layers} blocks (one in {cfg.full_attention_every} "
             "attends fully)"
-            if windowed < cfg.n_layers
+            if local < cfg.n_layers
             else "every block"
         )
+        keys = local_kernel_keys(s, cfg.attention_window, cfg.attention_chunk)
         computed = (
-            f"a windowed block's fused attention computes {windowed_kernel_keys(s, w):,.0f} "
-            "keys a query (every 128 × 128 tile the window reaches) where a full one computes "
-            f"{s / 2:,.0f} (the causal half of {s:,})"
+            f"a local block's fused attention computes {keys:,.0f} keys a query (every "
+            f"128 × 128 tile its mask reaches) where a full one computes {s / 2:,.0f} (the "
+            f"causal half of {s:,})"
             if L.attention in FUSED_ATTENTION
-            else f"{L.attention} attention computes every score and masks it, the window's "
-            "keys and the others"
+            else f"{L.attention} attention computes every score and masks it"
         )
         parts.append(
-            f"a sliding window of {w:,} tokens in {which}: {computed}; MFU counts the "
-            f"{cfg.attended_keys:,.0f} keys a query's window keeps"
+            f"{local_words(cfg)} in {which}: {computed}; MFU counts the "
+            f"{cfg.attended_keys:,.0f} keys its mask keeps"
         )
     if cfg.mla:
         queries = f"queries from a {cfg.q_lora_rank:,} latent, " if cfg.q_lora_rank else ""

@@ -234,8 +234,9 @@ def attention_core(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> t
         padded = kernel_head_dim(layout.attention, cfg.qk_head_dim) / cfg.qk_head_dim
         forward = FUSED_SLOWDOWN[layout.attention][0] * padded
         done = flops / 2
-        if 0 < cfg.attention_window < s:  # a sliding window: the key tiles it touches (cp 1)
-            done = flops * shapes.windowed_kernel_keys(s, cfg.attention_window) / s
+        if cfg.local_span:  # a window or chunks: the key tiles the mask reaches (cp 1)
+            keys = shapes.local_kernel_keys(s, cfg.attention_window, cfg.attention_chunk)
+            done = flops * keys / s
         return forward * done / (g.attention_rate or rate), done
     # Unfused (Megatron before FlashAttention): two batched matmuls that write and read the
     # s×s scores, then scale-mask-softmax and dropout passes over them — Korthikanti's
@@ -854,7 +855,7 @@ def _rank_step(
     cluster: Cluster,
     share: RankShare,
     elem: int,
-    costs: dict[tuple[bool, int], BlockCosts],
+    costs: dict[tuple[bool, int, int], BlockCosts],
 ) -> _RankTime:
     """One pipeline rank's step parts: its blocks' forward + backward (each kind's
     ``costs``, by :attr:`~paracube.config.ModelConfig.kind_key`: a mixture's blocks and its
@@ -954,7 +955,7 @@ def _mtp_step(
     cluster: Cluster,
     share: RankShare,
     elem: int,
-    costs: dict[tuple[bool, int], BlockCosts],
+    costs: dict[tuple[bool, int, int], BlockCosts],
 ) -> _MtpStep:
     """What the multi-token prediction modules add to the last pipeline rank (Megatron-Core
     places them there, --mtp-num-layers): per module and micro-batch, its 2h → h projection
