@@ -203,6 +203,7 @@ def test_a_model_without_layers_pays_zero1s_all_gather_of_the_updated_parameters
         ("gpt3-13b", "h100", 64, 256, "bf16"),
         ("llama2-70b", "h100", 256, 512, "bf16"),
         ("llama2-70b", "h100", 256, 512, "fp8"),
+        ("gpt-oss-20b", "h100", 16, 128, "bf16"),  # sliding windows in alternate blocks
     ],
 )
 def test_mfu_never_exceeds_the_stated_ceiling(model, gpu, gpus, batch, precision):
