@@ -434,7 +434,7 @@ class ModelConfig:
         """Each head's value width: head_dim unless a latent attention gives its own."""
         return self.v_head_dim or self.head_dim
 
-    @property
+    @functools.cached_property  # asked on the search's every path
     def uniform(self) -> bool:
         """Whether every block is alike (no dense blocks among a mixture's, no locally
         attending blocks among fully attending ones)."""
@@ -509,9 +509,16 @@ class ModelConfig:
             return [(self, self.n_layers if blocks is None else len(blocks))]
         indices = range(self.n_layers) if blocks is None else blocks
         counts = dict.fromkeys(self._kinds, 0)
+        keys = self._block_keys
         for i in indices:
-            counts[i in self.dense_layers, self.local_attention(i)] += 1
+            counts[keys[i]] += 1
         return [(self._kinds[key], n) for key, n in counts.items() if n]
+
+    @functools.cached_property
+    def _block_keys(self) -> tuple[tuple[bool, bool], ...]:
+        """Each block's (dense, attending locally) kind, by index."""
+        dense = set(self.dense_layers)
+        return tuple((i in dense, self.local_attention(i)) for i in range(self.n_layers))
 
     def _check_rope_scaling(self) -> None:
         if self.rope_scaling not in ROPE_SCALINGS:
