@@ -50,7 +50,7 @@ def one_kind(cfg: ModelConfig) -> ModelConfig:
         kinds = (
             f"dense blocks {list(cfg.dense_layers)} among the mixture's"
             if cfg.dense_layers
-            else f"every {cfg.full_attention_every}th block attending fully, the others windowed"
+            else f"one block in {cfg.full_attention_every} attending fully, the others locally"
         )
         raise ConfigError(
             f"{cfg.name}: its blocks are of more than one kind ({kinds}): a per-block figure "

@@ -742,7 +742,8 @@ def estimate(
     elem = ELEMENT_BYTES[precision]
     fp8 = precision == "fp8"
     local = rank_sequence(cfg, layout)  # the s/cp tokens a rank holds under context parallelism
-    # one block of each kind (a mixture's, and its dense blocks'), timed once
+    # one block of each kind (a mixture's and its dense blocks', each attending locally or
+    # fully), timed once
     costs = {
         kind.kind_key: block_costs(kind, layout, cluster, elem, fp8)
         for kind, _ in local.kind_counts()
@@ -859,7 +860,7 @@ def _rank_step(
 ) -> _RankTime:
     """One pipeline rank's step parts: its blocks' forward + backward (each kind's
     ``costs``, by :attr:`~paracube.config.ModelConfig.kind_key`: a mixture's blocks and its
-    dense ones apart, windowed and fully attending ones apart), the head's on the last rank,
+    dense ones apart, locally and fully attending ones apart), the head's on the last rank,
     the recomputation of its recomputed blocks, its tensor-parallel collectives, its
     context-parallel ring (its forward's part again in a fully recomputed block), and its
     own gradient reduction and optimizer step over its parameters (``cfg``: the rank's
