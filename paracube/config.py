@@ -160,6 +160,10 @@ class ModelConfig:
     attention_window: int = 0
     attention_chunk: int = 0
     full_attention_every: int = 0
+    # Gemma 2/3's sandwich norms: each sub-layer's output normed again before the residual
+    # add (their post_attention_layernorm and post_feedforward_layernorm) — four norms a
+    # block. Planned by ``paracube plan``; paracube's GPT has the two pre-norms.
+    post_norms: bool = False
     qk_norm: bool = False
     # the rotary positions' base θ (RoFormer's 10,000; Llama 3's 500,000, Qwen3's 1,000,000):
     # the angle of pair i at position t is t·θ^(−2i/d)
@@ -364,6 +368,12 @@ class ModelConfig:
             )
 
     @property
+    def block_norms(self) -> int:
+        """Norms a block runs: the attention's and the MLP's input norms, and under
+        ``post_norms`` their outputs' too."""
+        return 4 if self.post_norms else 2
+
+    @property
     def local_span(self) -> int:
         """The window's or the chunk's tokens when it is shorter than the sequence — what
         makes a block's attention local —, else 0 (a window or chunk as long as the sequence
@@ -416,6 +426,7 @@ class ModelConfig:
             f"attention_chunk={self.attention_chunk} (chunked attention)"
             if 0 < self.attention_chunk < self.seq_len
             else "",
+            "post_norms (four norms a block)" if self.post_norms else "",
         ]
         return ", ".join(part for part in parts if part)
 

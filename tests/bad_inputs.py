@@ -145,9 +145,9 @@ CASES: list[tuple[str, list[str], str]] = [
     # -- model and data --------------------------------------------------------------
     ("data", ["train", "--model", "gpt5"], "unknown --model 'gpt5': give a preset"),
     ("data", ["train", "--model", "hf:{tmp}/emptydir"], "no config.json at"),
-    ("data", ["plan", "--model", "hf:{tmp}/hf-gemma3", "--gpus", "8", "--global-batch", "8"],
-     "model_type 'gemma3' is not a supported architecture (not modelled: a GeGLU MLP, four "
-     "norms a block)"),
+    ("data", ["plan", "--model", "hf:{tmp}/hf-gemma2", "--gpus", "8", "--global-batch", "8"],
+     "model_type 'gemma2' is not a supported architecture (not modelled: logit soft-capping in "
+     "its attention and its head)"),
     ("data", ["plan", "--model", "hf:{tmp}/hf-gpt-oss-irregular", "--gpus", "8", "--global-batch", "8"],
      "gpt_oss config: layer_types puts full attention in blocks [1, 2]…: planned where every "
      "N-th block attends fully and the others locally (GPT-OSS: every 2nd, Llama 4: every 4th)"),
@@ -812,8 +812,8 @@ def _hf_models(tmp: Path) -> None:
         (tmp / name / "config.json").write_text(json.dumps({**qwen3_moe, "mlp_only_layers": dense}))
     (tmp / "hf-qwen2").mkdir()
     (tmp / "hf-qwen2" / "config.json").write_text('{"model_type": "qwen2"}')
-    (tmp / "hf-gemma3").mkdir()
-    (tmp / "hf-gemma3" / "config.json").write_text('{"model_type": "gemma3"}')
+    (tmp / "hf-gemma2").mkdir()
+    (tmp / "hf-gemma2" / "config.json").write_text('{"model_type": "gemma2"}')
     (tmp / "hf-gpt-oss-irregular").mkdir()
     irregular = ["sliding_attention", "full_attention", "full_attention", "sliding_attention"]
     (tmp / "hf-gpt-oss-irregular" / "config.json").write_text(

@@ -260,7 +260,7 @@ def block_active_matrix_params(cfg: ModelConfig) -> int:
 @cache  # the planners ask it for every candidate layout
 def block_params(cfg: ModelConfig, tp: int = 1, ep: int = 1, etp: int | None = None) -> float:
     """Parameters of one block held by one tensor-parallel rank: matrices and column
-    biases split by tp, the two norms and the row-parallel biases replicated; of a mixture
+    biases split by tp, the norms and the row-parallel biases replicated; of a mixture
     of experts the E/ep experts the rank holds under expert parallelism ``ep``, each split
     over ``etp`` ranks (None: tp), the shared experts split by tp, and the router,
     replicated."""
@@ -270,8 +270,8 @@ def block_params(cfg: ModelConfig, tp: int = 1, ep: int = 1, etp: int | None = N
 
 
 def _attention_params(cfg: ModelConfig, tp: int) -> float:
-    """The block's attention linears and both norms on one tensor-parallel rank (and the
-    per-head q and k norms' d weights each, replicated)."""
+    """The block's attention linears and its norms (two, or four under ``post_norms``) on
+    one tensor-parallel rank (and the per-head q and k norms' d weights each, replicated)."""
     bias = 1 if cfg.bias else 0
     linears = attention_linears(cfg)
     columns = [lin for lin in linears if lin.split == "column"]
@@ -282,7 +282,7 @@ def _attention_params(cfg: ModelConfig, tp: int) -> float:
     )
     qk_norms = 2 * cfg.head_dim if cfg.qk_norm else 0
     return (sum(c.in_features * c.out_features for c in columns) + o.in_features * o.out_features
-            + bias * sum(c.out_features for c in columns)) / tp + 2 * norm_params(cfg) \
+            + bias * sum(c.out_features for c in columns)) / tp + cfg.block_norms * norm_params(cfg) \
         + bias * o.out_features + qk_norms + replicated + latent_norm_params(cfg)  # fmt: skip
 
 
@@ -545,6 +545,9 @@ def end_saved_bytes(
 #                                                  without rotary positions the kernel keeps
 #                                                  their outputs: N·(q + k_v)·E/t more
 #   mlp_norm, up_proj                              as attn_norm, qkv_proj
+#   post-norms (Gemma's post_norms: each           as attn_norm each (their inputs are the
+#   sub-layer's output normed before the add)      o_proj and down_proj outputs, kept only
+#                                                  by them)
 #   activation (GELU: up output; SwiGLU: gate|up,  GELU 2·N·F·E/t; SwiGLU 4·N·F·E/t
 #   silu(gate), product)
 #
@@ -602,7 +605,7 @@ def block_saved_bytes(
         )
     if recompute == "op":  # torchtitan's op-level policy (op_checkpoint_linears)
         return op_checkpoint_saved_bytes(cfg, n, elem, tp, ts)
-    norms = 2 * _norm_bytes(cfg, n, elem, compiled) // ts
+    norms = cfg.block_norms * _norm_bytes(cfg, n, elem, compiled) // ts
     norm_outputs = 2 * n * h * elem // ts  # kept by qkv_proj and up_proj (their shards under SP)
     if cfg.mla:  # latent attention: its own count (the rotary parts' copies not told apart)
         attention = latent_attention_saved_bytes(cfg, n, elem, tp, ts, recompute)
@@ -738,7 +741,7 @@ def eager_elementwise_bytes(
     rows = n // ts  # tokens outside the tensor-parallel region
     q, kv, F = cfg.q_dim // t, kv_dim(cfg) // t, cfg.ffn_hidden // t
     fwd = bwd = 0
-    for _ in range(2):  # attn_norm, mlp_norm
+    for _ in range(cfg.block_norms):  # attn_norm, mlp_norm (and the post-norms)
         if cfg.norm == "rmsnorm":
             f, b = _rmsnorm_traffic(rows, h, E)
         else:

@@ -33,7 +33,8 @@ HF_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": 
                "gpt2": "gpt2", "mixtral": "llama", "qwen3_moe": "llama",
                "qwen2_moe": "llama", "glm4_moe": "llama", "deepseek_v2": "llama",
                "deepseek_v3": "llama", "kimi_k2": "llama", "gpt_oss": "llama",
-               "llama4_text": "llama", "llama4": "llama"}  # fmt: skip
+               "llama4_text": "llama", "llama4": "llama", "gemma3_text": "llama",
+               "gemma3": "llama"}  # fmt: skip
 # Mixtral is Mistral's decoder with a mixture of experts for its MLP: planned (its experts
 # from num_local_experts and num_experts_per_tok), not trained — paracube builds dense models.
 # Qwen3-MoE is Qwen3's decoder with one (num_experts of moe_intermediate_size, top
@@ -60,7 +61,12 @@ HF_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": 
 # every interleave_moe_layer_step-th block, the others dense (intermediate_size_mlp), whose
 # rotary blocks attend within chunks of attention_chunk_size and whose every fourth
 # (no_rope_layers 0) attends fully without positions: planned likewise, its weightless
-# q/k L2 norms as Qwen3's per-head norms.
+# q/k L2 norms as Qwen3's per-head norms. Gemma 3 (gemma3_text, or gemma3's text_config)
+# is a GQA decoder with per-head q/k norms, four norms a block (its post-attention and
+# post-feed-forward norms: post_norms), a GeGLU MLP (tanh GELU on the gate: the same three
+# matrices as SwiGLU, planned as them) and a sliding_window in five blocks of six
+# (layer_types, or sliding_window_pattern): planned likewise, its embedding's √h scale and
+# its norms' 1 + w not told apart.
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 WEIGHTS_FILE = "model.safetensors"
 # a checkpoint saved in shards (save_pretrained above its max_shard_size, every published
@@ -167,9 +173,7 @@ def read_hf_config(directory: str) -> dict:
 # Architectures users ask for that neither paracube's GPT nor the planner has the parts of:
 # what is missing, named in the refusal (transformers' model_type → the parts)
 NOT_MODELLED = {
-    "gemma2": "a GeGLU MLP, four norms a block, logit soft-capping",
-    "gemma3": "a GeGLU MLP, four norms a block",
-    "gemma3_text": "a GeGLU MLP, four norms a block",
+    "gemma2": "logit soft-capping in its attention and its head",
 }
 
 
@@ -356,8 +360,8 @@ def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = No
     ``seq_len`` defaults to the model's context (max_position_embeddings / n_positions),
     capped at 1024 so a default run fits a CPU. ``vocab_size`` overrides the config's (a
     tokenized dataset's vocabulary)."""
-    if data["model_type"] == "llama4":  # the multimodal config: its language model's
-        data = {**(data.get("text_config") or {}), "model_type": "llama4_text"}
+    if data["model_type"] in ("llama4", "gemma3"):  # a multimodal config: its language model
+        data = {**(data.get("text_config") or {}), "model_type": f"{data['model_type']}_text"}
     kind = data["model_type"]
     get = data.get
     if HF_FAMILIES[kind] == "gpt2":
@@ -369,7 +373,15 @@ def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = No
             norm_eps=get("layer_norm_epsilon", 1e-5), init_std=get("initializer_range", 0.02),
         )  # fmt: skip
     else:
-        if get("hidden_act", "silu") != "silu":
+        gemma = kind == "gemma3_text"
+        if gemma:
+            act = get("hidden_activation") or get("hidden_act") or "gelu_pytorch_tanh"
+            if act not in ("gelu_pytorch_tanh", "gelu"):
+                raise ConfigError(
+                    f"{kind} config: hidden_activation {act!r} is not supported (planned as "
+                    "Gemma's GeGLU: use 'gelu_pytorch_tanh')"
+                )
+        elif get("hidden_act", "silu") != "silu":
             raise ConfigError(
                 f"{kind} config: hidden_act {get('hidden_act')!r} is not supported (the plan "
                 "shards a SwiGLU MLP; use hidden_act 'silu')"
@@ -380,11 +392,11 @@ def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = No
             n_layers=get("num_hidden_layers", 32), hidden=hidden, n_heads=heads,
             n_kv_heads=get("num_key_value_heads") or heads,
             ffn_hidden=get("intermediate_size", 11008), norm="rmsnorm", activation="swiglu",
-            position="rope", tie_embeddings=get("tie_word_embeddings", False),
+            position="rope", tie_embeddings=get("tie_word_embeddings", gemma),
             bias=bool(get("attention_bias", kind == "qwen2")),
             norm_eps=get("rms_norm_eps", 1e-6), init_std=get("initializer_range", 0.02),
             head_size=None if head_dim * heads == hidden else head_dim,
-            qk_norm=kind in ("qwen3", "qwen3_moe"),
+            qk_norm=kind in ("qwen3", "qwen3_moe", "gemma3_text"), post_norms=gemma,
             rope_theta=float(_rope_theta(get)), **rope_stretch(data)[1],
         )  # fmt: skip
         if kind == "mixtral":
@@ -445,7 +457,7 @@ def _llama4_mixture(data: dict) -> dict:
 
 
 # the model types whose configs window their attention unless use_sliding_window says not
-WINDOWED_BY_DEFAULT = ("mistral", "mixtral", "gpt_oss")
+WINDOWED_BY_DEFAULT = ("mistral", "mixtral", "gpt_oss", "gemma3_text")
 
 
 def _local_attention(data: dict, seq: int) -> dict:
@@ -454,8 +466,8 @@ def _local_attention(data: dict, seq: int) -> dict:
     GPT-OSS's; Qwen2's under ``use_sliding_window``), Llama 4's ``attention_chunk_size``.
     The blocks that keep full attention — ``layer_types``' "full_attention" among
     "sliding_attention" or "chunked_attention", or Llama 4's ``no_rope_layers`` zeros
-    (transformers' default: every fourth) — must be every N-th block (Megatron-Core's
-    --window-attn-skip-freq N) or none."""
+    (transformers' default: every fourth), or Gemma 3's ``sliding_window_pattern`` N — must
+    be every N-th block (Megatron-Core's --window-attn-skip-freq N) or none."""
     kind, get = data["model_type"], data.get
     if kind == "llama4_text":
         name, field = "attention_chunk_size", "attention_chunk"
@@ -469,7 +481,15 @@ def _local_attention(data: dict, seq: int) -> dict:
         name, field = "sliding_window", "attention_window"
         windowed = get("use_sliding_window", kind in WINDOWED_BY_DEFAULT)
         span = get(name) if windowed else None
-        types = get("layer_types") or []
+        pattern = get("sliding_window_pattern")  # Gemma 3's older configs: every N-th full
+        types = get("layer_types") or (
+            [
+                "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                for i in range(get("num_hidden_layers", 32))
+            ]
+            if type(pattern) is int and pattern > 0
+            else []
+        )
     if span is None or span >= seq:
         return {}
     if not (type(span) is int and span > 0):

@@ -837,5 +837,5 @@ def _with_sequence(cfg: ModelConfig, seq_len: int) -> ModelConfig:
 def local_words(cfg: ModelConfig) -> str:
     """A model's local attention in words: its sliding window or its chunks."""
     if cfg.attention_window:
-        return f"a sliding window of {cfg.attention_window} tokens"
-    return f"chunks of {cfg.attention_chunk} tokens"
+        return f"a sliding window of {cfg.attention_window:,} tokens"
+    return f"chunks of {cfg.attention_chunk:,} tokens"

@@ -151,9 +151,14 @@ def moe_layer_freq(cfg: ModelConfig) -> str:
 
 
 def model_refusal(cfg: ModelConfig) -> str:
-    """Why Megatron-LM's command cannot train ``cfg`` as planned ("" if it can): chunked
-    attention shorter than the sequence (Llama 4's), which no argument paracube emits
-    expresses — a command without it would train full attention."""
+    """Why Megatron-LM's command cannot train ``cfg`` as planned ("" if it can): Gemma's
+    post-norms, and chunked attention shorter than the sequence (Llama 4's), which no
+    argument paracube emits expresses — a command without them would train another model."""
+    if cfg.post_norms:
+        return (
+            f"{cfg.name}'s post-norms (four norms a block, Gemma's) have no pretrain_gpt.py "
+            "argument; plan it without --emit megatron"
+        )
     if 0 < cfg.attention_chunk < cfg.seq_len:
         return (
             f"{cfg.name}'s chunked attention (attention_chunk={cfg.attention_chunk}) has no "

@@ -147,7 +147,7 @@ def te_block_bytes(
     linear_in = 1 if fp8 else 2  # bytes of a saved linear input
     stats = 8 if cfg.norm == "layernorm" else 4  # fp32 mean and rstd, or rstd alone
     selective = modules if recompute == "selective" else ()
-    norms = 2 * (2 * n * h + stats * n) / ts
+    norms = cfg.block_norms * (2 * n * h + stats * n) / ts  # post-norms: their inputs too
     norm_outputs = 0.0 if "layernorm" in selective and not fp8 else 2 * linear_in * n * h / ts
     if cfg.mla:  # the latents, the kernel's q, k, v and output, its log-sum-exp
         attention = float(

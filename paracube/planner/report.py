@@ -221,7 +221,7 @@ def explain(
     lines = [f"Why {describe(best.layout)}:"]
     lines += _layout_reasons(best, cfg, cluster, precision)
     lines.append(recompute_tradeoff(cfg, best.layout, cluster, precision))
-    lines.append(_predicted(best, cluster, precision))
+    lines.append(_predicted(best, cluster, precision, local=_local(cfg)))
     edge = memory_edge(best, cluster, compared=len(result.ranked) > 1)
     if edge:
         lines.append(edge)
@@ -684,7 +684,7 @@ def _replicas_reason(best) -> str:
     )
 
 
-def _predicted(best, cluster: Cluster, precision: str = "bf16") -> str:
+def _predicted(best, cluster: Cluster, precision: str = "bf16", local: bool = False) -> str:
     L, t = best.layout, best.time
     fp8 = (
         f" Under fp8 the blocks' linear layers run on the FP8 units "
@@ -711,7 +711,9 @@ def _predicted(best, cluster: Cluster, precision: str = "bf16") -> str:
         f"- Predicted: {t.tokens_per_s:,.0f} tokens/s, {t.tflops_per_gpu:.0f} TFLOP/s per GPU{executed}, "
         f"MFU {t.mfu:.0%} of a {t.mfu_ceiling:.0%} ceiling — the MFU of the step's compute alone, "
         "in the same count of model FLOPs (attention's s×s in full, as the papers' MFU; causal "
-        f"{L.attention} attention executes half of them). The compute runs "
+        f"{L.attention} attention executes half of them"
+        + ("; a local block's, the keys its mask keeps" if local else "")
+        + "). The compute runs "
         f"{UNITS.get(precision, 'the tensor cores')} at "
         f"{sustained(at_precision(cluster, precision).gpu)}, each matmul's "
         f"roofline with tile and wave quantization over {cluster.gpu.sms or 'no'} SMs, and the "
