@@ -151,6 +151,14 @@ CASES: list[tuple[str, list[str], str]] = [
     ("data", ["plan", "--model", "hf:{tmp}/hf-gpt-oss-irregular", "--gpus", "8", "--global-batch", "8"],
      "gpt_oss config: layer_types puts full attention in blocks [1, 2]…: planned where every "
      "N-th block attends fully and the others locally (GPT-OSS: every 2nd, Llama 4: every 4th)"),
+    ("data", ["train", "--model", "hf:{tmp}/hf-mistral-window", "--seq-len", "64"],
+     "hf:mistral: a sliding window of 32 tokens < --seq-len 64 — planned (paracube plan), not "
+     "trained: paracube trains full attention; use --seq-len ≤ 32"),
+    ("data", ["plan", "--model", "hf:{tmp}/hf-gemma3-relu", "--gpus", "8", "--global-batch", "8"],
+     "gemma3_text config: hidden_activation 'relu' is not supported (planned as Gemma's GeGLU: "
+     "use 'gelu_pytorch_tanh')"),
+    ("data", ["plan", "--model", "hf:{tmp}/hf-llama4-step0", "--gpus", "8", "--global-batch", "8"],
+     "llama4 config: interleave_moe_layer_step 0 must be a positive integer"),
     ("data", ["plan", "--model", "hf:{tmp}/hf-deepseek-v3", "--gpus", "8", "--global-batch", "8"],
      "deepseek_v3 config: no integer 'n_routed_experts': a config transformers wrote gives "
      "n_routed_experts, num_experts_per_tok"),
@@ -506,6 +514,25 @@ CASES: list[tuple[str, list[str], str]] = [
      "full_attention_every=2 without a window or chunk: it names the blocks that keep full "
      "attention among local ones; give attention_window (--attention-window) or "
      "attention_chunk (--attention-chunk)"),
+    ("plan", ["plan", "--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "1000",
+              "--seq", "1024", "--attention-window", "128",
+              "--attention-chunk", "256", "--gpus", "8", "--global-batch", "8"],
+     "attention_window=128 with attention_chunk=256: a block attends over a sliding window or "
+     "within its chunk; give one"),
+    ("plan", ["plan", "--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "1000",
+              "--seq", "1024", "--attention-window", "-4", "--gpus", "8", "--global-batch",
+              "8"],
+     "attention_window=-4: the sliding window (GPT-OSS: 128, Mistral 7B: 4096) is a positive "
+     "number of tokens (0: full attention)"),
+    ("plan", ["plan", "--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "1000",
+              "--seq", "1024", "--attention-window", "128", "--full-attention-every",
+              "1",
+              "--gpus", "8", "--global-batch", "8"],
+     "full_attention_every=1 keeps every block at full attention: drop the window instead"),
+    ("plan", ["plan", "--model", "gpt-oss-20b", "--gpus", "8", "--gpu", "h100", "--global-batch", "8",
+              "--layout", "cp=2"],
+     "cp=2 with a sliding window of 128 tokens: context parallelism over local attention is not "
+     "planned"),
     ("plan", ["plan", "--model", "llama4-scout", "--seq", "32768", "--gpus", "64", "--gpu", "h100",
               "--global-batch", "64", "--emit", "megatron"],
      "--emit megatron: llama4-scout's chunked attention (attention_chunk=8192) has no "
@@ -812,6 +839,16 @@ def _hf_models(tmp: Path) -> None:
         (tmp / name / "config.json").write_text(json.dumps({**qwen3_moe, "mlp_only_layers": dense}))
     (tmp / "hf-qwen2").mkdir()
     (tmp / "hf-qwen2" / "config.json").write_text('{"model_type": "qwen2"}')
+    small = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+             "max_position_embeddings": 128}  # fmt: skip
+    for name, config in (
+        ("hf-mistral-window", {"model_type": "mistral", "sliding_window": 32, **small}),
+        ("hf-gemma3-relu", {"model_type": "gemma3_text", "hidden_activation": "relu", **small}),
+        ("hf-llama4-step0", {"model_type": "llama4_text", "interleave_moe_layer_step": 0, **small}),
+    ):
+        (tmp / name).mkdir()
+        (tmp / name / "config.json").write_text(json.dumps(config))
     (tmp / "hf-gemma2").mkdir()
     (tmp / "hf-gemma2" / "config.json").write_text('{"model_type": "gemma2"}')
     (tmp / "hf-gpt-oss-irregular").mkdir()
