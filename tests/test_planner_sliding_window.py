@@ -135,7 +135,7 @@ def test_a_windowed_block_differs_in_its_attention_core_alone():
 def test_a_window_as_long_as_the_sequence_is_full_attention():
     """A window of s tokens or more masks nothing: the same core, the same FLOPs, the same
     plan as no window; and Mistral's config at 4,096 tokens (its window) plans without
-    one, at 8,192 with it."""
+    one, at 8,192 with it; Qwen2's, from its max_window_layers on."""
     from paracube.models.sources import hf_model_config
 
     base = dict(n_layers=2, hidden=256, n_heads=4, vocab_size=100, seq_len=4096)
@@ -150,6 +150,15 @@ def test_a_window_as_long_as_the_sequence_is_full_attention():
                "max_position_embeddings": 32768}  # fmt: skip
     assert hf_model_config(mistral, 4096).attention_window == 0
     assert hf_model_config(mistral, 8192).attention_window == 4096
+    # Qwen2 windows the blocks from max_window_layers on: all of them, none, or — the first
+    # ones full and the rest windowed, which is no every-N-th pattern — refused
+    qwen2 = {"model_type": "qwen2", "hidden_size": 256, "num_attention_heads": 4,
+             "num_hidden_layers": 4, "intermediate_size": 512, "sliding_window": 1024,
+             "use_sliding_window": True, "max_position_embeddings": 4096}  # fmt: skip
+    assert hf_model_config({**qwen2, "max_window_layers": 0}, 2048).attention_window == 1024
+    assert hf_model_config({**qwen2, "max_window_layers": 4}, 2048).attention_window == 0
+    with pytest.raises(ConfigError, match="full attention in blocks \\[0, 1\\]"):
+        hf_model_config({**qwen2, "max_window_layers": 2}, 2048)
 
 
 def test_the_plan_emits_the_window_and_refuses_what_it_does_not_plan(capsys):

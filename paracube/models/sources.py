@@ -466,8 +466,9 @@ def _local_attention(data: dict, seq: int) -> dict:
     GPT-OSS's; Qwen2's under ``use_sliding_window``), Llama 4's ``attention_chunk_size``.
     The blocks that keep full attention — ``layer_types``' "full_attention" among
     "sliding_attention" or "chunked_attention", or Llama 4's ``no_rope_layers`` zeros
-    (transformers' default: every fourth), or Gemma 3's ``sliding_window_pattern`` N — must
-    be every N-th block (Megatron-Core's --window-attn-skip-freq N) or none."""
+    (transformers' default: every fourth), Gemma 3's ``sliding_window_pattern`` N, or
+    Qwen2's first ``max_window_layers`` — must be every N-th block (Megatron-Core's
+    --window-attn-skip-freq N) or none."""
     kind, get = data["model_type"], data.get
     if kind == "llama4_text":
         name, field = "attention_chunk_size", "attention_chunk"
@@ -481,15 +482,17 @@ def _local_attention(data: dict, seq: int) -> dict:
         name, field = "sliding_window", "attention_window"
         windowed = get("use_sliding_window", kind in WINDOWED_BY_DEFAULT)
         span = get(name) if windowed else None
+        layers = get("num_hidden_layers", 32)
         pattern = get("sliding_window_pattern")  # Gemma 3's older configs: every N-th full
-        types = get("layer_types") or (
-            [
+        below = get("max_window_layers")  # Qwen2's: the blocks before it attend fully
+        types = get("layer_types") or []
+        if not types and type(pattern) is int and pattern > 0:
+            types = [
                 "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
-                for i in range(get("num_hidden_layers", 32))
+                for i in range(layers)
             ]
-            if type(pattern) is int and pattern > 0
-            else []
-        )
+        elif not types and kind == "qwen2" and type(below) is int:
+            types = ["sliding_attention" if i >= below else "full_attention" for i in range(layers)]
     if span is None or span >= seq:
         return {}
     if not (type(span) is int and span > 0):
