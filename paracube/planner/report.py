@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 
 from paracube.choices import ELEMENT_BYTES, FUSED_ATTENTION, state_bytes_per_parameter
@@ -761,7 +762,7 @@ def _alternatives(result: SearchResult, capacity: float) -> list[str]:
     if result.rejected:
         why = "; ".join(
             f"{reason} ({n:,} layout{'s' if n > 1 else ''})"
-            for reason, n in sorted(result.rejected.items(), key=lambda x: -x[1])
+            for reason, n in sorted(merged_reasons(result.rejected).items(), key=lambda x: -x[1])
         )
         lines.append(f"- Not considered or lost: {why}.")
     other = next((c for c in result.ranked[1:] if (c.layout.tp, c.layout.pp) != (L.tp, L.pp)), None)
@@ -782,6 +783,33 @@ def _alternatives(result: SearchResult, capacity: float) -> list[str]:
             f"- The best layout with another model-parallel shape, {describe(other.layout)}, is {verdict}."
         )
     return lines
+
+
+# a refusal that opens by naming its value: "cp=2 with a sliding window …"
+_NAMED_VALUE = re.compile(r"^(\w+)=([^\s:,;]+)(:? .*)$", re.DOTALL)
+
+
+def merged_reasons(rejected: dict[str, int]) -> dict[str, int]:
+    """The search's refusals with those that differ only in the value they open by merged,
+    their counts summed: "cp=2 with …" and "cp=4 with …" as "cp=2 or 4 with …".
+
+    >>> merged_reasons({"cp=2 with a window": 9, "cp=4 with a window": 9, "too big": 1})
+    {'cp=2 or 4 with a window': 18, 'too big': 1}
+    >>> merged_reasons({"zero=2: not run": 1, "zero=3: not run": 2})
+    {'zero=2 or 3: not run': 3}
+    """
+    groups: dict[tuple[str, str], list[str]] = {}
+    counts: dict[tuple[str, str], int] = {}
+    for reason, n in rejected.items():
+        match = _NAMED_VALUE.match(reason)
+        key = (match[1], match[3]) if match else (reason, "")
+        groups.setdefault(key, []).append(match[2] if match else "")
+        counts[key] = counts.get(key, 0) + n
+    merged = {}
+    for (name, rest), values in groups.items():
+        text = f"{name}={' or '.join(values)}{rest}" if rest else name
+        merged[text] = counts[name, rest]
+    return merged
 
 
 def _without_zero(best: Candidate, cfg: ModelConfig, cluster: Cluster, precision: str) -> str:
