@@ -343,9 +343,11 @@ def _megatron_emit(args, cfg, cluster, result) -> str:
 def _nothing_fits(result, cfg, cluster, args) -> int:
     g = cluster.gpu
     if result.smallest_misfit is None:
+        from paracube.planner.report import merged_reasons
+
         reasons = "; ".join(
             f"{why} ({n} layout{'s' if n > 1 else ''})"
-            for why, n in sorted(result.rejected.items())
+            for why, n in sorted(merged_reasons(result.rejected).items())
         )
         raise ParacubeError(
             "no layout satisfies the constraints (divisibility, tp within a node, the fixed choices)"
