@@ -420,11 +420,12 @@ class ModelConfig:
         parts = [
             f"kv_lora_rank={self.kv_lora_rank} (a multi-head latent attention)" if self.mla else "",
             f"mtp_layers={self.mtp_layers} (multi-token prediction)" if self.mtp_layers else "",
-            f"attention_window={self.attention_window} (sliding-window attention)"
-            if 0 < self.attention_window < self.seq_len
-            else "",
-            f"attention_chunk={self.attention_chunk} (chunked attention)"
-            if 0 < self.attention_chunk < self.seq_len
+            (
+                f"attention_window={self.attention_window} (sliding-window attention)"
+                if self.attention_window
+                else f"attention_chunk={self.attention_chunk} (chunked attention)"
+            )
+            if self.local_span
             else "",
             "post_norms (four norms a block)" if self.post_norms else "",
         ]

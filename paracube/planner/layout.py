@@ -505,8 +505,8 @@ class Layout:
 
     def model_refusal(self, cfg: ModelConfig) -> str:
         """Why ``cfg`` cannot take this layout ("" if it can): expert parallelism needs a
-        mixture of experts and divides its experts; a sliding window is not planned under
-        context parallelism; a mixture is not planned under
+        mixture of experts and divides its experts; local attention (a window or chunks) is
+        not planned under context parallelism; a mixture is not planned under
         torchtitan's op-level checkpointing, compressed gradients, unfused attention,
         InternLM's broadcasts or hybrid sharding (their models are of the dense block's
         matrices), nor under tensor parallelism without sequence parallelism, which

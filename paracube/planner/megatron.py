@@ -159,7 +159,7 @@ def model_refusal(cfg: ModelConfig) -> str:
             f"{cfg.name}'s post-norms (four norms a block, Gemma's) have no pretrain_gpt.py "
             "argument; plan it without --emit megatron"
         )
-    if 0 < cfg.attention_chunk < cfg.seq_len:
+    if cfg.local_span and cfg.attention_chunk:
         return (
             f"{cfg.name}'s chunked attention (attention_chunk={cfg.attention_chunk}) has no "
             "Megatron-Core argument paracube emits; plan it without --emit megatron, or at "
@@ -197,7 +197,7 @@ def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch
     refusal = model_refusal(cfg)
     if refusal:
         raise ConfigError(f"--emit megatron: {refusal}")
-    if 0 < cfg.attention_window < cfg.seq_len:
+    if cfg.local_span and cfg.attention_window:
         # FlashAttention's (left, right) extents: a window of w keys, the query's own among
         # them, reaches w - 1 back and none ahead; every N-th block at full attention
         args.append(f"--window-size {cfg.attention_window - 1},0")

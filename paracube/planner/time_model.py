@@ -1137,7 +1137,11 @@ def _blocks_tp_comm(
     unredone = layout if layout.recompute == "none" else layout.replace(recompute="none")
     plain = block_tp_comm(cfg, unredone, cluster, elem, gemms)
     comm = m * layers * plain
-    if layout.recompute != "none":  # what a recomputed block's forward gathers again
+    redoes = layout.recompute in ("full", "op") or (
+        layout.recompute == "selective"
+        and selectively_redone_rings(cfg, layout.recompute_modules, layout.tp, layout.expert_tp)
+    )
+    if redoes:  # what a recomputed block's forward gathers again
         redo = block_tp_comm(cfg, layout, cluster, elem, gemms) - plain
         comm += m * redone * redo
     return comm
