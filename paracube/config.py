@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -164,6 +165,13 @@ class ModelConfig:
     # add (their post_attention_layernorm and post_feedforward_layernorm) — four norms a
     # block. Planned by ``paracube plan``; paracube's GPT has the two pre-norms.
     post_norms: bool = False
+    # Gemma 2's logit soft-capping, planned by ``paracube plan`` (paracube's GPT has none):
+    # x ↦ c·tanh(x/c) on each attention score (``attention_softcap`` c, Gemma 2's 50 — applied
+    # inside the fused kernel, FlashAttention-2's softcap) and on each output logit before the
+    # loss (``logit_softcap``, Gemma 2's 30 — three element-wise passes over the logits and
+    # their tanh kept for backward). 0: none.
+    attention_softcap: float = 0.0
+    logit_softcap: float = 0.0
     qk_norm: bool = False
     # the rotary positions' base θ (RoFormer's 10,000; Llama 3's 500,000, Qwen3's 1,000,000):
     # the angle of pair i at position t is t·θ^(−2i/d)
@@ -238,6 +246,13 @@ class ModelConfig:
         self._check_dense_layers()
         self._check_latent_attention()
         self._check_attention_window()
+        for name in ("attention_softcap", "logit_softcap"):
+            cap = getattr(self, name)
+            if not (type(cap) in (int, float) and math.isfinite(cap) and cap >= 0):
+                raise ConfigError(
+                    f"{name}={cap!r}: the soft cap c of c·tanh(x/c) is a positive number "
+                    "(Gemma 2: 50 on the attention scores, 30 on the logits; 0: none)"
+                )
         if not (isinstance(self.mtp_layers, int) and self.mtp_layers >= 0):
             raise ConfigError(
                 f"mtp_layers={self.mtp_layers!r}: the multi-token prediction depth is 0 or a "
@@ -415,8 +430,9 @@ class ModelConfig:
     def planned_parts(self) -> str:
         """What of this model only ``paracube plan`` models ("" if nothing beyond a mixture
         of experts, which is refused on its own): a latent attention, multi-token
-        prediction — paracube's GPT has standard attention and one output head, so a run
-        built from such a config would train another model."""
+        prediction, local attention, post-norms, soft caps — paracube's GPT has standard
+        attention, two norms a block and one uncapped output head, so a run built from such
+        a config would train another model."""
         parts = [
             f"kv_lora_rank={self.kv_lora_rank} (a multi-head latent attention)" if self.mla else "",
             f"mtp_layers={self.mtp_layers} (multi-token prediction)" if self.mtp_layers else "",
@@ -428,6 +444,12 @@ class ModelConfig:
             if self.local_span
             else "",
             "post_norms (four norms a block)" if self.post_norms else "",
+            (
+                f"attention_softcap={self.attention_softcap:g}, logit_softcap="
+                f"{self.logit_softcap:g} (logit soft-capping)"
+            )
+            if self.attention_softcap or self.logit_softcap
+            else "",
         ]
         return ", ".join(part for part in parts if part)
 

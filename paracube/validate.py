@@ -50,7 +50,7 @@ def validate(
     if cfg.model.planned_parts:
         raise ConfigError(
             f"{cfg.model.name}: {cfg.model.planned_parts} — planned (paracube plan), not "
-            "trained: paracube's GPT has standard attention and one output head"
+            "trained: paracube's GPT builds none of them"
         )
     if world is not None:
         cfg.parallel.check_world_size(world)

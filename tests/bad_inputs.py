@@ -145,9 +145,9 @@ CASES: list[tuple[str, list[str], str]] = [
     # -- model and data --------------------------------------------------------------
     ("data", ["train", "--model", "gpt5"], "unknown --model 'gpt5': give a preset"),
     ("data", ["train", "--model", "hf:{tmp}/emptydir"], "no config.json at"),
-    ("data", ["plan", "--model", "hf:{tmp}/hf-gemma2", "--gpus", "8", "--global-batch", "8"],
-     "model_type 'gemma2' is not a supported architecture (not modelled: logit soft-capping in "
-     "its attention and its head)"),
+    ("data", ["plan", "--model", "hf:{tmp}/hf-gpt-neox", "--gpus", "8", "--global-batch", "8"],
+     "model_type 'gpt_neox' is not a supported architecture (not modelled: its parallel "
+     "attention and MLP (use_parallel_residual) beside partial rotary positions)"),
     ("data", ["plan", "--model", "hf:{tmp}/hf-gpt-oss-irregular", "--gpus", "8", "--global-batch", "8"],
      "gpt_oss config: layer_types puts full attention in blocks [1, 2]…: planned where every "
      "N-th block attends fully and the others locally (GPT-OSS: every 2nd, Llama 4: every 4th)"),
@@ -157,6 +157,11 @@ CASES: list[tuple[str, list[str], str]] = [
     ("data", ["plan", "--model", "hf:{tmp}/hf-gemma3-relu", "--gpus", "8", "--global-batch", "8"],
      "gemma3_text config: hidden_activation 'relu' is not supported (planned as Gemma's GeGLU: "
      "use 'gelu_pytorch_tanh')"),
+    ("data", ["plan", "--model", "hf:{tmp}/hf-gemma2-cap0", "--gpus", "8", "--global-batch", "8"],
+     "gemma2 config: final_logit_softcapping 0 must be a positive number (null: none)"),
+    ("data", ["train", "--model", "hf:{tmp}/hf-gemma2-short"],
+     "hf:gemma2: post_norms (four norms a block), attention_softcap=50, logit_softcap=30 (logit "
+     "soft-capping) — planned (paracube plan), not trained: paracube's GPT builds none of them"),
     ("data", ["plan", "--model", "hf:{tmp}/hf-llama4-step0", "--gpus", "8", "--global-batch", "8"],
      "llama4 config: interleave_moe_layer_step 0 must be a positive integer"),
     ("data", ["plan", "--model", "hf:{tmp}/hf-deepseek-v3", "--gpus", "8", "--global-batch", "8"],
@@ -529,6 +534,15 @@ CASES: list[tuple[str, list[str], str]] = [
               "1",
               "--gpus", "8", "--global-batch", "8"],
      "full_attention_every=1 keeps every block at full attention: drop the window instead"),
+    ("plan", ["plan", "--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "1000",
+              "--seq", "1024", "--logit-softcap", "-30", "--gpus", "8", "--global-batch", "8"],
+     "logit_softcap=-30.0: the soft cap c of c·tanh(x/c) is a positive number (Gemma 2: 50 on "
+     "the attention scores, 30 on the logits; 0: none)"),
+    ("plan", ["plan", "--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "1000",
+              "--seq", "1024", "--attention-softcap", "50", "--gpus", "8", "--global-batch", "8",
+              "--emit", "megatron"],
+     "--emit megatron: custom's logit soft-capping (Gemma 2's) has no pretrain_gpt.py argument; "
+     "plan it without --emit megatron"),
     ("plan", ["plan", "--model", "gpt-oss-20b", "--gpus", "8", "--gpu", "h100", "--global-batch", "8",
               "--layout", "cp=2"],
      "cp=2 with a sliding window of 128 tokens: context parallelism over local attention is not "
@@ -846,11 +860,13 @@ def _hf_models(tmp: Path) -> None:
         ("hf-mistral-window", {"model_type": "mistral", "sliding_window": 32, **small}),
         ("hf-gemma3-relu", {"model_type": "gemma3_text", "hidden_activation": "relu", **small}),
         ("hf-llama4-step0", {"model_type": "llama4_text", "interleave_moe_layer_step": 0, **small}),
+        ("hf-gemma2-cap0", {"model_type": "gemma2", "final_logit_softcapping": 0, **small}),
+        ("hf-gemma2-short", {"model_type": "gemma2", "sliding_window": 128, **small}),
     ):
         (tmp / name).mkdir()
         (tmp / name / "config.json").write_text(json.dumps(config))
-    (tmp / "hf-gemma2").mkdir()
-    (tmp / "hf-gemma2" / "config.json").write_text('{"model_type": "gemma2"}')
+    (tmp / "hf-gpt-neox").mkdir()
+    (tmp / "hf-gpt-neox" / "config.json").write_text('{"model_type": "gpt_neox"}')
     (tmp / "hf-gpt-oss-irregular").mkdir()
     irregular = ["sliding_attention", "full_attention", "full_attention", "sliding_attention"]
     (tmp / "hf-gpt-oss-irregular" / "config.json").write_text(

@@ -238,25 +238,27 @@ def _cli(*args):
 
 
 def test_cli_save_resume_auto_continues_exactly(tmp_path):
-    """Train 4 steps saving every 2, then resume (auto) to 6: steps 4 and 5 equal an
-    uninterrupted 6-step run's to the last bit; a partial (crashed) save is ignored and
-    --keep-last prunes."""
+    """Train 6 steps saving every 2; lose the last save as a crash in the middle of it
+    would (its partial folder left, no step-6): resume (auto) to 6 picks step 4, and
+    steps 4 and 5 equal the uninterrupted run's to the last bit; --keep-last prunes."""
+    import shutil
+
     from paracube.metrics import read_metrics
 
     ck = tmp_path / "ck"
     _cli(
-        "--steps", "4", "--save-dir", str(ck), "--save-every", "2", "--metrics", str(tmp_path / "a")
+        "--steps", "6", "--save-dir", str(ck), "--save-every", "2", "--metrics", str(tmp_path / "a")
     )
-    assert sorted(p.name for p in ck.iterdir()) == ["step-00000002", "step-00000004"]
+    assert sorted(p.name for p in ck.iterdir()) == [f"step-0000000{k}" for k in (2, 4, 6)]
+    shutil.rmtree(ck / "step-00000006")
     (ck / ".step-00000006.partial").mkdir()  # what a crash in the middle of a save leaves
     proc = _cli(
         "--steps", "6", "--resume", "auto", "--save-dir", str(ck), "--keep-last", "1",
         "--metrics", str(tmp_path / "b"),
     )  # fmt: skip
     assert f"resumed from {ck / 'step-00000004'} at step 4" in proc.stdout
-    _cli("--steps", "6", "--metrics", str(tmp_path / "c"))
     resumed = read_metrics(str(tmp_path / "b"))
-    whole = read_metrics(str(tmp_path / "c"))
+    whole = read_metrics(str(tmp_path / "a"))
     assert [r["step"] for r in resumed] == [4, 5]
     assert [r["loss"] for r in resumed] == [r["loss"] for r in whole[4:]]
     assert [p.name for p in ck.iterdir() if not p.name.startswith(".")] == ["step-00000006"]

@@ -131,6 +131,28 @@ def add_parser(sub) -> None:
         default=None,
         help="each head's queries and keys normalised (Qwen3's q_norm, k_norm)",
     )
+    m.add_argument(
+        "--post-norms",
+        action="store_true",
+        default=None,
+        help="four norms a block: each sub-layer's output normed again before the residual "
+        "add (Gemma 2 and 3)",
+    )
+    m.add_argument(
+        "--attention-softcap",
+        type=float,
+        default=None,
+        metavar="C",
+        help="each attention score soft-capped to C·tanh(x/C) inside the fused kernel "
+        "(Gemma 2: 50)",
+    )
+    m.add_argument(
+        "--logit-softcap",
+        type=float,
+        default=None,
+        metavar="C",
+        help="each output logit soft-capped to C·tanh(x/C) before the loss (Gemma 2: 30)",
+    )
     c = p.add_argument_group("cluster")
     c.add_argument(
         "--gpus",

@@ -43,6 +43,9 @@ BLOCK = (
     "full_attention_every",
     "head_size",
     "qk_norm",
+    "post_norms",
+    "attention_softcap",
+    "logit_softcap",
 )
 
 

@@ -319,7 +319,7 @@ class GPT(nn.Module):
         if cfg.planned_parts:
             raise ConfigError(
                 f"{cfg.name}: {cfg.planned_parts} — planned (paracube plan), not built: "
-                "paracube's GPT has standard attention and one output head"
+                "paracube's GPT builds none of them"
             )
         self.cfg = cfg
         self.embed = Embedding(cfg)

@@ -86,6 +86,24 @@ def _gpt_oss(n_layers: int, experts: int) -> dict:
     }
 
 
+def _gemma2(n_layers: int, hidden: int, n_heads: int, head_size: int, ffn_hidden: int) -> dict:
+    """A Gemma 2 shape (google/gemma-2-*'s config.json): Llama's block with four norms, a
+    GeGLU MLP (planned as the gated MLP's three matrices), query heads of ``head_size`` over
+    half as many key/value heads, a 4,096-token window in every other block from the first,
+    logit soft-capping at 50 (scores) and 30 (logits), a tied 256,000-token head."""
+    return {
+        **_llama(n_layers, hidden, n_heads, n_heads // 2, ffn_hidden, 256000, 8192),
+        "head_size": head_size,
+        "tie_embeddings": True,
+        "post_norms": True,
+        "attention_window": 4096,
+        "full_attention_every": 2,
+        "attention_softcap": 50.0,
+        "logit_softcap": 30.0,
+        "norm_eps": 1e-6,
+    }
+
+
 def _llama4(experts: int, moe_every: int) -> dict:
     """A Llama 4 shape (its config.json's text_config): Llama's block with per-head q/k
     norms, a mixture of 1 expert a token and a shared one in every ``moe_every``-th block,
@@ -191,6 +209,10 @@ PRESETS: dict[str, dict] = {
     # tokens, one chunk, as Megatron-Bridge's recipes train them
     "llama4-scout": _llama4(experts=16, moe_every=1),
     "llama4-maverick": _llama4(experts=128, moe_every=2),
+    # Gemma 2 (planned only): layers, hidden, query heads, head size, MLP width; 8,192 tokens
+    "gemma2-2b": _gemma2(26, 2304, 8, 256, 9216),
+    "gemma2-9b": _gemma2(42, 3584, 16, 256, 14336),
+    "gemma2-27b": _gemma2(46, 4608, 32, 128, 36864),
 }
 
 

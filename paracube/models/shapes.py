@@ -507,18 +507,36 @@ def chain_saved_bytes(cfg: ModelConfig, b: int, elem: int = 4, compiled: bool = 
 
 
 @lru_cache(maxsize=4096)  # the planner's search asks for a few shapes often
+def logit_softcap_bytes(elem: int, eager: bool) -> tuple[int, int]:
+    """(forward, backward) HBM bytes per logit of Gemma 2's final soft cap c·tanh(x/c) over
+    ``elem``-byte logits. Eager (as transformers' Gemma2ForCausalLM runs it): divide, tanh
+    and multiply each read and write the logits (6·elem), and backward the multiply's and
+    the divide's gradients each read one and write one, the tanh's reads its saved output
+    too (7·elem). Fused into one kernel: the logits read and the capped ones written, and
+    backward the incoming gradient and the saved tanh read and one gradient written."""
+    return (6 * elem, 7 * elem) if eager else (2 * elem, 3 * elem)
+
+
+def logit_softcap_saved_bytes(cfg: ModelConfig, n: int, elem: int, tp: int = 1) -> int:
+    """What the final soft cap keeps for backward over n tokens: its tanh, one tensor of the
+    logits' shape (this rank's 1/tp of the vocabulary) — the divide and the multiply by a
+    constant keep nothing. 0 without ``logit_softcap``."""
+    return n * (cfg.vocab_size // tp) * elem if cfg.logit_softcap else 0
+
+
 def end_saved_bytes(
     cfg: ModelConfig, b: int, *, elem: int = 4, tp: int = 1, sequence_parallel: bool = False
 ) -> tuple[int, int]:
     """(first, last) pipeline stage's bytes kept outside the blocks per micro-batch: the
     int64 token (and position) indices — under tensor parallelism also a bool per token
     outside this rank's vocabulary shard —; the final norm, the head's input (its sequence
-    shard under sequence parallelism) and what the loss keeps (:func:`_loss_bytes`)."""
+    shard under sequence parallelism), what a final soft cap keeps
+    (:func:`logit_softcap_saved_bytes`) and what the loss keeps (:func:`_loss_bytes`)."""
     n, s = b * cfg.seq_len, cfg.seq_len
     first = 8 * n + (8 * s if cfg.position == "learned" else 0) + (n if tp > 1 else 0)
     ts = tp if sequence_parallel else 1
     last = (_norm_bytes(cfg, n, elem) + n * cfg.hidden * elem) // ts + _loss_bytes(cfg, n, elem, tp)
-    return first, last
+    return first, last + logit_softcap_saved_bytes(cfg, n, elem, tp)
 
 
 # -- activation bytes kept for backward -------------------------------------------------

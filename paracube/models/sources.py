@@ -33,8 +33,8 @@ HF_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": 
                "gpt2": "gpt2", "mixtral": "llama", "qwen3_moe": "llama",
                "qwen2_moe": "llama", "glm4_moe": "llama", "deepseek_v2": "llama",
                "deepseek_v3": "llama", "kimi_k2": "llama", "gpt_oss": "llama",
-               "llama4_text": "llama", "llama4": "llama", "gemma3_text": "llama",
-               "gemma3": "llama"}  # fmt: skip
+               "llama4_text": "llama", "llama4": "llama", "gemma": "llama", "gemma2": "llama",
+               "gemma3_text": "llama", "gemma3": "llama"}  # fmt: skip
 # Mixtral is Mistral's decoder with a mixture of experts for its MLP: planned (its experts
 # from num_local_experts and num_experts_per_tok), not trained — paracube builds dense models.
 # Qwen3-MoE is Qwen3's decoder with one (num_experts of moe_intermediate_size, top
@@ -66,7 +66,13 @@ HF_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": 
 # post-feed-forward norms: post_norms), a GeGLU MLP (tanh GELU on the gate: the same three
 # matrices as SwiGLU, planned as them) and a sliding_window in five blocks of six
 # (layer_types, or sliding_window_pattern): planned likewise, its embedding's √h scale and
-# its norms' 1 + w not told apart.
+# its norms' 1 + w not told apart. Gemma (gemma) is the GeGLU decoder without them: two
+# norms a block, no q/k norms, no window. Gemma 2 (gemma2) is Gemma 3's block without
+# the q/k norms, its sliding_window in every other block (from the first: transformers'
+# Gemma2DecoderLayer), and logit soft-capping — c·tanh(x/c) on each attention score
+# (attn_logit_softcapping) and on each output logit (final_logit_softcapping): planned
+# likewise, the scores' cap inside FlashAttention-2's kernel and the logits' as its passes
+# over them; its query_pre_attn_scalar (the scores' scale) not told apart.
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 WEIGHTS_FILE = "model.safetensors"
 # a checkpoint saved in shards (save_pretrained above its max_shard_size, every published
@@ -173,7 +179,8 @@ def read_hf_config(directory: str) -> dict:
 # Architectures users ask for that neither paracube's GPT nor the planner has the parts of:
 # what is missing, named in the refusal (transformers' model_type → the parts)
 NOT_MODELLED = {
-    "gemma2": "logit soft-capping in its attention and its head",
+    "gpt_neox": "its parallel attention and MLP (use_parallel_residual) beside partial rotary "
+    "positions",
 }
 
 
@@ -373,7 +380,7 @@ def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = No
             norm_eps=get("layer_norm_epsilon", 1e-5), init_std=get("initializer_range", 0.02),
         )  # fmt: skip
     else:
-        gemma = kind == "gemma3_text"
+        gemma = kind in GEMMA
         if gemma:
             act = get("hidden_activation") or get("hidden_act") or "gelu_pytorch_tanh"
             if act not in ("gelu_pytorch_tanh", "gelu"):
@@ -396,8 +403,9 @@ def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = No
             bias=bool(get("attention_bias", kind == "qwen2")),
             norm_eps=get("rms_norm_eps", 1e-6), init_std=get("initializer_range", 0.02),
             head_size=None if head_dim * heads == hidden else head_dim,
-            qk_norm=kind in ("qwen3", "qwen3_moe", "gemma3_text"), post_norms=gemma,
-            rope_theta=float(_rope_theta(get)), **rope_stretch(data)[1],
+            qk_norm=kind in ("qwen3", "qwen3_moe", "gemma3_text"),
+            post_norms=kind in ("gemma2", "gemma3_text"),
+            rope_theta=float(_rope_theta(get)), **rope_stretch(data)[1], **_softcaps(data),
         )  # fmt: skip
         if kind == "mixtral":
             shape.update(
@@ -431,6 +439,34 @@ def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = No
     )
 
 
+# the Gemma model types: GeGLU MLPs (tanh GELU on the gate) and a tied head by default
+GEMMA = ("gemma", "gemma2", "gemma3_text")
+
+
+def _softcaps(data: dict) -> dict:
+    """A Gemma config's logit soft caps as :class:`ModelConfig` fields: its
+    ``attn_logit_softcapping`` and ``final_logit_softcapping`` (transformers' Gemma2Config:
+    50 and 30 by default; Gemma 3's: none, null)."""
+    kind, get = data["model_type"], data.get
+    if kind not in GEMMA:
+        return {}
+    defaults = (50.0, 30.0) if kind == "gemma2" else (None, None)
+    caps = {}
+    for key, field, default in zip(
+        ("attn_logit_softcapping", "final_logit_softcapping"),
+        ("attention_softcap", "logit_softcap"),
+        defaults,
+    ):
+        cap = get(key, default)
+        if cap is not None:
+            if not (type(cap) in (int, float) and cap > 0):
+                raise ConfigError(
+                    f"{kind} config: {key} {cap!r} must be a positive number (null: none)"
+                )
+            caps[field] = float(cap)
+    return caps
+
+
 def _llama4_mixture(data: dict) -> dict:
     """A Llama 4 config's mixture, as :class:`ModelConfig` fields: its ``moe_layers`` (by
     default every ``interleave_moe_layer_step``-th block, transformers' Llama4TextConfig)
@@ -457,7 +493,7 @@ def _llama4_mixture(data: dict) -> dict:
 
 
 # the model types whose configs window their attention unless use_sliding_window says not
-WINDOWED_BY_DEFAULT = ("mistral", "mixtral", "gpt_oss", "gemma3_text")
+WINDOWED_BY_DEFAULT = ("mistral", "mixtral", "gpt_oss", "gemma2", "gemma3_text")
 
 
 def _local_attention(data: dict, seq: int) -> dict:
@@ -491,6 +527,8 @@ def _local_attention(data: dict, seq: int) -> dict:
                 "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
                 for i in range(layers)
             ]
+        elif not types and kind == "gemma2":  # every other block, from the first
+            types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
         elif not types and kind == "qwen2" and type(below) is int:
             types = ["sliding_attention" if i >= below else "full_attention" for i in range(layers)]
     if span is None or span >= seq:

@@ -506,7 +506,8 @@ class Layout:
     def model_refusal(self, cfg: ModelConfig) -> str:
         """Why ``cfg`` cannot take this layout ("" if it can): expert parallelism needs a
         mixture of experts and divides its experts; local attention (a window or chunks) is
-        not planned under context parallelism; a mixture is not planned under
+        not planned under context parallelism, the scores' soft cap outside
+        FlashAttention-2's kernel; a mixture is not planned under
         torchtitan's op-level checkpointing, compressed gradients, unfused attention,
         InternLM's broadcasts or hybrid sharding (their models are of the dense block's
         matrices), nor under tensor parallelism without sequence parallelism, which
@@ -560,6 +561,12 @@ class Layout:
                 f"cp={self.cp} with {local_words(cfg)}: context parallelism over local "
                 "attention is not planned (its ring passes every rank's keys round, which a "
                 "window or chunk does not read); use cp 1"
+            )
+        if cfg.attention_softcap and self.attention != "fused":
+            return (
+                f"attention={self.attention} with attention_softcap={cfg.attention_softcap:g}: "
+                "the scores' soft cap is planned inside FlashAttention-2's kernel (its softcap; "
+                "attention=fused) alone"
             )
         if self.ep_comm_overlap and self.pp > 1 and self.schedule != "interleaved-1f1b":
             return (

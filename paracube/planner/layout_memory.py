@@ -239,6 +239,7 @@ def _layout_terms(cfg: ModelConfig, layout: _TermsKey, precision: str) -> _Layou
         )
     else:  # Megatron's: the embedding output, and the fp32 logits for the loss
         first, last = layout.micro_batch * s * h * w, layout.micro_batch * s * V / t * 4
+        last += shapes.logit_softcap_saved_bytes(cfg, layout.micro_batch * s, w, t)
     # the final norm sits with the head (replicated under tp)
     head = (0 if (cfg.tie_embeddings and p == 1) else shapes.head_params(cfg, tp=t)) + (
         shapes.norm_params(cfg)

@@ -152,12 +152,18 @@ def moe_layer_freq(cfg: ModelConfig) -> str:
 
 def model_refusal(cfg: ModelConfig) -> str:
     """Why Megatron-LM's command cannot train ``cfg`` as planned ("" if it can): Gemma's
-    post-norms, and chunked attention shorter than the sequence (Llama 4's), which no
-    argument paracube emits expresses — a command without them would train another model."""
+    post-norms, Gemma 2's logit soft-capping, and chunked attention shorter than the
+    sequence (Llama 4's), which no argument paracube emits expresses — a command without
+    them would train another model."""
     if cfg.post_norms:
         return (
             f"{cfg.name}'s post-norms (four norms a block, Gemma's) have no pretrain_gpt.py "
             "argument; plan it without --emit megatron"
+        )
+    if cfg.attention_softcap or cfg.logit_softcap:
+        return (
+            f"{cfg.name}'s logit soft-capping (Gemma 2's) has no pretrain_gpt.py argument; "
+            "plan it without --emit megatron"
         )
     if cfg.local_span and cfg.attention_chunk:
         return (

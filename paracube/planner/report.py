@@ -283,7 +283,7 @@ def _layout_reasons(best, cfg: ModelConfig, cluster: Cluster, precision: str) ->
         lines.append(_context_parallel_reason(best, cfg))
     if getattr(cfg, "moe", False):
         lines.append(_experts_reason(best, cfg))
-    if getattr(cfg, "mla", False) or getattr(cfg, "mtp_layers", 0) or _local(cfg):
+    if getattr(cfg, "mla", False) or getattr(cfg, "mtp_layers", 0) or _local(cfg) or _capped(cfg):
         lines.append(_architecture_reason(cfg, L))
     if L.pp > 1:
         lines.append(_pipeline_reason(best, cfg))
@@ -433,9 +433,38 @@ def _local(cfg) -> bool:
     return bool(getattr(cfg, "local_span", 0))
 
 
+def _capped(cfg) -> bool:
+    """Whether a plan's model soft-caps its attention scores or its logits (Gemma 2's)."""
+    return bool(getattr(cfg, "attention_softcap", 0) or getattr(cfg, "logit_softcap", 0))
+
+
+def _softcap_words(cfg: ModelConfig, L: Layout) -> str:
+    """Where the plan charges Gemma 2's soft caps: the scores' inside the attention kernel,
+    the logits' as passes over this rank's logits (shapes.logit_softcap_bytes)."""
+    from paracube.models.shapes import logit_softcap_bytes
+
+    parts = []
+    if cfg.attention_softcap:
+        parts.append(
+            f"each attention score capped at {cfg.attention_softcap:g} inside FlashAttention-2's "
+            "kernel (its softcap; timed as the kernel without it)"
+        )
+    if cfg.logit_softcap:
+        eager = L.elementwise == "eager"
+        fwd, bwd = logit_softcap_bytes(1, eager=eager)
+        logits = L.micro_batch * cfg.seq_len * cfg.vocab_size // L.tp
+        parts.append(
+            f"each logit capped at {cfg.logit_softcap:g} by passes over this rank's "
+            f"{logits:,} logits a micro-batch — {fwd} forward and {bwd} backward, each a read "
+            f"or a write ({'op by op' if eager else 'fused'}) —, their tanh kept for backward "
+            "on the last stage"
+        )
+    return "logit soft-capping: " + "; ".join(parts)
+
+
 def _architecture_reason(cfg: ModelConfig, L: Layout) -> str:
-    """A latent attention, multi-token prediction modules, a sliding window: how the plan
-    holds them."""
+    """A latent attention, multi-token prediction modules, a sliding window, soft caps: how
+    the plan holds them."""
     parts = []
     if _local(cfg):
         from paracube.models.shapes import local_kernel_keys
@@ -483,6 +512,8 @@ def _architecture_reason(cfg: ModelConfig, L: Layout) -> str:
             + (", and a copy of the embedding" if L.pp > 1 else "")
             + ")"
         )
+    if _capped(cfg):
+        parts.append(_softcap_words(cfg, L))
     text = "; ".join(parts)
     return f"- {text[0].upper()}{text[1:]}."
 

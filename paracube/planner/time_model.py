@@ -678,8 +678,9 @@ def logit_metric_bytes(elem: int) -> int:
 
 
 def head_time(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> float:
-    """Forward + backward seconds of the output head and the loss for one micro-batch, and
-    of the metrics the trainer computes over its logits (``layout.logit_metrics``)."""
+    """Forward + backward seconds of the output head and the loss for one micro-batch, of a
+    final soft cap over the logits (``cfg.logit_softcap``) and of the metrics the trainer
+    computes over its logits (``layout.logit_metrics``)."""
     t = layout.tp
     logits = layout.micro_batch * cfg.seq_len * cfg.vocab_size / t  # (b, s, V/t)
     head_fwd, head_bwd = _gemm_fwd_bwd(
@@ -688,7 +689,12 @@ def head_time(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> float:
     # the loss: softmax over the logits in fp32 — written, read, and its gradient written
     loss = 3 * logits * 4 / g.memory_rate
     metrics = layout.logit_metrics * logits * logit_metric_bytes(elem) / g.memory_rate
-    return head_fwd + head_bwd + loss + metrics
+    # a final soft cap (Gemma 2's): its passes over the logits, op by op or fused
+    softcap = 0.0
+    if cfg.logit_softcap:
+        passes = shapes.logit_softcap_bytes(elem, eager=layout.elementwise == "eager")
+        softcap = logits * sum(passes) / g.memory_rate
+    return head_fwd + head_bwd + loss + metrics + softcap
 
 
 def at_precision(cluster: Cluster, precision: str) -> Cluster:
