@@ -300,7 +300,14 @@ Sources:
   parallelism over 4 nodes with DeepEP, with and without the 1F1B pairing of all-to-alls,
   and within each node with the all-to-all dispatcher (TP 2 × PP 32 × VP 3) or DeepEP
   (TP 4 × PP 8 × VP 4); the software from its ``model_configs/benchmarking/
-  Qwen3-235B-A22B.yaml`` and ``runtime_configs/benchmarking/runtime.conf``.
+  Qwen3-235B-A22B.yaml`` and ``runtime_configs/benchmarking/runtime.conf``. The same page's
+  long-context table (:data:`MOE_MODEL_ZOO_LONG`): 32 nodes, DeepEP, BF16, PP 8 × VP 4 ×
+  TP 4 × EP 8, CP 1, 2, 4 and 8 at 16K, 32K, 64K and 128K tokens, global batch 256, the
+  norms and the mixture recomputed (its command line), TFLOPS per GPU dropless — the rows
+  its main table's runs are (it adds --moe-router-force-load-balancing only for the forced
+  figures). Its TFLOPS are Megatron-LM's count, whose attention is the causal half
+  (:func:`megatron_causal_flops_per_token`: the main table's step times and TFLOPS agree
+  with it within 1 %); each is turned into paracube's count.
 - InternLM: InternLM/InternLM, ``doc/en/train_performance.md`` (InternLM-7B's scaling tests,
   2023): A100 80GB nodes of 8 over "4 * 100Gb RoCE" (``roce-4x100``), sequence 2,048, from
   8 to 1,024 GPUs. Both FLOPS tables (packed samples, tp 1, ZeRO-1 within each node —
@@ -1375,20 +1382,50 @@ MOE_MODEL_ZOO_QWEN3: list[tuple[str, dict[str, object], bool, bool, float]] = [
 ]
 
 
+# the long-context table: tokens, context parallelism, TFLOPS per GPU dropless and under
+# forced balance (Megatron-LM's count); the runs are the dropless ones
+MOE_MODEL_ZOO_LONG = [(16384, 1, 237, 295), (32768, 2, 277, 335), (65536, 4, 320, 368),
+                      (131072, 8, 357, 389)]  # fmt: skip
+
+
+def megatron_causal_flops_per_token(cfg: ModelConfig) -> float:
+    """Model FLOPs per token as Megatron-LM's ``num_floating_point_operations`` counts them
+    since it halves the attention core for the causal mask: paracube's count less half the
+    core's, forward and backward."""
+    core = 3 * cfg.n_layers * shapes.attention_core_flops_per_token(cfg)
+    return model_flops_per_token(cfg) - core / 2
+
+
+def _zoo_fixed(layout: dict, deepep: bool, overlap: bool) -> dict:
+    """The model zoo's software around a row's sizes (and its recomputation where it states
+    one): Megatron-Core with the distributed optimizer, fused attention, interleaved
+    stages cut with the embedding and the loss in a block's place, experts at etp 1."""
+    fixed = dict(cp=1, etp=1, zero=1, micro_batch=1, sequence_parallel=True,
+                 attention="fused", schedule="interleaved-1f1b", recompute="none",
+                 ep_dispatch="deepep" if deepep else "alltoall", ep_comm_overlap=overlap,
+                 **{**MEGATRON_CORE, "split": "even-ends"})  # fmt: skip
+    return {**fixed, **layout}
+
+
 def _moe_model_zoo() -> list[dict]:
     """Qwen3-235B-A22B on 256 H100s in BF16, as Megatron-Core's MoE model zoo ran it: step
-    seconds converted to model TFLOP/s per GPU with paracube's FLOP count."""
+    seconds converted to model TFLOP/s per GPU with paracube's FLOP count; its long-context
+    rows' TFLOPS converted from Megatron's causal count to paracube's."""
     cfg = preset("qwen3-235b-a22b")
     out = []
     for _label, layout, deepep, overlap, step in MOE_MODEL_ZOO_QWEN3:
-        fixed = dict(cp=1, etp=1, zero=1, micro_batch=1, sequence_parallel=True,
-                     attention="fused", schedule="interleaved-1f1b", recompute="none",
-                     ep_dispatch="deepep" if deepep else "alltoall", ep_comm_overlap=overlap,
-                     **{**MEGATRON_CORE, "split": "even-ends"})  # fmt: skip
-        fixed.update(layout)  # its sizes, and its recomputation where the row states one
         published = round(2048 * cfg.seq_len * model_flops_per_token(cfg) / step / 256 / 1e12, 1)
-        out.append(_run("Megatron-MoE-ModelZoo", cfg, "h100", 256, 2048, "bf16", fixed,
-                         "model", published))  # fmt: skip
+        out.append(_run("Megatron-MoE-ModelZoo", cfg, "h100", 256, 2048, "bf16",
+                        _zoo_fixed(layout, deepep, overlap), "model", published))  # fmt: skip
+    for seq, cp, dropless, _forced in MOE_MODEL_ZOO_LONG:
+        long = cfg.replace(seq_len=seq)
+        layout = dict(tp=4, pp=8, cp=cp, dp=8 // cp, ep=8, chunks=4, recompute="selective",
+                      recompute_modules=("layernorm", "moe"))  # fmt: skip
+        published = round(
+            dropless * model_flops_per_token(long) / megatron_causal_flops_per_token(long), 1
+        )
+        out.append(_run("Megatron-MoE-ModelZoo", long, "h100", 256, 256, "bf16",
+                        _zoo_fixed(layout, True, False), "model", published))  # fmt: skip
     return out
 
 
