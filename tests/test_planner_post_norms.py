@@ -35,9 +35,20 @@ def test_gemma3_is_read_from_its_config_and_counts_as_published():
     """Gemma 3 27B: "25,600M non-embedding parameters" (Gemma Team 2025, Gemma 3 technical
     report, Table 1) — the planner's blocks and final norm within 0.1 %; its embedding tied
     to the head; every 6th block at full attention, the others over 1,024 tokens; per-head
-    q/k norms and four norms a block."""
+    q/k norms and four norms a block. Its config is the gemma3-27b preset's shape; the
+    presets of the 1B, 4B and 12B count Table 1's 698M, 3,209M and 10,759M."""
+    import dataclasses
+
+    from paracube.models.presets import preset
     from paracube.models.sources import hf_model_config
 
+    assert dataclasses.replace(hf_model_config(GEMMA3_27B, 32768), name="gemma3-27b") == (
+        preset("gemma3-27b")
+    )
+    for name, millions in (("gemma3-1b", 698), ("gemma3-4b", 3209), ("gemma3-12b", 10759)):
+        small = preset(name)
+        counted = shapes.parameter_count(small) - shapes.embed_params(small)
+        assert round(counted / 1e6) == millions, name
     cfg = hf_model_config(GEMMA3_27B, 8192)
     assert (cfg.post_norms, cfg.qk_norm, cfg.tie_embeddings) == (True, True, True)
     assert (cfg.attention_window, cfg.full_attention_every, cfg.head_size) == (1024, 6, 128)

@@ -104,6 +104,28 @@ def _gemma2(n_layers: int, hidden: int, n_heads: int, head_size: int, ffn_hidden
     }
 
 
+def _gemma3(
+    n_layers: int, hidden: int, n_heads: int, n_kv_heads: int, head_size: int, ffn_hidden: int
+) -> dict:
+    """A Gemma 3 shape (google/gemma-3-*'s text_config): Gemma 2's block with per-head q/k
+    norms and no soft caps, a sliding window in five blocks of six (512 tokens in the 1B,
+    1,024 in the others), a tied head over 262,144 tokens (262,208 beside the vision
+    encoder's), the full blocks' rotary base 1,000,000; 32,768 tokens, its pre-training
+    length before the 128K extension (Gemma 3 report, §2)."""
+    vocab = 262144 if hidden < 2048 else 262208
+    return {
+        **_llama(n_layers, hidden, n_heads, n_kv_heads, ffn_hidden, vocab, 32768),
+        "rope_theta": 1000000.0,
+        "head_size": head_size,
+        "tie_embeddings": True,
+        "post_norms": True,
+        "qk_norm": True,
+        "attention_window": 512 if hidden < 2048 else 1024,
+        "full_attention_every": 6,
+        "norm_eps": 1e-6,
+    }
+
+
 def _llama4(experts: int, moe_every: int) -> dict:
     """A Llama 4 shape (its config.json's text_config): Llama's block with per-head q/k
     norms, a mixture of 1 expert a token and a shared one in every ``moe_every``-th block,
@@ -213,6 +235,11 @@ PRESETS: dict[str, dict] = {
     "gemma2-2b": _gemma2(26, 2304, 8, 256, 9216),
     "gemma2-9b": _gemma2(42, 3584, 16, 256, 14336),
     "gemma2-27b": _gemma2(46, 4608, 32, 128, 36864),
+    # Gemma 3 (planned only): layers, hidden, query heads, key/value heads, head size, MLP
+    "gemma3-1b": _gemma3(26, 1152, 4, 1, 256, 6912),
+    "gemma3-4b": _gemma3(34, 2560, 8, 4, 256, 10240),
+    "gemma3-12b": _gemma3(48, 3840, 16, 8, 256, 15360),
+    "gemma3-27b": _gemma3(62, 5376, 32, 16, 128, 21504),
 }
 
 
