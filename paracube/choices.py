@@ -67,10 +67,13 @@ DP_MODES = ("sync", "local-sgd", "diloco", "stale", "ps")
 GRAD_REDUCE = ("fp32", "compute")  # dtype of gradient accumulation/reduction under bf16/fp16
 BALANCE = ("params", "flops", "memory", "time", "speed")  # how pipeline stages are cut
 MEASURED_BALANCE = ("time", "speed")  # measured on the ranks' real layers (built whole)
-# planner: FlashAttention-2 (SDPA), FlashAttention (v1, CUDA), FlashAttention in Triton, or
-# s×s scores materialized
-ATTENTION = ("fused", "fused-v1", "fused-triton", "unfused")
-FUSED_ATTENTION = ("fused", "fused-v1", "fused-triton")  # kernels that never store the s×s scores
+# planner: FlashAttention-2 (SDPA), FlashAttention (v1, CUDA), FlashAttention in Triton,
+# FlashAttention-3 (Hopper), or s×s scores materialized
+ATTENTION = ("fused", "fused-v1", "fused-triton", "fused-v3", "unfused")
+# kernels that never store the s×s scores
+FUSED_ATTENTION = ("fused", "fused-v1", "fused-triton", "fused-v3")
+# the fused kernels that run on Hopper's tensor cores alone, in 16-bit (or FP8) operands
+HOPPER_ATTENTION = ("fused-v3",)
 # fp8 (planner): each tensor's scale from the amax history (Transformer Engine's delayed
 # scaling) or from its own amax, read just before the cast (current scaling)
 FP8_SCALING = ("delayed", "current")

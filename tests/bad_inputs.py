@@ -534,6 +534,14 @@ CASES: list[tuple[str, list[str], str]] = [
               "1",
               "--gpus", "8", "--global-batch", "8"],
      "full_attention_every=1 keeps every block at full attention: drop the window instead"),
+    ("plan", ["plan", "--model", "llama3-8b", "--gpus", "8", "--gpu", "a100-80gb", "--global-batch",
+              "64", "--attention", "fused-v3"],
+     "attention=fused-v3: FlashAttention-3 runs on Hopper GPUs (H100, H200, H800), not A100 80GB; "
+     "use attention=fused (FlashAttention-2)"),
+    ("plan", ["plan", "--model", "llama3-8b", "--gpus", "8", "--gpu", "h100", "--global-batch",
+              "64", "--attention", "fused-v3", "--precision", "tf32"],
+     "attention=fused-v3 with --precision tf32: FlashAttention-3 takes 16-bit (or FP8) operands; "
+     "plan bf16, or attention=fused"),
     ("plan", ["plan", "--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "1000",
               "--seq", "1024", "--logit-softcap", "-30", "--gpus", "8", "--global-batch", "8"],
      "logit_softcap=-30.0: the soft cap c of c·tanh(x/c) is a positive number (Gemma 2: 50 on "

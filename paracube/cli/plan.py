@@ -93,10 +93,13 @@ def cmd_plan(args) -> int:
             f"{cfg.name} is planned data parallel only (one replica per GPU); use {multiples}"
         )
     cluster = cluster_of(args)
-    from paracube.planner.time_model import at_precision
+    from paracube.planner.time_model import at_precision, kernel_refusal
 
     at_precision(cluster, args.precision)  # units the GPU lacks: refused before the search
     fixed = plan_fixed(args, args.gpus)
+    refusal = kernel_refusal(fixed.get("attention", "fused"), cluster.gpu, args.precision)
+    if refusal:
+        raise ParacubeError(refusal)
     # ep above 1, or any etp: the experts' layout, which a dense model has none of
     experts = [f"ep={fixed['ep']}"] if fixed.get("ep", 1) > 1 else []
     if fixed.get("etp"):

@@ -255,8 +255,9 @@ def add_parser(sub) -> None:
         default=None,
         help="fused (FlashAttention-2 / PyTorch SDPA, paracube's default), fused-v1 "
         "(FlashAttention's own CUDA kernels before flash-attn 2.0), fused-triton "
-        "(FlashAttention in Triton, as MPT's attn_impl: triton) or unfused (s×s scores "
-        "materialized, as Megatron-LM before 2022)",
+        "(FlashAttention in Triton, as MPT's attn_impl: triton), fused-v3 (FlashAttention-3, "
+        "Hopper only: 1.5× FlashAttention-2's rate) or unfused (s×s scores materialized, as "
+        "Megatron-LM before 2022)",
     )
     t.add_argument(
         "--overlap-grad-reduce",

@@ -507,7 +507,7 @@ class Layout:
         """Why ``cfg`` cannot take this layout ("" if it can): expert parallelism needs a
         mixture of experts and divides its experts; local attention (a window or chunks) is
         not planned under context parallelism, the scores' soft cap outside
-        FlashAttention-2's kernel; a mixture is not planned under
+        FlashAttention-2's and -3's kernels; a mixture is not planned under
         torchtitan's op-level checkpointing, compressed gradients, unfused attention,
         InternLM's broadcasts or hybrid sharding (their models are of the dense block's
         matrices), nor under tensor parallelism without sequence parallelism, which
@@ -562,11 +562,11 @@ class Layout:
                 "attention is not planned (its ring passes every rank's keys round, which a "
                 "window or chunk does not read); use cp 1"
             )
-        if cfg.attention_softcap and self.attention != "fused":
+        if cfg.attention_softcap and self.attention not in ("fused", "fused-v3"):
             return (
                 f"attention={self.attention} with attention_softcap={cfg.attention_softcap:g}: "
-                "the scores' soft cap is planned inside FlashAttention-2's kernel (its softcap; "
-                "attention=fused) alone"
+                "the scores' soft cap is planned inside FlashAttention-2's or -3's kernel (their "
+                "softcap; attention=fused or fused-v3) alone"
             )
         if self.ep_comm_overlap and self.pp > 1 and self.schedule != "interleaved-1f1b":
             return (

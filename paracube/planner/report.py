@@ -747,7 +747,7 @@ def _predicted(best, cluster: Cluster, precision: str = "bf16", local: bool = Fa
         + ("; a local block's, the keys its mask keeps" if local else "")
         + "). The compute runs "
         f"{UNITS.get(precision, 'the tensor cores')} at "
-        f"{sustained(at_precision(cluster, precision).gpu)}, each matmul's "
+        f"{sustained(at_precision(cluster, precision).gpu, L.attention)}, each matmul's "
         f"roofline with tile and wave quantization over {cluster.gpu.sms or 'no'} SMs, and the "
         f"memory-bound element-wise work ({ELEMENTWISE_WORDS[L.elementwise]}) and the passes that "
         "bring each micro-batch's gradients into the buffer they are reduced from "
@@ -766,16 +766,26 @@ ELEMENTWISE_WORDS = {
 UNITS = {"fp32": "the FP32 units (CUDA cores)", "tf32": "the tensor cores in TF32"}
 
 
-def sustained(g: GPU) -> str:
+def sustained(g: GPU, kernel: str = "fused") -> str:
     """Where the planner's matmul rate for ``g``'s units comes from, and the fused attention
-    kernel's, in words (``g`` as the plan's precision sees it: time_model.at_precision)."""
+    kernel's, in words (``g`` as the plan's precision sees it: time_model.at_precision;
+    ``kernel``: the layout's attention, FlashAttention-3 at its speed-up over the GPU's
+    FlashAttention-2 rates)."""
+    from paracube.planner.time_model import FUSED_SLOWDOWN
+
+    forward, backward = g.attention_rate, g.attention_backward_rate or g.attention_rate
+    name = "FlashAttention-2"
+    if kernel == "fused-v3":
+        name = "FlashAttention-3"
+        forward /= FUSED_SLOWDOWN[kernel][0]
+        backward /= FUSED_SLOWDOWN[kernel][1]
     attention = (
-        f"FlashAttention-2 at {g.attention_rate / g.peak_flops:.0%}"
+        f"{name} at {forward / g.peak_flops:.0%}"
         if g.attention_rate
         else "the attention's matmuls at that rate too"
     )
-    if g.attention_rate and g.attention_backward_rate not in (0.0, g.attention_rate):
-        attention += f", its backward at {g.attention_backward_rate / g.peak_flops:.0%}"
+    if g.attention_rate and backward != forward:
+        attention += f", its backward at {backward / g.peak_flops:.0%}"
     if g.measured_sustained:
         return (
             f"the rate measured at the power limit with the whole node busy "

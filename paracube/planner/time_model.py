@@ -49,7 +49,7 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
-from paracube.choices import ELEMENT_BYTES, FUSED_ATTENTION, gradient_bytes
+from paracube.choices import ELEMENT_BYTES, FUSED_ATTENTION, HOPPER_ATTENTION, gradient_bytes
 from paracube.config import ModelConfig
 from paracube.errors import ConfigError
 from paracube.models import shapes
@@ -186,9 +186,17 @@ def _gemm_fwd_bwd(m: float, n: float, k: float, g: GPU, elem: int = 2) -> tuple[
 # FlashAttention's own CUDA kernels (flash-attn before 2.0, 2022–mid 2023) — "reaching only
 # 25-40% of the theoretical maximum FLOPs/s", which FlashAttention-2's partitioning speeds
 # up "around 2×" (ibid., abstract): the bottom of each range, as FLASH2_AMPERE takes
-# FlashAttention-2's, 25 % against 50 % in both passes.
+# FlashAttention-2's, 25 % against 50 % in both passes. FlashAttention-3, Hopper's own
+# kernels (warp-specialised, asynchronous TMA loads and wgmma: flash-attn's hopper/) —
+# "speedup on H100 GPUs by 1.5-2.0×" over FlashAttention-2 (Shah et al. 2024, FlashAttention-
+# 3, abstract): the bottom of that range, for both passes.
 # One entry per kernel of choices.FUSED_ATTENTION, which owns the names.
-FUSED_SLOWDOWN = {"fused": (1.0, 1.0), "fused-v1": (2.0, 2.0), "fused-triton": (1.4, 2.0)}
+FUSED_SLOWDOWN = {
+    "fused": (1.0, 1.0),
+    "fused-v1": (2.0, 2.0),
+    "fused-triton": (1.4, 2.0),
+    "fused-v3": (1 / 1.5, 1 / 1.5),
+}
 assert FUSED_SLOWDOWN.keys() == set(FUSED_ATTENTION), "a fused kernel without its timing"
 # The head sizes each fused kernel is compiled for: a head runs on the smallest that holds
 # it, its two matmuls over the padding too (the missing columns loaded as zeros), so a head
@@ -196,11 +204,14 @@ assert FUSED_SLOWDOWN.keys() == set(FUSED_ATTENTION), "a fused kernel without it
 # of it: csrc/flash_attn/src/static_switch.h, HEADDIM_SWITCH. FlashAttention 1:
 # csrc/flash_attn/fmha_api.cpp, run_fmha_fwd and run_fmha_bwd (d ≤ 32, 64, 128). Triton's:
 # flash_attn_triton.py (and llm-foundry's copy), BLOCK_HEADDIM = max(next power of 2, 16),
-# d ≤ 128. A head wider than a kernel's largest size is timed at its own width.
+# d ≤ 128. FlashAttention-3: hopper/generate_kernels.py's sm90 instantiations
+# (flash_fwd_hdim{64,96,128,192,256}_*_sm90.cu). A head wider than a kernel's largest size
+# is timed at its own width.
 KERNEL_HEAD_DIMS = {
     "fused": (32, 64, 96, 128, 160, 192, 224, 256),
     "fused-v1": (32, 64, 128),
     "fused-triton": (16, 32, 64, 128),
+    "fused-v3": (64, 96, 128, 192, 256),
 }
 assert KERNEL_HEAD_DIMS.keys() == set(FUSED_ATTENTION), "a fused kernel without its head sizes"
 
@@ -697,6 +708,25 @@ def head_time(cfg: ModelConfig, layout: Layout, g: GPU, elem: int = 2) -> float:
     return head_fwd + head_bwd + loss + metrics + softcap
 
 
+def kernel_refusal(attention: str, gpu: GPU, precision: str) -> str:
+    """Why ``attention``'s kernel cannot run on ``gpu`` in ``precision`` ("" if it can):
+    FlashAttention-3's kernels (choices.HOPPER_ATTENTION) are Hopper's — its warpgroup
+    matmuls and TMA loads — over 16-bit or FP8 operands."""
+    if attention not in HOPPER_ATTENTION:
+        return ""
+    if not gpu.fp8_flops:  # Hopper's FP8 tensor cores mark its generation
+        return (
+            f"attention={attention}: FlashAttention-3 runs on Hopper GPUs (H100, H200, H800), "
+            f"not {gpu.name}; use attention=fused (FlashAttention-2)"
+        )
+    if precision not in ("bf16", "fp16", "fp8"):
+        return (
+            f"attention={attention} with --precision {precision}: FlashAttention-3 takes 16-bit "
+            "(or FP8) operands; plan bf16, or attention=fused"
+        )
+    return ""
+
+
 def at_precision(cluster: Cluster, precision: str) -> Cluster:
     """``cluster`` with its GPU's peak set to the rate of ``precision``'s matmul units;
     fp8 refused on a GPU without FP8 tensor cores, bf16 on one without bfloat16 tensor
@@ -738,7 +768,7 @@ def estimate(
     >>> 0 < est.mfu < 1 and est.step_time > est.compute
     True
     """
-    refusal = layout.model_refusal(cfg)
+    refusal = layout.model_refusal(cfg) or kernel_refusal(layout.attention, cluster.gpu, precision)
     if refusal:
         raise ConfigError(refusal)
     # the matmul units this precision runs on (fp32: CUDA cores, tf32/bf16/fp16: tensor
