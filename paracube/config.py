@@ -166,10 +166,10 @@ class ModelConfig:
     # block. Planned by ``paracube plan``; paracube's GPT has the two pre-norms.
     post_norms: bool = False
     # Gemma 2's logit soft-capping, planned by ``paracube plan`` (paracube's GPT has none):
-    # x ↦ c·tanh(x/c) on each attention score (``attention_softcap`` c, Gemma 2's 50 — applied
-    # inside the fused kernel, FlashAttention-2's softcap) and on each output logit before the
-    # loss (``logit_softcap``, Gemma 2's 30 — three element-wise passes over the logits and
-    # their tanh kept for backward). 0: none.
+    # x ↦ c·tanh(x/c) on each attention score (``attention_softcap`` c, Gemma 2's 50 —
+    # applied inside the fused kernel, FlashAttention-2's or -3's softcap) and on each output
+    # logit before the loss (``logit_softcap``, Gemma 2's 30 — three element-wise passes over
+    # the logits and their tanh kept for backward). 0: none.
     attention_softcap: float = 0.0
     logit_softcap: float = 0.0
     qk_norm: bool = False

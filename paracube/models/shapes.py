@@ -506,7 +506,6 @@ def chain_saved_bytes(cfg: ModelConfig, b: int, elem: int = 4, compiled: bool = 
     ]
 
 
-@lru_cache(maxsize=4096)  # the planner's search asks for a few shapes often
 def logit_softcap_bytes(elem: int, eager: bool) -> tuple[int, int]:
     """(forward, backward) HBM bytes per logit of Gemma 2's final soft cap c·tanh(x/c) over
     ``elem``-byte logits. Eager (as transformers' Gemma2ForCausalLM runs it): divide, tanh
@@ -524,6 +523,7 @@ def logit_softcap_saved_bytes(cfg: ModelConfig, n: int, elem: int, tp: int = 1) 
     return n * (cfg.vocab_size // tp) * elem if cfg.logit_softcap else 0
 
 
+@lru_cache(maxsize=4096)  # the planner's search asks for a few shapes often
 def end_saved_bytes(
     cfg: ModelConfig, b: int, *, elem: int = 4, tp: int = 1, sequence_parallel: bool = False
 ) -> tuple[int, int]:

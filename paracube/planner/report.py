@@ -445,8 +445,9 @@ def _softcap_words(cfg: ModelConfig, L: Layout) -> str:
 
     parts = []
     if cfg.attention_softcap:
+        kernel = "FlashAttention-3" if L.attention == "fused-v3" else "FlashAttention-2"
         parts.append(
-            f"each attention score capped at {cfg.attention_softcap:g} inside FlashAttention-2's "
+            f"each attention score capped at {cfg.attention_softcap:g} inside {kernel}'s "
             "kernel (its softcap; timed as the kernel without it)"
         )
     if cfg.logit_softcap:
