@@ -534,6 +534,16 @@ CASES: list[tuple[str, list[str], str]] = [
               "1",
               "--gpus", "8", "--global-batch", "8"],
      "full_attention_every=1 keeps every block at full attention: drop the window instead"),
+    ("plan", ["plan", "--model", "gemma3-1b", "--gpus", "8", "--gpu", "h100", "--global-batch", "64"],
+     "gemma3-1b fits no layout on 8 × H100 SXM: the leanest (dp=2 tp=1 pp=4 b=1 m=32 1f1b zero2 "
+     "recompute=full) needs 111.6 GB per GPU, 1.3× the 85 GB; use a loss computed in place "
+     "(--loss fused, Megatron's and llm-foundry's; it fits as dp=8"),
+    ("plan", ["plan", "--model", "gemma2-2b", "--gpus", "8", "--gpu", "h100", "--global-batch", "64",
+              "--emit", "torchrun"],
+     "gemma2-2b with --emit torchrun: its attention_window=4096 (sliding-window attention), "
+     "post_norms (four norms a block), attention_softcap=50, logit_softcap=30 (logit "
+     "soft-capping) are planned, not trained — paracube train's GPT builds none of them; drop "
+     "--emit torchrun"),
     ("plan", ["plan", "--model", "llama3-8b", "--gpus", "8", "--gpu", "a100-80gb", "--global-batch",
               "64", "--attention", "fused-v3"],
      "attention=fused-v3: FlashAttention-3 runs on Hopper GPUs (H100, H200, H800), not A100 80GB; "

@@ -133,3 +133,28 @@ def test_gemma2_plans_explains_and_refuses_what_it_cannot_run(tmp_path, capsys):
     assert main(["plan", "--model", f"hf:{tmp_path}", "--gpus", "8", "--gpu", "h100",
                  "--global-batch", "64", "--top", "1", "--json"]) == 0  # fmt: skip
     assert json.loads(capsys.readouterr().out)["candidates"]
+
+
+def test_a_vocabulary_that_fits_only_with_the_loss_in_place_is_told_so(capsys):
+    """Gemma 3 1B at 32,768 tokens on 8 H100s: 262,144 logits a token make the loss's two
+    fp32 gradients of the logits' shape (shapes.loss_backward_transient_bytes: 68.7 GB at a
+    sequence a micro-batch) the peak, and no layout fits; the refusal names the loss computed
+    in place and the layout it fits as — which, with the loss's backward back, does not."""
+    from paracube.cli import main
+
+    code = main(["plan", "--model", "gemma3-1b", "--gpus", "8", "--gpu", "h100",
+                 "--global-batch", "64"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2
+    named = err.split("it fits as ")[1].split(")")[0] + ")"
+    assert named.startswith("dp=8 tp=1 pp=1 b=1 m=8"), err
+    cfg = preset("gemma3-1b")
+    transient = shapes.loss_backward_transient_bytes(cfg, 1, 1)
+    assert transient == 2 * 32768 * 262144 * 4
+    layout = Layout(dp=8, micro_batch=1, microbatches=8, zero=2, recompute="full",
+                    recompute_blocks=17, loss="fused")  # fmt: skip
+    (fused,) = stage_memory(cfg, layout)
+    (torch_loss,) = stage_memory(cfg, layout.replace(loss="torch"))
+    capacity = hw.gpu("h100").memory_bytes
+    assert fused.total <= capacity < torch_loss.total
+    assert torch_loss.transient - fused.transient == transient

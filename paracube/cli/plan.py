@@ -10,6 +10,7 @@ second, without importing torch.
 from __future__ import annotations
 
 import math
+from argparse import Namespace
 
 from paracube.cli.plan_args import add_parser
 from paracube.cli.plan_budget import time_to_train, training_seconds, training_tokens
@@ -77,6 +78,11 @@ def cmd_plan(args) -> int:
         raise ParacubeError(
             f"{cfg.name} is a mixture of experts ({cfg.experts} experts) with --emit torchrun: "
             "paracube train builds dense models (a mixture is planned, not run); drop one"
+        )
+    if isinstance(cfg, ModelConfig) and args.emit == "torchrun" and cfg.planned_parts:
+        raise ParacubeError(
+            f"{cfg.name} with --emit torchrun: its {cfg.planned_parts} are planned, not "
+            "trained — paracube train's GPT builds none of them; drop --emit torchrun"
         )
     if isinstance(cfg, ModelConfig) and args.emit == "megatron":
         from paracube.planner.megatron import model_refusal
@@ -377,12 +383,32 @@ def _nothing_fits(result, cfg, cluster, args) -> int:
     if fewest is not None:
         n, layout = fewest
         gpus = f"{n} GPUs or more ({n} hold it as {describe(layout)}), "
+    in_place = _fits_with_the_loss_in_place(args, cfg, cluster)
+    loss = (
+        f"a loss computed in place (--loss fused, Megatron's and llm-foundry's; it fits as "
+        f"{describe(in_place)}), "
+        if in_place
+        else ""
+    )
     raise ParacubeError(
         f"{cfg.name} fits no layout on {args.gpus} × {g.name}{given}: "
         f"the leanest ({describe(result.smallest_misfit.layout)}) "
         f"needs {need / 1e9:.1f} GB per GPU, {need / g.memory_bytes:.1f}× the {g.memory_bytes / 1e9:.0f} GB; "
-        f"{drop}use {recompute}{gpus}GPUs with more memory, or a smaller global batch / micro-batch"
+        f"{drop}use {recompute}{loss}{gpus}GPUs with more memory, or a smaller global batch / "
+        "micro-batch"
     )
+
+
+def _fits_with_the_loss_in_place(args, cfg, cluster):
+    """The best layout of the same search with the loss's backward computed in place
+    (Megatron's and llm-foundry's loss: no two fp32 gradients of the logits' shape alive at
+    once, which a large vocabulary at a long sequence makes the peak) — None when the loss
+    was given, the model has no logits (a generic model) or it does not fit either."""
+    if args.loss is not None or not isinstance(cfg, ModelConfig):
+        return None
+    fixed = {**plan_fixed(args, args.gpus), "loss": "fused"}
+    ranked = _search(Namespace(**{**vars(args), "top": 1}), cfg, cluster, fixed).ranked
+    return ranked[0].layout if ranked else None
 
 
 # The flags that fix a layout's shape, as --flag and the args attribute they set: "fits no
