@@ -196,7 +196,7 @@ def test_emitted_command_is_a_valid_train_job(capsys, model, gpus, batch):
         ),
         (
             ["--model", "tiny", "--gpus", "8", "--global-batch", "8", "--attention", "paged"],
-            "unknown --attention 'paged': choose one of fused, fused-v1, fused-triton, unfused",
+            "unknown --attention 'paged': choose one of fused, fused-v1, fused-triton, fused-v3, unfused",
         ),
         (
             ["--model", "tiny", "--gpus", "8", "--global-batch", "8", "--activations", "te"],
