@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from paracube.comm import ops
-from paracube.comm.ledger import CommLedger
+if TYPE_CHECKING:  # the gather alone needs torch: diagnose reads the records without it
+    from paracube.comm.ledger import CommLedger
 
 # One step of one rank: seconds of each.
 FIELDS = (
@@ -71,6 +70,10 @@ def rank_vector(
 
 def gather(vector: list[float], ledger: CommLedger, device=None) -> dict[str, list[float]]:
     """All ranks' vectors (one all-gather over the world) as ``{field: [per rank]}``."""
+    import torch
+
+    from paracube.comm import ops
+
     mine = torch.tensor(vector, dtype=torch.float64, device=device)
     world = ops.group_size(None)
     out = torch.empty(world * len(vector), dtype=torch.float64, device=device)
