@@ -21,6 +21,32 @@ from paracube.options import RunOptions
 from paracube.pipeline.schedules import check_schedule
 
 
+def untrainable(model: ModelConfig) -> str:
+    """Why ``paracube train`` cannot build ``model`` ("" if it can): a mixture of experts, a
+    window or chunks shorter than its sequence, or another part only the planner models
+    (:attr:`ModelConfig.planned_parts`) — asked by the validator and by ``paracube plan
+    --emit torchrun``, whose command would otherwise fail at launch."""
+    if model.moe:
+        return (
+            f"{model.name}: experts={model.experts} — a mixture of experts is planned "
+            "(paracube plan), not trained: paracube train builds dense models; train a dense one"
+        )
+    span = model.local_span
+    if span:
+        local = "a sliding window" if model.attention_window else "attention chunks"
+        return (
+            f"{model.name}: {local} of {span} tokens < --seq-len {model.seq_len} — "
+            "planned (paracube plan), not trained: paracube trains full attention; use "
+            f"--seq-len ≤ {span}"
+        )
+    if model.planned_parts:
+        return (
+            f"{model.name}: {model.planned_parts} — planned (paracube plan), not "
+            "trained: paracube's GPT builds none of them"
+        )
+    return ""
+
+
 def validate(
     cfg: TrainConfig,
     world: int | None = None,
@@ -34,24 +60,9 @@ def validate(
     runs it; ``local_ranks`` of the job on this machine, default ``LOCAL_WORLD_SIZE``)
     also this machine's limits (:mod:`paracube.resources`) and, on the job's rank 0 (or
     in the launcher), its output files and the calibration ``--predict`` reads."""
-    if cfg.model.moe:
-        raise ConfigError(
-            f"{cfg.model.name}: experts={cfg.model.experts} — a mixture of experts is planned "
-            "(paracube plan), not trained: paracube train builds dense models; train a dense one"
-        )
-    span = cfg.model.local_span
-    if span:
-        local = "a sliding window" if cfg.model.attention_window else "attention chunks"
-        raise ConfigError(
-            f"{cfg.model.name}: {local} of {span} tokens < --seq-len {cfg.model.seq_len} — "
-            "planned (paracube plan), not trained: paracube trains full attention; use "
-            f"--seq-len ≤ {span}"
-        )
-    if cfg.model.planned_parts:
-        raise ConfigError(
-            f"{cfg.model.name}: {cfg.model.planned_parts} — planned (paracube plan), not "
-            "trained: paracube's GPT builds none of them"
-        )
+    refusal = untrainable(cfg.model)
+    if refusal:
+        raise ConfigError(refusal)
     if world is not None:
         cfg.parallel.check_world_size(world)
     check_tensor_parallel(cfg.model, cfg.parallel)

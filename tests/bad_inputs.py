@@ -484,7 +484,8 @@ CASES: list[tuple[str, list[str], str]] = [
      "--master-weights none with --emit megatron: Megatron-LM runs fp32 main weights in its optimizer"),
     ("plan", ["plan", "--model", "mixtral-8x7b", "--seq", "4096", "--gpus", "64", "--global-batch", "256",
               "--emit", "torchrun"],
-     "mixtral-8x7b is a mixture of experts (8 experts) with --emit torchrun"),
+     "--emit torchrun: mixtral-8x7b: experts=8 — a mixture of experts is planned (paracube "
+     "plan), not trained: paracube train builds dense models; train a dense one"),
     ("plan", ["plan", "--layers", "2", "--hidden", "256", "--heads", "4", "--vocab", "512", "--seq", "128",
               "--experts", "8", "--gpus", "8", "--global-batch", "8"],
      "experts_per_token=0: each token goes to 1 to experts=8 of them"),
@@ -538,12 +539,11 @@ CASES: list[tuple[str, list[str], str]] = [
      "gemma3-1b fits no layout on 8 × H100 SXM: the leanest (dp=2 tp=1 pp=4 b=1 m=32 1f1b zero2 "
      "recompute=full) needs 111.6 GB per GPU, 1.3× the 85 GB; use a loss computed in place "
      "(--loss fused, Megatron's and llm-foundry's; it fits as dp=8"),
-    ("plan", ["plan", "--model", "gemma2-2b", "--gpus", "8", "--gpu", "h100", "--global-batch", "64",
-              "--emit", "torchrun"],
-     "gemma2-2b with --emit torchrun: its attention_window=4096 (sliding-window attention), "
-     "post_norms (four norms a block), attention_softcap=50, logit_softcap=30 (logit "
-     "soft-capping) are planned, not trained — paracube train's GPT builds none of them; drop "
-     "--emit torchrun"),
+    ("plan", ["plan", "--model", "gemma2-2b", "--seq", "2048", "--gpus", "8", "--gpu", "h100",
+              "--global-batch", "64", "--emit", "torchrun"],
+     "--emit torchrun: gemma2-2b: post_norms (four norms a block), attention_softcap=50, "
+     "logit_softcap=30 (logit soft-capping) — planned (paracube plan), not trained: "
+     "paracube's GPT builds none of them"),
     ("plan", ["plan", "--model", "llama3-8b", "--gpus", "8", "--gpu", "a100-80gb", "--global-batch",
               "64", "--attention", "fused-v3"],
      "attention=fused-v3: FlashAttention-3 runs on Hopper GPUs (H100, H200, H800), not A100 80GB; "

@@ -74,16 +74,12 @@ def cmd_plan(args) -> int:
                 "--stack paracube or fsdp"
             )
     cfg = other or plan_model(args)  # a transformer (ModelConfig) or a generic model
-    if isinstance(cfg, ModelConfig) and cfg.moe and args.emit == "torchrun":
-        raise ParacubeError(
-            f"{cfg.name} is a mixture of experts ({cfg.experts} experts) with --emit torchrun: "
-            "paracube train builds dense models (a mixture is planned, not run); drop one"
-        )
-    if isinstance(cfg, ModelConfig) and args.emit == "torchrun" and cfg.planned_parts:
-        raise ParacubeError(
-            f"{cfg.name} with --emit torchrun: its {cfg.planned_parts} are planned, not "
-            "trained — paracube train's GPT builds none of them; drop --emit torchrun"
-        )
+    if isinstance(cfg, ModelConfig) and args.emit == "torchrun":
+        from paracube.validate import untrainable
+
+        refusal = untrainable(cfg)  # what paracube train would refuse at launch
+        if refusal:
+            raise ParacubeError(f"--emit torchrun: {refusal}")
     if isinstance(cfg, ModelConfig) and args.emit == "megatron":
         from paracube.planner.megatron import model_refusal
 
@@ -403,10 +399,12 @@ def _fits_with_the_loss_in_place(args, cfg, cluster):
     """The best layout of the same search with the loss's backward computed in place
     (Megatron's and llm-foundry's loss: no two fp32 gradients of the logits' shape alive at
     once, which a large vocabulary at a long sequence makes the peak) — None when the loss
-    was given, the model has no logits (a generic model) or it does not fit either."""
-    if args.loss is not None or not isinstance(cfg, ModelConfig):
+    was given (by --loss or the stack), the model has no logits (a generic model) or it does
+    not fit either."""
+    fixed = plan_fixed(args, args.gpus)
+    if "loss" in fixed or not isinstance(cfg, ModelConfig):  # given, or the stack's own
         return None
-    fixed = {**plan_fixed(args, args.gpus), "loss": "fused"}
+    fixed["loss"] = "fused"
     ranked = _search(Namespace(**{**vars(args), "top": 1}), cfg, cluster, fixed).ranked
     return ranked[0].layout if ranked else None
 
