@@ -19,8 +19,11 @@ demo: $(STAMP)
 	$(VENV)/bin/paracube train --dp 2 --tp 2 --pp 2 --sequence-parallel --schedule 1f1b \
 		--model tiny --steps 150 --micro-batch 4 --microbatches 4 --eval-every 50 --metrics runs/demo.jsonl --metrics-mode overwrite
 
+# The tests that start no ranks (tests/conftest.py: in_process) two at a time, one per core;
+# then those that start ranks, one at a time (their collectives and timeouts get the cores).
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 -m in_process
+	$(PY) -m pytest -q -m "not in_process"
 
 # ruff (lint + format check) and mypy over the package; configured in pyproject.toml.
 lint: $(STAMP)
