@@ -18,6 +18,7 @@ DOCUMENTED = [
     "paracube.cli.plan_mixed",
     "paracube.planner.time_model",
     "paracube.planner.dp_comm",
+    "paracube.planner.mp_comm",
     "paracube.planner.stacks",
     "paracube.planner.stages",
     "paracube.planner.pipeline_layout",

@@ -203,7 +203,7 @@ def test_overlapped_tensor_parallel_collectives_leave_one_chunk_in_t():
     chunks beside the matmuls, so one chunk in t waits when the matmuls are long enough —
     plus the slowdown of the matmuls it hides behind — and the excess when they are not."""
     from paracube.planner.collectives import OVERLAP_SLOWDOWN
-    from paracube.planner.time_model import overlapped_tp_comm
+    from paracube.planner.mp_comm import overlapped_tp_comm
 
     assert overlapped_tp_comm(4.0, 10.0, 4) == pytest.approx(1.0 + OVERLAP_SLOWDOWN * 3.0)
     assert overlapped_tp_comm(4.0, 2.0, 4) == pytest.approx(2.0 + OVERLAP_SLOWDOWN * 2.0)

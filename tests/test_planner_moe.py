@@ -20,7 +20,8 @@ from paracube.planner.flops import model_flops_per_token
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import peak_memory
 from paracube.planner.memory import model_state_bytes
-from paracube.planner.time_model import Cluster, ep_comm_time, estimate, moe_tp_rings
+from paracube.planner.mp_comm import ep_comm_time, moe_tp_rings
+from paracube.planner.time_model import Cluster, estimate
 
 H100 = Cluster(hw.gpu("h100"), 8, hw.interconnect("nvlink4"), hw.interconnect("ib-ndr"))
 
@@ -162,7 +163,7 @@ def test_deepep_sends_a_token_once_to_each_rank_holding_its_experts():
     from itertools import combinations
     from math import comb
 
-    from paracube.planner.time_model import dispatched_rows
+    from paracube.planner.mp_comm import dispatched_rows
 
     def reach(cfg, ep, picks):
         """How often each token's picks include an expert of rank 1 (any peer: all alike)."""
@@ -201,7 +202,7 @@ def test_deepep_sends_a_token_across_the_network_once_per_node_it_reaches():
     the slower link (latency zero to compare the bytes)."""
     from itertools import combinations
 
-    from paracube.planner.time_model import dispatched_rows
+    from paracube.planner.mp_comm import dispatched_rows
 
     cfg = preset("mixtral-8x7b", seq_len=4096)
     pairs = list(combinations(range(cfg.experts), cfg.experts_per_token))
@@ -221,7 +222,7 @@ def test_deepeps_dispatch_is_emitted_for_megatron_and_explained(capsys):
     """--ep-dispatch deepep is Megatron-Core's flex dispatcher with DeepEP's backend in the
     emitted command (the all-to-all dispatcher's flag otherwise), and --explain says what
     share of the per-expert rows its all-to-alls carry (dispatched_rows ÷ k/ep)."""
-    from paracube.planner.time_model import dispatched_rows
+    from paracube.planner.mp_comm import dispatched_rows
 
     common = ["plan", "--model", "qwen3-30b-a3b", "--gpus", "8", "--gpu", "h100",
               "--global-batch", "512", "--layout", "dp=8,ep=8", "--micro-batch", "2"]  # fmt: skip
@@ -573,7 +574,7 @@ def test_overlapped_all_to_alls_wait_only_for_what_compute_cannot_cover():
     longer compute leave the slowdown of the covered part, beside a shorter one the excess
     too; the unpaired warm-up share waits in full; a plain 1F1B pipeline cannot host it."""
     from paracube.planner.collectives import OVERLAP_SLOWDOWN
-    from paracube.planner.time_model import overlapped_ep_comm
+    from paracube.planner.mp_comm import overlapped_ep_comm
 
     base = Layout(tp=2, pp=8, dp=16, ep=32, etp=1, microbatches=128, chunks=4,
                   schedule="interleaved-1f1b", sequence_parallel=True,
@@ -651,8 +652,8 @@ def test_group_limited_routing_reaches_fewer_nodes():
     import torch
 
     from paracube.planner.megatron import megatron_args
+    from paracube.planner.mp_comm import dispatched_rows
     from paracube.planner.stacks import stack
-    from paracube.planner.time_model import dispatched_rows
 
     cfg = preset("deepseek-v3")
     free = dataclasses.replace(cfg, route_groups=0, route_group_topk=0)

@@ -196,7 +196,8 @@ def test_a_whole_moe_layer_or_its_shared_experts_recomputed():
     experts' and shared experts' GEMMs and its two forward all-to-alls again;
     shared_experts drops and redoes the shared experts alone. DeepSeek-V3's mixture at
     tp 2, EP 64 folded (etp 1), derived from the block's own terms."""
-    from paracube.planner.time_model import Cluster, block_costs, ep_comm_time
+    from paracube.planner.mp_comm import ep_comm_time
+    from paracube.planner.time_model import Cluster, block_costs
 
     cfg = preset("deepseek-v3")
     moe = _kind(cfg, True)
@@ -240,7 +241,8 @@ def test_a_replayed_mlp_or_moe_layer_gathers_and_scatters_again():
     difference each module makes to one block's collectives, in rings of the cluster's own
     link."""
     from paracube.planner.collectives import ring
-    from paracube.planner.time_model import Cluster, block_tp_comm
+    from paracube.planner.mp_comm import block_tp_comm
+    from paracube.planner.time_model import Cluster
 
     cfg = preset("deepseek-v3")
     moe, dense = _kind(cfg, True), _kind(cfg, False)

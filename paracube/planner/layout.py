@@ -255,13 +255,13 @@ class Layout:
     # with micro-batch i's backward layer by layer, each one's dispatch and combine beside the
     # other's attention and experts — DeepSeek-V3's overlap, its technical report §3.2.1), hosted
     # without a pipeline or by the interleaved schedule; paracube plans its mixtures' all-to-
-    # alls waited for (False). :func:`paracube.planner.time_model.overlapped_ep_comm`
+    # alls waited for (False). :func:`paracube.planner.mp_comm.overlapped_ep_comm`
     ep_comm_overlap: bool = False
     # how the token dispatcher sends tokens to the experts' ranks (choices.EP_DISPATCH): a row
     # per token and expert (alltoall: Megatron-Core's, paracube's default) or a token once per
     # rank (deepep: DeepEP, Megatron-Core's flex dispatcher) — with which experts a token's
     # router picks (choices.ROUTERS), the bytes each all-to-all sends a peer:
-    # :func:`paracube.planner.time_model.dispatched_rows`
+    # :func:`paracube.planner.mp_comm.dispatched_rows`
     ep_dispatch: str = "alltoall"
     router: str = "top-k"
     # where mixed precision's fp32 main weights live (choices.MASTER_WEIGHTS): in the

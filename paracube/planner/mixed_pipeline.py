@@ -14,6 +14,7 @@ from paracube.pipeline.schedules import SCHEDULES, get_schedule
 from paracube.planner.dp_comm import dp_exposed_time
 from paracube.planner.layout import Layout
 from paracube.planner.layout_memory import stage_bytes
+from paracube.planner.mp_comm import block_tp_comm, pp_transfer_time
 from paracube.planner.pools import (
     MAX_MICRO_BATCH,
     MixedPlan,
@@ -25,12 +26,10 @@ from paracube.planner.search import divisors, software
 from paracube.planner.time_model import (
     at_precision,
     block_gemm_time,
-    block_tp_comm,
     head_time,
     layer_time,
     optimizer_time,
     pass_costs,
-    pp_transfer_time,
     recompute_time,
 )
 

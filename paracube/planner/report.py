@@ -521,10 +521,10 @@ def _architecture_reason(cfg: ModelConfig, L: Layout) -> str:
 
 def _dispatch_words(cfg: ModelConfig, layout) -> str:
     """How the dispatcher's all-to-alls carry a token: under DeepEP once to each rank, the
-    share of the all-to-all dispatcher's rows that leaves (time_model.dispatched_rows)."""
+    share of the all-to-all dispatcher's rows that leaves (mp_comm.dispatched_rows)."""
     if layout.ep_dispatch == "alltoall":
         return ""
-    from paracube.planner.time_model import dispatched_rows
+    from paracube.planner.mp_comm import dispatched_rows
 
     share = dispatched_rows(cfg, layout) / (cfg.experts_per_token / layout.ep)
     gate = " from the round-robin gate" if layout.router == "round-robin" else ""
