@@ -544,6 +544,10 @@ CASES: list[tuple[str, list[str], str]] = [
      "--emit torchrun: gemma2-2b: post_norms (four norms a block), attention_softcap=50, "
      "logit_softcap=30 (logit soft-capping) — planned (paracube plan), not trained: "
      "paracube's GPT builds none of them"),
+    ("plan", ["plan", "--model", "hf:{tmp}/hf-llama-theta", "--gpus", "8", "--global-batch", "8",
+              "--emit", "megatron"],
+     "--emit megatron: hf:llama's rotary base 10000.5 is not a whole number, which Megatron's "
+     "--rotary-base takes; plan it without --emit megatron"),
     ("plan", ["plan", "--model", "llama3-8b", "--gpus", "8", "--gpu", "a100-80gb", "--global-batch",
               "64", "--attention", "fused-v3"],
      "attention=fused-v3: FlashAttention-3 runs on Hopper GPUs (H100, H200, H800), not A100 80GB; "
@@ -880,6 +884,7 @@ def _hf_models(tmp: Path) -> None:
         ("hf-llama4-step0", {"model_type": "llama4_text", "interleave_moe_layer_step": 0, **small}),
         ("hf-gemma2-cap0", {"model_type": "gemma2", "final_logit_softcapping": 0, **small}),
         ("hf-gemma2-short", {"model_type": "gemma2", "sliding_window": 128, **small}),
+        ("hf-llama-theta", {"model_type": "llama", "rope_theta": 10000.5, **small}),
     ):
         (tmp / name).mkdir()
         (tmp / name / "config.json").write_text(json.dumps(config))

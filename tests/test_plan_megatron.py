@@ -9,9 +9,10 @@ from dataclasses import replace
 import pytest
 
 from paracube.cli import main
+from paracube.errors import ConfigError
 from paracube.models.presets import preset
 from paracube.planner.layout import Layout
-from paracube.planner.megatron import megatron_args, megatron_refusal
+from paracube.planner.megatron import megatron_args, megatron_refusal, model_refusal
 from paracube.planner.stacks import stack
 
 # Megatron-LM's flags the emitter writes, as megatron/training/arguments.py names them
@@ -35,7 +36,8 @@ MEGATRON_FLAGS = {
     "--tp-comm-overlap", "--recompute-granularity",
     "--recompute-method", "--recompute-num-layers", "--attention-backend", "--bf16", "--fp16",
     "--accumulate-allreduce-grads-in-fp32", "--fp8-format", "--fp8-recipe", "--mock-data",
-    "--tokenizer-type", "--vocab-size",
+    "--tokenizer-type", "--vocab-size", "--norm-epsilon", "--rotary-base", "--rope-type",
+    "--use-rope-scaling", "--rope-scaling-factor", "--rotary-seq-len-interpolation-factor",
 }  # fmt: skip
 
 
@@ -243,3 +245,48 @@ def test_a_qwen3_shape_states_its_head_size_and_qk_norms():
     assert flags["--kv-channels"] == "128" and "--qk-layernorm" in flags
     plain = parsed(megatron_args(L, qwen.replace(head_size=None, qk_norm=False), "bf16", 32))
     assert "--kv-channels" not in plain and "--qk-layernorm" not in plain
+
+
+@pytest.mark.parametrize(
+    ("name", "changes", "wanted"),
+    [
+        # Megatron's defaults (θ 10,000, ε 1e-5): no flag; learned positions: no rotary flag
+        ("llama2-7b", {}, {}),
+        ("gpt3-1.3b", {}, {}),
+        ("llama3-8b", {}, {"--rotary-base": "500000"}),
+        ("qwen3-30b-a3b", {}, {"--rotary-base": "1000000", "--norm-epsilon": "1e-06"}),
+        # a latent attention takes YaRN unless told; DeepSeek-V3 trained at θ 10,000
+        ("deepseek-v3", {}, {"--rope-type": "rope", "--norm-epsilon": "1e-06"}),
+        ("llama3-8b", {"rope_scaling": "llama3", "rope_factor": 8.0},
+         {"--rotary-base": "500000", "--use-rope-scaling": True, "--rope-scaling-factor": "8"}),
+        ("llama2-7b", {"rope_scaling": "linear", "rope_factor": 4.0},
+         {"--rotary-seq-len-interpolation-factor": "4"}),
+    ],
+)  # fmt: skip
+def test_the_command_trains_the_planned_positions_and_norms(name, changes, wanted):
+    """The rotary base, its stretch and the norms' epsilon reach Megatron-LM's flags where
+    they differ from its defaults — else its command trains other positions (Llama 3's base
+    500,000 at Megatron's 10,000) or norms than the planned model's."""
+    cfg = preset(name).replace(**changes)
+    flags = parsed(megatron_args(layout(dp=8), cfg, "bf16", global_batch=64))
+    rope = {"--norm-epsilon", "--rotary-base", "--rope-type", "--use-rope-scaling",
+            "--rope-scaling-factor", "--rotary-seq-len-interpolation-factor"}  # fmt: skip
+    assert {k: v for k, v in flags.items() if k in rope} == wanted
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"rope_theta": 10000.5}, "rotary base 10000.5 is not a whole number"),
+        ({"rope_scaling": "linear", "rope_factor": 2.5}, "linear rotary stretch by 2.5"),
+        ({"rope_scaling": "llama3", "rope_factor": 8.0, "rope_original_context": 4096},
+         "original context 4,096) is not the one Megatron-Core builds (1, 4, 8,192"),
+    ],
+)  # fmt: skip
+def test_positions_megatron_cannot_state_are_refused(changes, reason):
+    """A rotary base or stretch Megatron-LM's arguments cannot state is refused by name
+    rather than emitted as another model."""
+    cfg = preset("llama3-8b").replace(**changes)
+    assert reason in model_refusal(cfg)
+    with pytest.raises(ConfigError, match="--emit megatron"):
+        megatron_args(layout(dp=8), cfg, "bf16", global_batch=64)

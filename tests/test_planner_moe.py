@@ -448,7 +448,7 @@ def test_a_hugging_face_qwen3_moe_config_is_planned_as_its_preset(tmp_path, caps
 
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_30B_A3B_CONFIG))
     cfg = hf_model_config(read_hf_config(str(tmp_path)), 4096)
-    same = dataclasses.replace(cfg, name="qwen3-30b-a3b", norm_eps=1e-5)
+    same = dataclasses.replace(cfg, name="qwen3-30b-a3b")
     assert same == preset("qwen3-30b-a3b")
     assert round(shapes.parameter_count(cfg) / 1e9, 1) == 30.5
     with pytest.raises(ConfigError, match="paracube train builds dense models"):
@@ -499,9 +499,7 @@ def test_a_hugging_face_qwen2_moe_config_is_planned_with_its_shared_expert(tmp_p
     }  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(config))
     cfg = hf_model_config(read_hf_config(str(tmp_path)), 4096)
-    assert dataclasses.replace(cfg, name="qwen2-57b-a14b", norm_eps=1e-5) == preset(
-        "qwen2-57b-a14b"
-    )
+    assert dataclasses.replace(cfg, name="qwen2-57b-a14b") == preset("qwen2-57b-a14b")
     with pytest.raises(ConfigError, match="qwen2_moe cannot be paracube's GPT"):
         imported_config(config)
 

@@ -68,6 +68,7 @@ def _qwen3(n_layers: int, hidden: int, n_heads: int, ffn_hidden: int, tied: bool
         "qk_norm": True,
         "tie_embeddings": tied,
         "rope_theta": 1000000.0,  # the config.json files' rope_theta
+        "norm_eps": 1e-6,  # and their rms_norm_eps
     }
 
 
@@ -192,6 +193,7 @@ PRESETS: dict[str, dict] = {
         "experts_per_token": 8,
         "shared_expert_ffn": 20480,
         "rope_theta": 1000000.0,
+        "norm_eps": 1e-6,
     },
     # DeepSeek-V3 (planned only; deepseek-ai/DeepSeek-V3's config.json): 61 blocks of 7,168,
     # the first 3 dense (SwiGLU of 18,432), the others 256 routed experts of 2,048 (8 a

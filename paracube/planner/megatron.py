@@ -150,11 +150,77 @@ def moe_layer_freq(cfg: ModelConfig) -> str:
     return f"({'+'.join(runs)})"
 
 
+# Megatron-LM's defaults for what rope_args and the norm's epsilon set (megatron/training/
+# arguments.py: --rotary-base 10000, --norm-epsilon 1e-5): a model at them needs no flag
+MEGATRON_ROTARY_BASE = 10000
+MEGATRON_NORM_EPS = 1e-5
+# Llama 3.1's stretch as Megatron-Core builds it (RotaryEmbedding._apply_scaling): only its
+# factor is an argument, the low and high frequency factors and the original context fixed
+LLAMA3_FIXED_STRETCH = (1.0, 4.0, 8192)
+
+
+def rope_refusal(cfg: ModelConfig) -> str:
+    """Why :func:`rope_args` cannot state ``cfg``'s rotary positions ("" if it can): a base
+    that is not a whole number (Megatron's --rotary-base is an int), a linear stretch by a
+    fraction (--rotary-seq-len-interpolation-factor is an int) or a Llama 3.1 stretch whose
+    frequency factors or original context are not the fixed ones."""
+    if cfg.position != "rope":
+        return ""
+    if cfg.rope_theta != int(cfg.rope_theta):
+        return (
+            f"{cfg.name}'s rotary base {cfg.rope_theta:g} is not a whole number, which "
+            "Megatron's --rotary-base takes; plan it without --emit megatron"
+        )
+    if cfg.rope_scaling == "linear" and cfg.rope_factor != int(cfg.rope_factor):
+        return (
+            f"{cfg.name}'s linear rotary stretch by {cfg.rope_factor:g} is not a whole number, "
+            "which Megatron's --rotary-seq-len-interpolation-factor takes; plan it without "
+            "--emit megatron"
+        )
+    stretch = (cfg.rope_low_freq_factor, cfg.rope_high_freq_factor, cfg.rope_original_context)
+    if cfg.rope_scaling == "llama3" and stretch != LLAMA3_FIXED_STRETCH:
+        low, high, context = LLAMA3_FIXED_STRETCH
+        return (
+            f"{cfg.name}'s Llama 3.1 rotary stretch (frequency factors {stretch[0]:g} and "
+            f"{stretch[1]:g}, original context {stretch[2]:,}) is not the one Megatron-Core "
+            f"builds ({low:g}, {high:g}, {context:,}: only --rope-scaling-factor is an "
+            "argument); plan it without --emit megatron"
+        )
+    return ""
+
+
+def rope_args(cfg: ModelConfig) -> list[str]:
+    """Megatron-LM's flags for ``cfg``'s rotary positions beyond its defaults: plain rotary
+    positions for a latent attention (--rope-type rope), the base θ (--rotary-base), Llama
+    3.1's stretch (--use-rope-scaling --rope-scaling-factor f) or a linear one
+    (--rotary-seq-len-interpolation-factor f: positions divided by f, as dividing every
+    frequency by f). Without them the command would train other positions than the
+    planned model's (Llama 3's θ = 500,000 against Megatron's 10,000).
+
+    >>> from paracube.models.presets import preset
+    >>> rope_args(preset("llama3-8b")), rope_args(preset("gpt3-1.3b"))
+    (['--rotary-base 500000'], [])
+    """
+    if cfg.position != "rope":
+        return []
+    # a latent attention takes YaRN's stretch unless told (--rope-type: "MLA takes yarn by
+    # default"); paracube plans no YaRN
+    args = ["--rope-type rope"] if cfg.mla else []
+    if cfg.rope_theta != MEGATRON_ROTARY_BASE:
+        args.append(f"--rotary-base {int(cfg.rope_theta)}")
+    if cfg.rope_scaling == "llama3":
+        args.append(f"--use-rope-scaling --rope-scaling-factor {cfg.rope_factor:g}")
+    elif cfg.rope_scaling == "linear":
+        args.append(f"--rotary-seq-len-interpolation-factor {int(cfg.rope_factor)}")
+    return args
+
+
 def model_refusal(cfg: ModelConfig) -> str:
     """Why Megatron-LM's command cannot train ``cfg`` as planned ("" if it can): Gemma's
-    post-norms, Gemma 2's logit soft-capping, and chunked attention shorter than the
-    sequence (Llama 4's), which no argument paracube emits expresses — a command without
-    them would train another model."""
+    post-norms, Gemma 2's logit soft-capping, chunked attention shorter than the sequence
+    (Llama 4's) and rotary positions its arguments cannot state (:func:`rope_refusal`),
+    which no argument paracube emits expresses — a command without them would train
+    another model."""
     if cfg.post_norms:
         return (
             f"{cfg.name}'s post-norms (four norms a block, Gemma's) have no pretrain_gpt.py "
@@ -171,7 +237,7 @@ def model_refusal(cfg: ModelConfig) -> str:
             "Megatron-Core argument paracube emits; plan it without --emit megatron, or at "
             f"--seq {cfg.attention_chunk} or less, where one chunk is the whole sequence"
         )
-    return ""
+    return rope_refusal(cfg)
 
 
 def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch: int) -> list[str]:
@@ -215,8 +281,11 @@ def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch
         args.append("--swiglu")
     if cfg.norm == "rmsnorm":
         args.append("--normalization RMSNorm")
+    if cfg.norm_eps != MEGATRON_NORM_EPS:
+        args.append(f"--norm-epsilon {cfg.norm_eps:g}")
     if cfg.position == "rope":
         args.append("--position-embedding-type rope")
+        args += rope_args(cfg)
     if not cfg.tie_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     if not cfg.bias:
