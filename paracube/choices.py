@@ -18,6 +18,8 @@ POSITIONS = ("learned", "rope")
 # interpolation); llama3 (Llama 3.1's: low frequencies ÷ factor, high ones kept, a smooth
 # blend between, by wavelength against the original context)
 ROPE_SCALINGS = ("none", "linear", "llama3")
+# how a mixture's router scores the experts (ModelConfig.router_score)
+ROUTER_SCORES = ("softmax", "sigmoid")
 ZERO_STAGES = (0, 1, 2, 3)
 RECOMPUTE = ("none", "selective", "full")
 # paracube train --compile: the blocks run eager (none), torch.compile'd with inductor, or

@@ -32,6 +32,7 @@ from paracube.choices import (
     PRECISIONS,
     RECOMPUTE,
     ROPE_SCALINGS,
+    ROUTER_SCORES,
     ZERO_STAGES,
 )
 from paracube.errors import ConfigError
@@ -118,6 +119,21 @@ class ModelConfig:
     # --moe-router-num-groups and --moe-router-group-topk). 0 and 0: any k of all experts.
     route_groups: int = 0
     route_group_topk: int = 0
+    # How a mixture's router weighs a token's k experts (Megatron-Core's
+    # topk_routing_with_score_function; a config's scoring_func, norm_topk_prob, topk_method
+    # and routed_scaling_factor): ``router_score`` softmax (Mixtral, Qwen) or sigmoid
+    # (DeepSeek-V3, GLM-4.5, Kimi K2) of the router's logits; ``router_renorm`` the k chosen
+    # scores divided by their sum (a softmax over the top k logits is the same), or kept as
+    # scored (DeepSeek-V2's and Qwen2-MoE's softmax over all experts: Megatron's
+    # --moe-router-pre-softmax); ``router_expert_bias`` a learned per-expert bias added to
+    # the scores that choose the experts, not to those that weigh them (DeepSeek-V3's
+    # auxiliary-loss-free balancing, §2.1.2: --moe-router-enable-expert-bias);
+    # ``router_scale`` the weights' multiplier (DeepSeek-V3's 2.5:
+    # --moe-router-topk-scaling-factor). Planned alike: the router's work is the same.
+    router_score: str = "softmax"
+    router_renorm: bool = True
+    router_expert_bias: bool = False
+    router_scale: float = 1.0
     # A mixture's shared experts: an MLP of this width (SwiGLU or GELU as the experts) that
     # every token passes beside its k routed ones — DeepSeek-V2/V3's n_shared_experts ×
     # moe_intermediate_size, Qwen2-MoE's shared_expert_intermediate_size; Megatron-Core's
@@ -231,6 +247,7 @@ class ModelConfig:
                     f"experts={self.experts} of them (Mixtral and Grok-1: 2)"
                 )
         self._check_route_groups()
+        self._check_router()
         if self.shared_expert_ffn:
             if not (isinstance(self.shared_expert_ffn, int) and self.shared_expert_ffn > 0):
                 raise ConfigError(
@@ -265,6 +282,24 @@ class ModelConfig:
                 raise ConfigError(
                     f"unknown {f} {getattr(self, f)!r}: choose one of {', '.join(allowed)}"
                 )
+
+    def _check_router(self) -> None:
+        if self.router_score not in ROUTER_SCORES:
+            raise ConfigError(
+                f"router_score={self.router_score!r}: choose {' or '.join(ROUTER_SCORES)} "
+                "(Mixtral's and Qwen's softmax, DeepSeek-V3's sigmoid)"
+            )
+        for name in ("router_renorm", "router_expert_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r}: True or False")
+        number("router_scale", self.router_scale, low=0, open_low=True)
+        default = (self.router_score, self.router_renorm, self.router_expert_bias)
+        if not self.moe and (default != ("softmax", True, False) or self.router_scale != 1):
+            raise ConfigError(
+                "router_score, router_renorm, router_expert_bias and router_scale weigh a "
+                "mixture's experts: give experts and experts_per_token, or leave them at "
+                "softmax, True, False and 1"
+            )
 
     def _check_route_groups(self) -> None:
         if not (self.route_groups or self.route_group_topk):
@@ -505,6 +540,10 @@ class ModelConfig:
             experts_per_token=0,
             route_groups=0,
             route_group_topk=0,
+            router_score="softmax",
+            router_renorm=True,
+            router_expert_bias=False,
+            router_scale=1.0,
             shared_expert_ffn=0,
             ffn_hidden=self.dense_ffn or self.ffn_hidden,
         )

@@ -38,6 +38,8 @@ MEGATRON_FLAGS = {
     "--accumulate-allreduce-grads-in-fp32", "--fp8-format", "--fp8-recipe", "--mock-data",
     "--tokenizer-type", "--vocab-size", "--norm-epsilon", "--rotary-base", "--rope-type",
     "--use-rope-scaling", "--rope-scaling-factor", "--rotary-seq-len-interpolation-factor",
+    "--moe-router-score-function", "--moe-router-pre-softmax", "--moe-router-enable-expert-bias",
+    "--moe-router-topk-scaling-factor",
 }  # fmt: skip
 
 
@@ -290,3 +292,60 @@ def test_positions_megatron_cannot_state_are_refused(changes, reason):
     assert reason in model_refusal(cfg)
     with pytest.raises(ConfigError, match="--emit megatron"):
         megatron_args(layout(dp=8), cfg, "bf16", global_batch=64)
+
+
+ROUTER_FLAGS = {"--moe-router-score-function", "--moe-router-pre-softmax",
+                "--moe-router-enable-expert-bias", "--moe-router-topk-scaling-factor"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("config", "wanted"),
+    [
+        # DeepSeek-V3's and Kimi K2's config.json: sigmoid scores, the auxiliary-loss-free
+        # bias, the k weights renormalised and scaled
+        ({"scoring_func": "sigmoid", "topk_method": "noaux_tc", "norm_topk_prob": True,
+          "routed_scaling_factor": 2.5},
+         {"--moe-router-score-function": "sigmoid", "--moe-router-enable-expert-bias": True,
+          "--moe-router-topk-scaling-factor": "2.5"}),
+        # DeepSeek-V2's: a softmax over every expert, its top k kept as scored
+        ({"scoring_func": "softmax", "topk_method": "greedy", "norm_topk_prob": False,
+          "routed_scaling_factor": 1.0},
+         {"--moe-router-pre-softmax": True}),
+        # the top k renormalised: Megatron's default, no flag
+        ({"scoring_func": "softmax", "topk_method": "greedy", "norm_topk_prob": True,
+          "routed_scaling_factor": 1.0}, {}),
+    ],
+)  # fmt: skip
+def test_the_command_routes_as_the_config_does(config, wanted):
+    """How a config's router weighs a token's experts reaches Megatron-LM's router flags —
+    without them Megatron-Core would train DeepSeek-V3 with a softmax router and no expert
+    bias."""
+    from paracube.models.sources import hf_model_config
+
+    base = {"model_type": "deepseek_v3", "hidden_size": 256, "intermediate_size": 512,
+            "moe_intermediate_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "num_key_value_heads": 4, "n_shared_experts": 1, "n_routed_experts": 16,
+            "num_experts_per_tok": 4, "first_k_dense_replace": 1, "q_lora_rank": 64,
+            "kv_lora_rank": 32, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
+            "v_head_dim": 32, "vocab_size": 1024}  # fmt: skip
+    cfg = hf_model_config({**base, **config}, 256)
+    flags = parsed(megatron_args(layout(dp=8, ep=8), cfg, "bf16", global_batch=64))
+    assert {k: v for k, v in flags.items() if k in ROUTER_FLAGS} == wanted
+
+
+def test_a_router_megatron_cannot_state_is_refused():
+    """Sigmoid scores kept unrenormalised over k > 1 experts (Megatron-Core renormalises
+    them) and an expert bias beside softmax scores (its TransformerConfig refuses it) are
+    refused by name; Llama 4's one sigmoid-weighted expert is Megatron's own top-1."""
+    cfg = preset("deepseek-v3")
+    assert "keeps its 8 sigmoid scores unrenormalised" in model_refusal(
+        cfg.replace(router_renorm=False)
+    )
+    assert "expert bias beside softmax scores" in model_refusal(cfg.replace(router_score="softmax"))
+    llama4 = preset("llama4-scout")
+    assert (llama4.router_score, llama4.router_renorm, llama4.experts_per_token) == (
+        "sigmoid",
+        False,
+        1,
+    )
+    assert "router" not in model_refusal(llama4)  # refused for its chunked attention only

@@ -231,13 +231,15 @@ DEEPSEEK_V3 = {
     "v_head_dim": 128, "vocab_size": 129280, "max_position_embeddings": 163840,
     "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False,
     "rms_norm_eps": 1e-06, "rope_theta": 10000, "num_nextn_predict_layers": 0,
+    "scoring_func": "sigmoid", "topk_method": "noaux_tc", "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
 }  # fmt: skip
 # Kimi K2's (moonshotai/Kimi-K2-Instruct): DeepSeek-V3's architecture, 64 heads, 384
 # experts in one group, one dense block; no multi-token prediction layer
 KIMI_K2 = {**DEEPSEEK_V3, "model_type": "kimi_k2", "num_attention_heads": 64,
            "num_key_value_heads": 64, "n_routed_experts": 384, "first_k_dense_replace": 1,
            "n_group": 1, "topk_group": 1, "vocab_size": 163840,
-           "rope_theta": 50000.0}  # fmt: skip
+           "rope_theta": 50000.0, "routed_scaling_factor": 2.827}  # fmt: skip
 # DeepSeek-V2-Lite's (deepseek-ai/DeepSeek-V2-Lite): no query latent (q_lora_rank null)
 DEEPSEEK_V2_LITE = {
     "model_type": "deepseek_v2", "hidden_size": 2048, "intermediate_size": 10944,
@@ -365,6 +367,9 @@ def test_the_deepseek_v3_preset_is_its_config():
     kinds = [[(k.moe, k.ffn_hidden, n) for k, n in c.kind_counts()] for c in (named, config)]
     assert kinds[0] == kinds[1] == [(True, 2048, 58), (False, 18432, 3)]
     assert named.mtp_layers == 1
+    router = ("router_score", "router_renorm", "router_expert_bias", "router_scale")
+    assert [getattr(named, f) for f in router] == [getattr(config, f) for f in router]
+    assert [getattr(named, f) for f in router] == ["sigmoid", True, True, 2.5]
     assert (
         (named.route_groups, named.route_group_topk)
         == (config.route_groups, config.route_group_topk)

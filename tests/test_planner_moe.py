@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -431,6 +432,7 @@ QWEN3_30B_A3B_CONFIG = {
     "max_position_embeddings": 40960, "hidden_act": "silu", "attention_bias": False,
     "tie_word_embeddings": False, "rope_theta": 1000000.0, "rope_scaling": None,
     "rms_norm_eps": 1e-06, "sliding_window": None, "use_sliding_window": False,
+    "norm_topk_prob": True,
 }  # fmt: skip
 
 
@@ -495,7 +497,7 @@ def test_a_hugging_face_qwen2_moe_config_is_planned_with_its_shared_expert(tmp_p
         "num_experts": 64, "num_experts_per_tok": 8, "decoder_sparse_step": 1,
         "mlp_only_layers": [], "vocab_size": 151936, "max_position_embeddings": 32768,
         "hidden_act": "silu", "tie_word_embeddings": False, "rope_theta": 1000000.0,
-        "rms_norm_eps": 1e-06, "use_sliding_window": False,
+        "rms_norm_eps": 1e-06, "use_sliding_window": False, "norm_topk_prob": False,
     }  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(config))
     cfg = hf_model_config(read_hf_config(str(tmp_path)), 4096)
@@ -678,3 +680,23 @@ def test_group_limited_routing_reaches_fewer_nodes():
     for groups, chosen in ((6, 4), (8, 0), (8, 3), (8, 9)):
         with pytest.raises(ConfigError, match="route_group"):
             dataclasses.replace(cfg, route_groups=groups, route_group_topk=chosen)
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"router_score": "softmax2"}, "router_score='softmax2': choose softmax or sigmoid"),
+        ({"router_scale": 0}, "router_scale must be a finite number > 0, got 0"),
+        ({"router_renorm": 1}, "router_renorm=1: True or False"),
+    ],
+)
+def test_a_routers_weighing_is_checked(changes, match):
+    """The router's weighing fields are checked where the config is made, and are a
+    mixture's alone: a dense model with them is refused with the fix."""
+    with pytest.raises(ConfigError, match=re.escape(match)):
+        preset("mixtral-8x7b").replace(**changes)
+    with pytest.raises(ConfigError, match="weigh a mixture's experts: give experts"):
+        preset("llama2-7b").replace(router_score="sigmoid")
+    # DeepSeek-V3's dense first blocks are planned without its router's weighing
+    kinds = {k.moe: k.router_score for k, _ in preset("deepseek-v3").kind_counts()}
+    assert kinds == {True: "sigmoid", False: "softmax"}

@@ -143,6 +143,8 @@ def _llama4(experts: int, moe_every: int) -> dict:
         "attention_chunk": 8192,
         "full_attention_every": 4,
         "rope_theta": 500000.0,
+        "router_score": "sigmoid",  # of the chosen expert's logit, not renormalised
+        "router_renorm": False,
     }
 
 
@@ -194,6 +196,7 @@ PRESETS: dict[str, dict] = {
         "shared_expert_ffn": 20480,
         "rope_theta": 1000000.0,
         "norm_eps": 1e-6,
+        "router_renorm": False,  # its norm_topk_prob: the softmax over all experts, kept
     },
     # DeepSeek-V3 (planned only; deepseek-ai/DeepSeek-V3's config.json): 61 blocks of 7,168,
     # the first 3 dense (SwiGLU of 18,432), the others 256 routed experts of 2,048 (8 a
@@ -217,6 +220,11 @@ PRESETS: dict[str, dict] = {
         "v_head_dim": 128,
         "mtp_layers": 1,
         "norm_eps": 1e-6,
+        # its router: sigmoid scores, an expert bias that only chooses (auxiliary-loss-free
+        # balancing), the k weights renormalised and scaled by 2.5
+        "router_score": "sigmoid",
+        "router_expert_bias": True,
+        "router_scale": 2.5,
     },
     # GPT-OSS (planned only; openai/gpt-oss-120b's and -20b's config.json): blocks of 2,880,
     # 64 query heads of 64 over 8 key/value heads, biased linears, 128 (20b: 32) experts of

@@ -283,6 +283,39 @@ def _qwen_moe_experts(data: dict) -> dict:
         shared_expert_ffn=get("shared_expert_intermediate_size", shared),
         dense_layers=dense,
         dense_ffn=get("intermediate_size", 0) if dense else 0,
+        **_router(data),
+    )
+
+
+# A router's weighing where its config leaves a key out, per model type, as transformers'
+# config classes default them: (scoring_func, norm_topk_prob, an expert bias that chooses
+# but does not weigh — DeepseekV3's topk_method "noaux_tc", GLM-4.5's e_score_correction_bias
+# —, routed_scaling_factor). Mixtral, GPT-OSS: a softmax over the top k logits (the defaults).
+ROUTER_DEFAULTS = {
+    "deepseek_v2": ("softmax", False, False, 1.0),
+    "deepseek_v3": ("sigmoid", True, True, 2.5),
+    "kimi_k2": ("sigmoid", True, True, 2.5),
+    "glm4_moe": ("sigmoid", True, True, 1.0),
+    "qwen2_moe": ("softmax", False, False, 1.0),
+    "qwen3_moe": ("softmax", False, False, 1.0),
+}
+
+
+def _router(data: dict) -> dict:
+    """A mixture's router weighing (``ModelConfig.router_*``) from its config's
+    ``scoring_func``, ``norm_topk_prob``, ``topk_method`` (``noaux_tc``: the expert bias)
+    and ``routed_scaling_factor``, :data:`ROUTER_DEFAULTS` where absent; GLM-4.5's router
+    always scores by sigmoid beside its correction bias (transformers' Glm4MoeTopkRouter)."""
+    kind, get = data["model_type"], data.get
+    score, renorm, bias, scale = ROUTER_DEFAULTS[kind]
+    if kind != "glm4_moe":
+        score = get("scoring_func", score)
+        bias = get("topk_method", "noaux_tc" if bias else "greedy") == "noaux_tc"
+    return dict(
+        router_score=score,
+        router_renorm=bool(get("norm_topk_prob", renorm)),
+        router_expert_bias=bias,
+        router_scale=float(get("routed_scaling_factor", scale)),
     )
 
 
@@ -343,6 +376,7 @@ def _routed_experts(data: dict) -> dict:
         dense_layers=dense,
         dense_ffn=data.get("intermediate_size", 0) if dense else 0,
         mtp_layers=mtp,
+        **_router(data),
     )
 
 
@@ -482,6 +516,8 @@ def _llama4_mixture(data: dict) -> dict:
     moe = get("moe_layers") or list(range(step - 1, layers, step))
     dense = tuple(i for i in range(layers) if i not in moe)
     width = get("intermediate_size", 8192)
+    # its router: the sigmoid of the chosen expert's logit, not renormalised (transformers'
+    # Llama4Router)
     return dict(
         experts=get("num_local_experts", 16),
         experts_per_token=get("num_experts_per_tok", 1),
@@ -489,6 +525,8 @@ def _llama4_mixture(data: dict) -> dict:
         shared_expert_ffn=width,
         dense_layers=dense,
         dense_ffn=get("intermediate_size_mlp", 16384) if dense else 0,
+        router_score="sigmoid",
+        router_renorm=False,
     )
 
 

@@ -215,10 +215,59 @@ def rope_args(cfg: ModelConfig) -> list[str]:
     return args
 
 
+def router_args(cfg: ModelConfig) -> list[str]:
+    """Megatron-LM's flags for how ``cfg``'s router weighs a token's experts beyond its
+    default (a softmax over the top k logits): sigmoid scores
+    (--moe-router-score-function sigmoid, renormalised over the k as Megatron-Core always
+    does for k > 1), a softmax over every expert kept unrenormalised
+    (--moe-router-pre-softmax), the expert bias that only chooses
+    (--moe-router-enable-expert-bias) and the weights' scale
+    (--moe-router-topk-scaling-factor).
+
+    >>> from paracube.models.presets import preset
+    >>> router_args(preset("deepseek-v3"))  # doctest: +NORMALIZE_WHITESPACE
+    ['--moe-router-score-function sigmoid', '--moe-router-enable-expert-bias',
+     '--moe-router-topk-scaling-factor 2.5']
+    >>> router_args(preset("qwen2-57b-a14b")), router_args(preset("mixtral-8x7b"))
+    (['--moe-router-pre-softmax'], [])
+    """
+    args = []
+    if cfg.router_score == "sigmoid":
+        args.append("--moe-router-score-function sigmoid")
+    elif not cfg.router_renorm:
+        args.append("--moe-router-pre-softmax")
+    if cfg.router_expert_bias:
+        args.append("--moe-router-enable-expert-bias")
+    if cfg.router_scale != 1:
+        args.append(f"--moe-router-topk-scaling-factor {cfg.router_scale:g}")
+    return args
+
+
+def router_refusal(cfg: ModelConfig) -> str:
+    """Why :func:`router_args` cannot state ``cfg``'s router ("" if it can): sigmoid scores
+    kept unrenormalised over k > 1 experts (Megatron-Core renormalises them), or an expert
+    bias beside softmax scores (Megatron-Core's TransformerConfig refuses it)."""
+    if not cfg.moe:
+        return ""
+    k = cfg.experts_per_token
+    if cfg.router_score == "sigmoid" and not cfg.router_renorm and k > 1:
+        return (
+            f"{cfg.name}'s router keeps its {k} sigmoid scores unrenormalised, which "
+            "Megatron-Core renormalises for k > 1; plan it without --emit megatron"
+        )
+    if cfg.router_expert_bias and cfg.router_score != "sigmoid":
+        return (
+            f"{cfg.name}'s expert bias beside softmax scores: Megatron-Core takes the bias "
+            "with sigmoid scores only; plan it without --emit megatron"
+        )
+    return ""
+
+
 def model_refusal(cfg: ModelConfig) -> str:
     """Why Megatron-LM's command cannot train ``cfg`` as planned ("" if it can): Gemma's
     post-norms, Gemma 2's logit soft-capping, chunked attention shorter than the sequence
-    (Llama 4's) and rotary positions its arguments cannot state (:func:`rope_refusal`),
+    (Llama 4's), and rotary positions or a router its arguments cannot state
+    (:func:`rope_refusal`, :func:`router_refusal`),
     which no argument paracube emits expresses — a command without them would train
     another model."""
     if cfg.post_norms:
@@ -237,7 +286,7 @@ def model_refusal(cfg: ModelConfig) -> str:
             "Megatron-Core argument paracube emits; plan it without --emit megatron, or at "
             f"--seq {cfg.attention_chunk} or less, where one chunk is the whole sequence"
         )
-    return rope_refusal(cfg)
+    return rope_refusal(cfg) or router_refusal(cfg)
 
 
 def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch: int) -> list[str]:
@@ -295,6 +344,7 @@ def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch
             f"--num-experts {cfg.experts} --moe-router-topk {cfg.experts_per_token} "
             + DISPATCHERS[L.ep_dispatch]
         )
+        args += router_args(cfg)
         if cfg.shared_expert_ffn:
             args.append(f"--moe-shared-expert-intermediate-size {cfg.shared_expert_ffn}")
         if cfg.route_groups:  # group-limited routing (DeepSeek-V3's node-limited)
