@@ -544,6 +544,9 @@ CASES: list[tuple[str, list[str], str]] = [
      "--emit torchrun: gemma2-2b: post_norms (four norms a block), attention_softcap=50, "
      "logit_softcap=30 (logit soft-capping) — planned (paracube plan), not trained: "
      "paracube's GPT builds none of them"),
+    ("plan", ["plan", "--model", "hf:{tmp}/hf-qwen3-moe-scale", "--gpus", "8", "--global-batch",
+              "8"],
+     "qwen3_moe config: routed_scaling_factor None must be a positive number"),
     ("plan", ["plan", "--model", "hf:{tmp}/hf-llama-theta", "--gpus", "8", "--global-batch", "8",
               "--emit", "megatron"],
      "--emit megatron: hf:llama's rotary base 10000.5 is not a whole number, which Megatron's "
@@ -885,6 +888,7 @@ def _hf_models(tmp: Path) -> None:
         ("hf-gemma2-cap0", {"model_type": "gemma2", "final_logit_softcapping": 0, **small}),
         ("hf-gemma2-short", {"model_type": "gemma2", "sliding_window": 128, **small}),
         ("hf-llama-theta", {"model_type": "llama", "rope_theta": 10000.5, **small}),
+        ("hf-qwen3-moe-scale", {**qwen3_moe, "routed_scaling_factor": None}),
     ):
         (tmp / name).mkdir()
         (tmp / name / "config.json").write_text(json.dumps(config))

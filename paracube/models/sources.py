@@ -18,10 +18,12 @@ ships (:mod:`paracube.models.hf`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
 
+from paracube.choices import ROUTER_SCORES
 from paracube.config import ModelConfig
 from paracube.errors import ConfigError
 
@@ -311,11 +313,23 @@ def _router(data: dict) -> dict:
     if kind != "glm4_moe":
         score = get("scoring_func", score)
         bias = get("topk_method", "noaux_tc" if bias else "greedy") == "noaux_tc"
+    renorm, scale = get("norm_topk_prob", renorm), get("routed_scaling_factor", scale)
+    if score not in ROUTER_SCORES:
+        raise ConfigError(
+            f"{kind} config: scoring_func {score!r} is not planned: choose "
+            f"{' or '.join(ROUTER_SCORES)}"
+        )
+    if not isinstance(renorm, bool):
+        raise ConfigError(f"{kind} config: norm_topk_prob {renorm!r} must be true or false")
+    if isinstance(scale, bool) or not (isinstance(scale, (int, float)) and 0 < scale < math.inf):
+        raise ConfigError(
+            f"{kind} config: routed_scaling_factor {scale!r} must be a positive number"
+        )
     return dict(
         router_score=score,
-        router_renorm=bool(get("norm_topk_prob", renorm)),
+        router_renorm=renorm,
         router_expert_bias=bias,
-        router_scale=float(get("routed_scaling_factor", scale)),
+        router_scale=float(scale),
     )
 
 
