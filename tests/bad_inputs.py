@@ -544,6 +544,10 @@ CASES: list[tuple[str, list[str], str]] = [
      "--emit torchrun: gemma2-2b: post_norms (four norms a block), attention_softcap=50, "
      "logit_softcap=30 (logit soft-capping) — planned (paracube plan), not trained: "
      "paracube's GPT builds none of them"),
+    ("plan", ["plan", "--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "1000",
+              "--seq", "1024", "--router-score", "sigmoid", "--gpus", "8", "--global-batch", "8"],
+     "router_score, router_renorm, router_expert_bias and router_scale weigh a mixture's "
+     "experts: give experts and experts_per_token"),
     ("plan", ["plan", "--model", "hf:{tmp}/hf-qwen3-moe-scale", "--gpus", "8", "--global-batch",
               "8"],
      "qwen3_moe config: routed_scaling_factor None must be a positive number"),

@@ -349,3 +349,25 @@ def test_a_router_megatron_cannot_state_is_refused():
         1,
     )
     assert "router" not in model_refusal(llama4)  # refused for its chunked attention only
+
+
+def test_a_custom_mixtures_router_flags_reach_the_command(capsys):
+    """A custom shape's --router-score, --router-expert-bias, --router-scale and
+    --router-keep-scores are the model's router, carried into Megatron-LM's flags; the
+    default router asks for none."""
+    shape = ["plan", "--layers", "8", "--hidden", "1024", "--heads", "8", "--vocab", "32000",
+             "--seq", "2048", "--experts", "16", "--experts-per-token", "4", "--gpus", "8",
+             "--gpu", "h100", "--global-batch", "64", "--top", "1", "--emit", "megatron"]  # fmt: skip
+
+    def router(*extra: str) -> dict:
+        assert main([*shape, *extra]) == 0
+        command = capsys.readouterr().out.strip().splitlines()[-1]
+        flags = parsed(command.split(" pretrain_gpt.py ", 1)[1].split())
+        return {k: v for k, v in flags.items() if k in ROUTER_FLAGS}
+
+    assert router() == {}
+    assert router("--router-score", "sigmoid", "--router-expert-bias", "--router-scale", "2.5") == {
+        "--moe-router-score-function": "sigmoid", "--moe-router-enable-expert-bias": True,
+        "--moe-router-topk-scaling-factor": "2.5",
+    }  # fmt: skip
+    assert router("--router-keep-scores") == {"--moe-router-pre-softmax": True}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from paracube.choices import ROUTER_SCORES
 from paracube.cli.plan_budget import token_count
 
 
@@ -70,6 +71,34 @@ def add_parser(sub) -> None:
         default=None,
         metavar="g",
         help="the groups a token's experts come from under --route-groups (DeepSeek-V3: 4)",
+    )
+    m.add_argument(
+        "--router-score",
+        choices=ROUTER_SCORES,
+        default=None,
+        help="how the router scores the experts: softmax (Mixtral, Qwen; the default) or "
+        "sigmoid (DeepSeek-V3, GLM-4.5; Megatron's --moe-router-score-function)",
+    )
+    m.add_argument(
+        "--router-keep-scores",
+        action="store_true",
+        default=None,
+        help="a token's k expert weights kept as scored, not renormalised over the k "
+        "(DeepSeek-V2's and Qwen2-MoE's softmax over every expert: --moe-router-pre-softmax)",
+    )
+    m.add_argument(
+        "--router-expert-bias",
+        action="store_true",
+        default=None,
+        help="a learned per-expert bias that chooses the experts but does not weigh them "
+        "(DeepSeek-V3's auxiliary-loss-free balancing: --moe-router-enable-expert-bias)",
+    )
+    m.add_argument(
+        "--router-scale",
+        type=float,
+        default=None,
+        metavar="S",
+        help="the expert weights' multiplier (DeepSeek-V3: 2.5; --moe-router-topk-scaling-factor)",
     )
     m.add_argument(
         "--first-dense-blocks",

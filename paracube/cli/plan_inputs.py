@@ -23,7 +23,8 @@ from paracube.planner.pipeline_layout import is_layout, layout_refusal, stages_o
 
 # The custom-shape flags (their ModelConfig fields are spelled out in _model_shape)
 SHAPE = ("layers", "hidden", "heads", "vocab", "seq", "ffn", "kv_heads")
-# a custom shape's block: flags named as ModelConfig's fields, and --no-bias (bias=False)
+# a custom shape's block: flags named as ModelConfig's fields, --no-bias (bias=False) and
+# --router-keep-scores (router_renorm=False)
 BLOCK = (
     "activation",
     "norm",
@@ -34,6 +35,10 @@ BLOCK = (
     "experts_per_token",
     "route_groups",
     "route_group_topk",
+    "router_score",
+    "router_keep_scores",
+    "router_expert_bias",
+    "router_scale",
     "shared_expert_ffn",
     "first_dense_blocks",
     "dense_ffn",
@@ -81,9 +86,13 @@ def _model_shape(args):
             raise ParacubeError(f"--{k.replace('_', '-')} must be a positive integer, got {value}")
     if args.head_size is not None and args.head_size <= 0:
         raise ParacubeError(f"--head-size must be a positive integer, got {args.head_size}")
-    block = {k: getattr(args, k) for k in BLOCK if k != "no_bias" and getattr(args, k) is not None}
-    if args.no_bias:
-        block["bias"] = False
+    negated = {"no_bias": "bias", "router_keep_scores": "router_renorm"}
+    block = {
+        k: getattr(args, k) for k in BLOCK if k not in negated and getattr(args, k) is not None
+    }
+    for flag, field in negated.items():
+        if getattr(args, flag):
+            block[field] = False
     if "first_dense_blocks" in block:  # DeepSeek's first_k_dense_replace: blocks 0 … K-1
         first = block.pop("first_dense_blocks")
         if first < 0:
