@@ -691,10 +691,14 @@ def test_group_limited_routing_reaches_fewer_nodes():
     ],
 )
 def test_a_routers_weighing_is_checked(changes, match):
-    """The router's weighing fields are checked where the config is made, and are a
-    mixture's alone: a dense model with them is refused with the fix."""
+    """The router's weighing fields are checked where the config is made."""
     with pytest.raises(ConfigError, match=re.escape(match)):
         preset("mixtral-8x7b").replace(**changes)
+
+
+def test_a_routers_weighing_is_a_mixtures_alone():
+    """A dense model with a router's weighing is refused with the fix, and a mixture's
+    dense blocks are planned without it."""
     with pytest.raises(ConfigError, match="weigh a mixture's experts: give experts"):
         preset("llama2-7b").replace(router_score="sigmoid")
     # DeepSeek-V3's dense first blocks are planned without its router's weighing
