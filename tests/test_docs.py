@@ -14,6 +14,7 @@ DOCUMENTED = [
     "paracube.planner.layout",
     "paracube.planner.search",
     "paracube.planner.report",
+    "paracube.planner.reasons",
     "paracube.planner.mixed",
     "paracube.cli.plan_mixed",
     "paracube.planner.time_model",

@@ -475,7 +475,7 @@ def test_resnet50_explains_its_speed_up(capsys):
 
 def test_a_model_without_layers_says_why_it_shards(capsys):
     """ResNet-50 ranked under ZeRO says why, as a transformer's plan does
-    (report.without_zero_text): the replicated twin fits, at the step it would take, and the
+    (reasons.without_zero_text): the replicated twin fits, at the step it would take, and the
     part ZeRO shortens most — the Adam step, split 8 ways — each figure the planner's own."""
     import re
 
@@ -1234,7 +1234,7 @@ def test_explain_gives_the_stacks_published_track_record(capsys):
 def test_explained_times_never_print_in_exponent_notation(capsys):
     """A step of thousands of seconds (Mixtral in fp32 on 16 A100s) and an optimizer step of
     a tenth of a millisecond (GPT-3 1.3B over 64 replicas) read as thousands of seconds
-    grouped and milliseconds, not "1.18e+03 s" and "9.95e-05 s" (report.seconds_text)."""
+    grouped and milliseconds, not "1.18e+03 s" and "9.95e-05 s" (reasons.seconds_text)."""
     import re
 
     slow = plan(

@@ -321,7 +321,7 @@ def test_deepseek_v3_is_planned_and_emitted_for_megatron(tmp_path):
     tensor parallelism without sequence parallelism is refused with the fix."""
     from paracube.models.sources import hf_model_config, read_hf_config
     from paracube.planner.megatron import megatron_args
-    from paracube.planner.report import _architecture_reason
+    from paracube.planner.reasons import _architecture_reason
     from paracube.planner.stacks import stack
 
     cfg = hf_model_config(DEEPSEEK_V3, 4096)

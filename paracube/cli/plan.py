@@ -159,9 +159,9 @@ def _search(args, cfg, cluster, fixed: dict):
 
 def _generic_zero_reason(model, best, cluster, precision: str) -> str:
     """Why a model described without layers is sharded: its ZeRO stage's states over the
-    data-parallel group, and the replicated twin's fit and step (report.without_zero_text)."""
+    data-parallel group, and the replicated twin's fit and step (reasons.without_zero_text)."""
     from paracube.planner.generic import evaluate
-    from paracube.planner.report import without_zero_text
+    from paracube.planner.reasons import without_zero_text
 
     L = best.layout
     memory, other = evaluate(model, L.replace(zero=0), cluster, precision)

@@ -12,7 +12,8 @@ from paracube.config import ModelConfig
 from paracube.errors import ParacubeError
 from paracube.planner.mixed import plan_mixed
 from paracube.planner.pools import MixedPlan, Pool
-from paracube.planner.report import describe, model_args, seconds_text
+from paracube.planner.reasons import seconds_text
+from paracube.planner.report import describe, model_args
 
 GB = 1e9
 
