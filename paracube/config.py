@@ -103,6 +103,9 @@ class ModelConfig:
     position: str = "learned"
     tie_embeddings: bool = False
     bias: bool = True
+    # the q, k and v projections biased where ``bias`` leaves the block's other linears
+    # without (Qwen2's and Qwen2-MoE's attention; Megatron-LM's --add-qkv-bias)
+    qkv_bias: bool = False
     norm_eps: float = 1e-5
     init_std: float = 0.02
     name: str = "custom"
@@ -262,6 +265,7 @@ class ModelConfig:
                 )
         self._check_dense_layers()
         self._check_latent_attention()
+        self._check_qkv_bias()
         self._check_attention_window()
         for name in ("attention_softcap", "logit_softcap"):
             cap = getattr(self, name)
@@ -353,6 +357,27 @@ class ModelConfig:
                 f"dense_ffn={self.dense_ffn} without dense_layers: name the dense blocks "
                 "(--first-dense-blocks K for the first K)"
             )
+
+    def _check_qkv_bias(self) -> None:
+        if not isinstance(self.qkv_bias, bool):
+            raise ConfigError(f"qkv_bias={self.qkv_bias!r}: True or False")
+        if self.qkv_bias and self.bias:
+            raise ConfigError(
+                "qkv_bias=True with bias=True: bias already biases every linear, q, k and v "
+                "among them; qkv_bias biases those three alone (Qwen2's): set bias=False "
+                "(--no-bias)"
+            )
+        if self.qkv_bias and self.mla:
+            raise ConfigError(
+                "qkv_bias=True with a latent attention (kv_lora_rank): its queries, keys and "
+                "values come from latents through projections of their own, which qkv_bias "
+                "does not name; set qkv_bias=False (drop --qkv-bias)"
+            )
+
+    @property
+    def attention_biased(self) -> bool:
+        """Whether the q, k and v projections carry biases (``bias`` or ``qkv_bias``)."""
+        return self.bias or self.qkv_bias
 
     def _check_latent_attention(self) -> None:
         fields = ("kv_lora_rank", "q_lora_rank", "rope_head_dim", "v_head_dim")

@@ -272,8 +272,9 @@ CASES: list[tuple[str, list[str], str]] = [
      "model.safetensors.index.json names model-00002-of-00002.safetensors, which is not in"),
     ("checkpoints", ["import", "hf:{tmp}/hf-yarn", "--out", "{tmp}/i.safetensors"],
      "its rotary positions are stretched by 'yarn', which paracube's GPT does not build"),
-    ("checkpoints", ["import", "hf:{tmp}/hf-qwen2", "--out", "{tmp}/i.safetensors"],
-     "qwen2 cannot be paracube's GPT: its q, k and v projections are biased"),
+    ("checkpoints", ["import", "hf:{tmp}/hf-qwen3-biased", "--out", "{tmp}/i.safetensors"],
+     "this qwen3 biases its attention's projections but not its MLP's, or the other way "
+     "round, and paracube's GPT biases every linear or q, k and v alone"),
     # -- diagnosis and injected faults ----------------------------------------------
     ("diagnose", ["diagnose", "{tmp}/no-run.jsonl"], "{tmp}/no-run.jsonl does not exist: give the --metrics file"),
     ("diagnose", ["diagnose", "{tmp}/empty.txt"], "holds no step records"),
@@ -548,6 +549,10 @@ CASES: list[tuple[str, list[str], str]] = [
               "--seq", "1024", "--router-score", "sigmoid", "--gpus", "8", "--global-batch", "8"],
      "router_score, router_renorm, router_expert_bias and router_scale weigh a mixture's "
      "experts: give experts and experts_per_token"),
+    ("plan", ["plan", "--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "1000",
+              "--seq", "1024", "--qkv-bias", "--gpus", "8", "--global-batch", "8"],
+     "qkv_bias=True with bias=True: bias already biases every linear, q, k and v among them; "
+     "qkv_bias biases those three alone (Qwen2's): set bias=False (--no-bias)"),
     ("plan", ["plan", "--model", "hf:{tmp}/hf-qwen3-moe-scale", "--gpus", "8", "--global-batch",
               "8"],
      "qwen3_moe config: routed_scaling_factor None must be a positive number"),
@@ -880,8 +885,10 @@ def _hf_models(tmp: Path) -> None:
     for name, dense in (("hf-qwen3-moe", []), ("hf-qwen3-moe-all-dense", [0, 1])):
         (tmp / name).mkdir()
         (tmp / name / "config.json").write_text(json.dumps({**qwen3_moe, "mlp_only_layers": dense}))
-    (tmp / "hf-qwen2").mkdir()
-    (tmp / "hf-qwen2" / "config.json").write_text('{"model_type": "qwen2"}')
+    (tmp / "hf-qwen3-biased").mkdir()  # q, k, v and o biased (attention_bias), the MLP not
+    (tmp / "hf-qwen3-biased" / "config.json").write_text(
+        '{"model_type": "qwen3", "attention_bias": true}'
+    )
     small = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
              "max_position_embeddings": 128}  # fmt: skip

@@ -69,6 +69,7 @@ VARIANTS = {
         BASE, norm="layernorm", activation="gelu", position="learned", bias=True, n_kv_heads=4
     ),  # fmt: skip
     "qwen3": replace(BASE, qk_norm=True),
+    "qwen2": replace(BASE, qkv_bias=True),  # q, k and v biased, no other linear
     "mha-rope-gelu": replace(BASE, n_kv_heads=4, activation="gelu"),
 }
 

@@ -408,8 +408,8 @@ def test_gpt2_head_with_an_odd_vocabulary_pads_its_products(tmp_path):
 def test_the_planners_parameter_count_is_the_hf_models(family):
     """The shape read from a config (hf_model_config) counts what transformers builds from
     it — Qwen3's decoupled head size and per-head q/k norms included — so the planner's
-    memory and FLOPs are the model's; Qwen2's biases on q, k and v only are counted on
-    every linear (ModelConfig has one bias switch: 0.02 % of Qwen2-7B), and no more."""
+    memory and FLOPs are the model's, Qwen2's biases on q, k and v alone (qkv_bias)
+    included."""
     from transformers import AutoModelForCausalLM
 
     from paracube.models.hf import hf_config_object
@@ -419,12 +419,10 @@ def test_the_planners_parameter_count_is_the_hf_models(family):
     shape = hf_model_config(read_hf_config(directory), SEQ)
     hf = AutoModelForCausalLM.from_config(hf_config_object(directory))
     built = sum(p.numel() for p in hf.parameters())
-    if family == "qwen2":  # ModelConfig's bias is every linear's; Qwen2 biases q, k, v only
-        unbiased = shape.hidden + 2 * shape.ffn_hidden + shape.hidden  # o_proj, gate|up, down
-        built += shape.n_layers * unbiased
     assert parameter_count(shape) == built
     if family == "qwen3":
         assert shape.q_dim == 2 * shape.hidden and shape.qk_norm
+    assert (shape.bias, shape.qkv_bias) == (False, family == "qwen2")
 
 
 def test_qwen3_q_k_norms_under_zero3_with_tensor_parallel(pools):

@@ -11,8 +11,14 @@ from paracube.models.shapes import parameter_count
 from tests.helpers import LLAMA_BLOCK
 
 # the last: heads wider than hidden / n_heads, the query and output projections n·d wide
-VARIANTS = [{}, dict(tie_embeddings=True), LLAMA_BLOCK, {**LLAMA_BLOCK, "head_size": 32}]
-IDS = ["gpt", "tied", "llama", "wide-heads"]
+VARIANTS = [
+    {},
+    dict(tie_embeddings=True),
+    LLAMA_BLOCK,
+    {**LLAMA_BLOCK, "head_size": 32},
+    {**LLAMA_BLOCK, "qkv_bias": True},  # Qwen2's: q, k and v alone biased
+]
+IDS = ["gpt", "tied", "llama", "wide-heads", "qkv-bias"]
 
 
 @pytest.mark.parametrize("overrides", VARIANTS, ids=IDS)

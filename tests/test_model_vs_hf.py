@@ -24,7 +24,16 @@ from tests.test_hf_models import model_dir
 pytest.importorskip("transformers")
 
 SEQ = 32
-FAMILIES = ["llama", "qwen3", "mistral", "gpt2", "llama31"]
+FAMILIES = ["llama", "qwen3", "mistral", "gpt2", "llama31", "qwen2"]
+
+
+def _random_biases(model: torch.nn.Module) -> None:
+    """Every bias drawn from N(0, 1): both libraries start them at zero, where a bias put
+    in the wrong rows (or left in HF's rotary order) would compute the same function."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_()
 
 
 def _hf_and_gpt(family: str, dtype=torch.float64):
@@ -37,6 +46,7 @@ def _hf_and_gpt(family: str, dtype=torch.float64):
     directory = model_dir(family)
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(hf_config_object(directory), dtype=dtype)
+    _random_biases(hf)
     data = read_hf_config(directory)
     cfg = imported_config(data)
     gpt = GPT(cfg).to(dtype)
@@ -95,6 +105,7 @@ def _saved_hf(family: str, folder) -> str:
 
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(hf_config_object(model_dir(family)))
+    _random_biases(hf)
     hf.save_pretrained(str(folder))
     return str(folder)
 
@@ -116,11 +127,15 @@ def _losses(cfg):
 
 @pytest.mark.parametrize(
     ("family", "layout"),
-    [("llama31", dict(tp=2, sequence_parallel=True)), ("gpt2", dict(dp=2))],
+    [
+        ("llama31", dict(tp=2, sequence_parallel=True)),
+        ("gpt2", dict(dp=2)),
+        ("qwen2", dict(tp=2, sequence_parallel=True)),  # q, k and v biases split by tp
+    ],
 )
 def test_an_imported_model_trains_as_the_hf_model(pools, tmp_path, capsys, family, layout):
-    """``paracube import`` (the command line for the Llama 3.1, the library call for GPT-2)
-    then ``--init-from``: paracube's GPT from the HF checkpoint, under a layout, gives step
+    """``paracube import`` (the command line for the Llama 3.1, the library call for GPT-2
+    and Qwen2) then ``--init-from``: paracube's GPT from the HF checkpoint, under a layout, gives step
     for step the losses of the HF module itself trained from the same checkpoint
     (``--model hf:DIR``) under that layout — the engine's rotary tables (built on the meta
     device, then materialized) at the model's base and stretch."""
@@ -220,6 +235,7 @@ EXPORTED = {
         rope_original_context=64,
     ),  # fmt: skip
     "qwen3-tied": dict(LLAMA_SHAPE, qk_norm=True, head_size=32, tie_embeddings=True),
+    "qwen2": dict(LLAMA_SHAPE, qkv_bias=True),  # q, k and v alone biased
 }
 
 
@@ -237,6 +253,7 @@ def test_paracubes_gpt_exports_as_the_hf_model(shape):
     cfg = preset("nano", seq_len=SEQ, **EXPORTED[shape])
     torch.manual_seed(0)
     gpt = GPT(cfg).to(torch.float64)
+    _random_biases(gpt)
     ours = {n: p.detach() for n, p in gpt.named_parameters()}
     data = hf_config_of(cfg)
     hf_cfg = AutoConfig.for_model(**data)

@@ -23,7 +23,8 @@ MEGATRON_FLAGS = {
     "--seq-length", "--max-position-embeddings", "--group-query-attention",
     "--num-query-groups", "--swiglu", "--normalization", "--position-embedding-type",
     "--kv-channels", "--qk-layernorm",
-    "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--num-experts",
+    "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--add-qkv-bias",
+    "--num-experts",
     "--moe-router-topk", "--moe-token-dispatcher-type", "--attention-dropout",
     "--hidden-dropout", "--tensor-model-parallel-size", "--pipeline-model-parallel-size",
     "--context-parallel-size", "--expert-model-parallel-size",
@@ -247,6 +248,24 @@ def test_a_qwen3_shape_states_its_head_size_and_qk_norms():
     assert flags["--kv-channels"] == "128" and "--qk-layernorm" in flags
     plain = parsed(megatron_args(L, qwen.replace(head_size=None, qk_norm=False), "bf16", 32))
     assert "--kv-channels" not in plain and "--qk-layernorm" not in plain
+
+
+@pytest.mark.parametrize(
+    ("changes", "wanted"),
+    [
+        ({"bias": True}, set()),  # every linear biased: Megatron's default
+        ({}, {"--disable-bias-linear"}),
+        ({"qkv_bias": True}, {"--disable-bias-linear", "--add-qkv-bias"}),  # Qwen2's
+    ],
+)
+def test_the_command_biases_the_linears_the_model_biases(changes, wanted):
+    """Megatron biases every linear unless told --disable-bias-linear, and q, k and v alone
+    with --add-qkv-bias beside it (Qwen2's attention, and Qwen2-MoE's preset)."""
+    cfg = preset("llama2-7b").replace(**changes)
+    flags = parsed(megatron_args(layout(dp=8), cfg, "bf16", global_batch=64))
+    assert {f for f in flags if "bias" in f} == wanted
+    moe = parsed(megatron_args(layout(dp=16, ep=8), preset("qwen2-57b-a14b"), "bf16", 64))
+    assert "--add-qkv-bias" in moe and "--disable-bias-linear" in moe
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,12 @@ def add_parser(sub) -> None:
         "--no-bias", action="store_true", default=None, help="linear layers without bias"
     )
     m.add_argument(
+        "--qkv-bias",
+        action="store_true",
+        default=None,
+        help="q, k and v projections biased, no other linear (Qwen2's; with --no-bias)",
+    )
+    m.add_argument(
         "--experts",
         type=int,
         default=None,

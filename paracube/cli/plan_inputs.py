@@ -31,6 +31,7 @@ BLOCK = (
     "position",
     "tie_embeddings",
     "no_bias",
+    "qkv_bias",
     "experts",
     "experts_per_token",
     "route_groups",

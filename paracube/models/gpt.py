@@ -105,7 +105,7 @@ class CausalSelfAttention(nn.Module):
         kv_dim = cfg.n_kv_heads * cfg.head_dim
         # Output columns: [q (n·d) | k (n_kv·d) | v (n_kv·d)]; n·d is the hidden size unless
         # the head size is decoupled from it (cfg.head_size)
-        self.qkv_proj = nn.Linear(cfg.hidden, cfg.q_dim + 2 * kv_dim, bias=cfg.bias)
+        self.qkv_proj = nn.Linear(cfg.hidden, cfg.q_dim + 2 * kv_dim, bias=cfg.attention_biased)
         self.o_proj = nn.Linear(cfg.q_dim, cfg.hidden, bias=cfg.bias)
         # Qwen3's and OLMo 2's per-head q and k norms: an RMSNorm over each head's d values,
         # before the rotary positions; a d-wide weight shared by every head (under tensor

@@ -10,8 +10,9 @@ function given these weights (``tests/test_model_vs_hf.py``).
 
 What changes on the way (shapes: n heads of d, H hidden, F the MLP's width):
 
-- Llama, Mistral, Qwen3: q, k, v (n·d, H), (n_kv·d, H) ×2 → one q|k|v (… , H); gate and up
-  (F, H) ×2 → one gate|up (2F, H). The rotary pairs: paracube turns (x[2i], x[2i+1]) as
+- Llama, Mistral, Qwen2, Qwen3: q, k, v (n·d, H), (n_kv·d, H) ×2 → one q|k|v (… , H), and
+  their biases (Qwen2's, the only biases it has: ``ModelConfig.qkv_bias``) likewise; gate
+  and up (F, H) ×2 → one gate|up (2F, H). The rotary pairs: paracube turns (x[2i], x[2i+1]) as
   RoFormer writes it (Su et al. 2021, eq. 34), Hugging Face (x[i], x[i + d/2])
   ("rotate_half"); both turn pair i by position·θ_i, so the q and k rows (and Qwen3's q/k
   norm weights) are put in paracube's order within each head: its dim 2i is HF's dim i,
@@ -19,12 +20,13 @@ What changes on the way (shapes: n heads of d, H hidden, F the MLP's width):
 - GPT-2: its Conv1D weights (in, out) transposed to Linear's (out, in); c_attn is already
   q|k|v, learned positions carry over; a tied head is the embedding.
 
-Not imported: Mixtral (paracube's GPT is dense), Qwen2 and any Llama whose attention and MLP
-are not biased alike (paracube's GPT has one switch for every bias), rotary stretches other
-than linear and Llama 3.1's — all train as ``--model hf:DIR``.
+Not imported: Mixtral (paracube's GPT is dense), any Llama whose attention and MLP are not
+biased alike (paracube's GPT biases every linear or q, k and v alone), rotary stretches
+other than linear and Llama 3.1's — all train as ``--model hf:DIR``.
 
 Exported (:func:`hf_config_of`, :func:`hf_weights`: the same steps undone): a GPT of
-RMSNorm, SwiGLU and rotary positions as a Llama (a Qwen3 with per-head q/k norms), one of
+RMSNorm, SwiGLU and rotary positions as a Llama (a Qwen3 with per-head q/k norms, a Qwen2
+with q, k and v alone biased), one of
 LayerNorm, GELU, learned positions and biases as a GPT-2 — written as ``transformers``' own
 config class writes its config, so ``from_pretrained`` loads the folder and computes the
 GPT's function (``tests/test_model_vs_hf.py``).
@@ -60,8 +62,6 @@ NOT_IMPORTED = {
     "deepseek_v2": "it is a mixture of experts, and paracube's GPT is dense",
     "deepseek_v3": "it is a mixture of experts, and paracube's GPT is dense",
     "kimi_k2": "it is a mixture of experts, and paracube's GPT is dense",
-    "qwen2": "its q, k and v projections are biased but not its others, and paracube's GPT "
-    "has one switch for every bias",
 }
 
 
@@ -78,8 +78,8 @@ def imported_config(data: dict) -> ModelConfig:
     if HF_FAMILIES[kind] == "llama" and attention_bias != mlp_bias:
         raise ConfigError(
             f"paracube import: this {kind} biases its attention's projections but not its "
-            "MLP's, or the other way round, and paracube's GPT has one switch for every "
-            "bias; train it as --model hf:DIR"
+            "MLP's, or the other way round, and paracube's GPT biases every linear or q, k "
+            "and v alone; train it as --model hf:DIR"
         )
     stretch = rope_stretch(data)[0]
     if stretch not in ("default", *ROPE_SCALINGS):
@@ -105,6 +105,13 @@ def _per_head(rows: torch.Tensor, head_dim: int) -> torch.Tensor:
     )
 
 
+def _biased(cfg: ModelConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The tensors a Llama-family block's q, k and v carry, and those its other linears
+    carry: weights, and biases under ``bias`` (every linear) or ``qkv_bias`` (those three)."""
+    weights, biased = ("weight",), ("weight", "bias")
+    return (biased if cfg.attention_biased else weights), (biased if cfg.bias else weights)
+
+
 # a GPT-2 block's modules → paracube's: its Conv1D linears and its LayerNorms
 GPT2_LINEARS = {"attn.c_attn": "attn.qkv_proj", "attn.c_proj": "attn.o_proj",
                 "mlp.c_fc": "mlp.up_proj", "mlp.c_proj": "mlp.down_proj"}  # fmt: skip
@@ -128,13 +135,14 @@ def _llama_weights(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str
     }
     if not cfg.tie_embeddings:
         out["head.weight"] = get("lm_head.weight")
-    params = ("weight", "bias") if cfg.bias else ("weight",)
+    qkv_params, params = _biased(cfg)
     for i in range(cfg.n_layers):
         hf, me = f"model.layers.{i}.", f"blocks.{i}."
         attn, mlp = hf + "self_attn.", hf + "mlp."
-        for p in params:
+        for p in qkv_params:  # a bias (n·d + 2·n_kv·d,) in the weight's row order
             q, k = (_per_head(get(f"{attn}{n}_proj.{p}"), d) for n in "qk")
             out[f"{me}attn.qkv_proj.{p}"] = torch.cat((q, k, get(f"{attn}v_proj.{p}")))
+        for p in params:
             out[f"{me}attn.o_proj.{p}"] = get(f"{attn}o_proj.{p}")
             out[f"{me}mlp.up_proj.{p}"] = torch.cat(
                 (get(f"{mlp}gate_proj.{p}"), get(f"{mlp}up_proj.{p}"))
@@ -218,16 +226,19 @@ def import_hf(directory: str, out: str) -> ModelConfig:
 
 def hf_family(cfg: ModelConfig) -> str:
     """The ``model_type`` a GPT of this shape is in ``transformers``: llama (RMSNorm, SwiGLU,
-    rotary positions; qwen3 with per-head q/k norms) or gpt2 (LayerNorm, GELU, learned
-    positions, biased, one key head a query head); refused, with the reason, otherwise."""
+    rotary positions; qwen3 with per-head q/k norms, qwen2 with q, k and v alone biased) or
+    gpt2 (LayerNorm, GELU, learned positions, biased, one key head a query head); refused,
+    with the reason, otherwise."""
     if cfg.moe:
         raise ConfigError("a mixture of experts is planned, not built: nothing to export")
     if (cfg.norm, cfg.activation, cfg.position) == ("rmsnorm", "swiglu", "rope"):
-        if cfg.qk_norm and cfg.bias:
+        if cfg.qk_norm and cfg.attention_biased:
             raise ConfigError(
                 "per-head q/k norms with biases: Qwen3's projections have none, so no "
                 "Hugging Face architecture holds this GPT; export a .safetensors file"
             )
+        if cfg.qkv_bias:
+            return "qwen2"
         return "qwen3" if cfg.qk_norm else "llama"
     gpt2 = (cfg.norm, cfg.activation, cfg.position, cfg.bias) == (
         "layernorm",
@@ -275,14 +286,16 @@ def hf_config_of(cfg: ModelConfig) -> dict:
             head_dim=cfg.head_dim, intermediate_size=cfg.ffn_hidden, hidden_act="silu",
             max_position_embeddings=cfg.seq_len, vocab_size=cfg.vocab_size,
             rms_norm_eps=cfg.norm_eps, initializer_range=cfg.init_std,
-            tie_word_embeddings=cfg.tie_embeddings, rope_parameters=rope,
-            attention_bias=cfg.bias, attention_dropout=0.0,
+            tie_word_embeddings=cfg.tie_embeddings, rope_parameters=rope, attention_dropout=0.0,
         )  # fmt: skip
         if kind == "llama":
-            fields["mlp_bias"] = cfg.bias
-    architecture = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}.get(kind)
+            fields.update(attention_bias=cfg.bias, mlp_bias=cfg.bias)
+        elif kind == "qwen3":
+            fields["attention_bias"] = False
+    architecture = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
+                    "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[kind]  # fmt: skip
     data = AutoConfig.for_model(kind, **fields).to_dict()
-    data["architectures"] = [architecture or "Qwen3ForCausalLM"]
+    data["architectures"] = [architecture]
     return data
 
 
@@ -310,17 +323,18 @@ def _llama_back(w: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch
     }
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = w["head.weight"]
-    params = ("weight", "bias") if cfg.bias else ("weight",)
+    qkv_params, params = _biased(cfg)
     for i in range(cfg.n_layers):
         me, hf = f"blocks.{i}.", f"model.layers.{i}."
         attn, mlp = hf + "self_attn.", hf + "mlp."
-        for p in params:
+        for p in qkv_params:
             q, k, v = w[f"{me}attn.qkv_proj.{p}"].split([cfg.q_dim, kv, kv])
             out[f"{attn}q_proj.{p}"], out[f"{attn}k_proj.{p}"] = (
                 _to_hf_order(q, d),
                 _to_hf_order(k, d),
             )
             out[f"{attn}v_proj.{p}"] = v
+        for p in params:
             out[f"{attn}o_proj.{p}"] = w[f"{me}attn.o_proj.{p}"]
             gate, up = w[f"{me}mlp.up_proj.{p}"].chunk(2)
             out[f"{mlp}gate_proj.{p}"], out[f"{mlp}up_proj.{p}"] = gate, up

@@ -187,10 +187,11 @@ PRESETS: dict[str, dict] = {
     "qwen3-235b-a22b": {**_qwen3(94, 4096, 64, 1536), **_MOE_128_8, "n_kv_heads": 4},
     # Qwen2-57B-A14B (planned only): 64 experts of 2,560, 8 per token, and a shared expert
     # of 20,480 every token passes (its config.json's num_experts, num_experts_per_tok,
-    # moe_intermediate_size, shared_expert_intermediate_size); its q, k and v biases
-    # (129K weights) and the shared expert's gate are left out
+    # moe_intermediate_size, shared_expert_intermediate_size), its q, k and v biased (its
+    # qkv_bias); the shared expert's gate is left out
     "qwen2-57b-a14b": {
         **_llama(28, 3584, 28, 4, 2560, 151936, 4096),
+        "qkv_bias": True,
         "experts": 64,
         "experts_per_token": 8,
         "shared_expert_ffn": 20480,

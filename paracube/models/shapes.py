@@ -272,7 +272,9 @@ def block_params(cfg: ModelConfig, tp: int = 1, ep: int = 1, etp: int | None = N
 def _attention_params(cfg: ModelConfig, tp: int) -> float:
     """The block's attention linears and its norms (two, or four under ``post_norms``) on
     one tensor-parallel rank (and the per-head q and k norms' d weights each, replicated)."""
-    bias = 1 if cfg.bias else 0
+    # the column-parallel q, k, v biased under bias or qkv_bias (Qwen2's), the output's
+    # under bias alone
+    column_bias, row_bias = int(cfg.attention_biased), int(cfg.bias)
     linears = attention_linears(cfg)
     columns = [lin for lin in linears if lin.split == "column"]
     o = linears[-1]  # the output projection, row-parallel
@@ -282,8 +284,9 @@ def _attention_params(cfg: ModelConfig, tp: int) -> float:
     )
     qk_norms = 2 * cfg.head_dim if cfg.qk_norm else 0
     return (sum(c.in_features * c.out_features for c in columns) + o.in_features * o.out_features
-            + bias * sum(c.out_features for c in columns)) / tp + cfg.block_norms * norm_params(cfg) \
-        + bias * o.out_features + qk_norms + replicated + latent_norm_params(cfg)  # fmt: skip
+            + column_bias * sum(c.out_features for c in columns)) / tp \
+        + cfg.block_norms * norm_params(cfg) + row_bias * o.out_features + qk_norms + replicated \
+        + latent_norm_params(cfg)  # fmt: skip
 
 
 def expert_params(cfg: ModelConfig, tp: int = 1, ep: int = 1) -> float:
@@ -727,7 +730,7 @@ def rotary_table_bytes(cfg: ModelConfig, elem: int) -> int:
 #                                                         the gate|up cat)
 #   GELU                      2·E·F                       3·E·F
 #   biases (their grads:      —                           E·(q + 2·k_v + F_in + 2·h)
-#   a sum over the tokens)
+#   a sum over the tokens)                                (qkv_bias alone: E·(q + 2·k_v))
 #   per-head q, k norms       the RMSNorm rows over d, N·(a + a_kv)/t of them
 #
 # A fused block (Transformer Engine, FlashAttention's fused kernels, torch.compile) reads
@@ -784,9 +787,12 @@ def eager_elementwise_bytes(
         fwd, bwd = fwd + n * 5 * E * F, bwd + n * 13 * E * F
     else:
         fwd, bwd = fwd + n * 2 * E * F, bwd + n * 3 * E * F
-    if cfg.bias:  # each bias's gradient, a sum over the tokens of its output's gradient
-        widths = q + 2 * kv + mlp_in_width(cfg) // t
-        bwd += n * E * widths + rows * E * 2 * h + E * (widths + 2 * h)
+    if cfg.attention_biased:  # each bias's gradient, a sum over the tokens of its output's
+        # gradient: q, k and v's, and under bias (not qkv_bias alone) the MLP's column bias
+        # and the two row-parallel ones (o and down, over the rows outside the TP region)
+        widths = q + 2 * kv + (mlp_in_width(cfg) // t if cfg.bias else 0)
+        outer = 2 * h if cfg.bias else 0
+        bwd += n * E * widths + rows * E * outer + E * (widths + outer)
     return fwd, bwd
 
 

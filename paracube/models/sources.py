@@ -220,6 +220,23 @@ def _rope_theta(get) -> float:
     return parameters.get("rope_theta") or get("rope_theta") or 10000.0
 
 
+# model types whose q, k and v projections alone are biased (their o_proj and MLPs never
+# are), and the config key that says so (None: always) — transformers' Qwen2Attention,
+# Qwen2MoeAttention, Glm4MoeAttention
+QKV_BIASED = {"qwen2": None, "qwen2_moe": "qkv_bias", "glm4_moe": "attention_bias"}
+
+
+def _biases(kind: str, get) -> dict:
+    """A config's ``bias`` and ``qkv_bias``: q, k and v alone for :data:`QKV_BIASED`
+    (Qwen2-MoE's ``qkv_bias`` defaults to True); elsewhere ``attention_bias``, which biases
+    the output projection as well (Llama's, with its MLP under ``mlp_bias``: import checks
+    the two agree)."""
+    if kind in QKV_BIASED:
+        key = QKV_BIASED[kind]
+        return dict(bias=False, qkv_bias=key is None or bool(get(key, kind == "qwen2_moe")))
+    return dict(bias=bool(get("attention_bias")), qkv_bias=False)
+
+
 def rope_stretch(data: dict) -> tuple[str, dict]:
     """How a config stretches its rotary frequencies: the kind ("default" for none) and, for
     the kinds paracube's GPT builds (paracube.choices.ROPE_SCALINGS), the ModelConfig
@@ -448,7 +465,7 @@ def hf_model_config(data: dict, seq_len: int | None, vocab_size: int | None = No
             n_kv_heads=get("num_key_value_heads") or heads,
             ffn_hidden=get("intermediate_size", 11008), norm="rmsnorm", activation="swiglu",
             position="rope", tie_embeddings=get("tie_word_embeddings", gemma),
-            bias=bool(get("attention_bias", kind == "qwen2")),
+            **_biases(kind, get),
             norm_eps=get("rms_norm_eps", 1e-6), init_std=get("initializer_range", 0.02),
             head_size=None if head_dim * heads == hidden else head_dim,
             qk_norm=kind in ("qwen3", "qwen3_moe", "gemma3_text"),

@@ -339,6 +339,8 @@ def megatron_args(layout: Layout, cfg: ModelConfig, precision: str, global_batch
         args.append("--untie-embeddings-and-output-weights")
     if not cfg.bias:
         args.append("--disable-bias-linear")
+    if cfg.qkv_bias:  # Qwen2's: q, k and v biased, no other linear
+        args.append("--add-qkv-bias")
     if cfg.moe:
         args.append(
             f"--num-experts {cfg.experts} --moe-router-topk {cfg.experts_per_token} "
