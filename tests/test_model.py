@@ -64,8 +64,8 @@ def test_layers_chain_reproduces_forward():
 
 def test_published_sizes():
     """Preset shapes give the published parameter counts (Brown et al. 2020; Touvron et al.
-    2023; Dubey et al. 2024; the Qwen3 model cards) — ours include learned positions /
-    untied heads as specified."""
+    2023; Dubey et al. 2024; the Qwen2.5 and Qwen3 model cards) — ours include learned
+    positions / untied heads as specified."""
     billions = {k: parameter_count(preset(k)) / 1e9 for k in PRESETS}
     assert billions["gpt3-175b"] == pytest.approx(175.0, rel=0.01)
     assert billions["gpt3-13b"] == pytest.approx(13.0, rel=0.03)
@@ -81,6 +81,16 @@ def test_published_sizes():
         tables = cfg.vocab_size * cfg.hidden * (1 if cfg.tie_embeddings else 2)
         assert billions[name] == pytest.approx(total, abs=0.05), name
         assert (parameter_count(cfg) - tables) / 1e9 == pytest.approx(body, abs=0.05), name
+    # Qwen2.5's model cards, to their 0.01B (72B's non-embedding 70.0B is not the card's own
+    # total less its two 152,064 × 8,192 tables, 70.2B, and is left out)
+    for name, total, body in [("qwen2.5-0.5b", 0.49, 0.36), ("qwen2.5-1.5b", 1.54, 1.31),
+                              ("qwen2.5-3b", 3.09, 2.77), ("qwen2.5-7b", 7.61, 6.53),
+                              ("qwen2.5-72b", 72.7, None)]:  # fmt: skip
+        cfg = preset(name)
+        tables = cfg.vocab_size * cfg.hidden * (1 if cfg.tie_embeddings else 2)
+        assert billions[name] == pytest.approx(total, abs=0.0075), name
+        if body is not None:
+            assert (parameter_count(cfg) - tables) / 1e9 == pytest.approx(body, abs=0.0075), name
     # and its mixtures' model cards: 30.5B (29.9B non-embedding) and 235B (234B)
     for name, total, body in [("qwen3-30b-a3b", 30.5, 29.9), ("qwen3-235b-a22b", 235, 234)]:
         cfg = preset(name)
@@ -213,3 +223,25 @@ def test_stretched_rotary_frequencies():
         ModelConfig(**shape, rope_scaling="yarn")
     with pytest.raises(ConfigError, match="rope_high_freq_factor 1.0 must exceed"):
         ModelConfig(**shape, rope_scaling="llama3", rope_high_freq_factor=1.0)
+
+
+def test_a_qwen25_config_reads_as_its_preset():
+    """Qwen2.5-7B's config.json, as transformers' Qwen2Config writes it (q, k and v biased,
+    no other linear; no sliding window in use), reads as the ``qwen2.5-7b`` preset."""
+    import json
+    import tempfile
+
+    from transformers import Qwen2Config
+
+    from paracube.models.sources import hf_model_config, read_hf_config
+
+    qwen = Qwen2Config(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+                       max_position_embeddings=131072, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                       tie_word_embeddings=False, sliding_window=131072, max_window_layers=28,
+                       use_sliding_window=False)  # fmt: skip
+    with tempfile.TemporaryDirectory() as directory:
+        with open(f"{directory}/config.json", "w") as f:
+            json.dump(qwen.to_dict(), f)
+        cfg = hf_model_config(read_hf_config(directory), 4096)
+    assert cfg.replace(name="qwen2.5-7b") == preset("qwen2.5-7b")

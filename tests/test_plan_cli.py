@@ -114,7 +114,8 @@ def test_custom_shape_and_emit_torchrun(capsys):
 
 
 @pytest.mark.parametrize(
-    "model,gpus,batch", [("llama2-7b", 8, 64), ("gpt3-13b", 32, 256), ("llama2-70b", 64, 512)]
+    "model,gpus,batch",
+    [("llama2-7b", 8, 64), ("gpt3-13b", 32, 256), ("llama2-70b", 64, 512), ("qwen2.5-7b", 8, 64)],
 )
 def test_emitted_command_is_a_valid_train_job(capsys, model, gpus, batch):
     """The launch line the planner prints is accepted by `paracube train` as it stands:

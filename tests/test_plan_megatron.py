@@ -260,12 +260,13 @@ def test_a_qwen3_shape_states_its_head_size_and_qk_norms():
 )
 def test_the_command_biases_the_linears_the_model_biases(changes, wanted):
     """Megatron biases every linear unless told --disable-bias-linear, and q, k and v alone
-    with --add-qkv-bias beside it (Qwen2's attention, and Qwen2-MoE's preset)."""
+    with --add-qkv-bias beside it (Qwen2's attention: the Qwen2.5 and Qwen2-MoE presets)."""
     cfg = preset("llama2-7b").replace(**changes)
     flags = parsed(megatron_args(layout(dp=8), cfg, "bf16", global_batch=64))
     assert {f for f in flags if "bias" in f} == wanted
-    moe = parsed(megatron_args(layout(dp=16, ep=8), preset("qwen2-57b-a14b"), "bf16", 64))
-    assert "--add-qkv-bias" in moe and "--disable-bias-linear" in moe
+    for name, L in (("qwen2-57b-a14b", layout(dp=16, ep=8)), ("qwen2.5-7b", layout(dp=8))):
+        flags = parsed(megatron_args(L, preset(name), "bf16", 64))
+        assert "--add-qkv-bias" in flags and "--disable-bias-linear" in flags, name
 
 
 @pytest.mark.parametrize(

@@ -72,6 +72,23 @@ def _qwen3(n_layers: int, hidden: int, n_heads: int, ffn_hidden: int, tied: bool
     }
 
 
+def _qwen25(n_layers: int, hidden: int, n_heads: int, n_kv_heads: int, ffn_hidden: int) -> dict:
+    """A Qwen2.5 shape (Qwen/Qwen2.5-*'s config.json): Llama's block with q, k and v
+    biased (their only biases), rotary base 1,000,000 and ε 1e-6; the sizes below 7B tie
+    their 151,936-row head to the embedding, 7B and up keep a 152,064-row one."""
+    tied = hidden < 3584
+    return {
+        **_llama(
+            n_layers, hidden, n_heads, n_kv_heads, ffn_hidden, 151936 if tied else 152064, 4096
+        ),
+        "bias": False,
+        "qkv_bias": True,
+        "tie_embeddings": tied,
+        "rope_theta": 1000000.0,
+        "norm_eps": 1e-6,
+    }
+
+
 def _gpt_oss(n_layers: int, experts: int) -> dict:
     """A GPT-OSS shape (its config.json's): Llama's block with biases, heads of 64, a
     mixture of 4 experts a token, a 128-token window in alternate blocks."""
@@ -180,6 +197,13 @@ PRESETS: dict[str, dict] = {
     "qwen3-8b": _qwen3(36, 4096, 32, 12288),
     "qwen3-14b": _qwen3(40, 5120, 40, 17408),
     "qwen3-32b": _qwen3(64, 5120, 64, 25600),
+    # Qwen2.5 (paracube's GPT: planned and trained): layers, hidden, heads, key/value heads
+    # and MLP width as their config.json files give them (the model cards' counts: a test)
+    "qwen2.5-0.5b": _qwen25(24, 896, 14, 2, 4864),
+    "qwen2.5-1.5b": _qwen25(28, 1536, 12, 2, 8960),
+    "qwen2.5-3b": _qwen25(36, 2048, 16, 2, 11008),
+    "qwen2.5-7b": _qwen25(28, 3584, 28, 4, 18944),
+    "qwen2.5-72b": _qwen25(80, 8192, 64, 8, 29568),
     # Qwen3's mixtures (planned only): 128 experts, 8 per token, each expert's SwiGLU of the
     # width given, 4 key/value heads (the Hugging Face configs' moe_intermediate_size,
     # num_experts, num_experts_per_tok, num_key_value_heads)
