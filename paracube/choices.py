@@ -240,13 +240,21 @@ def state_bytes_per_parameter(
     torch/distributed/fsdp/_runtime_utils.py; FSDP2: ``foreach_reduce``'s
     ``_to_dtype_if_needed(reduce_output, orig_dtype)`` in _fsdp_collectives.py). Adam's two
     moments in bf16 (``moments``, :data:`MOMENTS`: DeepSeek-V3's, Megatron-Core's
-    precision-aware optimizer) take 2 + 2 bytes instead of 4 + 4.
+    precision-aware optimizer) take 2 + 2 bytes instead of 4 + 4; and in bf16 training that
+    optimizer keeps of each fp32 main weight only the low 16 bits the bf16 parameter lacks
+    (Megatron-Core's ``OptimizerConfig.store_param_remainders``, True by default: the
+    distributed optimizer's ``master_param`` shard is int16 "if store_param_remainders and
+    bf16"; Transformer Engine's FusedAdam joins the halves as it steps): 2 + 2 + 2 bytes.
+    Under fp8 the planner keeps the 4-byte main weight: with fp8 parameters gathered
+    (``--fp8-param-gather``) Megatron-Core holds it in fp32 itself.
 
     >>> state_bytes_per_parameter("bf16"), state_bytes_per_parameter("bf16", master_weights="none")
     ((2, 4, 12), (2, 2, 4))
     >>> state_bytes_per_parameter("bf16", "compute", "parameters")
     (2, 4, 12)
     >>> state_bytes_per_parameter("bf16", "compute", moments="bf16")
+    (2, 2, 6)
+    >>> state_bytes_per_parameter("fp8", "compute", moments="bf16")
     (2, 2, 8)
     """
     elem = ELEMENT_BYTES[precision]
@@ -255,4 +263,7 @@ def state_bytes_per_parameter(
     moment_bytes = 2 * (2 if moments == "bf16" else 4)
     if master_weights == "parameters":
         return (elem, 4, moment_bytes + (4 if elem < 4 else 0))
-    return (elem, gradient_bytes(elem, grad_reduce), moment_bytes + (4 if elem < 4 else 0))
+    main = 4 if elem < 4 else 0
+    if moments == "bf16" and precision == "bf16":
+        main = 2  # the int16 remainder beside the bf16 parameter (store_param_remainders)
+    return (elem, gradient_bytes(elem, grad_reduce), moment_bytes + main)

@@ -124,7 +124,9 @@ def test_unknown_kernels_are_refused_and_an_offloaded_step_is_the_hosts():
 def test_bf16_moments_save_their_bytes_in_memory_and_in_the_step():
     """Adam's moments in bf16 (``Layout.moments``, Megatron-Core's precision-aware optimizer,
     as DeepSeek-V3 trained): each parameter's states 4 bytes fewer (two moments of 2 rather
-    than 4) and the fused step's four passes over them 2 bytes each rather than 4; refused
+    than 4) — 6 in bf16 training, whose fp32 main weights that optimizer keeps as the int16
+    remainders beside the bf16 parameters — and the fused step's four passes over them 2 bytes
+    each rather than 4; refused
     beside pure 16-bit training (its moments are 16-bit already) and an op-per-pass step, and
     by paracube train, which keeps them in fp32; Megatron-LM's command asks for them."""
     from paracube.models import shapes
@@ -135,8 +137,10 @@ def test_bf16_moments_save_their_bytes_in_memory_and_in_the_step():
 
     cfg = preset("gpt3-1.3b")
     fp32, bf16 = Layout(dp=1), Layout(dp=1, moments="bf16")
-    saved = stage_memory(cfg, fp32)[0].model_states - stage_memory(cfg, bf16)[0].model_states
-    assert saved == pytest.approx(4 * shapes.parameter_count(cfg))
+    for precision, saved_bytes in (("fp8", 4), ("bf16", 6)):
+        # bf16: the main weights' int16 remainders too (store_param_remainders)
+        kept = [stage_memory(cfg, L, precision)[0].model_states for L in (fp32, bf16)]
+        assert kept[0] - kept[1] == pytest.approx(saved_bytes * shapes.parameter_count(cfg))
     g = hw.gpu("h100")
     step = optimizer_time(fp32, g, 1e9, 2) - optimizer_time(bf16, g, 1e9, 2)
     assert step == pytest.approx(MOMENT_PASSES * 2 * 1e9 / g.memory_rate)

@@ -373,9 +373,14 @@ def _main_weights_words(L: Layout, precision: str) -> str:
     elem = ELEMENT_BYTES[precision]
     w, g, o = state_bytes_per_parameter(precision, L.grad_reduce, L.master_weights, L.moments)
     if L.moments == "bf16":
+        remainder = (
+            ", and of each fp32 main weight the 16 bits the bf16 parameter lacks"
+            if precision == "bf16" and L.master_weights == "optimizer"
+            else ""
+        )
         return (
             f" (Adam's two moments in bf16, as Megatron-Core's precision-aware optimizer keeps "
-            f"them: {w} + {g} + {o} bytes a parameter)"
+            f"them{remainder}: {w} + {g} + {o} bytes a parameter)"
         )
     if elem == 4 or L.master_weights == "optimizer":
         return ""
