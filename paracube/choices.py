@@ -172,7 +172,8 @@ MASTER_WEIGHTS = ("optimizer", "parameters", "none")
 # second moments in the AdamW optimizer", DeepSeek-AI 2024, §3.3.3) and Megatron-Core's
 # precision-aware optimizer keeps them (--use-precision-aware-optimizer --exp-avg-dtype bf16
 # --exp-avg-sq-dtype bf16: Transformer Engine's FusedAdam; Megatron-Bridge's DeepSeek-V3
-# recipe): 4 + 2 + 2 optimizer bytes a parameter under 16-bit training
+# recipe): 4 + 2 + 2 optimizer bytes a parameter under 16-bit training, 2 + 2 + 2 in bf16
+# (the main weight's int16 remainder: state_bytes_per_parameter)
 MOMENTS = ("fp32", "bf16")
 # planner: how a mixture's token dispatcher sends a rank's tokens to the experts' ranks — a
 # row for each token and each of its k experts (alltoall: Megatron-Core's

@@ -457,7 +457,8 @@ def add_parser(sub) -> None:
         help="the dtype of Adam's two moments beside fp32 main weights: fp32 (default) or bf16, "
         "as DeepSeek-V3 trained and Megatron-Core's precision-aware optimizer keeps them "
         "(--exp-avg-dtype/--exp-avg-sq-dtype bf16, under its distributed optimizer): 4 + 2 + 2 "
-        "optimizer bytes a parameter, its step moving the moments at 2 bytes",
+        "optimizer bytes a parameter (2 + 2 + 2 in bf16: the main weight kept as the int16 "
+        "remainder beside the bf16 parameter), its step moving the moments at 2 bytes",
     )
     t.add_argument(
         "--fp8-scaling",
