@@ -272,6 +272,11 @@ CASES: list[tuple[str, list[str], str]] = [
      "model.safetensors.index.json names model-00002-of-00002.safetensors, which is not in"),
     ("checkpoints", ["import", "hf:{tmp}/hf-yarn", "--out", "{tmp}/i.safetensors"],
      "its rotary positions are stretched by 'yarn', which paracube's GPT does not build"),
+    ("checkpoints", ["import", "hf:{tmp}/hf-gemma", "--out", "{tmp}/i.safetensors"],
+     "paracube import: gemma cannot be paracube's GPT: its MLP gates with tanh GELU (GeGLU), "
+     "its norms scale by 1 + w and its embedding by √hidden"),
+    ("checkpoints", ["import", "hf:{tmp}/hf-gpt-oss", "--out", "{tmp}/i.safetensors"],
+     "paracube import: gpt_oss cannot be paracube's GPT: it is a mixture of experts"),
     ("checkpoints", ["import", "hf:{tmp}/hf-qwen3-biased", "--out", "{tmp}/i.safetensors"],
      "this qwen3 biases its attention's projections but not its MLP's, or the other way "
      "round, and paracube's GPT biases every linear or q, k and v alone"),
@@ -885,6 +890,11 @@ def _hf_models(tmp: Path) -> None:
     for name, dense in (("hf-qwen3-moe", []), ("hf-qwen3-moe-all-dense", [0, 1])):
         (tmp / name).mkdir()
         (tmp / name / "config.json").write_text(json.dumps({**qwen3_moe, "mlp_only_layers": dense}))
+    for kind in ("gemma", "gpt-oss"):  # refused by their model type, before any weight
+        (tmp / f"hf-{kind}").mkdir()
+        (tmp / f"hf-{kind}" / "config.json").write_text(
+            json.dumps({"model_type": kind.replace("-", "_")})
+        )
     (tmp / "hf-qwen3-biased").mkdir()  # q, k, v and o biased (attention_bias), the MLP not
     (tmp / "hf-qwen3-biased" / "config.json").write_text(
         '{"model_type": "qwen3", "attention_bias": true}'

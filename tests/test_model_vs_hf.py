@@ -293,3 +293,29 @@ def test_a_trained_gpt_exports_to_a_folder_transformers_loads(tmp_path):
     tokens = torch.randint(0, cfg.vocab_size, (2, 16))
     with torch.no_grad():
         torch.testing.assert_close(hf(input_ids=tokens).logits, gpt(tokens), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.in_process
+@pytest.mark.parametrize(
+    "kind", ["gemma", "gemma2", "gemma3_text", "gemma3", "gpt_oss", "llama4_text", "llama4"]
+)
+def test_a_model_paracubes_gpt_cannot_compute_is_not_imported(kind):
+    """Gemma's GeGLU, (1 + w) norms and √h embedding, and the mixtures, are no paracube GPT:
+    imported, their weights would train another function. Refused by model type before any
+    weight is read."""
+    from paracube.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"paracube import: {kind} cannot be paracube's GPT"):
+        imported_config({"model_type": kind, "hidden_size": 64, "num_attention_heads": 4})
+
+
+@pytest.mark.in_process
+def test_a_config_with_a_part_only_the_planner_models_is_not_imported():
+    """Whatever the model type, a shape with a part paracube's GPT does not build — here a
+    Mistral's window shorter than its context — is refused by name."""
+    from paracube.errors import ConfigError
+
+    windowed = {"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 4,
+                "num_hidden_layers": 2, "sliding_window": 16, "max_position_embeddings": 64}  # fmt: skip
+    with pytest.raises(ConfigError, match="attention_window=16 .*planned but not built"):
+        imported_config(windowed)

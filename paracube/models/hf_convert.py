@@ -20,9 +20,10 @@ What changes on the way (shapes: n heads of d, H hidden, F the MLP's width):
 - GPT-2: its Conv1D weights (in, out) transposed to Linear's (out, in); c_attn is already
   q|k|v, learned positions carry over; a tied head is the embedding.
 
-Not imported: Mixtral (paracube's GPT is dense), any Llama whose attention and MLP are not
-biased alike (paracube's GPT biases every linear or q, k and v alone), rotary stretches
-other than linear and Llama 3.1's — all train as ``--model hf:DIR``.
+Not imported: the mixtures (paracube's GPT is dense), Gemma (GeGLU, norms by 1 + w, the
+embedding by √h), any Llama whose attention and MLP are not biased alike (paracube's GPT
+biases every linear or q, k and v alone), rotary stretches other than linear and Llama
+3.1's — all train as ``--model hf:DIR``.
 
 Exported (:func:`hf_config_of`, :func:`hf_weights`: the same steps undone): a GPT of
 RMSNorm, SwiGLU and rotary positions as a Llama (a Qwen3 with per-head q/k norms, a Qwen2
@@ -62,6 +63,16 @@ NOT_IMPORTED = {
     "deepseek_v2": "it is a mixture of experts, and paracube's GPT is dense",
     "deepseek_v3": "it is a mixture of experts, and paracube's GPT is dense",
     "kimi_k2": "it is a mixture of experts, and paracube's GPT is dense",
+    "gpt_oss": "it is a mixture of experts, and paracube's GPT is dense",
+    "llama4_text": "it is a mixture of experts, and paracube's GPT is dense",
+    "llama4": "it is a mixture of experts, and paracube's GPT is dense",
+    # transformers' GemmaMLP, GemmaRMSNorm and GemmaModel: gate_proj through tanh GELU,
+    # x · (1 + w), the embedding × √h; Gemma 2 and 3 add a norm after each sublayer
+    **dict.fromkeys(
+        ("gemma", "gemma2", "gemma3_text", "gemma3"),
+        "its MLP gates with tanh GELU (GeGLU), its norms scale by 1 + w and its embedding by "
+        "√hidden, none of which paracube's GPT builds",
+    ),
 }
 
 
@@ -88,7 +99,14 @@ def imported_config(data: dict) -> ModelConfig:
             f"paracube's GPT does not build ({', '.join(ROPE_SCALINGS[1:])} it does); train it "
             "as --model hf:DIR"
         )
-    return hf_model_config(data, hf_context(data))
+    cfg = hf_model_config(data, hf_context(data))
+    if cfg.moe or cfg.planned_parts:  # what paracube's GPT cannot build, whatever the kind
+        raise ConfigError(
+            f"paracube import: this {kind} cannot be paracube's GPT: "
+            f"{'a mixture of experts' if cfg.moe else cfg.planned_parts}, planned but not "
+            "built; train it as --model hf:DIR"
+        )
+    return cfg
 
 
 def rotary_pairs(head_dim: int) -> torch.Tensor:
