@@ -29,7 +29,7 @@ SEQ, STEPS, GLOBAL = 32, 6, 8
 
 
 def model_dir(family: str) -> str:
-    if family in ("qwen2", "mistral", "qwen3", "llama31"):
+    if family in ("qwen2", "mistral", "qwen3", "llama31", "gemma"):
         return _generated(family)
     return os.path.abspath(os.path.join(MODELS, f"{family}-tiny"))
 
@@ -45,7 +45,7 @@ def _generated(family: str) -> str:
     import shutil
     import tempfile
 
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import GemmaConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     llama31 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -55,6 +55,9 @@ def _generated(family: str) -> str:
         "mistral": (MistralConfig, dict(sliding_window=None)),
         "qwen3": (Qwen3Config, dict(head_dim=32)),
         "llama31": (LlamaConfig, dict(rope_parameters=llama31)),
+        # Gemma: GeGLU, (1 + w) norms, its embedding × √h and a padding row that gets no
+        # gradient — here the space byte's (32), which the corpus is full of
+        "gemma": (GemmaConfig, dict(head_dim=16, pad_token_id=32)),
     }[family]
     directory = tempfile.mkdtemp(prefix=f"paracube-{family}-")
     atexit.register(shutil.rmtree, directory, ignore_errors=True)  # the test process's own
@@ -170,11 +173,12 @@ def assert_matches_serial_hf(pools, family: str, cfg: TrainConfig, run=run_hf) -
 
 
 @pytest.mark.parametrize("layout", ["tp2-sp", "pp2-1f1b"])
-@pytest.mark.parametrize("family", ["qwen2", "mistral", "qwen3"])
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "qwen3", "gemma"])
 def test_llama_family_models_match_serial_hf(pools, family, layout):
-    """Mistral, Qwen2 (its q/k/v biases column-parallel, its tied embedding) and Qwen3 (its
+    """Mistral, Qwen2 (its q/k/v biases column-parallel, its tied embedding), Qwen3 (its
     decoupled head size, its per-head q/k norms replicated with their gradients summed over
-    tp) take Llama's plan."""
+    tp) and Gemma (its embedding's √h scale and padding row kept by the vocabulary-parallel
+    embedding) take Llama's plan."""
     assert_matches_serial_hf(pools, family, hf_config(family, **LAYOUTS[layout]))
 
 
@@ -404,7 +408,7 @@ def test_gpt2_head_with_an_odd_vocabulary_pads_its_products(tmp_path):
         torch.testing.assert_close(head(x), torch.nn.functional.linear(x, head.weight))
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3", "gemma"])
 def test_the_planners_parameter_count_is_the_hf_models(family):
     """The shape read from a config (hf_model_config) counts what transformers builds from
     it — Qwen3's decoupled head size and per-head q/k norms included — so the planner's

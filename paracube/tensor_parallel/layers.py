@@ -257,23 +257,42 @@ class VocabParallelEmbedding(_TPModule):
 
     Tokens outside a rank's range look up zeros there; an all-reduce sums the one real
     row per token. Tokens (B, T) → (B, T, H).
+
+    What the split embedding carries over from the module it replaces: its padding row
+    (``padding_idx``: looked up as any row, but given no gradient — the rank that holds it
+    passes its local index to ``F.embedding``), and a scale its lookup multiplies by
+    (``embed_scale``: Gemma's √hidden, transformers' ``GemmaTextScaledWordEmbedding``,
+    applied in the weights' dtype as it applies it).
     """
 
-    def __init__(self, weight, group, ledger=None):
+    def __init__(self, weight, group, ledger=None, *, padding_idx=None, scale=None):
         super().__init__(group, ledger)
         self.weight = _vocab_shard(weight, group)  # (V_padded/tp, H)
         self.vocab_start = self.tp_rank * self.weight.shape[0]
+        local_pad = None if padding_idx is None else padding_idx - self.vocab_start
+        self.padding_idx = (
+            local_pad if local_pad is not None and 0 <= local_pad < len(self.weight) else None
+        )
+        self.register_buffer(
+            "scale", None if scale is None else scale.detach().clone(), persistent=False
+        )
 
     @classmethod
     def from_embedding(cls, emb: nn.Embedding, group, ledger=None) -> VocabParallelEmbedding:
-        return cls(emb.weight, group, ledger)
+        return cls(
+            emb.weight, group, ledger, padding_idx=emb.padding_idx,
+            scale=getattr(emb, "embed_scale", None),
+        )  # fmt: skip
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         local = tokens - self.vocab_start
         outside = (local < 0) | (local >= self.weight.shape[0])
-        rows = F.embedding(local.masked_fill(outside, 0), self.weight)  # (B, T, H)
+        rows = F.embedding(
+            local.masked_fill(outside, 0), self.weight, self.padding_idx
+        )  # (B, T, H)
         rows = rows.masked_fill(outside.unsqueeze(-1), 0.0)
-        return C.reduce_from_tp(rows, self.group, self.ledger)
+        out = C.reduce_from_tp(rows, self.group, self.ledger)
+        return out if self.scale is None else out * self.scale.to(self.weight.dtype)
 
     def extra_repr(self) -> str:
         return (
