@@ -366,6 +366,26 @@ def test_from_linear_refuses_other_modules():
         ColumnParallelLinear.from_linear(torch.nn.Embedding(4, 4), None)
 
 
+@pytest.mark.in_process
+def test_from_embedding_refuses_a_lookup_it_cannot_split():
+    """An embedding that renormalises its rows, scales or sparsifies its gradients, or looks
+    up in a forward of its own (other than a scale by ``embed_scale``) is refused, by name."""
+    from paracube.tensor_parallel.layers import VocabParallelEmbedding
+
+    class Own(torch.nn.Embedding):
+        def forward(self, tokens):
+            return super().forward(tokens) * 2
+
+    for emb, name in (
+        (torch.nn.Embedding(4, 4, max_norm=1.0), "max_norm"),
+        (torch.nn.Embedding(4, 4, scale_grad_by_freq=True), "scale_grad_by_freq"),
+        (torch.nn.Embedding(4, 4, sparse=True), "sparse"),
+        (Own(4, 4), "Own.forward"),
+    ):
+        with pytest.raises(TypeError, match=f"cannot split an embedding with {name}"):
+            VocabParallelEmbedding.from_embedding(emb, None)
+
+
 def test_export_of_an_hf_checkpoint_loads_with_from_pretrained(pools, tmp_path):
     """GPT-2 trained under tp2 × pp2 (Conv1D held as Linear, the tied head on the last
     stage), saved, exported with ``paracube export CKPT --out DIR``: transformers'

@@ -279,6 +279,29 @@ class VocabParallelEmbedding(_TPModule):
 
     @classmethod
     def from_embedding(cls, emb: nn.Embedding, group, ledger=None) -> VocabParallelEmbedding:
+        """From an ``nn.Embedding`` (or a subclass that only scales its lookup by
+        ``embed_scale``); refused where the split table would look up otherwise — row
+        renormalisation (``max_norm``), frequency-scaled or sparse gradients, or a lookup of
+        the subclass's own — rather than train another embedding."""
+        own_lookup = type(emb).forward is not nn.Embedding.forward and not hasattr(
+            emb, "embed_scale"
+        )
+        unkept = [
+            name
+            for name, differs in (
+                ("max_norm", emb.max_norm is not None),
+                ("scale_grad_by_freq", emb.scale_grad_by_freq),
+                ("sparse", emb.sparse),
+                (f"{type(emb).__name__}.forward", own_lookup),
+            )
+            if differs
+        ]
+        if unkept:
+            raise TypeError(
+                f"{cls.__name__}.from_embedding cannot split an embedding with "
+                f"{', '.join(unkept)}: the vocabulary-parallel lookup would compute another "
+                "embedding; keep it whole (no VocabEmbedding in the plan)"
+            )
         return cls(
             emb.weight, group, ledger, padding_idx=emb.padding_idx,
             scale=getattr(emb, "embed_scale", None),
